@@ -11,14 +11,18 @@ CREATE TABLE kfn.schema_migrations (
 
 -- The resume position and fencing epoch of one source partition for one
 -- consumer (a function). next_offset only moves forward in normal operation;
--- only an audited replay moves it back. epoch is the fencing token of the
--- current owner: a commit is accepted only while epoch equals the token the
--- committer claimed the partition with.
+-- only a replay moves it back. high_water is the highest next_offset ever
+-- committed and never moves back (only an audited re-execution lowers it), so
+-- every offset below it has been handled and is skipped even after its inbox
+-- row was purged. epoch is the fencing token of the current owner: a commit
+-- is accepted only while epoch equals the token the committer claimed the
+-- partition with.
 CREATE TABLE kfn.cursors (
     consumer    text        NOT NULL,
     topic       text        NOT NULL,
     partition   integer     NOT NULL,
     next_offset bigint      NOT NULL,
+    high_water  bigint      NOT NULL,
     epoch       bigint      NOT NULL,
     owner       text        NOT NULL,
     claimed_at  timestamptz NOT NULL DEFAULT now(),

@@ -1,0 +1,148 @@
+// Package inbox owns the bookkeeping that makes a Kafka-sourced function
+// exactly-once in Postgres: the partition cursors with their fencing epochs,
+// the inbox of handled records, the dead letters, replays and retention.
+//
+// Every write that moves a cursor checks the caller's fencing token, so a
+// worker that lost its partition (a zombie) cannot commit anything.
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Partition names one source partition as seen by one consumer (function).
+type Partition struct {
+	Consumer  string
+	Topic     string
+	Partition int32
+}
+
+func (p Partition) String() string {
+	return fmt.Sprintf("%s/%s/%d", p.Consumer, p.Topic, p.Partition)
+}
+
+// Cursor is the stored position of a partition.
+type Cursor struct {
+	NextOffset int64 // first offset not handled yet: where to resume
+	HighWater  int64 // every offset below it has been handled, ever
+	Epoch      int64 // fencing token of the current owner
+	Owner      string
+}
+
+// FencedError means the caller's token is no longer the partition's epoch:
+// another owner (or a replay) has claimed it since. The caller must stop
+// using the partition.
+type FencedError struct {
+	Partition Partition
+	Token     int64 // the caller's token
+	Epoch     int64 // the epoch stored now (0 if unknown)
+}
+
+func (e *FencedError) Error() string {
+	return fmt.Sprintf("partition %s is fenced: token %d is stale, current epoch is %d", e.Partition, e.Token, e.Epoch)
+}
+
+// ErrFenced matches any *FencedError with errors.Is.
+var ErrFenced = errors.New("fenced")
+
+func (e *FencedError) Is(target error) bool { return target == ErrFenced }
+
+// Querier is what the store functions need: a pool, a connection or a tx.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+const claimPartitionSQL = `
+INSERT INTO kfn.cursors AS c (consumer, topic, partition, next_offset, high_water, epoch, owner)
+VALUES ($1, $2, $3, $4, $4, $5, $6)
+ON CONFLICT (consumer, topic, partition) DO UPDATE
+   SET epoch = EXCLUDED.epoch, owner = EXCLUDED.owner, claimed_at = now()
+ WHERE c.epoch < EXCLUDED.epoch
+RETURNING next_offset, high_water, epoch, owner`
+
+// ClaimPartition records token as the partition's epoch, provided it is
+// greater than the stored one, and returns the cursor to resume from. A new
+// partition starts at startOffset. A token that is not greater than the
+// stored epoch gives a *FencedError: a newer owner exists.
+func ClaimPartition(ctx context.Context, db Querier, p Partition, token int64, owner string, startOffset int64) (Cursor, error) {
+	var c Cursor
+	err := db.QueryRow(ctx, claimPartitionSQL, p.Consumer, p.Topic, p.Partition, startOffset, token, owner).
+		Scan(&c.NextOffset, &c.HighWater, &c.Epoch, &c.Owner)
+	if errors.Is(err, pgx.ErrNoRows) {
+		stored, _ := ReadCursor(ctx, db, p)
+		return Cursor{}, &FencedError{Partition: p, Token: token, Epoch: stored.Epoch}
+	}
+	if err != nil {
+		return Cursor{}, fmt.Errorf("claim partition %s with token %d: %w", p, token, err)
+	}
+	return c, nil
+}
+
+// NextEpoch returns a token greater than the partition's stored epoch, for
+// owners that are not coordinated through NATS (a single worker, the CLI).
+func NextEpoch(ctx context.Context, db Querier, p Partition) (int64, error) {
+	var epoch int64
+	err := db.QueryRow(ctx, `SELECT coalesce(max(epoch), 0) + 1 FROM kfn.cursors WHERE consumer = $1 AND topic = $2 AND partition = $3`,
+		p.Consumer, p.Topic, p.Partition).Scan(&epoch)
+	if err != nil {
+		return 0, fmt.Errorf("read epoch of %s: %w", p, err)
+	}
+	return epoch, nil
+}
+
+// ReadCursor returns the stored cursor, or pgx.ErrNoRows wrapped if there is none.
+func ReadCursor(ctx context.Context, db Querier, p Partition) (Cursor, error) {
+	var c Cursor
+	err := db.QueryRow(ctx, `SELECT next_offset, high_water, epoch, owner FROM kfn.cursors WHERE consumer = $1 AND topic = $2 AND partition = $3`,
+		p.Consumer, p.Topic, p.Partition).Scan(&c.NextOffset, &c.HighWater, &c.Epoch, &c.Owner)
+	if err != nil {
+		return Cursor{}, fmt.Errorf("read cursor of %s: %w", p, err)
+	}
+	return c, nil
+}
+
+const advanceSQL = `
+UPDATE kfn.cursors
+   SET next_offset = $6, high_water = greatest(high_water, $6), updated_at = now()
+ WHERE consumer = $1 AND topic = $2 AND partition = $3 AND epoch = $4 AND next_offset = $5`
+
+// Advance moves the cursor from `from` to `to` inside tx, and is the fence of
+// every commit: it succeeds only while the stored epoch equals token and the
+// cursor is still at from. Otherwise the partition changed hands (or was
+// replayed) and a *FencedError is returned; the caller must roll back.
+func Advance(ctx context.Context, tx pgx.Tx, p Partition, token, from, to int64) error {
+	tag, err := tx.Exec(ctx, advanceSQL, p.Consumer, p.Topic, p.Partition, token, from, to)
+	if err != nil {
+		return fmt.Errorf("advance cursor of %s to %d: %w", p, to, err)
+	}
+	if tag.RowsAffected() == 0 {
+		stored, _ := ReadCursor(ctx, tx, p)
+		return &FencedError{Partition: p, Token: token, Epoch: stored.Epoch}
+	}
+	return nil
+}
+
+// SkipExpired moves the cursor from `from` to `to` over records Kafka deleted
+// before anyone handled them, and records that in the audit log. It is the
+// only way the cursor passes records that were neither applied nor
+// dead-lettered, and it happens only when they no longer exist.
+func SkipExpired(ctx context.Context, tx pgx.Tx, p Partition, token, from, to int64) error {
+	if err := Advance(ctx, tx, p, token, from, to); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, `
+INSERT INTO kfn.audit_log (actor, action, consumer, topic, partition, details)
+VALUES ('kfn-worker', 'skip_expired', $1, $2, $3, jsonb_build_object('from', $4::bigint, 'to', $5::bigint, 'epoch', $6::bigint))`,
+		p.Consumer, p.Topic, p.Partition, from, to, token)
+	if err != nil {
+		return fmt.Errorf("audit skipped records of %s: %w", p, err)
+	}
+	return nil
+}

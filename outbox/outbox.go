@@ -1,0 +1,158 @@
+// Package outbox owns the transactional outbox: the events a function emits
+// inside its business transaction, their deterministic ids and relay shards,
+// and the relay that forwards committed rows to NATS JetStream.
+package outbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Shards is the number of relay shards. An event's shard is a hash of its
+// key, so all events of one key are relayed by one relay, in order.
+const Shards = 32
+
+// Event is what a function emits. Only Subject is required.
+type Event struct {
+	// Subject is the NATS subject the event is published on, e.g. "orders.accepted".
+	Subject string
+	// Type is the CloudEvents type; it defaults to Subject.
+	Type string
+	// Key orders events: events with one key reach the stream in emit order.
+	// It defaults to the source record's key.
+	Key string
+	// Data is the payload.
+	Data []byte
+	// Headers are extra message headers.
+	Headers map[string]string
+}
+
+// Origin says which source record an event was emitted for. Together with the
+// emit index it determines the event id.
+type Origin struct {
+	Consumer  string // the emitting function
+	Topic     string // Kafka topic or NATS subject of the source record
+	Partition int32
+	Offset    int64
+	// SourceID is the source record's identity: "topic/partition/offset" for
+	// a Kafka record, the event id for a NATS event.
+	SourceID string
+	// TraceParent is the W3C trace context of the source, if it had one.
+	TraceParent string
+}
+
+// KafkaSourceID is the identity of a Kafka record within a consumer.
+func KafkaSourceID(topic string, partition int32, offset int64) string {
+	return topic + "/" + strconv.Itoa(int(partition)) + "/" + strconv.FormatInt(offset, 10)
+}
+
+// EventID derives the id of the index-th event emitted while handling the
+// source record, formatted as a UUID (version 8, name-based). The same
+// function handling the same record emits the same ids on every replay, so
+// JetStream's Nats-Msg-Id dedup and downstream inboxes recognise repeats.
+func EventID(consumer, sourceID string, index int) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%d:%s|%d:%s|%d", len(consumer), consumer, len(sourceID), sourceID, index)
+	sum := h.Sum(nil)[:16]
+	sum[6] = sum[6]&0x0f | 0x80 // version 8
+	sum[8] = sum[8]&0x3f | 0x80 // RFC 4122 variant
+	var buf [36]byte
+	hex.Encode(buf[0:8], sum[0:4])
+	buf[8] = '-'
+	hex.Encode(buf[9:13], sum[4:6])
+	buf[13] = '-'
+	hex.Encode(buf[14:18], sum[6:8])
+	buf[18] = '-'
+	hex.Encode(buf[19:23], sum[8:10])
+	buf[23] = '-'
+	hex.Encode(buf[24:], sum[10:16])
+	return string(buf[:])
+}
+
+// ShardOf returns the relay shard of an event key.
+func ShardOf(key string) int {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return int(h.Sum32() % Shards)
+}
+
+// Row is one outbox row ready to be written.
+type Row struct {
+	EventID string
+	Shard   int
+	Event   Event
+	Origin  Origin
+}
+
+// NewRow fills in the derived fields of the index-th event emitted for origin.
+// sourceKey is the source record's key, the default ordering key.
+func NewRow(origin Origin, index int, sourceKey string, ev Event) Row {
+	if ev.Type == "" {
+		ev.Type = ev.Subject
+	}
+	if ev.Key == "" {
+		ev.Key = sourceKey
+	}
+	if ev.Data == nil {
+		ev.Data = []byte{}
+	}
+	return Row{
+		EventID: EventID(origin.Consumer, origin.SourceID, index),
+		Shard:   ShardOf(ev.Key),
+		Event:   ev,
+		Origin:  origin,
+	}
+}
+
+var insertColumns = []string{
+	"event_id", "subject", "event_type", "event_key", "shard", "data", "headers",
+	"source", "source_topic", "source_partition", "source_offset", "created_at",
+}
+
+// Insert writes rows into the outbox inside tx, in slice order (ids grow in
+// that order), with one COPY. A row whose event id already exists fails the
+// transaction: ids are deterministic, so that would mean a record was
+// applied twice.
+func Insert(ctx context.Context, tx pgx.Tx, rows []Row) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	now := time.Now()
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{"kfn", "outbox"}, insertColumns,
+		pgx.CopyFromSlice(len(rows), func(i int) ([]any, error) {
+			r := rows[i]
+			headers := r.Event.Headers
+			if headers == nil {
+				headers = map[string]string{}
+			}
+			if r.Origin.TraceParent != "" {
+				if _, ok := headers["traceparent"]; !ok {
+					headers = withHeader(headers, "traceparent", r.Origin.TraceParent)
+				}
+			}
+			return []any{
+				r.EventID, r.Event.Subject, r.Event.Type, r.Event.Key, r.Shard, r.Event.Data, headers,
+				r.Origin.Consumer, r.Origin.Topic, r.Origin.Partition, r.Origin.Offset, now,
+			}, nil
+		}))
+	if err != nil {
+		return fmt.Errorf("insert %d outbox rows: %w", len(rows), err)
+	}
+	return nil
+}
+
+func withHeader(h map[string]string, k, v string) map[string]string {
+	out := make(map[string]string, len(h)+1)
+	for hk, hv := range h {
+		out[hk] = hv
+	}
+	out[k] = v
+	return out
+}

@@ -1,0 +1,152 @@
+// Package runtime is kfn's public API and its worker engine. A user writes a
+// Function (a name, a source and a handler) and calls Start from main; the
+// engine owns partitions through fenced leases, reads records in batches and
+// applies each batch in one Postgres transaction together with the inbox
+// claim, the fenced cursor move and the outbox rows the handler emitted.
+//
+// See doc.go for the lease and fencing design.
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kfn-dev/kfn/outbox"
+)
+
+// Function is one deployable unit: one function = one binary = one image.
+type Function struct {
+	// Name identifies the function. It is the consumer in the inbox and
+	// cursor tables, the Kafka consumer group that lag tools see, and the
+	// lease group. Letters, digits, '-' and '_'.
+	Name string
+	// Topic is the Kafka topic the function consumes.
+	Topic string
+	// Handler applies one record. Exactly one of Handler and BatchHandler is set.
+	Handler Handler
+	// BatchHandler applies the fresh records of a batch at once, for bulk
+	// writes. When it fails, the records are retried one at a time so the
+	// failing one can be found and dead-lettered.
+	BatchHandler BatchHandler
+	// Setup creates the function's business tables. It runs in a transaction
+	// at every start and must be idempotent (CREATE TABLE IF NOT EXISTS …).
+	Setup func(ctx context.Context, tx pgx.Tx) error
+}
+
+// Handler applies one record inside tx. Writes on tx commit together with
+// the record's inbox row and the emitted events, or not at all: returning an
+// error rolls back everything the handler did.
+type Handler func(ctx context.Context, tx pgx.Tx, rec Record, out *Events) error
+
+// BatchHandler applies several records inside tx.
+type BatchHandler func(ctx context.Context, tx pgx.Tx, recs []Record, out *BatchEvents) error
+
+// Event is a downstream event written to the outbox and relayed to NATS
+// JetStream. Only Subject is required; Key defaults to the record's key.
+type Event = outbox.Event
+
+// Record is one Kafka record.
+type Record struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Key       []byte
+	Value     []byte // nil for a tombstone
+	Headers   []Header
+	Time      time.Time
+	// Attempt is 1 on the first try and grows on each retry of this record.
+	Attempt int
+
+	highWatermark int64 // the partition's high watermark when it was fetched
+}
+
+// Header is one record header.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Tombstone reports whether the record has a null value (a delete marker on
+// compacted topics).
+func (r Record) Tombstone() bool { return r.Value == nil }
+
+// Header returns the value of the first header named key.
+func (r Record) Header(key string) ([]byte, bool) {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return h.Value, true
+		}
+	}
+	return nil, false
+}
+
+func (r Record) String() string {
+	return fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset)
+}
+
+// Events collects the events a Handler emits for its record.
+type Events struct {
+	emit func(rec Record, ev Event)
+	rec  Record
+}
+
+// Emit adds an event to the outbox, in the record's transaction.
+func (e *Events) Emit(ev Event) { e.emit(e.rec, ev) }
+
+// BatchEvents collects the events a BatchHandler emits.
+type BatchEvents struct {
+	emit func(rec Record, ev Event)
+}
+
+// Emit adds an event emitted for source record rec to the outbox.
+func (e *BatchEvents) Emit(rec Record, ev Event) { e.emit(rec, ev) }
+
+// PermanentError marks a failure that retrying cannot fix, such as a payload
+// that does not decode. The record is dead-lettered at once.
+type PermanentError struct{ Err error }
+
+func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent wraps err so the record is dead-lettered without retries.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+// IsPermanent reports whether err (or an error it wraps) is permanent.
+func IsPermanent(err error) bool {
+	var p *PermanentError
+	return errors.As(err, &p)
+}
+
+func (f Function) validate() error {
+	switch {
+	case f.Name == "":
+		return errors.New("function: Name is empty")
+	case !validName(f.Name):
+		return fmt.Errorf("function: Name %q may only contain letters, digits, '-' and '_'", f.Name)
+	case f.Topic == "":
+		return fmt.Errorf("function %s: Topic is empty", f.Name)
+	case f.Handler == nil && f.BatchHandler == nil:
+		return fmt.Errorf("function %s: set Handler or BatchHandler", f.Name)
+	case f.Handler != nil && f.BatchHandler != nil:
+		return fmt.Errorf("function %s: set only one of Handler and BatchHandler", f.Name)
+	}
+	return nil
+}
+
+func validName(s string) bool {
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}

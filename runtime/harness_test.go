@@ -1,0 +1,157 @@
+package runtime_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kfn-dev/kfn/runtime"
+	"github.com/kfn-dev/kfn/runtime/internal/effects"
+	"github.com/kfn-dev/kfn/runtime/kfntest"
+)
+
+func TestMain(m *testing.M) { kfntest.Main(m) }
+
+// bundle is what a worker test needs: real Postgres, NATS and Kafka, a
+// fresh topic and a config pointing at all three.
+type bundle struct {
+	pg    *kfntest.PG
+	kafka *kfntest.Kafka
+	topic string
+	fn    string
+	cfg   runtime.Config
+}
+
+func setup(t *testing.T, partitions int) *bundle {
+	t.Helper()
+	b := &bundle{pg: kfntest.Postgres(t), kafka: kfntest.Kafka(t)}
+	b.topic = b.kafka.CreateTopic(t, partitions)
+	b.fn = kfntest.Name(t, "fn")
+	b.cfg = runtime.Config{
+		KafkaBrokers:  b.kafka.Brokers,
+		DatabaseURL:   b.pg.URL,
+		NATSURL:       kfntest.NATSURL(t),
+		BatchSize:     100,
+		BatchWait:     5 * time.Millisecond,
+		RetryAttempts: 3,
+		RetryInitial:  10 * time.Millisecond,
+		RetryMax:      50 * time.Millisecond,
+		Logger:        kfntest.Logger(t),
+	}
+	return b
+}
+
+// run starts a worker for fn in the background and returns a stop function
+// that shuts it down cleanly and waits for it.
+func (b *bundle) run(t *testing.T, fn runtime.Function) (*runtime.Worker, func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := runtime.NewWorker(ctx, b.cfg, fn)
+	if err != nil {
+		cancel()
+		t.Fatalf("start worker: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("worker: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Errorf("worker did not stop within 30s")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return w, stop
+}
+
+// produce writes values to one partition and returns where they landed. A
+// nil value is a tombstone.
+func (b *bundle) produce(t *testing.T, partition int32, values ...[]byte) []effects.Produced {
+	t.Helper()
+	before := b.kafka.HighWatermarks(t, b.topic)[int(partition)]
+	msgs := make([]kafka.Message, len(values))
+	for i, v := range values {
+		msgs[i] = kafka.Message{Partition: int(partition), Key: []byte(fmt.Sprintf("k%d", i%7)), Value: v}
+	}
+	b.kafka.Produce(t, b.topic, msgs...)
+	out := make([]effects.Produced, len(values))
+	for i := range values {
+		out[i] = effects.Produced{Partition: partition, Offset: before + int64(i)}
+	}
+	return out
+}
+
+// produceN writes n plain records to each of the partitions.
+func (b *bundle) produceN(t *testing.T, partitions, n int) []effects.Produced {
+	t.Helper()
+	var out []effects.Produced
+	for p := 0; p < partitions; p++ {
+		values := make([][]byte, n)
+		for i := range values {
+			values[i] = []byte(fmt.Sprintf("v-%d-%d", p, i))
+		}
+		out = append(out, b.produce(t, int32(p), values...)...)
+	}
+	return out
+}
+
+// waitCaughtUp waits until the function's cursors reach the topic's high
+// watermarks.
+func (b *bundle) waitCaughtUp(t *testing.T, fn string) {
+	t.Helper()
+	hw := b.kafka.HighWatermarks(t, b.topic)
+	waitFor(t, 60*time.Second, fmt.Sprintf("%s to catch up with %v", fn, hw), func() bool {
+		for p, end := range hw {
+			var next int64
+			err := b.pg.Pool.QueryRow(context.Background(),
+				`SELECT coalesce((SELECT next_offset FROM kfn.cursors WHERE consumer = $1 AND topic = $2 AND partition = $3), -1)`,
+				fn, b.topic, p).Scan(&next)
+			if err != nil || next < end {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func (b *bundle) check(t *testing.T, fn string, produced []effects.Produced) effects.Report {
+	t.Helper()
+	rep, err := effects.Check(context.Background(), b.pg.Pool, fn, b.topic, produced)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("checker: %s", rep)
+	if !rep.OK() {
+		t.Errorf("exactly-once violated: %s", rep)
+	}
+	return rep
+}
+
+func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", limit, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func exec(t *testing.T, b *bundle, sql string, args ...any) {
+	t.Helper()
+	if _, err := b.pg.Pool.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}

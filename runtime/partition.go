@@ -1,0 +1,177 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kfn-dev/kfn/inbox"
+)
+
+// partitionRun is one owned partition: claimed in Postgres with a fencing
+// token, read from Kafka at the Postgres cursor, applied batch by batch.
+type partitionRun struct {
+	w         *worker
+	fn        Function
+	part      inbox.Partition
+	token     int64
+	next      int64 // the cursor: first offset not committed yet
+	highWater int64 // offsets below it were handled before
+	log       *slog.Logger
+}
+
+// runPartition owns one partition until ctx ends or a newer owner fences it.
+// It returns after the in-flight batch has committed or rolled back.
+func (w *worker) runPartition(ctx context.Context, fn Function, partition int32, token int64) {
+	pr := &partitionRun{
+		w: w, fn: fn, token: token,
+		part: inbox.Partition{Consumer: fn.Name, Topic: fn.Topic, Partition: partition},
+		log:  w.cfg.Logger.With("function", fn.Name, "topic", fn.Topic, "partition", partition, "epoch", token),
+	}
+	defer w.stats.drop(fn.Name, fn.Topic, partition)
+	err := pr.run(ctx)
+	var fenced *inbox.FencedError
+	switch {
+	case errors.As(err, &fenced):
+		w.stats.Fenced.Add(1)
+		pr.log.Warn("partition fenced by a newer owner: dropping it", "old_epoch", token, "new_epoch", fenced.Epoch)
+	case err != nil && ctx.Err() == nil:
+		pr.log.Error("partition stopped", "err", err)
+	default:
+		pr.log.Debug("partition released", "next_offset", pr.next)
+	}
+}
+
+func (pr *partitionRun) run(ctx context.Context) error {
+	if err := retryInfra(ctx, pr.log, "claim partition", pr.claim); err != nil {
+		return err
+	}
+	pr.log.Info("partition claimed", "next_offset", pr.next)
+	reader, err := pr.w.kafka.reader(pr.part.Topic, pr.part.Partition, pr.next, 2*pr.w.cfg.BatchSize)
+	if err != nil {
+		return err
+	}
+	defer reader.Close()
+
+	for {
+		batch, err := pr.fetch(ctx, reader)
+		if err != nil {
+			return err
+		}
+		err = retryInfra(ctx, pr.log, "apply batch", func(ctx context.Context) error {
+			return pr.apply(ctx, pending(batch, pr.next))
+		})
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// claim records the token in Postgres and loads the cursor. A partition
+// without a cursor starts at the configured end of the topic.
+func (pr *partitionRun) claim(ctx context.Context) error {
+	first, high, err := pr.w.kafka.offsetRange(ctx, pr.part.Topic, pr.part.Partition)
+	if err != nil {
+		return err
+	}
+	start := first
+	if pr.w.cfg.StartFrom == "latest" {
+		start = high
+	}
+	cur, err := inbox.ClaimPartition(ctx, pr.w.pool, pr.part, pr.token, pr.w.cfg.WorkerID, start)
+	if err != nil {
+		return err
+	}
+	pr.next, pr.highWater = cur.NextOffset, cur.HighWater
+	if pr.next < first {
+		// Kafka deleted records (retention) before anyone handled them. They
+		// cannot be read any more; say so loudly and resume at the first one.
+		pr.log.Error("records expired from Kafka before they were handled: skipping them", "from", pr.next, "to", first, "count", first-pr.next)
+		err := pr.w.withTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			return inbox.SkipExpired(ctx, tx, pr.part, pr.token, pr.next, first)
+		})
+		if err != nil {
+			return err
+		}
+		pr.next = first
+	}
+	pr.w.stats.update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *PartitionStats) {
+		p.Epoch, p.NextOffset, p.HighWater = pr.token, pr.next, high
+	})
+	return nil
+}
+
+// fetch blocks for the first record, then gathers more until the batch is
+// full or BatchWait has passed since the first one.
+func (pr *partitionRun) fetch(ctx context.Context, reader *kafka.Reader) ([]Record, error) {
+	max := pr.w.cfg.BatchSize
+	batch := make([]Record, 0, max)
+	msg, err := reader.FetchMessage(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", pr.part, err)
+	}
+	batch = append(batch, toRecord(msg))
+	deadline := time.Now().Add(pr.w.cfg.BatchWait)
+	for len(batch) < max {
+		fctx, cancel := context.WithDeadline(ctx, deadline)
+		msg, err := reader.FetchMessage(fctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			break // deadline: the batch is as full as it gets
+		}
+		batch = append(batch, toRecord(msg))
+	}
+	hw := batch[len(batch)-1].highWatermark
+	pr.w.stats.update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *PartitionStats) { p.HighWater = hw })
+	return batch, nil
+}
+
+// pending drops the records a partial apply already committed.
+func pending(batch []Record, next int64) []Record {
+	for i, r := range batch {
+		if r.Offset >= next {
+			return batch[i:]
+		}
+	}
+	return nil
+}
+
+func toRecord(m kafka.Message) Record {
+	headers := make([]Header, len(m.Headers))
+	for i, h := range m.Headers {
+		headers[i] = Header{Key: h.Key, Value: h.Value}
+	}
+	return Record{
+		Topic: m.Topic, Partition: int32(m.Partition), Offset: m.Offset,
+		Key: m.Key, Value: m.Value, Headers: headers, Time: m.Time,
+		highWatermark: m.HighWaterMark,
+	}
+}
+
+// retryInfra retries op on infrastructure errors (Postgres or Kafka
+// unreachable) with capped exponential backoff, forever, until ctx ends. A
+// fencing error is final and returned at once.
+func retryInfra(ctx context.Context, log *slog.Logger, what string, op func(context.Context) error) error {
+	policy := backoff.NewExponentialBackOff()
+	policy.InitialInterval = 100 * time.Millisecond
+	policy.MaxInterval = 5 * time.Second
+	policy.MaxElapsedTime = 0
+	return backoff.RetryNotify(func() error {
+		err := op(ctx)
+		if errors.Is(err, inbox.ErrFenced) || ctx.Err() != nil {
+			return backoff.Permanent(err)
+		}
+		return err
+	}, backoff.WithContext(policy, ctx), func(err error, wait time.Duration) {
+		log.Warn(what+" failed, retrying", "err", err, "retry_in", wait)
+	})
+}

@@ -1,0 +1,195 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+
+	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/runtime/schema"
+)
+
+// Worker runs functions: it owns partitions, reads them and applies their
+// records exactly once.
+type Worker struct{ w *worker }
+
+type worker struct {
+	cfg     Config
+	fns     []Function
+	pool    *pgxpool.Pool
+	kafka   *kafkaSource
+	nc      *nats.Conn
+	offsets *offsetCommitter
+	stats   *Stats
+}
+
+// NewWorker validates cfg and fns, connects to Postgres, Kafka and NATS,
+// checks the schema version and runs each function's Setup. Every failure
+// says which setting or service is at fault.
+func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if len(fns) == 0 {
+		return nil, errors.New("no function to run")
+	}
+	seen := map[string]bool{}
+	for _, fn := range fns {
+		if err := fn.validate(); err != nil {
+			return nil, err
+		}
+		if seen[fn.Name] {
+			return nil, fmt.Errorf("function %s is given twice", fn.Name)
+		}
+		seen[fn.Name] = true
+	}
+	w := &worker{cfg: cfg, fns: fns, stats: &Stats{}}
+	ok := false
+	defer func() {
+		if !ok {
+			w.close()
+		}
+	}()
+	if err := w.connect(ctx); err != nil {
+		return nil, err
+	}
+	for _, fn := range fns {
+		if fn.Setup == nil {
+			continue
+		}
+		if err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error { return fn.Setup(ctx, tx) }); err != nil {
+			return nil, fmt.Errorf("function %s: setup: %w", fn.Name, err)
+		}
+	}
+	ok = true
+	return &Worker{w: w}, nil
+}
+
+func (w *worker) connect(ctx context.Context) error {
+	pgCfg, err := pgxpool.ParseConfig(w.cfg.DatabaseURL)
+	if err != nil {
+		return &ConfigError{Field: "database-url", Env: "DATABASE_URL", Msg: fmt.Sprintf("cannot parse %s: %v", redactURL(w.cfg.DatabaseURL), err)}
+	}
+	if !strings.Contains(w.cfg.DatabaseURL, "pool_max_conns") {
+		pgCfg.MaxConns = 16
+	}
+	w.pool, err = pgxpool.NewWithConfig(ctx, pgCfg)
+	if err != nil {
+		return fmt.Errorf("connect to Postgres: %w", err)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := w.pool.Ping(pingCtx); err != nil {
+		return fmt.Errorf("cannot reach Postgres at %s (is it running? check --database-url / DATABASE_URL): %w", redactURL(w.cfg.DatabaseURL), err)
+	}
+	if err := schema.Check(ctx, w.pool); err != nil {
+		return err
+	}
+
+	w.kafka = newKafkaSource(w.cfg.KafkaBrokers, w.cfg.Logger)
+	metaCtx, cancelMeta := context.WithTimeout(ctx, 10*time.Second)
+	defer cancelMeta()
+	if _, err := w.kafka.partitions(metaCtx, w.fns[0].Topic); err != nil && !errors.Is(err, errTopicMissing) {
+		return fmt.Errorf("cannot reach Kafka at %s (check --kafka-brokers / KFN_KAFKA_BROKERS): %w", strings.Join(w.cfg.KafkaBrokers, ","), err)
+	}
+	w.offsets = newOffsetCommitter(w.kafka, w.cfg.Logger)
+
+	w.nc, err = nats.Connect(w.cfg.NATSURL, nats.Name("kfn-worker "+w.cfg.WorkerID), nats.Timeout(5*time.Second),
+		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
+	if err != nil {
+		return fmt.Errorf("cannot reach NATS at %s (check --nats-url / KFN_NATS_URL): %w", w.cfg.NATSURL, err)
+	}
+	return nil
+}
+
+func (w *worker) close() {
+	if w.nc != nil {
+		w.nc.Close()
+	}
+	if w.pool != nil {
+		w.pool.Close()
+	}
+}
+
+// Stats returns the worker's live counters.
+func (wk *Worker) Stats() *Stats { return wk.w.stats }
+
+// Run processes records until ctx ends, then finishes in-flight batches,
+// releases its partitions, closes its connections and returns.
+func (wk *Worker) Run(ctx context.Context) error {
+	w := wk.w
+	defer w.close()
+	offsetsCtx, stopOffsets := context.WithCancel(context.WithoutCancel(ctx))
+	offsetsDone := make(chan struct{})
+	go func() {
+		defer close(offsetsDone)
+		w.offsets.run(offsetsCtx, time.Second)
+	}()
+	defer func() {
+		stopOffsets()
+		<-offsetsDone
+	}()
+
+	var wg sync.WaitGroup
+	for _, fn := range w.fns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.own(ctx, fn)
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+// own claims the function's partitions and runs each in its own goroutine
+// until ctx ends. New partitions are picked up as they appear.
+func (w *worker) own(ctx context.Context, fn Function) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	running := map[int32]bool{}
+	log := w.cfg.Logger.With("function", fn.Name, "topic", fn.Topic)
+	for {
+		parts, err := w.kafka.partitions(ctx, fn.Topic)
+		switch {
+		case errors.Is(err, errTopicMissing):
+			log.Warn("topic does not exist yet; waiting for it")
+		case err != nil && ctx.Err() == nil:
+			log.Warn("list partitions failed; retrying", "err", err)
+		}
+		for _, p := range parts {
+			if running[p] {
+				continue
+			}
+			running[p] = true
+			part := inbox.Partition{Consumer: fn.Name, Topic: fn.Topic, Partition: p}
+			token, err := inbox.NextEpoch(ctx, w.pool, part)
+			if err != nil {
+				log.Warn("read epoch failed; retrying", "partition", p, "err", err)
+				running[p] = false
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				w.runPartition(ctx, fn, p, token)
+			}()
+		}
+		if err := sleep(ctx, 5*time.Second); err != nil {
+			return
+		}
+	}
+}
+
+// withTx runs f in a transaction.
+func (w *worker) withTx(ctx context.Context, f func(ctx context.Context, tx pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error { return f(ctx, tx) })
+}

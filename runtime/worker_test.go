@@ -1,0 +1,180 @@
+package runtime_test
+
+import (
+	"bytes"
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/runtime/internal/effects"
+)
+
+func TestDeliveringRecordsTwiceAppliesThemOnce(t *testing.T) {
+	b := setup(t, 3)
+	fn := effects.Function(b.fn, b.topic)
+	produced := b.produceN(t, 3, 40)
+
+	_, stop := b.run(t, fn)
+	b.waitCaughtUp(t, b.fn)
+	stop()
+	b.check(t, b.fn, produced)
+
+	// Redelivery below the high-water mark: the cursor is rewound as a
+	// replay would, so every record is read again.
+	exec(t, b, `UPDATE kfn.cursors SET next_offset = 0 WHERE consumer = $1`, b.fn)
+	w, stop := b.run(t, fn)
+	b.waitCaughtUp(t, b.fn)
+	stop()
+	if got := w.Stats().Duplicates.Load(); got != 120 {
+		t.Errorf("duplicates skipped by the high-water mark = %d, want 120", got)
+	}
+	b.check(t, b.fn, produced)
+
+	// Redelivery when only the inbox remembers: the high-water mark is
+	// erased too, so the inbox claim is the last guard.
+	exec(t, b, `UPDATE kfn.cursors SET next_offset = 0, high_water = 0 WHERE consumer = $1`, b.fn)
+	w, stop = b.run(t, fn)
+	b.waitCaughtUp(t, b.fn)
+	stop()
+	if got := w.Stats().Duplicates.Load(); got != 120 {
+		t.Errorf("duplicates skipped by the inbox = %d, want 120", got)
+	}
+	if rep := b.check(t, b.fn, produced); rep.Applied != 120 {
+		t.Errorf("applied = %d, want 120", rep.Applied)
+	}
+}
+
+func TestResumesFromPostgresCursorWhenKafkaGroupOffsetIsBehindOrMissing(t *testing.T) {
+	b := setup(t, 2)
+	fn := effects.Function(b.fn, b.topic)
+	produced := b.produceN(t, 2, 30)
+	_, stop := b.run(t, fn)
+	b.waitCaughtUp(t, b.fn)
+	stop()
+
+	client := &kafka.Client{Addr: kafka.TCP(b.kafka.Brokers...)}
+	ctx := context.Background()
+	// Behind: the group offset of partition 0 goes back to the start.
+	_, err := client.OffsetCommit(ctx, &kafka.OffsetCommitRequest{GroupID: b.fn, GenerationID: -1,
+		Topics: map[string][]kafka.OffsetCommit{b.topic: {{Partition: 0, Offset: 0}}}})
+	if err != nil {
+		t.Fatalf("rewind group offset: %v", err)
+	}
+	produced = append(produced, b.produceN(t, 2, 10)...)
+	_, stop = b.run(t, fn)
+	b.waitCaughtUp(t, b.fn)
+	stop()
+	b.check(t, b.fn, produced)
+
+	// Missing: the consumer group is deleted altogether.
+	resp, err := client.DeleteGroups(ctx, &kafka.DeleteGroupsRequest{GroupIDs: []string{b.fn}})
+	if err != nil {
+		t.Fatalf("delete group: %v", err)
+	}
+	if err := resp.Errors[b.fn]; err != nil {
+		t.Fatalf("delete group: %v", err)
+	}
+	produced = append(produced, b.produceN(t, 2, 10)...)
+	_, stop = b.run(t, fn)
+	b.waitCaughtUp(t, b.fn)
+	stop()
+	if rep := b.check(t, b.fn, produced); rep.Applied != 100 {
+		t.Errorf("applied = %d, want 100", rep.Applied)
+	}
+}
+
+func TestBadRecordsAreRetriedOrDeadLetteredAndLaterRecordsGoOn(t *testing.T) {
+	b := setup(t, 1)
+	fn := effects.Function(b.fn, b.topic)
+	big := bytes.Repeat([]byte("x"), 1_000_000)
+	produced := b.produce(t, 0,
+		[]byte("ok-0"),           // 0 applied
+		[]byte("fail-2"),         // 1 applied on attempt 3
+		[]byte("permanent"),      // 2 dead-lettered at once
+		[]byte("panic"),          // 3 dead-lettered after 3 attempts
+		[]byte(`{"broken":`),     // 4 malformed JSON: dead-lettered at once
+		nil,                      // 5 tombstone: this handler applies it
+		big,                      // 6 oversized: dead-lettered, handler never sees it
+		[]byte("always"),         // 7 dead-lettered after 3 attempts
+		[]byte(`{"fine": true}`), // 8 applied
+		[]byte("ok-9"),           // 9 applied
+	)
+	w, stop := b.run(t, fn)
+	b.waitCaughtUp(t, b.fn)
+	stop()
+
+	rep := b.check(t, b.fn, produced)
+	if rep.Applied != 5 || rep.DeadLetters != 5 {
+		t.Errorf("applied=%d dead-lettered=%d, want 5 and 5", rep.Applied, rep.DeadLetters)
+	}
+	ctx := context.Background()
+	rows, err := b.pg.Pool.Query(ctx, `SELECT "offset", attempt FROM effects_`+b.fn+` ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type effect struct{ Offset, Attempt int64 }
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[effect])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []effect{{0, 1}, {1, 3}, {5, 1}, {8, 1}, {9, 1}}
+	if len(got) != len(want) {
+		t.Fatalf("effects = %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("effect %d = %+v, want %+v (offset order, attempt)", i, got[i], want[i])
+		}
+	}
+
+	dead, err := inbox.ListDeadLetters(ctx, b.pg.Pool, b.fn, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type dl struct {
+		Offset   int64
+		Reason   string
+		Attempts int
+	}
+	wantDead := []dl{{2, "permanent", 1}, {3, "panic", 3}, {4, "permanent", 1}, {6, "oversized", 0}, {7, "handler_error", 3}}
+	if len(dead) != len(wantDead) {
+		t.Fatalf("dead letters = %d, want %d", len(dead), len(wantDead))
+	}
+	for i, d := range dead {
+		if g := (dl{d.Offset, d.Reason, d.Attempts}); g != wantDead[i] {
+			t.Errorf("dead letter %d = %+v, want %+v (error %q)", i, g, wantDead[i], d.Error)
+		}
+		if d.Error == "" {
+			t.Errorf("dead letter at offset %d has no error text", d.Offset)
+		}
+	}
+	if len(dead[3].Value) != len(big) {
+		t.Errorf("oversized dead letter kept %d bytes of the value, want %d", len(dead[3].Value), len(big))
+	}
+	if got := w.Stats().Retries.Load(); got != 6 {
+		t.Errorf("retries = %d, want 6 (2 for fail-2, 2 for panic, 2 for always)", got)
+	}
+	var outcomes map[string]int64
+	err = b.pg.Pool.QueryRow(ctx, `SELECT jsonb_object_agg(outcome, n) FROM (SELECT outcome, count(*) n FROM kfn.inbox WHERE consumer = $1 GROUP BY outcome) s`, b.fn).Scan(&outcomes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if outcomes["applied"] != 5 || outcomes["dead_lettered"] != 5 {
+		t.Errorf("inbox outcomes = %v, want 5 applied and 5 dead_lettered", outcomes)
+	}
+}
+
+func TestBatchHandlerFindsTheFailingRecord(t *testing.T) {
+	b := setup(t, 1)
+	produced := b.produce(t, 0, []byte("a"), []byte("b"), []byte("permanent"), []byte("c"), []byte("d"))
+	_, stop := b.run(t, effects.BatchFunction(b.fn, b.topic))
+	b.waitCaughtUp(t, b.fn)
+	stop()
+	rep := b.check(t, b.fn, produced)
+	if rep.Applied != 4 || rep.DeadLetters != 1 {
+		t.Errorf("applied=%d dead-lettered=%d, want 4 and 1", rep.Applied, rep.DeadLetters)
+	}
+}
