@@ -30,6 +30,7 @@ func (p Partition) String() string {
 type Cursor struct {
 	NextOffset int64 // first offset not handled yet: where to resume
 	HighWater  int64 // every offset below it has been handled, ever
+	Generation int   // re-executions so far; part of the ids of emitted events
 	Epoch      int64 // fencing token of the current owner
 	Owner      string
 }
@@ -65,7 +66,7 @@ VALUES ($1, $2, $3, $4, $4, $5, $6)
 ON CONFLICT (consumer, topic, partition) DO UPDATE
    SET epoch = EXCLUDED.epoch, owner = EXCLUDED.owner, claimed_at = now()
  WHERE c.epoch < EXCLUDED.epoch
-RETURNING next_offset, high_water, epoch, owner`
+RETURNING next_offset, high_water, generation, epoch, owner`
 
 // ClaimPartition records token as the partition's epoch, provided it is
 // greater than the stored one, and returns the cursor to resume from. A new
@@ -74,7 +75,7 @@ RETURNING next_offset, high_water, epoch, owner`
 func ClaimPartition(ctx context.Context, db Querier, p Partition, token int64, owner string, startOffset int64) (Cursor, error) {
 	var c Cursor
 	err := db.QueryRow(ctx, claimPartitionSQL, p.Consumer, p.Topic, p.Partition, startOffset, token, owner).
-		Scan(&c.NextOffset, &c.HighWater, &c.Epoch, &c.Owner)
+		Scan(&c.NextOffset, &c.HighWater, &c.Generation, &c.Epoch, &c.Owner)
 	if errors.Is(err, pgx.ErrNoRows) {
 		stored, _ := ReadCursor(ctx, db, p)
 		return Cursor{}, &FencedError{Partition: p, Token: token, Epoch: stored.Epoch}
@@ -100,8 +101,8 @@ func NextEpoch(ctx context.Context, db Querier, p Partition) (int64, error) {
 // ReadCursor returns the stored cursor, or pgx.ErrNoRows wrapped if there is none.
 func ReadCursor(ctx context.Context, db Querier, p Partition) (Cursor, error) {
 	var c Cursor
-	err := db.QueryRow(ctx, `SELECT next_offset, high_water, epoch, owner FROM kfn.cursors WHERE consumer = $1 AND topic = $2 AND partition = $3`,
-		p.Consumer, p.Topic, p.Partition).Scan(&c.NextOffset, &c.HighWater, &c.Epoch, &c.Owner)
+	err := db.QueryRow(ctx, `SELECT next_offset, high_water, generation, epoch, owner FROM kfn.cursors WHERE consumer = $1 AND topic = $2 AND partition = $3`,
+		p.Consumer, p.Topic, p.Partition).Scan(&c.NextOffset, &c.HighWater, &c.Generation, &c.Epoch, &c.Owner)
 	if err != nil {
 		return Cursor{}, fmt.Errorf("read cursor of %s: %w", p, err)
 	}

@@ -52,7 +52,8 @@ ON CONFLICT (consumer, topic, partition, "offset") DO UPDATE SET outcome = 'dead
 	_, err = tx.Exec(ctx, `
 INSERT INTO kfn.dead_letters (consumer, topic, partition, "offset", record_key, value, headers, record_time, reason, error, attempts)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
-ON CONFLICT (consumer, topic, partition, "offset") DO NOTHING`,
+ON CONFLICT (consumer, topic, partition, "offset") DO UPDATE
+   SET reason = EXCLUDED.reason, error = EXCLUDED.error, attempts = EXCLUDED.attempts, dead_at = now()`,
 		d.Partition.Consumer, d.Partition.Topic, d.Partition.Partition, d.Offset, d.Key, d.Value, headers, recordTime,
 		d.Reason, d.Error, d.Attempts)
 	if err != nil {

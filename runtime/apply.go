@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -65,7 +66,7 @@ func (pr *partitionRun) retryAlone(ctx context.Context, rec Record, firstErr err
 
 	lastErr, attempt := firstErr, 1
 	for attempt < cfg.RetryAttempts && !IsPermanent(lastErr) {
-		pr.log.Warn("handler failed, retrying", "offset", rec.Offset, "attempt", attempt, "err", lastErr)
+		pr.log.Warn("handler failed, retrying", "offset", rec.Offset, "attempt", attempt, "err", firstLine(lastErr))
 		if err := sleep(ctx, policy.NextBackOff()); err != nil {
 			return err
 		}
@@ -93,19 +94,7 @@ func (pr *partitionRun) commit(ctx context.Context, recs []Record, attempt int) 
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
 
-	if err := inbox.Advance(ctx, tx, pr.part, pr.token, pr.next, last+1); err != nil {
-		return nil, err
-	}
-
-	// Offsets below the high-water mark were handled before (possibly
-	// purged from the inbox since); the inbox claim catches the rest.
-	candidates := make([]int64, 0, len(recs))
-	for _, r := range recs {
-		if r.Offset >= pr.highWater {
-			candidates = append(candidates, r.Offset)
-		}
-	}
-	fresh, err := inbox.Claim(ctx, tx, pr.part, pr.token, inbox.Applied, candidates)
+	fresh, err := pr.fenceAndClaim(ctx, tx, recs)
 	if err != nil {
 		return nil, err
 	}
@@ -134,7 +123,34 @@ func (pr *partitionRun) commit(ctx context.Context, recs []Record, attempt int) 
 	}
 
 	pr.committed(last+1, len(work), duplicates, len(oversized))
+	for _, r := range oversized {
+		pr.log.Warn("record dead-lettered", "offset", r.Offset, "reason", "oversized", "bytes", len(r.Key)+len(r.Value))
+	}
 	return nil, nil
+}
+
+// fenceAndClaim moves the fenced cursor past recs and claims them in the
+// inbox, returning the offsets that were not handled before.
+func (pr *partitionRun) fenceAndClaim(ctx context.Context, tx pgx.Tx, recs []Record) ([]int64, error) {
+	offsets := make([]int64, 0, len(recs))
+	for _, r := range recs {
+		offsets = append(offsets, r.Offset)
+	}
+	if pr.w.guarantee == atLeastOnce {
+		return offsets, nil // the benchmark's baseline: no fence, no inbox
+	}
+	if err := inbox.Advance(ctx, tx, pr.part, pr.token, pr.next, recs[len(recs)-1].Offset+1); err != nil {
+		return nil, err
+	}
+	// Offsets below the high-water mark were handled before (possibly
+	// purged from the inbox since); the inbox claim catches the rest.
+	candidates := offsets[:0]
+	for _, o := range offsets {
+		if o >= pr.highWater {
+			candidates = append(candidates, o)
+		}
+	}
+	return inbox.Claim(ctx, tx, pr.part, pr.token, inbox.Applied, candidates)
 }
 
 // selectWork splits the fresh records into those to hand to the handler and
@@ -161,7 +177,7 @@ func (pr *partitionRun) selectWork(recs []Record, fresh []int64, attempt int) (w
 // runHandlers calls the function's handler on work inside tx and returns the
 // outbox rows it emitted. On failure the index refers to recs.
 func (pr *partitionRun) runHandlers(ctx context.Context, tx pgx.Tx, work, recs []Record) ([]outbox.Row, *handlerFailure) {
-	emitter := newEmitCollector(pr.fn.Name)
+	emitter := newEmitCollector(pr.fn.Name, pr.generation)
 	indexIn := func(r Record) int {
 		for i := range recs {
 			if recs[i].Offset == r.Offset {
@@ -236,11 +252,11 @@ func (pr *partitionRun) deadLetter(ctx context.Context, rec Record, cause error,
 		return fmt.Errorf("commit dead letter %s@%d: %w", pr.part, rec.Offset, err)
 	}
 	pr.committed(rec.Offset+1, 0, 0, 1)
+	pr.log.Warn("record dead-lettered", "offset", rec.Offset, "reason", failureReason(cause), "attempts", attempts, "err", firstLine(cause))
 	return nil
 }
 
 func (pr *partitionRun) writeDeadLetter(ctx context.Context, tx pgx.Tx, rec Record, reason string, cause error, attempts int) error {
-	pr.log.Error("record dead-lettered", "offset", rec.Offset, "reason", reason, "attempts", attempts, "err", cause)
 	headers := make([]inbox.Header, len(rec.Headers))
 	for i, h := range rec.Headers {
 		headers[i] = inbox.Header{Key: h.Key, Value: h.Value}
@@ -298,6 +314,13 @@ func (e *timeoutError) Error() string {
 	return fmt.Sprintf("handler ran over its %s timeout (--handler-timeout): %v", e.limit, e.err)
 }
 func (e *timeoutError) Unwrap() error { return e.err }
+
+// firstLine keeps log lines short: a panic's stack goes to the dead letter,
+// not to the log.
+func firstLine(err error) string {
+	line, _, _ := strings.Cut(err.Error(), "\n")
+	return line
+}
 
 func sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/kfn-dev/kfn/outbox"
@@ -10,14 +11,15 @@ import (
 // emitCollector gathers the outbox rows of one transaction. Each source
 // record numbers its events from 0, so event ids are deterministic.
 type emitCollector struct {
-	consumer string
-	rows     []outbox.Row
-	next     map[string]int // next emit index per source record
-	err      error          // first invalid event; fails the handler
+	consumer   string
+	generation int // the partition's re-execution count; see inbox.ReplayRequest
+	rows       []outbox.Row
+	next       map[string]int // next emit index per source record
+	err        error          // first invalid event; fails the handler
 }
 
-func newEmitCollector(consumer string) *emitCollector {
-	return &emitCollector{consumer: consumer, next: map[string]int{}}
+func newEmitCollector(consumer string, generation int) *emitCollector {
+	return &emitCollector{consumer: consumer, generation: generation, next: map[string]int{}}
 }
 
 func (c *emitCollector) emit(rec Record, ev Event) {
@@ -28,6 +30,11 @@ func (c *emitCollector) emit(rec Record, ev Event) {
 		return
 	}
 	sourceID := outbox.KafkaSourceID(rec.Topic, rec.Partition, rec.Offset)
+	if c.generation > 0 {
+		// A re-executed record emits events with new ids, so downstream
+		// inboxes apply them instead of skipping them as repeats.
+		sourceID += "#" + strconv.Itoa(c.generation)
+	}
 	index := c.next[sourceID]
 	c.next[sourceID] = index + 1
 	traceParent, _ := rec.Header("traceparent")

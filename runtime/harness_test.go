@@ -3,6 +3,8 @@ package runtime_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,7 +22,7 @@ func TestMain(m *testing.M) { kfntest.Main(m) }
 // fresh topic and a config pointing at all three.
 type bundle struct {
 	pg    *kfntest.PG
-	kafka *kfntest.Kafka
+	kafka *kfntest.KafkaCluster
 	topic string
 	fn    string
 	cfg   runtime.Config
@@ -40,7 +42,7 @@ func setup(t *testing.T, partitions int) *bundle {
 		RetryAttempts: 3,
 		RetryInitial:  10 * time.Millisecond,
 		RetryMax:      50 * time.Millisecond,
-		Logger:        kfntest.Logger(t),
+		Logger:        testLogger(t),
 	}
 	return b
 }
@@ -136,6 +138,18 @@ func (b *bundle) check(t *testing.T, fn string, produced []effects.Produced) eff
 		t.Errorf("exactly-once violated: %s", rep)
 	}
 	return rep
+}
+
+// testLogger sends the worker's logs to the test log.
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
 }
 
 func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {

@@ -17,13 +17,14 @@ import (
 // partitionRun is one owned partition: claimed in Postgres with a fencing
 // token, read from Kafka at the Postgres cursor, applied batch by batch.
 type partitionRun struct {
-	w         *worker
-	fn        Function
-	part      inbox.Partition
-	token     int64
-	next      int64 // the cursor: first offset not committed yet
-	highWater int64 // offsets below it were handled before
-	log       *slog.Logger
+	w          *worker
+	fn         Function
+	part       inbox.Partition
+	token      int64
+	next       int64 // the cursor: first offset not committed yet
+	highWater  int64 // offsets below it were handled before
+	generation int   // re-executions of this partition so far
+	log        *slog.Logger
 }
 
 // runPartition owns one partition until ctx ends or a newer owner fences it.
@@ -88,7 +89,7 @@ func (pr *partitionRun) claim(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	pr.next, pr.highWater = cur.NextOffset, cur.HighWater
+	pr.next, pr.highWater, pr.generation = cur.NextOffset, cur.HighWater, cur.Generation
 	if pr.next < first {
 		// Kafka deleted records (retention) before anyone handled them. They
 		// cannot be read any more; say so loudly and resume at the first one.

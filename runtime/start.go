@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -18,17 +19,18 @@ import (
 // return: it exits 0 after a clean shutdown, 2 on bad configuration and 1
 // when a service cannot be used.
 func Start(fn Function) {
-	os.Exit(Main(fn, os.Args[1:]))
+	os.Exit(Main(fn, os.Args[1:], os.Stderr))
 }
 
-// Main is Start without the exit, for tests and wrappers: it returns the
-// process exit code.
-func Main(fn Function, args []string) int {
+// Main is Start without the exit, for tests and wrappers: it parses args,
+// writes errors and logs to stderr, and returns the process exit code.
+func Main(fn Function, args []string, stderr io.Writer) int {
 	name := fn.Name
 	if name == "" {
 		name = "kfn-function"
 	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	var cfg Config
 	cfg.Bind(fs)
 	logLevel := fs.String("log-level", envOr("log-level", "info"), "debug|info|warn|error [KFN_LOG_LEVEL]")
@@ -39,21 +41,21 @@ func Main(fn Function, args []string) int {
 		return 2 // the flag package has printed the error and the usage
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "%s: unexpected argument %q (all settings are --flags; see -h)\n", name, fs.Arg(0))
+		fmt.Fprintf(stderr, "%s: unexpected argument %q (all settings are --flags; see -h)\n", name, fs.Arg(0))
 		return 2
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		fmt.Fprintf(os.Stderr, "%s: invalid --log-level %q: use debug, info, warn or error\n", name, *logLevel)
+		fmt.Fprintf(stderr, "%s: invalid --log-level %q: use debug, info, warn or error\n", name, *logLevel)
 		return 2
 	}
-	cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	cfg.Logger = slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	w, err := NewWorker(ctx, cfg, fn)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %s\n", name, strings.ReplaceAll(err.Error(), "\n", "\n  "))
+		fmt.Fprintf(stderr, "%s: %s\n", name, strings.ReplaceAll(err.Error(), "\n", "\n  "))
 		var cfgErr *ConfigError
 		if errors.As(err, &cfgErr) {
 			return 2
@@ -62,7 +64,7 @@ func Main(fn Function, args []string) int {
 	}
 	cfg.Logger.Info("worker started", "function", fn.Name, "topic", fn.Topic, "worker", w.w.cfg.WorkerID)
 	if err := w.Run(ctx); err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 1
 	}
 	cfg.Logger.Info("worker stopped cleanly", "function", fn.Name)

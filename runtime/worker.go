@@ -5,14 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/runtime/lease"
 	"github.com/kfn-dev/kfn/runtime/schema"
 )
 
@@ -21,14 +21,26 @@ import (
 type Worker struct{ w *worker }
 
 type worker struct {
-	cfg     Config
-	fns     []Function
-	pool    *pgxpool.Pool
-	kafka   *kafkaSource
-	nc      *nats.Conn
-	offsets *offsetCommitter
-	stats   *Stats
+	cfg       Config
+	guarantee guarantee
+	fns       []Function
+	pool      *pgxpool.Pool
+	kafka     *kafkaSource
+	nc        *nats.Conn
+	js        jetstream.JetStream
+	leases    map[string]*lease.Manager // partition leases, per function name
+	offsets   *offsetCommitter
+	stats     *Stats
 }
+
+// guarantee is what the record path promises. Only the benchmark runs
+// anything but exactlyOnce, to measure what exactly-once costs.
+type guarantee int
+
+const (
+	exactlyOnce guarantee = iota
+	atLeastOnce           // same batching, no inbox claim, no fenced cursor
+)
 
 // NewWorker validates cfg and fns, connects to Postgres, Kafka and NATS,
 // checks the schema version and runs each function's Setup. Every failure
@@ -107,6 +119,16 @@ func (w *worker) connect(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cannot reach NATS at %s (check --nats-url / KFN_NATS_URL): %w", w.cfg.NATSURL, err)
 	}
+	w.js, err = jetstream.New(w.nc)
+	if err != nil {
+		return fmt.Errorf("NATS JetStream at %s: %w", w.cfg.NATSURL, err)
+	}
+	w.leases = map[string]*lease.Manager{}
+	for _, fn := range w.fns {
+		if w.leases[fn.Name], err = w.newPartitionLeases(fn); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -138,55 +160,17 @@ func (wk *Worker) Run(ctx context.Context) error {
 		<-offsetsDone
 	}()
 
-	var wg sync.WaitGroup
+	errs := make(chan error, len(w.fns))
 	for _, fn := range w.fns {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w.own(ctx, fn)
-		}()
+		go func() { errs <- w.own(ctx, fn, w.leases[fn.Name]) }()
 	}
-	wg.Wait()
-	return nil
-}
-
-// own claims the function's partitions and runs each in its own goroutine
-// until ctx ends. New partitions are picked up as they appear.
-func (w *worker) own(ctx context.Context, fn Function) {
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	running := map[int32]bool{}
-	log := w.cfg.Logger.With("function", fn.Name, "topic", fn.Topic)
-	for {
-		parts, err := w.kafka.partitions(ctx, fn.Topic)
-		switch {
-		case errors.Is(err, errTopicMissing):
-			log.Warn("topic does not exist yet; waiting for it")
-		case err != nil && ctx.Err() == nil:
-			log.Warn("list partitions failed; retrying", "err", err)
-		}
-		for _, p := range parts {
-			if running[p] {
-				continue
-			}
-			running[p] = true
-			part := inbox.Partition{Consumer: fn.Name, Topic: fn.Topic, Partition: p}
-			token, err := inbox.NextEpoch(ctx, w.pool, part)
-			if err != nil {
-				log.Warn("read epoch failed; retrying", "partition", p, "err", err)
-				running[p] = false
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				w.runPartition(ctx, fn, p, token)
-			}()
-		}
-		if err := sleep(ctx, 5*time.Second); err != nil {
-			return
+	var first error
+	for range w.fns {
+		if err := <-errs; err != nil && first == nil && ctx.Err() == nil {
+			first = err
 		}
 	}
+	return first
 }
 
 // withTx runs f in a transaction.

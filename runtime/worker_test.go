@@ -111,7 +111,7 @@ func TestBadRecordsAreRetriedOrDeadLetteredAndLaterRecordsGoOn(t *testing.T) {
 		t.Errorf("applied=%d dead-lettered=%d, want 5 and 5", rep.Applied, rep.DeadLetters)
 	}
 	ctx := context.Background()
-	rows, err := b.pg.Pool.Query(ctx, `SELECT "offset", attempt FROM effects_`+b.fn+` ORDER BY id`)
+	rows, err := b.pg.Pool.Query(ctx, `SELECT "offset", attempt FROM `+pgx.Identifier{"effects_" + b.fn}.Sanitize()+` ORDER BY id`)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kfn-dev/kfn/functions/orders"
+	"github.com/kfn-dev/kfn/runtime"
+	"github.com/kfn-dev/kfn/runtime/schema"
+)
+
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("bench", stderr)
+	dbURL := databaseFlag(fs)
+	brokers := brokersFlag(fs)
+	natsURL := natsFlag(fs)
+	records := fs.Int64("records", 50000, "records applied by the batched modes")
+	naive := fs.Int64("naive-records", 3000, "records applied by the naive mode (it is slow)")
+	partitions := fs.Int("partitions", 4, "partitions of the benchmark topic")
+	batchSize := fs.Int("batch-size", runtime.DefaultBatchSize, "max records per transaction in the batched modes")
+	batchWait := fs.Duration("batch-wait", runtime.DefaultBatchWait, "max wait to fill a batch")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *records < 1 || *naive < 1 || *naive > *records {
+		return &usageError{msg: fmt.Sprintf("need 1 <= --naive-records (%d) <= --records (%d)", *naive, *records)}
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	st, err := startStack(ctx, *dbURL, *natsURL, *brokers, stdout, log)
+	if err != nil {
+		return err
+	}
+	defer st.stop()
+	pool, err := connectPostgres(ctx, st.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if _, err := schema.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	pool.Close()
+
+	topic := fmt.Sprintf("kfn-bench-%d", time.Now().UnixNano())
+	if err := ensureTopic(ctx, st.Brokers, topic, *partitions); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "producing %d orders to %s (%d partitions)\n", *records, topic, *partitions)
+	if err := produceOrders(ctx, st.Brokers, topic, *records); err != nil {
+		return err
+	}
+	fn := orders.Function()
+	fn.Topic = topic
+	results, err := runtime.Bench(ctx, runtime.BenchConfig{
+		Worker: runtime.Config{
+			KafkaBrokers: st.Brokers, DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
+			BatchSize: *batchSize, BatchWait: *batchWait, Logger: log,
+		},
+		Function: fn, Records: *records, NaiveRecords: *naive,
+		Reset: func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `TRUNCATE orders`)
+			return err
+		},
+	})
+	if err != nil {
+		return err
+	}
+	printBench(stdout, results, *batchSize, *batchWait)
+	return nil
+}
+
+func produceOrders(ctx context.Context, brokers []string, topic string, n int64) error {
+	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, Balancer: &kafka.Hash{},
+		BatchSize: 1000, BatchTimeout: 10 * time.Millisecond, RequiredAcks: kafka.RequireAll}
+	defer w.Close()
+	const chunk = 5000
+	for i := int64(0); i < n; i += chunk {
+		msgs := make([]kafka.Message, 0, chunk)
+		for j := i; j < min(n, i+chunk); j++ {
+			key, value := validOrder(int(j))
+			msgs = append(msgs, kafka.Message{Key: []byte(key), Value: value})
+		}
+		if err := w.WriteMessages(ctx, msgs...); err != nil {
+			return fmt.Errorf("produce benchmark orders: %w", err)
+		}
+	}
+	return nil
+}
+
+func printBench(w io.Writer, results []runtime.BenchResult, batchSize int, batchWait time.Duration) {
+	rate := map[string]float64{}
+	for _, r := range results {
+		rate[r.Mode] = r.PerSecond
+	}
+	fmt.Fprintf(w, "\nbatch size %d, batch wait %s, handler: orders (upsert + outbox event)\n", batchSize, batchWait)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MODE\tRECORDS\tSECONDS\tMSGS/S")
+	for _, r := range results {
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\n", r.Mode, r.Records, r.Elapsed.Seconds(), r.PerSecond)
+	}
+	tw.Flush()
+	eo := rate["exactly-once"]
+	fmt.Fprintf(w, "exactly-once / at-least-once = %.2f×\n", eo/rate["at-least-once"])
+	fmt.Fprintf(w, "exactly-once / naive         = %.1f×\n", eo/rate["naive"])
+}

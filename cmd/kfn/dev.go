@@ -1,0 +1,249 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kfn-dev/kfn/functions/orders"
+	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/runtime"
+	"github.com/kfn-dev/kfn/runtime/schema"
+)
+
+func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("dev", stderr)
+	dbURL := databaseFlag(fs)
+	brokers := brokersFlag(fs)
+	natsURL := natsFlag(fs)
+	duration := fs.Duration("duration", 0, "stop after this long (default: run until Ctrl-C)")
+	rate := fs.Int("rate", 200, "sample orders produced per second")
+	partitions := fs.Int("partitions", 4, "partitions of the orders topic when it is created")
+	verbose := fs.Bool("v", false, "show the workers' logs")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *rate < 1 || *rate > 100000 {
+		return &usageError{msg: fmt.Sprintf("--rate %d is out of range 1..100000", *rate)}
+	}
+	if *partitions < 1 || *partitions > 256 {
+		return &usageError{msg: fmt.Sprintf("--partitions %d is out of range 1..256", *partitions)}
+	}
+	if *duration < 0 {
+		return &usageError{msg: "--duration must not be negative"}
+	}
+	level := slog.LevelError
+	if *verbose {
+		level = slog.LevelInfo
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	fmt.Fprintln(stdout, "kfn dev: starting the stack")
+	st, err := startStack(ctx, *dbURL, *natsURL, *brokers, stdout, log)
+	if err != nil {
+		return err
+	}
+	defer st.stop()
+
+	pool, err := connectPostgres(ctx, st.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if _, err := schema.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	if err := ensureTopic(ctx, st.Brokers, orders.Topic, *partitions); err != nil {
+		return err
+	}
+
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	if *duration > 0 {
+		var cancel context.CancelFunc
+		runCtx, cancel = context.WithTimeout(runCtx, *duration)
+		defer cancel()
+	}
+	cfg := runtime.Config{KafkaBrokers: st.Brokers, DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL, WorkerID: "kfn-dev", Logger: log}
+	// The worker keeps running past runCtx so it can drain what was produced.
+	workerCtx, stopWorker := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWorker()
+	worker, err := runtime.NewWorker(ctx, cfg, orders.Function())
+	if err != nil {
+		return err
+	}
+	workerDone := make(chan error, 1)
+	go func() { workerDone <- worker.Run(workerCtx) }()
+
+	fmt.Fprintf(stdout, "kfn dev: function orders consumes topic %q; producing %d orders/s (some invalid on purpose). Ctrl-C stops.\n", orders.Topic, *rate)
+	gen := &sampleTraffic{}
+	produceDone := make(chan error, 1)
+	go func() { produceDone <- gen.produce(runCtx, st.Brokers, *rate) }()
+
+	ticker := time.NewTicker(time.Second)
+	defer ticker.Stop()
+	start := time.Now()
+	replayAt := time.After(replayDemoAfter(*duration))
+	for running := true; running; {
+		select {
+		case <-runCtx.Done():
+			running = false
+		case <-ticker.C:
+			printProgress(stdout, time.Since(start), gen, worker.Stats())
+		case <-replayAt:
+			if err := replayDemo(ctx, stdout, pool, st.NATSURL); err != nil {
+				return err
+			}
+		}
+	}
+	if err := <-produceDone; err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("sample producer: %w", err)
+	}
+
+	fmt.Fprintln(stdout, "kfn dev: stopping; draining what was produced")
+	drainDeadline := time.Now().Add(30 * time.Second)
+	for !drained(gen, worker.Stats()) && time.Now().Before(drainDeadline) && ctx.Err() == nil {
+		time.Sleep(100 * time.Millisecond)
+	}
+	stopWorker()
+	if err := <-workerDone; err != nil {
+		return err
+	}
+	printProgress(stdout, time.Since(start), gen, worker.Stats())
+	return verifyDev(ctx, stdout, pool, gen)
+}
+
+// replayDemoAfter is when kfn dev replays a partition to show that a replay
+// skips what was handled: half-way, or after 5 s when running until Ctrl-C.
+func replayDemoAfter(duration time.Duration) time.Duration {
+	if duration > 0 {
+		return duration / 2
+	}
+	return 5 * time.Second
+}
+
+// replayDemo moves partition 0 of the orders function back by up to 100
+// records, the way `kfn replay` does. The worker reads them again and skips
+// them: "duplicates skipped" grows, the orders table does not change.
+func replayDemo(ctx context.Context, out io.Writer, pool *pgxpool.Pool, natsURL string) error {
+	cur, err := inbox.ReadCursor(ctx, pool, inbox.Partition{Consumer: "orders", Topic: orders.Topic, Partition: 0})
+	if err != nil {
+		return fmt.Errorf("replay demo: %w", err)
+	}
+	from := max(0, cur.NextOffset-100)
+	js, closeNATS, err := connectJetStream(natsURL, "kfn dev replay")
+	if err != nil {
+		return err
+	}
+	defer closeNATS()
+	fmt.Fprintf(out, "kfn dev: replaying orders/%s/0 from offset %d (idempotent, like `kfn replay`): those records are read again and skipped\n", orders.Topic, from)
+	_, err = runtime.Replay(ctx, pool, js, runtime.ReplayRequest{
+		Function: "orders", Topic: orders.Topic, Partition: 0, From: from, Actor: "kfn-dev",
+	})
+	return err
+}
+
+// sampleTraffic produces orders: mostly valid, every 50th malformed, every
+// 73rd invalid, so the dead-letter path shows up too.
+type sampleTraffic struct {
+	valid, invalid, sent atomic.Int64
+}
+
+func (g *sampleTraffic) produce(ctx context.Context, brokers []string, rate int) error {
+	w := &kafka.Writer{
+		Addr: kafka.TCP(brokers...), Topic: orders.Topic, Balancer: &kafka.Hash{},
+		BatchTimeout: 5 * time.Millisecond, RequiredAcks: kafka.RequireAll,
+	}
+	defer w.Close()
+	tick := 50 * time.Millisecond
+	perTick := max(1, rate/int(time.Second/tick))
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	i := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		msgs := make([]kafka.Message, perTick)
+		var valid, invalid int64
+		for j := range msgs {
+			i++
+			key, value, ok := sampleOrder(i)
+			msgs[j] = kafka.Message{Key: []byte(key), Value: value}
+			if ok {
+				valid++
+			} else {
+				invalid++
+			}
+		}
+		if err := w.WriteMessages(context.WithoutCancel(ctx), msgs...); err != nil {
+			return err
+		}
+		g.valid.Add(valid)
+		g.invalid.Add(invalid)
+		g.sent.Add(int64(len(msgs)))
+	}
+}
+
+// sampleOrder returns the i-th sample record and whether it is a valid order.
+func sampleOrder(i int) (key string, value []byte, valid bool) {
+	id := fmt.Sprintf("ord-%07d", i)
+	switch {
+	case i%50 == 0:
+		return id, []byte(`{"order_id": "` + id + `", "amount_cents": `), false
+	case i%73 == 0:
+		v, _ := json.Marshal(orders.Order{ID: id, Customer: "c-1", AmountCents: -5, Currency: "EUR"})
+		return id, v, false
+	}
+	key, value = validOrder(i)
+	return key, value, true
+}
+
+// validOrder returns the i-th valid sample order.
+func validOrder(i int) (key string, value []byte) {
+	id := fmt.Sprintf("ord-%07d", i)
+	v, _ := json.Marshal(orders.Order{ID: id, Customer: fmt.Sprintf("c-%d", i%17), AmountCents: int64(100 + i%900), Currency: "EUR"})
+	return id, v
+}
+
+func drained(g *sampleTraffic, s *runtime.Stats) bool {
+	return s.Applied.Load()+s.DeadLettered.Load() >= g.sent.Load() && s.Lag() == 0
+}
+
+func printProgress(w io.Writer, elapsed time.Duration, g *sampleTraffic, s *runtime.Stats) {
+	fmt.Fprintf(w, "[%5s] produced %6d  processed %6d  duplicates skipped %4d  dead-lettered %4d  retries %3d  lag %5d  partitions %d\n",
+		elapsed.Round(time.Second), g.sent.Load(), s.Applied.Load(), s.Duplicates.Load(), s.DeadLettered.Load(),
+		s.Retries.Load(), s.Lag(), len(s.Partitions()))
+}
+
+// verifyDev checks the end state against what was produced: one order row
+// per valid order, each changed by exactly one record, and one dead letter per
+// invalid one. Any difference is an error, so `kfn dev --duration …` doubles
+// as an end-to-end check.
+func verifyDev(ctx context.Context, out io.Writer, pool *pgxpool.Pool, g *sampleTraffic) error {
+	var ordersRows, extraRevisions, deadLetters int64
+	err := pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(revisions - 1), 0) FROM orders`).Scan(&ordersRows, &extraRevisions)
+	if err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM kfn.dead_letters WHERE consumer = 'orders'`).Scan(&deadLetters); err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	fmt.Fprintf(out, "kfn dev: verify: valid orders produced %d, order rows %d, duplicate applies %d; invalid produced %d, dead-lettered %d\n",
+		g.valid.Load(), ordersRows, extraRevisions, g.invalid.Load(), deadLetters)
+	if ordersRows != g.valid.Load() || extraRevisions != 0 || deadLetters != g.invalid.Load() {
+		return errors.New("verify: the end state does not match what was produced")
+	}
+	fmt.Fprintln(out, "kfn dev: verify: OK, every record applied exactly once or dead-lettered")
+	return nil
+}

@@ -1,0 +1,138 @@
+// Command kfn is the operator's tool: it runs the local development stack,
+// migrates the schema, shows who owns what, replays partitions, inspects dead
+// letters and benchmarks the record path.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+// command is one kfn subcommand.
+type command struct {
+	summary string
+	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+var commands = map[string]command{
+	"dev":     {"run the whole stack locally with sample traffic", runDev},
+	"migrate": {"apply kfn's schema migrations to a database", runMigrate},
+	"status":  {"show partitions: owner, epoch, cursor, lag", runStatus},
+	"replay":  {"move a partition's cursor back to an offset", runReplay},
+	"dlq":     {"list dead-lettered records", runDLQ},
+	"bench":   {"benchmark exactly-once against at-least-once and naive", runBench},
+}
+
+// usageError is a mistake in how kfn was called: exit code 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stderr)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	cmd, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "kfn: unknown command %q\n\n", args[0])
+		usage(stderr)
+		return 2
+	}
+	err := cmd.run(ctx, args[1:], stdout, stderr)
+	var uerr *usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &uerr):
+		fmt.Fprintf(stderr, "kfn %s: %s (see kfn %s -h)\n", args[0], uerr.msg, args[0])
+		return 2
+	default:
+		fmt.Fprintf(stderr, "kfn %s: %v\n", args[0], err)
+		return 1
+	}
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: kfn <command> [flags]\n\ncommands:")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-8s %s\n", n, commands[n].summary)
+	}
+	fmt.Fprintln(w, "\nrun `kfn <command> -h` for its flags")
+}
+
+// newFlags makes a flag set that reports errors instead of exiting, with
+// output to stderr.
+func newFlags(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("kfn "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
+
+// parse parses args and rejects stray positional arguments.
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &usageError{msg: err.Error()}
+	}
+	if fs.NArg() > 0 {
+		return &usageError{msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
+	}
+	return nil
+}
+
+// env returns the first set environment variable of names, or def.
+func env(def string, names ...string) string {
+	for _, n := range names {
+		if v := os.Getenv(n); v != "" {
+			return v
+		}
+	}
+	return def
+}
+
+func databaseFlag(fs *flag.FlagSet) *string {
+	return fs.String("database-url", env("", "DATABASE_URL", "KFN_DATABASE_URL"), "Postgres URL [DATABASE_URL]")
+}
+
+func brokersFlag(fs *flag.FlagSet) *string {
+	return fs.String("kafka-brokers", env("", "KFN_KAFKA_BROKERS"), "Kafka brokers host:port[,…] [KFN_KAFKA_BROKERS]")
+}
+
+func natsFlag(fs *flag.FlagSet) *string {
+	return fs.String("nats-url", env("", "KFN_NATS_URL"), "NATS URL [KFN_NATS_URL]")
+}
+
+func required(name, value string) error {
+	if strings.TrimSpace(value) == "" {
+		return &usageError{msg: fmt.Sprintf("--%s is required", name)}
+	}
+	return nil
+}

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kfn-dev/kfn/runtime/devstack"
+)
+
+// stack is the set of services kfn dev and kfn bench run against: the ones
+// given by flags, and embedded or throwaway ones for the rest.
+type stack struct {
+	DatabaseURL string
+	NATSURL     string
+	Brokers     []string
+	stops       []func()
+}
+
+// startStack starts whatever the given URLs leave out. out receives one line
+// per service saying where it is.
+func startStack(ctx context.Context, dbURL, natsURL, brokers string, out io.Writer, log *slog.Logger) (*stack, error) {
+	s := &stack{DatabaseURL: dbURL, NATSURL: natsURL, Brokers: splitBrokers(brokers)}
+	ok := false
+	defer func() {
+		if !ok {
+			s.stop()
+		}
+	}()
+	if s.DatabaseURL == "" {
+		pg, err := devstack.StartPostgres(ctx, devstack.PostgresOptions{Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("%w\n(or point --database-url / DATABASE_URL at a running Postgres)", err)
+		}
+		s.stops = append(s.stops, func() { pg.Stop() })
+		s.DatabaseURL = pg.URL
+		fmt.Fprintf(out, "postgres  throwaway cluster at %s\n", pg.URL)
+	} else {
+		fmt.Fprintln(out, "postgres  from --database-url")
+	}
+	if s.NATSURL == "" {
+		n, err := devstack.StartNATS("")
+		if err != nil {
+			return nil, err
+		}
+		s.stops = append(s.stops, n.Stop)
+		s.NATSURL = n.URL
+		fmt.Fprintf(out, "nats      embedded server with JetStream at %s\n", n.URL)
+	} else {
+		fmt.Fprintf(out, "nats      %s\n", s.NATSURL)
+	}
+	if len(s.Brokers) == 0 {
+		k, err := devstack.StartKafka(devstack.KafkaOptions{})
+		if err != nil {
+			return nil, err
+		}
+		s.stops = append(s.stops, k.Stop)
+		s.Brokers = k.Brokers
+		fmt.Fprintf(out, "kafka     embedded broker at %v\n", k.Brokers)
+	} else {
+		fmt.Fprintf(out, "kafka     %v\n", s.Brokers)
+	}
+	ok = true
+	return s, nil
+}
+
+func (s *stack) stop() {
+	for i := len(s.stops) - 1; i >= 0; i-- {
+		s.stops[i]()
+	}
+	s.stops = nil
+}
+
+// ensureTopic creates topic with the given partitions unless it exists.
+func ensureTopic(ctx context.Context, brokers []string, topic string, partitions int) error {
+	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+	resp, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
+		Topic: topic, NumPartitions: partitions, ReplicationFactor: 1,
+	}}})
+	if err != nil {
+		return fmt.Errorf("create topic %s on %v: %w", topic, brokers, err)
+	}
+	if err := resp.Errors[topic]; err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
+		return fmt.Errorf("create topic %s: %w", topic, err)
+	}
+	// A new topic needs a moment before its partitions have leaders.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+		if err == nil && len(md.Topics) == 1 && md.Topics[0].Error == nil && len(md.Topics[0].Partitions) > 0 {
+			ready := true
+			for _, p := range md.Topics[0].Partitions {
+				ready = ready && p.Leader.Host != ""
+			}
+			if ready {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("topic %s has no leaders after 30s (last error: %v)", topic, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/kfn-dev/kfn/runtime"
+)
+
+func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("status", stderr)
+	dbURL := databaseFlag(fs)
+	brokers := brokersFlag(fs)
+	function := fs.String("function", "", "only this function (default: all)")
+	asJSON := fs.Bool("json", false, "print JSON for scripts")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := required("database-url", *dbURL); err != nil {
+		return err
+	}
+	pool, err := connectPostgres(ctx, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	parts, statusErr := runtime.Status(ctx, pool, splitBrokers(*brokers), *function)
+	if parts == nil && statusErr != nil {
+		return statusErr
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if parts == nil {
+			parts = []runtime.PartitionStatus{}
+		}
+		if err := enc.Encode(parts); err != nil {
+			return err
+		}
+		return statusErr
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "FUNCTION\tTOPIC\tPARTITION\tOWNER\tEPOCH\tCURSOR\tKAFKA HIGH\tLAG\tLAST COMMIT")
+	for _, p := range parts {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d\t%s\t%s\t%s ago\n", p.Function, p.Topic, p.Partition, p.Owner, p.Epoch, p.Cursor,
+			unknownIfNegative(p.KafkaHighMark), unknownIfNegative(p.Lag), p.LastCommitAge)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(parts) == 0 {
+		fmt.Fprintln(stdout, "no partitions have been claimed yet")
+	}
+	return statusErr
+}
+
+func unknownIfNegative(n int64) string {
+	if n < 0 {
+		return "?"
+	}
+	return fmt.Sprint(n)
+}
+
+func splitBrokers(s string) []string {
+	var out []string
+	for _, b := range strings.Split(s, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			out = append(out, b)
+		}
+	}
+	return out
+}

@@ -1,0 +1,183 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/runtime/kfntest"
+)
+
+func TestMain(m *testing.M) { kfntest.Main(m) }
+
+var part = inbox.Partition{Consumer: "fn", Topic: "orders", Partition: 3}
+
+func inTx(t *testing.T, db *kfntest.PG, f func(tx pgx.Tx) error) error {
+	t.Helper()
+	return pgx.BeginFunc(context.Background(), db.Pool, f)
+}
+
+func TestClaimPartitionOnlyAcceptsALargerToken(t *testing.T) {
+	db := kfntest.Postgres(t)
+	ctx := context.Background()
+	cur, err := inbox.ClaimPartition(ctx, db.Pool, part, 10, "w1", 42)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cur.NextOffset != 42 || cur.HighWater != 42 || cur.Epoch != 10 {
+		t.Errorf("new cursor = %+v, want next 42, high water 42, epoch 10", cur)
+	}
+	for _, stale := range []int64{9, 10} {
+		_, err := inbox.ClaimPartition(ctx, db.Pool, part, stale, "w2", 0)
+		var fenced *inbox.FencedError
+		if !errors.As(err, &fenced) || fenced.Epoch != 10 || !errors.Is(err, inbox.ErrFenced) {
+			t.Errorf("claim with token %d: err = %v, want FencedError with epoch 10", stale, err)
+		}
+	}
+	cur, err = inbox.ClaimPartition(ctx, db.Pool, part, 11, "w2", 0)
+	if err != nil || cur.Epoch != 11 || cur.Owner != "w2" || cur.NextOffset != 42 {
+		t.Errorf("claim with token 11 = %+v, %v; want epoch 11, owner w2, cursor kept at 42", cur, err)
+	}
+}
+
+func TestAdvanceIsFencedByTokenAndCursor(t *testing.T) {
+	db := kfntest.Postgres(t)
+	ctx := context.Background()
+	if _, err := inbox.ClaimPartition(ctx, db.Pool, part, 5, "old", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := inTx(t, db, func(tx pgx.Tx) error { return inbox.Advance(ctx, tx, part, 5, 0, 10) }); err != nil {
+		t.Fatalf("owner advance: %v", err)
+	}
+	if _, err := inbox.ClaimPartition(ctx, db.Pool, part, 6, "new", 0); err != nil {
+		t.Fatal(err)
+	}
+	err := inTx(t, db, func(tx pgx.Tx) error { return inbox.Advance(ctx, tx, part, 5, 10, 20) })
+	if !errors.Is(err, inbox.ErrFenced) {
+		t.Errorf("old owner advance after takeover: err = %v, want fenced", err)
+	}
+	err = inTx(t, db, func(tx pgx.Tx) error { return inbox.Advance(ctx, tx, part, 6, 7, 20) })
+	if !errors.Is(err, inbox.ErrFenced) {
+		t.Errorf("advance from a position that is not the cursor: err = %v, want fenced", err)
+	}
+	cur, err := inbox.ReadCursor(ctx, db.Pool, part)
+	if err != nil || cur.NextOffset != 10 || cur.HighWater != 10 {
+		t.Errorf("cursor = %+v, %v; want it left at 10", cur, err)
+	}
+}
+
+func TestClaimReturnsOnlyFreshOffsets(t *testing.T) {
+	db := kfntest.Postgres(t)
+	ctx := context.Background()
+	var first, second []int64
+	err := inTx(t, db, func(tx pgx.Tx) (err error) {
+		first, err = inbox.Claim(ctx, tx, part, 1, inbox.Applied, []int64{1, 2, 3})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = inTx(t, db, func(tx pgx.Tx) (err error) {
+		second, err = inbox.Claim(ctx, tx, part, 1, inbox.Applied, []int64{2, 3, 4, 5})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first) != 3 || len(second) != 2 || second[0] != 4 || second[1] != 5 {
+		t.Errorf("fresh = %v then %v, want [1 2 3] then [4 5]", first, second)
+	}
+}
+
+func TestPurgeKeepsDedupAtTheHighWaterMark(t *testing.T) {
+	db := kfntest.Postgres(t)
+	ctx := context.Background()
+	if _, err := inbox.ClaimPartition(ctx, db.Pool, part, 1, "w", 0); err != nil {
+		t.Fatal(err)
+	}
+	offsets := make([]int64, 250)
+	for i := range offsets {
+		offsets[i] = int64(i)
+	}
+	err := inTx(t, db, func(tx pgx.Tx) error {
+		if err := inbox.Advance(ctx, tx, part, 1, 0, 200); err != nil { // 200..249 are above the high-water mark
+			return err
+		}
+		_, err := inbox.Claim(ctx, tx, part, 1, inbox.Applied, offsets)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE kfn.inbox SET processed_at = now() - interval '2 hours'`); err != nil {
+		t.Fatal(err)
+	}
+	n, err := inbox.Purge(ctx, db.Pool, time.Hour, 64)
+	if err != nil || n != 200 {
+		t.Fatalf("purged %d, %v; want 200 (only rows below the high-water mark)", n, err)
+	}
+	var left int64
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM kfn.inbox`).Scan(&left); err != nil || left != 50 {
+		t.Errorf("left %d rows, want 50", left)
+	}
+	if n, _ := inbox.Purge(ctx, db.Pool, time.Hour, 64); n != 0 {
+		t.Errorf("second purge removed %d, want 0", n)
+	}
+}
+
+func TestReplayModes(t *testing.T) {
+	db := kfntest.Postgres(t)
+	ctx := context.Background()
+	if _, err := inbox.ClaimPartition(ctx, db.Pool, part, 1, "w", 0); err != nil {
+		t.Fatal(err)
+	}
+	err := inTx(t, db, func(tx pgx.Tx) error {
+		if err := inbox.Advance(ctx, tx, part, 1, 0, 100); err != nil {
+			return err
+		}
+		offsets := make([]int64, 100)
+		for i := range offsets {
+			offsets[i] = int64(i)
+		}
+		_, err := inbox.Claim(ctx, tx, part, 1, inbox.Applied, offsets)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	replay := func(r inbox.ReplayRequest) (inbox.ReplayResult, error) {
+		var res inbox.ReplayResult
+		err := inTx(t, db, func(tx pgx.Tx) (err error) {
+			res, err = inbox.Replay(ctx, tx, r)
+			return err
+		})
+		return res, err
+	}
+	if _, err := replay(inbox.ReplayRequest{Partition: part, Token: 1, From: 101, Actor: "t"}); !errors.Is(err, inbox.ErrReplayPastHighWater) {
+		t.Errorf("replay past the high-water mark: err = %v, want ErrReplayPastHighWater", err)
+	}
+	if _, err := replay(inbox.ReplayRequest{Partition: part, Token: 0, From: 10, Actor: "t"}); !errors.Is(err, inbox.ErrFenced) {
+		t.Errorf("replay without holding the partition: err = %v, want fenced", err)
+	}
+	if _, err := replay(inbox.ReplayRequest{Partition: part, Token: 1, From: 10, Reexecute: true, Actor: "t"}); err == nil {
+		t.Errorf("re-execution without a reason was accepted")
+	}
+	res, err := replay(inbox.ReplayRequest{Partition: part, Token: 1, From: 50, Actor: "t"})
+	if err != nil || res.Now.NextOffset != 50 || res.Now.HighWater != 100 || res.InboxReleased != 0 {
+		t.Errorf("idempotent replay = %+v, %v; want cursor 50, high water kept at 100, no inbox rows released", res, err)
+	}
+	res, err = replay(inbox.ReplayRequest{Partition: part, Token: 1, From: 80, Reexecute: true, Actor: "t", Reason: "bug 7 fixed"})
+	if err != nil || res.Now.NextOffset != 80 || res.Now.HighWater != 80 || res.InboxReleased != 20 || res.Now.Generation != 1 {
+		t.Errorf("re-execution = %+v, %v; want cursor and high water 80, 20 inbox rows released, generation 1", res, err)
+	}
+	var actions []string
+	rows, _ := db.Pool.Query(ctx, `SELECT action || ':' || (details->>'reason') FROM kfn.audit_log ORDER BY id`)
+	actions, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(actions) != 2 || actions[0] != "replay:" || actions[1] != "reexecute:bug 7 fixed" {
+		t.Errorf("audit log = %v, %v; want the replay and the re-execution with its reason", actions, err)
+	}
+}

@@ -1,0 +1,159 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kfn-dev/kfn/outbox"
+)
+
+// BenchConfig describes one benchmark run: Records records already in
+// Topic, applied by fn in each mode.
+type BenchConfig struct {
+	Worker       Config   // connections and batching; shared by every mode
+	Function     Function // the handler under test; its Topic holds the data
+	Records      int64    // records in the topic, all applied by the batched modes
+	NaiveRecords int64    // how many of them the naive mode applies (it is slow)
+	// Reset clears the function's business tables between modes, so every
+	// mode does the same writes.
+	Reset func(ctx context.Context, tx pgx.Tx) error
+}
+
+// BenchResult is the throughput of one mode.
+type BenchResult struct {
+	Mode      string
+	Records   int64
+	Elapsed   time.Duration
+	PerSecond float64
+}
+
+// Bench runs three modes over the same records, one after the other, and
+// returns their throughput:
+//   - exactly-once: the kfn record path (batched transaction with the fenced
+//     cursor and the inbox claim);
+//   - at-least-once: the same batching and handler, without inbox or fence;
+//   - naive: a Kafka consumer group, one transaction and one synchronous
+//     offset commit per record.
+func Bench(ctx context.Context, cfg BenchConfig) ([]BenchResult, error) {
+	if cfg.Function.Handler == nil {
+		return nil, errors.New("bench: the naive mode needs a Function with a Handler")
+	}
+	if cfg.NaiveRecords > cfg.Records || cfg.NaiveRecords < 1 {
+		return nil, fmt.Errorf("bench: naive records %d must be in 1..%d", cfg.NaiveRecords, cfg.Records)
+	}
+	var results []BenchResult
+	for _, mode := range []struct {
+		name string
+		run  func(context.Context, BenchConfig, string) (int64, error)
+	}{
+		{"exactly-once", benchBatched(exactlyOnce)},
+		{"at-least-once", benchBatched(atLeastOnce)},
+		{"naive", benchNaive},
+	} {
+		consumer := fmt.Sprintf("%s-%s-%d", cfg.Function.Name, mode.name, time.Now().UnixNano())
+		start := time.Now()
+		n, err := mode.run(ctx, cfg, consumer)
+		if err != nil {
+			return results, fmt.Errorf("bench %s: %w", mode.name, err)
+		}
+		elapsed := time.Since(start)
+		results = append(results, BenchResult{Mode: mode.name, Records: n, Elapsed: elapsed, PerSecond: float64(n) / elapsed.Seconds()})
+		if err := benchReset(ctx, cfg); err != nil {
+			return results, err
+		}
+	}
+	return results, nil
+}
+
+func benchReset(ctx context.Context, cfg BenchConfig) error {
+	w, err := NewWorker(ctx, cfg.Worker, cfg.Function)
+	if err != nil {
+		return err
+	}
+	defer w.w.close()
+	return w.w.withTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `TRUNCATE kfn.outbox, kfn.inbox`); err != nil {
+			return fmt.Errorf("reset between benchmark modes: %w", err)
+		}
+		if cfg.Reset == nil {
+			return nil
+		}
+		return cfg.Reset(ctx, tx)
+	})
+}
+
+// benchBatched runs a worker with the given guarantee until it has applied
+// every record.
+func benchBatched(g guarantee) func(context.Context, BenchConfig, string) (int64, error) {
+	return func(ctx context.Context, cfg BenchConfig, consumer string) (int64, error) {
+		fn := cfg.Function
+		fn.Name = consumer
+		wk, err := NewWorker(ctx, cfg.Worker, fn)
+		if err != nil {
+			return 0, err
+		}
+		wk.w.guarantee = g
+		runCtx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- wk.Run(runCtx) }()
+		defer func() {
+			stop()
+			<-done
+		}()
+		for applied := int64(0); applied < cfg.Records; applied = wk.Stats().Applied.Load() {
+			if err := sleep(ctx, 5*time.Millisecond); err != nil {
+				return applied, err
+			}
+		}
+		return wk.Stats().Applied.Load(), nil
+	}
+}
+
+// benchNaive is the baseline most consumers start with: a consumer group
+// reader, and per record one transaction and one synchronous offset commit.
+func benchNaive(ctx context.Context, cfg BenchConfig, consumer string) (int64, error) {
+	wk, err := NewWorker(ctx, cfg.Worker, cfg.Function)
+	if err != nil {
+		return 0, err
+	}
+	w := wk.w
+	defer w.close()
+	reader := kafka.NewReader(kafka.ReaderConfig{
+		Brokers: w.cfg.KafkaBrokers, GroupID: consumer, Topic: cfg.Function.Topic,
+		StartOffset: kafka.FirstOffset, MinBytes: 1, MaxBytes: 16 << 20, MaxWait: 100 * time.Millisecond,
+		Logger: kafka.LoggerFunc(func(string, ...any) {}),
+	})
+	defer reader.Close()
+	var n int64
+	for n < cfg.NaiveRecords {
+		msg, err := reader.FetchMessage(ctx)
+		if err != nil {
+			return n, err
+		}
+		rec := toRecord(msg)
+		rec.Attempt = 1
+		emitter := newEmitCollector(consumer, 0)
+		err = w.withTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			if err := cfg.Function.Handler(ctx, tx, rec, &Events{emit: emitter.emit, rec: rec}); err != nil {
+				return err
+			}
+			if emitter.err != nil {
+				return emitter.err
+			}
+			return outbox.Insert(ctx, tx, emitter.rows)
+		})
+		if err != nil {
+			return n, err
+		}
+		if err := reader.CommitMessages(ctx, msg); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}

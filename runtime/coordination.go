@@ -1,0 +1,72 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/kfn-dev/kfn/runtime/lease"
+)
+
+// leaseGroup is the lease group of a function's partitions: one lease per
+// (function, topic, partition), contended by the function's workers.
+func leaseGroup(function, topic string) string { return function + "/" + topic }
+
+func leaseItem(partition int32) string { return strconv.Itoa(int(partition)) }
+
+func parseLeaseItem(item string) (int32, error) {
+	p, err := strconv.ParseInt(item, 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("lease item %q is not a partition number", item)
+	}
+	return int32(p), nil
+}
+
+// leaseStoreConfig derives the lease timing from the worker config. The
+// safety margin is 30% of the TTL: a holder gives a lease up 0.7 × TTL after
+// its last successful renewal was sent, before the server can expire it.
+func leaseStoreConfig(cfg Config) lease.StoreConfig {
+	return lease.StoreConfig{TTL: cfg.LeaseTTL, SafetyMargin: cfg.LeaseTTL * 3 / 10, Logger: cfg.Logger}
+}
+
+// newPartitionLeases makes the lease manager that decides which of fn's
+// partitions this worker owns.
+func (w *worker) newPartitionLeases(fn Function) (*lease.Manager, error) {
+	sc := leaseStoreConfig(w.cfg)
+	mgr, err := lease.NewManager(w.js, lease.Config{
+		Group:        leaseGroup(fn.Name, fn.Topic),
+		MemberID:     w.cfg.WorkerID,
+		TTL:          sc.TTL,
+		SafetyMargin: sc.SafetyMargin,
+		RenewEvery:   w.cfg.LeaseRenew,
+		Logger:       w.cfg.Logger.With("function", fn.Name),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("function %s: partition leases in NATS at %s (is JetStream enabled?): %w", fn.Name, w.cfg.NATSURL, err)
+	}
+	return mgr, nil
+}
+
+// own runs fn's partitions that the lease manager hands this worker, each in
+// its own goroutine, until ctx ends.
+func (w *worker) own(ctx context.Context, fn Function, leases *lease.Manager) error {
+	partitions := func(ctx context.Context) ([]string, error) {
+		parts, err := w.kafka.partitions(ctx, fn.Topic)
+		if err != nil {
+			return nil, err
+		}
+		items := make([]string, len(parts))
+		for i, p := range parts {
+			items[i] = leaseItem(p)
+		}
+		return items, nil
+	}
+	return leases.Run(ctx, partitions, func(ctx context.Context, c lease.Claim) {
+		p, err := parseLeaseItem(c.Item)
+		if err != nil {
+			w.cfg.Logger.Error("ignoring lease", "function", fn.Name, "err", err)
+			return
+		}
+		w.runPartition(ctx, fn, p, int64(c.Token))
+	})
+}

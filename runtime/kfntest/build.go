@@ -1,0 +1,100 @@
+package kfntest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var builds struct {
+	mu      sync.Mutex
+	dir     string // removed by Main
+	byPkg   map[string]*buildResult
+	dirOnce sync.Once
+	dirErr  error
+}
+
+type buildResult struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// BuildBinary builds the main package pkg (an import path in this module or
+// its dependencies, such as github.com/kfn-dev/kfn/cmd/kfn) with `go build`
+// once per test binary and returns the executable's path. Fault tests use it
+// to run real worker processes. A race-enabled test binary builds with -race.
+func BuildBinary(t testing.TB, pkg string) string {
+	t.Helper()
+	requireMain(t, "kfntest.BuildBinary (its output directory)")
+	builds.mu.Lock()
+	if builds.byPkg == nil {
+		builds.byPkg = map[string]*buildResult{}
+	}
+	r := builds.byPkg[pkg]
+	if r == nil {
+		r = &buildResult{}
+		builds.byPkg[pkg] = r
+	}
+	builds.mu.Unlock()
+
+	r.once.Do(func() { r.path, r.err = goBuild(pkg) })
+	if r.err != nil {
+		t.Fatalf("kfntest: %v", r.err)
+	}
+	return r.path
+}
+
+func goBuild(pkg string) (string, error) {
+	builds.dirOnce.Do(func() {
+		builds.dir, builds.dirErr = os.MkdirTemp("", "kfntest-bin-")
+		if builds.dirErr == nil {
+			dir := builds.dir
+			onShutdown(func() { _ = os.RemoveAll(dir) })
+		}
+	})
+	if builds.dirErr != nil {
+		return "", fmt.Errorf("make build dir: %w", builds.dirErr)
+	}
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		if root := os.Getenv("GOROOT"); root != "" {
+			goTool = filepath.Join(root, "bin", "go")
+		} else {
+			return "", fmt.Errorf("build %s: the go command is not on PATH: %w", pkg, err)
+		}
+	}
+	out := filepath.Join(builds.dir, sanitizeName(pkg))
+	args := []string{"build", "-o", out}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	args = append(args, pkg)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, goTool, args...)
+	cmd.SysProcAttr = childAttr()
+	output, err := runLocked(cmd)
+	if err != nil {
+		return "", fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, output)
+	}
+	logger.Debug("built binary", "pkg", pkg, "took", time.Since(start))
+	return out, nil
+}
+
+// runLocked runs cmd on a locked OS thread, so the Pdeathsig from childAttr
+// fires only when the test binary dies, never because the scheduler retired
+// the thread that forked the child.
+func runLocked(cmd *exec.Cmd) ([]byte, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return cmd.CombinedOutput()
+}

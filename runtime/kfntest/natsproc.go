@@ -1,0 +1,146 @@
+package kfntest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+// natsServerPkg is built with `go build`; it is in kfn's module graph, so the
+// binary matches the embedded server's version.
+const natsServerPkg = "github.com/nats-io/nats-server/v2"
+
+// natsStartTimeout bounds how long Start waits for the port and JetStream.
+const natsStartTimeout = 20 * time.Second
+
+// NATSServer is a real nats-server running as its own process, for fault
+// tests that kill or restart NATS. Its JetStream store survives Stop/Start
+// and Kill/Start, and it keeps its port, so clients can reconnect.
+type NATSServer struct {
+	// URL is nats://127.0.0.1:PORT.
+	URL string
+	// StoreDir is the JetStream store directory.
+	StoreDir string
+
+	t    testing.TB
+	bin  string
+	port int
+	mu   sync.Mutex
+	proc *Process
+}
+
+// NATSProcess builds nats-server once per test binary, starts it with
+// JetStream on a free port and a fresh store dir, and stops it when the test
+// ends.
+func NATSProcess(t testing.TB) *NATSServer {
+	t.Helper()
+	bin := BuildBinary(t, natsServerPkg)
+	port, err := freePort()
+	if err != nil {
+		t.Fatalf("kfntest: %v", err)
+	}
+	s := &NATSServer{
+		URL:      "nats://127.0.0.1:" + strconv.Itoa(port),
+		StoreDir: t.TempDir(),
+		t:        t,
+		bin:      bin,
+		port:     port,
+	}
+	if err := s.Start(); err != nil {
+		t.Fatalf("kfntest: %v", err)
+	}
+	return s
+}
+
+// Start starts the server (again) on the same port with the same store and
+// waits until it accepts clients and JetStream answers.
+func (s *NATSServer) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc != nil {
+		select {
+		case <-s.proc.Exited():
+		default:
+			return fmt.Errorf("nats-server on %s is already running", s.URL)
+		}
+	}
+	cmd := exec.Command(s.bin, "-js", "-sd", s.StoreDir, "-a", "127.0.0.1", "-p", strconv.Itoa(s.port), "-n", "kfntest")
+	proc, err := startProcess(s.t, cmd)
+	if err != nil {
+		return fmt.Errorf("start nats-server: %w", err)
+	}
+	s.proc = proc
+	ctx, cancel := context.WithTimeout(context.Background(), natsStartTimeout)
+	defer cancel()
+	if err := s.waitReady(ctx); err != nil {
+		proc.Kill()
+		return fmt.Errorf("nats-server on %s did not become ready: %w\noutput (tail):\n%s", s.URL, err, proc.LogTail(30))
+	}
+	return nil
+}
+
+func (s *NATSServer) waitReady(ctx context.Context) error {
+	var lastErr error
+	for {
+		select {
+		case <-s.proc.Exited():
+			return fmt.Errorf("exited: %v", s.proc.ExitErr())
+		default:
+		}
+		if c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(s.port), time.Second); err == nil {
+			c.Close()
+			actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			_, lastErr = jetStreamReady(actx, s.URL)
+			cancel()
+			if lastErr == nil {
+				return nil
+			}
+		} else {
+			lastErr = err
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(ctx.Err(), lastErr)
+		case <-time.After(25 * time.Millisecond):
+		}
+	}
+}
+
+// Stop shuts the server down gracefully (SIGTERM; SIGKILL after 10 s).
+func (s *NATSServer) Stop() {
+	if p := s.current(); p != nil {
+		p.Stop()
+	}
+}
+
+// Kill ends the server with SIGKILL: no flush, no goodbye to clients.
+func (s *NATSServer) Kill() {
+	if p := s.current(); p != nil {
+		p.Kill()
+	}
+}
+
+// Process is the current server process, for tests that pause it.
+func (s *NATSServer) Process() *Process { return s.current() }
+
+func (s *NATSServer) current() *Process {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.proc
+}
+
+// freePort asks the kernel for a free TCP port on 127.0.0.1.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port on 127.0.0.1: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

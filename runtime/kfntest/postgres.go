@@ -1,0 +1,176 @@
+package kfntest
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kfn-dev/kfn/runtime/devstack"
+	"github.com/kfn-dev/kfn/runtime/schema"
+)
+
+// EnvDatabaseURL names a Postgres server for the tests; see the package doc.
+const EnvDatabaseURL = "KFN_TEST_DATABASE_URL"
+
+// PG is a fresh database for one test.
+type PG struct {
+	// Pool is connected to the test's database (at most 10 connections).
+	Pool *pgxpool.Pool
+	// URL connects to the test's database, for worker processes and CLIs.
+	URL string
+	// Database is the database's name.
+	Database string
+}
+
+// pgMaxConns keeps each test's pool modest: a throwaway cluster allows 300
+// connections and many tests run in parallel.
+const pgMaxConns = 10
+
+// Postgres creates a fresh database on the shared server, migrates it with
+// schema.Migrate and drops it (WITH (FORCE)) when the test ends.
+func Postgres(t testing.TB) *PG {
+	t.Helper()
+	return newDatabase(t, true)
+}
+
+// PostgresEmpty is Postgres without the migration, for tests of the migrator
+// and of the start-up schema check.
+func PostgresEmpty(t testing.TB) *PG {
+	t.Helper()
+	return newDatabase(t, false)
+}
+
+func newDatabase(t testing.TB, migrate bool) *PG {
+	t.Helper()
+	srv := pgServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	name := databaseName(t)
+	if _, err := srv.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		t.Fatalf("kfntest: create database %s on %s: %v", name, srv.display, err)
+	}
+	dbURL := *srv.url
+	dbURL.Path = "/" + name
+	pg := &PG{URL: dbURL.String(), Database: name}
+
+	t.Cleanup(func() {
+		if pg.Pool != nil {
+			pg.Pool.Close()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := srv.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Errorf("kfntest: drop database %s: %v", name, err)
+		}
+	})
+
+	cfg, err := pgxpool.ParseConfig(pg.URL)
+	if err != nil {
+		t.Fatalf("kfntest: parse database URL: %v", err)
+	}
+	cfg.MaxConns = pgMaxConns
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("kfntest: connect to database %s: %v", name, err)
+	}
+	pg.Pool = pool
+	if migrate {
+		if _, err := schema.Migrate(ctx, pool); err != nil {
+			t.Fatalf("kfntest: migrate database %s: %v", name, err)
+		}
+	}
+	return pg
+}
+
+// databaseName is a unique, lower-case Postgres identifier of at most 63 bytes.
+func databaseName(t testing.TB) string {
+	n := strings.ToLower(strings.ReplaceAll(Name(t, ""), "-", "_"))
+	return "kfntest_" + n
+}
+
+// sharedPG is the server every test database is created on.
+type sharedPG struct {
+	url     *url.URL
+	display string // host:port, without credentials
+	admin   *pgxpool.Pool
+}
+
+var pgOnce struct {
+	sync.Once
+	srv *sharedPG
+	err error
+}
+
+func pgServer(t testing.TB) *sharedPG {
+	t.Helper()
+	if os.Getenv(EnvDatabaseURL) == "" {
+		requireMain(t, "kfntest.Postgres (throwaway PostgreSQL cluster)")
+	}
+	pgOnce.Do(func() { pgOnce.srv, pgOnce.err = startPGServer() })
+	if pgOnce.err != nil {
+		t.Fatalf("kfntest: %v", pgOnce.err)
+	}
+	return pgOnce.srv
+}
+
+func startPGServer() (*sharedPG, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	raw := os.Getenv(EnvDatabaseURL)
+	fromEnv := raw != ""
+	if !fromEnv {
+		start := time.Now()
+		cluster, err := devstack.StartPostgres(ctx, devstack.PostgresOptions{Logger: logger})
+		if err != nil {
+			return nil, fmt.Errorf("start a throwaway Postgres cluster (or set %s to a server where tests may CREATE DATABASE): %w", EnvDatabaseURL, err)
+		}
+		onShutdown(func() {
+			if err := cluster.Stop(); err != nil {
+				announce("stop throwaway Postgres: %v", err)
+			}
+		})
+		logger.Debug("throwaway postgres started", "url", cluster.URL, "took", time.Since(start))
+		raw = cluster.URL
+	}
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return nil, fmt.Errorf("%s must be a URL like postgres://user:pass@host:5432/postgres?sslmode=disable, got %q", EnvDatabaseURL, redact(raw))
+	}
+	cfg, err := pgxpool.ParseConfig(raw)
+	if err != nil {
+		return nil, fmt.Errorf("parse %s: %w", EnvDatabaseURL, err)
+	}
+	cfg.MaxConns = 4
+	admin, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", redact(raw), err)
+	}
+	onShutdown(admin.Close)
+	var version string
+	if err := admin.QueryRow(ctx, "SHOW server_version").Scan(&version); err != nil {
+		return nil, fmt.Errorf("connect to Postgres at %s: %w", redact(raw), err)
+	}
+	srv := &sharedPG{url: u, display: u.Host, admin: admin}
+	if fromEnv {
+		announce("Postgres from %s: %s, server version %s", EnvDatabaseURL, u.Host, version)
+	}
+	return srv, nil
+}
+
+// redact hides a password in a URL for error messages and logs.
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparseable URL)"
+	}
+	return u.Redacted()
+}

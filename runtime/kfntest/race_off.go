@@ -1,0 +1,5 @@
+//go:build !race
+
+package kfntest
+
+const raceEnabled = false

@@ -1,0 +1,68 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/runtime/lease"
+)
+
+// ReplayRequest asks to move one partition of a function back to an offset.
+type ReplayRequest struct {
+	Function  string
+	Topic     string
+	Partition int32
+	From      int64
+	// Reexecute applies handled records again (audited, needs a Reason).
+	// Without it the replay is idempotent: handled records are skipped.
+	Reexecute bool
+	Reason    string
+	Actor     string
+	// LeaseTTL must match the workers' --lease-ttl. Default DefaultLeaseTTL.
+	LeaseTTL time.Duration
+}
+
+// Replay moves a partition's cursor through the same fencing the workers
+// use: it seizes the partition's lease (a new, larger token), records that
+// token in Postgres (so the current owner's next commit fails), moves the
+// cursor and writes the audit log in one transaction, then releases the
+// lease so a worker takes the partition again and resumes at the new cursor.
+func Replay(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, req ReplayRequest) (inbox.ReplayResult, error) {
+	cfg := Config{LeaseTTL: req.LeaseTTL}.WithDefaults()
+	part := inbox.Partition{Consumer: req.Function, Topic: req.Topic, Partition: req.Partition}
+	if _, err := inbox.ReadCursor(ctx, pool, part); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return inbox.ReplayResult{}, fmt.Errorf("partition %s has no cursor: check the function, topic and partition (kfn status lists them)", part)
+		}
+		return inbox.ReplayResult{}, err
+	}
+	store, err := lease.OpenStore(ctx, js, leaseStoreConfig(cfg))
+	if err != nil {
+		return inbox.ReplayResult{}, fmt.Errorf("open partition leases: %w", err)
+	}
+	l, err := store.Seize(ctx, leaseGroup(req.Function, req.Topic), leaseItem(req.Partition), req.Actor)
+	if err != nil {
+		return inbox.ReplayResult{}, fmt.Errorf("take the lease of %s: %w", part, err)
+	}
+	defer store.Release(context.WithoutCancel(ctx), l) //nolint:errcheck // if it fails the lease expires after its TTL
+
+	var res inbox.ReplayResult
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := inbox.ClaimPartition(ctx, tx, part, int64(l.Token), req.Actor, 0); err != nil {
+			return err
+		}
+		res, err = inbox.Replay(ctx, tx, inbox.ReplayRequest{
+			Partition: part, Token: int64(l.Token), From: req.From,
+			Reexecute: req.Reexecute, Actor: req.Actor, Reason: req.Reason,
+		})
+		return err
+	})
+	return res, err
+}

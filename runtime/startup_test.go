@@ -1,0 +1,62 @@
+package runtime_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/kfn-dev/kfn/runtime"
+	"github.com/kfn-dev/kfn/runtime/internal/effects"
+	"github.com/kfn-dev/kfn/runtime/schema"
+)
+
+func TestUnreachableServicesGiveAClearError(t *testing.T) {
+	b := setup(t, 1)
+	fn := effects.Function(b.fn, b.topic)
+	cases := []struct {
+		name string
+		edit func(*runtime.Config)
+		want string
+	}{
+		{"postgres", func(c *runtime.Config) { c.DatabaseURL = "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2" }, "cannot reach Postgres at postgres://postgres@127.0.0.1:1/postgres"},
+		{"kafka", func(c *runtime.Config) { c.KafkaBrokers = []string{"127.0.0.1:1"} }, "cannot reach Kafka at 127.0.0.1:1"},
+		{"nats", func(c *runtime.Config) { c.NATSURL = "nats://127.0.0.1:1" }, "cannot reach NATS at nats://127.0.0.1:1"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := b.cfg
+			tc.edit(&cfg)
+			_, err := runtime.NewWorker(context.Background(), cfg, fn)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestWorkerRefusesAMissingOrNewerSchema(t *testing.T) {
+	b := setup(t, 1)
+	fn := effects.Function(b.fn, b.topic)
+	ctx := context.Background()
+
+	exec(t, b, `UPDATE kfn.schema_migrations SET version = version + 100`)
+	_, err := runtime.NewWorker(ctx, b.cfg, fn)
+	var verr *schema.VersionError
+	if !errors.As(err, &verr) || !strings.Contains(err.Error(), "upgrade this binary") {
+		t.Errorf("newer schema: err = %v, want a *schema.VersionError telling to upgrade the binary", err)
+	}
+
+	exec(t, b, `DROP SCHEMA kfn CASCADE`)
+	_, err = runtime.NewWorker(ctx, b.cfg, fn)
+	if !errors.Is(err, schema.ErrSchemaMissing) || !strings.Contains(err.Error(), "kfn migrate") {
+		t.Errorf("missing schema: err = %v, want ErrSchemaMissing telling to run kfn migrate", err)
+	}
+
+	applied, err := schema.Migrate(ctx, b.pg.Pool)
+	if err != nil || len(applied) != len(schema.Migrations()) {
+		t.Fatalf("migrate = %v, %v; want every migration applied", applied, err)
+	}
+	_, stop := b.run(t, fn) // fails the test if the worker does not start
+	stop()
+}
