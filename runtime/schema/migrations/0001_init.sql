@@ -23,6 +23,7 @@ CREATE TABLE kfn.cursors (
     partition   integer     NOT NULL,
     next_offset bigint      NOT NULL,
     high_water  bigint      NOT NULL,
+    generation  integer     NOT NULL DEFAULT 0, -- bumped by each re-execution; part of event ids
     epoch       bigint      NOT NULL,
     owner       text        NOT NULL,
     claimed_at  timestamptz NOT NULL DEFAULT now(),
