@@ -29,18 +29,11 @@ type DeadLetter struct {
 	DeadAt     time.Time
 }
 
-// WriteDeadLetter parks a record inside tx: a dead_letters row plus an inbox
-// row with outcome dead_lettered, so a replay does not apply it silently.
-func WriteDeadLetter(ctx context.Context, tx pgx.Tx, token int64, d DeadLetter) error {
-	// The record may already hold an inbox row from its own batch's claim
-	// (an oversized record is parked inside that batch's transaction).
-	_, err := tx.Exec(ctx, `
-INSERT INTO kfn.inbox (consumer, topic, partition, "offset", epoch, outcome) VALUES ($1, $2, $3, $4, $5, 'dead_lettered')
-ON CONFLICT (consumer, topic, partition, "offset") DO UPDATE SET outcome = 'dead_lettered'`,
-		d.Partition.Consumer, d.Partition.Topic, d.Partition.Partition, d.Offset, token)
-	if err != nil {
-		return fmt.Errorf("dead-letter %s@%d: record it in the inbox: %w", d.Partition, d.Offset, err)
-	}
+// WriteDeadLetter parks a record inside tx. The caller also records the
+// record in its inbox as dead-lettered (MarkDeadLettered for Kafka records),
+// so a replay does not apply it behind the operator's back. A re-execution
+// that dead-letters the record again updates the row.
+func WriteDeadLetter(ctx context.Context, tx pgx.Tx, d DeadLetter) error {
 	headers := d.Headers
 	if headers == nil {
 		headers = []Header{}
@@ -49,7 +42,7 @@ ON CONFLICT (consumer, topic, partition, "offset") DO UPDATE SET outcome = 'dead
 	if !d.RecordTime.IsZero() {
 		recordTime = &d.RecordTime
 	}
-	_, err = tx.Exec(ctx, `
+	_, err := tx.Exec(ctx, `
 INSERT INTO kfn.dead_letters (consumer, topic, partition, "offset", record_key, value, headers, record_time, reason, error, attempts)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
 ON CONFLICT (consumer, topic, partition, "offset") DO UPDATE

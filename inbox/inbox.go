@@ -51,6 +51,20 @@ func sortInt64s(s []int64) {
 	}
 }
 
+// MarkDeadLettered records a Kafka record as dead-lettered in the inbox,
+// inside tx. The record may already hold an inbox row from its own batch's
+// claim (an oversized record is parked inside that batch's transaction).
+func MarkDeadLettered(ctx context.Context, tx pgx.Tx, p Partition, token, offset int64) error {
+	_, err := tx.Exec(ctx, `
+INSERT INTO kfn.inbox (consumer, topic, partition, "offset", epoch, outcome) VALUES ($1, $2, $3, $4, $5, 'dead_lettered')
+ON CONFLICT (consumer, topic, partition, "offset") DO UPDATE SET outcome = 'dead_lettered'`,
+		p.Consumer, p.Topic, p.Partition, offset, token)
+	if err != nil {
+		return fmt.Errorf("mark %s@%d dead-lettered in the inbox: %w", p, offset, err)
+	}
+	return nil
+}
+
 // Stats summarises a consumer's inbox.
 type Stats struct {
 	Applied      int64
@@ -75,14 +89,12 @@ SELECT count(*) FILTER (WHERE outcome = 'applied'), count(*) FILTER (WHERE outco
 }
 
 // Purge deletes inbox rows older than retention in batches of batchSize rows,
-// each in its own short transaction so no lock is held for long, and returns
-// how many it deleted. Only rows below their cursor's high-water mark are
-// purged, so dedup of Kafka records stays permanent: the high-water mark
-// alone keeps those offsets from being applied again.
+// each its own short statement so no lock is held for long, and returns how
+// many it deleted. Only rows below their cursor's high-water mark are purged,
+// so dedup of Kafka records stays permanent: the high-water mark alone keeps
+// those offsets from being applied again.
 func Purge(ctx context.Context, db Querier, retention time.Duration, batchSize int) (int64, error) {
-	var total int64
-	for {
-		tag, err := db.Exec(ctx, `
+	return deleteInBatches(ctx, db, "purge inbox", `
 DELETE FROM kfn.inbox i
  USING (SELECT i2.consumer, i2.topic, i2.partition, i2."offset"
           FROM kfn.inbox i2
@@ -90,9 +102,17 @@ DELETE FROM kfn.inbox i
          WHERE i2.processed_at < now() - $1::interval AND i2."offset" < c.high_water
          LIMIT $2) old
  WHERE (i.consumer, i.topic, i.partition, i."offset") = (old.consumer, old.topic, old.partition, old."offset")`,
-			retention, batchSize)
+		retention, batchSize)
+}
+
+// deleteInBatches runs a DELETE that takes (retention, batch size) until it
+// deletes fewer rows than a batch.
+func deleteInBatches(ctx context.Context, db Querier, what, sql string, retention time.Duration, batchSize int) (int64, error) {
+	var total int64
+	for {
+		tag, err := db.Exec(ctx, sql, retention, batchSize)
 		if err != nil {
-			return total, fmt.Errorf("purge inbox: %w", err)
+			return total, fmt.Errorf("%s: %w", what, err)
 		}
 		total += tag.RowsAffected()
 		if tag.RowsAffected() < int64(batchSize) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -15,6 +16,21 @@ import (
 	"github.com/kfn-dev/kfn/outbox"
 )
 
+// applier applies the records of one lane (a Kafka partition, or a JetStream
+// subject) through the function's handler: batched transactions, the prefix
+// before a failing record committed, the failing record retried alone with
+// backoff and then dead-lettered. The ledger says how the lane fences its
+// commits and remembers handled records.
+type applier struct {
+	w          *worker
+	fn         Function
+	part       inbox.Partition
+	token      int64
+	generation int // re-executions of the lane so far; part of event ids
+	ledger     ledger
+	log        *slog.Logger
+}
+
 // handlerFailure is a record whose handler failed; the transaction it ran in
 // was rolled back.
 type handlerFailure struct {
@@ -22,18 +38,18 @@ type handlerFailure struct {
 	err   error
 }
 
-// apply commits recs (ascending offsets, starting at the cursor) in as few
-// transactions as it can. When a handler fails, the records before it are
-// committed, the failing record is retried alone with backoff and then
-// dead-lettered, and the rest goes on. An error returned is an infrastructure
-// error or a *inbox.FencedError; recs below pr.next are committed by then.
-func (pr *partitionRun) apply(ctx context.Context, recs []Record) error {
+// apply commits recs (in lane order) in as few transactions as it can. When
+// a handler fails, the records before it are committed, the failing record is
+// retried alone with backoff and then dead-lettered, and the rest goes on. It
+// returns how many records were committed; an error returned is an
+// infrastructure error or an *inbox.FencedError.
+func (a *applier) apply(ctx context.Context, recs []Record) (done int, err error) {
 	for len(recs) > 0 {
 		n := len(recs)
 		for {
-			failure, err := pr.commit(ctx, recs[:n], 1)
+			failure, err := a.commit(ctx, recs[:n], 1)
 			if err != nil {
-				return err
+				return done, err
 			}
 			if failure == nil {
 				break
@@ -42,22 +58,23 @@ func (pr *partitionRun) apply(ctx context.Context, recs []Record) error {
 				n = failure.index // commit the prefix before the failing record
 				continue
 			}
-			if err := pr.retryAlone(ctx, recs[0], failure.err); err != nil {
-				return err
+			if err := a.retryAlone(ctx, recs[0], failure.err); err != nil {
+				return done, err
 			}
 			n = 1
 			break
 		}
 		recs = recs[n:]
+		done += n
 	}
-	return nil
+	return done, nil
 }
 
 // retryAlone retries one record in its own transactions with exponential
 // backoff until it commits, fails permanently or runs out of attempts; then
 // it dead-letters it.
-func (pr *partitionRun) retryAlone(ctx context.Context, rec Record, firstErr error) error {
-	cfg := pr.w.cfg
+func (a *applier) retryAlone(ctx context.Context, rec Record, firstErr error) error {
+	cfg := a.w.cfg
 	policy := backoff.NewExponentialBackOff()
 	policy.InitialInterval = cfg.RetryInitial
 	policy.MaxInterval = cfg.RetryMax
@@ -66,13 +83,13 @@ func (pr *partitionRun) retryAlone(ctx context.Context, rec Record, firstErr err
 
 	lastErr, attempt := firstErr, 1
 	for attempt < cfg.RetryAttempts && !IsPermanent(lastErr) {
-		pr.log.Warn("handler failed, retrying", "offset", rec.Offset, "attempt", attempt, "err", firstLine(lastErr))
+		a.log.Warn("handler failed, retrying", "offset", rec.Offset, "attempt", attempt, "err", firstLine(lastErr))
 		if err := sleep(ctx, policy.NextBackOff()); err != nil {
 			return err
 		}
 		attempt++
-		pr.w.stats.Retries.Add(1)
-		failure, err := pr.commit(ctx, []Record{rec}, attempt)
+		a.w.stats.Retries.Add(1)
+		failure, err := a.commit(ctx, []Record{rec}, attempt)
 		if err != nil {
 			return err
 		}
@@ -81,37 +98,38 @@ func (pr *partitionRun) retryAlone(ctx context.Context, rec Record, firstErr err
 		}
 		lastErr = failure.err
 	}
-	return pr.deadLetter(ctx, rec, lastErr, attempt)
+	return a.deadLetter(ctx, rec, lastErr, attempt)
 }
 
 // commit tries to apply recs in one transaction. It returns a handlerFailure
 // (transaction rolled back, nothing applied) when a handler fails.
-func (pr *partitionRun) commit(ctx context.Context, recs []Record, attempt int) (*handlerFailure, error) {
-	last := recs[len(recs)-1].Offset
-	tx, err := pr.w.pool.Begin(ctx)
+func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (*handlerFailure, error) {
+	tx, err := a.w.pool.Begin(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("begin transaction on %s: %w", pr.part, err)
+		return nil, fmt.Errorf("begin transaction on %s: %w", a.part, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
 
-	fresh, err := pr.fenceAndClaim(ctx, tx, recs)
-	if err != nil {
-		return nil, err
+	fresh := recs
+	if a.w.guarantee == exactlyOnce {
+		if fresh, err = a.ledger.claim(ctx, tx, recs); err != nil {
+			return nil, err
+		}
 	}
 	duplicates := len(recs) - len(fresh)
 
-	work, oversized := pr.selectWork(recs, fresh, attempt)
+	work, oversized := a.selectWork(fresh, attempt)
 	for _, r := range oversized {
-		err := fmt.Errorf("record is %d bytes, over the %d-byte limit (--max-record-bytes)", len(r.Key)+len(r.Value), pr.w.cfg.MaxRecordBytes)
-		if err := pr.writeDeadLetter(ctx, tx, r, "oversized", err, 0); err != nil {
+		err := fmt.Errorf("record is %d bytes, over the %d-byte limit (--max-record-bytes)", len(r.Key)+len(r.Value), a.w.cfg.MaxRecordBytes)
+		if err := a.writeDeadLetter(ctx, tx, r, "oversized", err, 0); err != nil {
 			return nil, err
 		}
 	}
 
-	rows, failure := pr.runHandlers(ctx, tx, work, recs)
+	rows, failure := a.runHandlers(ctx, tx, work, recs)
 	if failure != nil {
 		if tx.Conn().IsClosed() || ctx.Err() != nil {
-			return nil, fmt.Errorf("transaction on %s broke during the handler: %w", pr.part, failure.err)
+			return nil, fmt.Errorf("transaction on %s broke during the handler: %w", a.part, failure.err)
 		}
 		return failure, nil
 	}
@@ -119,52 +137,21 @@ func (pr *partitionRun) commit(ctx context.Context, recs []Record, attempt int) 
 		return nil, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("commit %d records of %s: %w", len(recs), pr.part, err)
+		return nil, fmt.Errorf("commit %d records of %s: %w", len(recs), a.part, err)
 	}
 
-	pr.committed(last+1, len(work), duplicates, len(oversized))
+	a.committed(recs[len(recs)-1], len(work), duplicates, len(oversized))
 	for _, r := range oversized {
-		pr.log.Warn("record dead-lettered", "offset", r.Offset, "reason", "oversized", "bytes", len(r.Key)+len(r.Value))
+		a.log.Warn("record dead-lettered", "offset", r.Offset, "reason", "oversized", "bytes", len(r.Key)+len(r.Value))
 	}
 	return nil, nil
 }
 
-// fenceAndClaim moves the fenced cursor past recs and claims them in the
-// inbox, returning the offsets that were not handled before.
-func (pr *partitionRun) fenceAndClaim(ctx context.Context, tx pgx.Tx, recs []Record) ([]int64, error) {
-	offsets := make([]int64, 0, len(recs))
-	for _, r := range recs {
-		offsets = append(offsets, r.Offset)
-	}
-	if pr.w.guarantee == atLeastOnce {
-		return offsets, nil // the benchmark's baseline: no fence, no inbox
-	}
-	if err := inbox.Advance(ctx, tx, pr.part, pr.token, pr.next, recs[len(recs)-1].Offset+1); err != nil {
-		return nil, err
-	}
-	// Offsets below the high-water mark were handled before (possibly
-	// purged from the inbox since); the inbox claim catches the rest.
-	candidates := offsets[:0]
-	for _, o := range offsets {
-		if o >= pr.highWater {
-			candidates = append(candidates, o)
-		}
-	}
-	return inbox.Claim(ctx, tx, pr.part, pr.token, inbox.Applied, candidates)
-}
-
 // selectWork splits the fresh records into those to hand to the handler and
 // those too large to hand to anyone.
-func (pr *partitionRun) selectWork(recs []Record, fresh []int64, attempt int) (work, oversized []Record) {
-	isFresh := make(map[int64]bool, len(fresh))
-	for _, o := range fresh {
-		isFresh[o] = true
-	}
-	for _, r := range recs {
-		if !isFresh[r.Offset] {
-			continue
-		}
-		if len(r.Key)+len(r.Value) > pr.w.cfg.MaxRecordBytes {
+func (a *applier) selectWork(fresh []Record, attempt int) (work, oversized []Record) {
+	for _, r := range fresh {
+		if len(r.Key)+len(r.Value) > a.w.cfg.MaxRecordBytes {
 			oversized = append(oversized, r)
 			continue
 		}
@@ -176,8 +163,8 @@ func (pr *partitionRun) selectWork(recs []Record, fresh []int64, attempt int) (w
 
 // runHandlers calls the function's handler on work inside tx and returns the
 // outbox rows it emitted. On failure the index refers to recs.
-func (pr *partitionRun) runHandlers(ctx context.Context, tx pgx.Tx, work, recs []Record) ([]outbox.Row, *handlerFailure) {
-	emitter := newEmitCollector(pr.fn.Name, pr.generation)
+func (a *applier) runHandlers(ctx context.Context, tx pgx.Tx, work, recs []Record) ([]outbox.Row, *handlerFailure) {
+	emitter := newEmitCollector(a.fn.Name, a.generation)
 	indexIn := func(r Record) int {
 		for i := range recs {
 			if recs[i].Offset == r.Offset {
@@ -186,12 +173,12 @@ func (pr *partitionRun) runHandlers(ctx context.Context, tx pgx.Tx, work, recs [
 		}
 		panic("record not in batch")
 	}
-	if pr.fn.BatchHandler != nil {
+	if a.fn.BatchHandler != nil {
 		if len(work) == 0 {
 			return nil, nil
 		}
-		err := pr.call(ctx, func(ctx context.Context) error {
-			return pr.fn.BatchHandler(ctx, tx, work, &BatchEvents{emit: emitter.emit})
+		err := a.call(ctx, func(ctx context.Context) error {
+			return a.fn.BatchHandler(ctx, tx, work, &BatchEvents{emit: emitter.emit})
 		})
 		if err == nil {
 			err = emitter.err
@@ -206,8 +193,8 @@ func (pr *partitionRun) runHandlers(ctx context.Context, tx pgx.Tx, work, recs [
 		return emitter.rows, nil
 	}
 	for _, r := range work {
-		err := pr.call(ctx, func(ctx context.Context) error {
-			return pr.fn.Handler(ctx, tx, r, &Events{emit: emitter.emit, rec: r})
+		err := a.call(ctx, func(ctx context.Context) error {
+			return a.fn.Handler(ctx, tx, r, &Events{emit: emitter.emit, rec: r})
 		})
 		if err == nil {
 			err = emitter.err
@@ -220,8 +207,8 @@ func (pr *partitionRun) runHandlers(ctx context.Context, tx pgx.Tx, work, recs [
 }
 
 // call runs a handler with the handler timeout and turns a panic into an error.
-func (pr *partitionRun) call(ctx context.Context, handler func(context.Context) error) (err error) {
-	ctx, cancel := context.WithTimeout(ctx, pr.w.cfg.HandlerTimeout)
+func (a *applier) call(ctx context.Context, handler func(context.Context) error) (err error) {
+	ctx, cancel := context.WithTimeout(ctx, a.w.cfg.HandlerTimeout)
 	defer cancel()
 	defer func() {
 		if v := recover(); v != nil {
@@ -230,57 +217,60 @@ func (pr *partitionRun) call(ctx context.Context, handler func(context.Context) 
 	}()
 	err = handler(ctx)
 	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		err = &timeoutError{limit: pr.w.cfg.HandlerTimeout, err: err}
+		err = &timeoutError{limit: a.w.cfg.HandlerTimeout, err: err}
 	}
 	return err
 }
 
-// deadLetter parks rec in its own transaction and moves the cursor past it.
-func (pr *partitionRun) deadLetter(ctx context.Context, rec Record, cause error, attempts int) error {
-	tx, err := pr.w.pool.Begin(ctx)
+// deadLetter parks rec in its own transaction and moves the lane past it.
+func (a *applier) deadLetter(ctx context.Context, rec Record, cause error, attempts int) error {
+	tx, err := a.w.pool.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("begin dead-letter transaction on %s: %w", pr.part, err)
+		return fmt.Errorf("begin dead-letter transaction on %s: %w", a.part, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
-	if err := inbox.Advance(ctx, tx, pr.part, pr.token, pr.next, rec.Offset+1); err != nil {
+	if err := a.ledger.fence(ctx, tx, rec); err != nil {
 		return err
 	}
-	if err := pr.writeDeadLetter(ctx, tx, rec, failureReason(cause), cause, attempts); err != nil {
+	if err := a.writeDeadLetter(ctx, tx, rec, failureReason(cause), cause, attempts); err != nil {
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit dead letter %s@%d: %w", pr.part, rec.Offset, err)
+		return fmt.Errorf("commit dead letter %s@%d: %w", a.part, rec.Offset, err)
 	}
-	pr.committed(rec.Offset+1, 0, 0, 1)
-	pr.log.Warn("record dead-lettered", "offset", rec.Offset, "reason", failureReason(cause), "attempts", attempts, "err", firstLine(cause))
+	a.committed(rec, 0, 0, 1)
+	a.log.Warn("record dead-lettered", "offset", rec.Offset, "reason", failureReason(cause), "attempts", attempts, "err", firstLine(cause))
 	return nil
 }
 
-func (pr *partitionRun) writeDeadLetter(ctx context.Context, tx pgx.Tx, rec Record, reason string, cause error, attempts int) error {
+// writeDeadLetter records rec as dead-lettered in the lane's inbox and
+// parks it in kfn.dead_letters.
+func (a *applier) writeDeadLetter(ctx context.Context, tx pgx.Tx, rec Record, reason string, cause error, attempts int) error {
+	if err := a.ledger.markDeadLettered(ctx, tx, rec); err != nil {
+		return err
+	}
 	headers := make([]inbox.Header, len(rec.Headers))
 	for i, h := range rec.Headers {
 		headers[i] = inbox.Header{Key: h.Key, Value: h.Value}
 	}
-	return inbox.WriteDeadLetter(ctx, tx, pr.token, inbox.DeadLetter{
-		Partition: pr.part, Offset: rec.Offset, Key: rec.Key, Value: rec.Value, Headers: headers,
+	return inbox.WriteDeadLetter(ctx, tx, inbox.DeadLetter{
+		Partition: a.part, Offset: rec.Offset, Key: rec.Key, Value: rec.Value, Headers: headers,
 		RecordTime: rec.Time, Reason: reason, Error: cause.Error(), Attempts: attempts,
 	})
 }
 
-// committed moves the in-memory cursor after a successful commit.
-func (pr *partitionRun) committed(next int64, applied, duplicates, deadLettered int) {
-	pr.next = next
-	pr.highWater = max(pr.highWater, next)
-	st := pr.w.stats
+// committed moves the lane past last after a successful commit.
+func (a *applier) committed(last Record, applied, duplicates, deadLettered int) {
+	a.ledger.committed(last)
+	st := a.w.stats
 	st.Applied.Add(int64(applied))
 	st.Duplicates.Add(int64(duplicates))
 	st.DeadLettered.Add(int64(deadLettered))
 	st.Batches.Add(1)
-	st.update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *PartitionStats) {
-		p.NextOffset = next
+	st.update(a.fn.Name, a.part.Topic, a.part.Partition, func(p *PartitionStats) {
+		p.NextOffset = last.Offset + 1
 		p.LastCommit = time.Now()
 	})
-	pr.w.offsets.note(pr.fn.Name, pr.part.Topic, pr.part.Partition, next)
 }
 
 func failureReason(err error) string {

@@ -34,7 +34,7 @@ func leaseStoreConfig(cfg Config) lease.StoreConfig {
 func (w *worker) newPartitionLeases(fn Function) (*lease.Manager, error) {
 	sc := leaseStoreConfig(w.cfg)
 	mgr, err := lease.NewManager(w.js, lease.Config{
-		Group:        leaseGroup(fn.Name, fn.Topic),
+		Group:        leaseGroup(fn.Name, fn.source()),
 		MemberID:     w.cfg.WorkerID,
 		TTL:          sc.TTL,
 		SafetyMargin: sc.SafetyMargin,
@@ -47,9 +47,16 @@ func (w *worker) newPartitionLeases(fn Function) (*lease.Manager, error) {
 	return mgr, nil
 }
 
-// own runs fn's partitions that the lease manager hands this worker, each in
-// its own goroutine, until ctx ends.
+// own runs the lanes of fn that the lease manager hands this worker, each in
+// its own goroutine, until ctx ends: the partitions of a Kafka topic, or the
+// single lane of a JetStream subject (one active consumer keeps per-key order).
 func (w *worker) own(ctx context.Context, fn Function, leases *lease.Manager) error {
+	if fn.Subject != "" {
+		single := func(context.Context) ([]string, error) { return []string{leaseItem(0)}, nil }
+		return leases.Run(ctx, single, func(ctx context.Context, c lease.Claim) {
+			w.runSubject(ctx, fn, int64(c.Token))
+		})
+	}
 	partitions := func(ctx context.Context) ([]string, error) {
 		parts, err := w.kafka.partitions(ctx, fn.Topic)
 		if err != nil {

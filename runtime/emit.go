@@ -30,6 +30,9 @@ func (c *emitCollector) emit(rec Record, ev Event) {
 		return
 	}
 	sourceID := outbox.KafkaSourceID(rec.Topic, rec.Partition, rec.Offset)
+	if rec.EventID != "" {
+		sourceID = "event/" + rec.EventID
+	}
 	if c.generation > 0 {
 		// A re-executed record emits events with new ids, so downstream
 		// inboxes apply them instead of skipping them as repeats.

@@ -24,8 +24,17 @@ type Function struct {
 	// cursor tables, the Kafka consumer group that lag tools see, and the
 	// lease group. Letters, digits, '-' and '_'.
 	Name string
-	// Topic is the Kafka topic the function consumes.
+	// Topic is the Kafka topic the function consumes. Exactly one of Topic
+	// and Subject is set.
 	Topic string
+	// Subject makes a NATS-triggered function: it consumes the events
+	// published on Subject (wildcards allowed) in JetStream stream Stream,
+	// through a durable consumer named after the function. Its inbox key is
+	// the event id, and it acks an event only after its transaction commits.
+	Subject string
+	// Stream is the JetStream stream holding Subject; default DefaultStream,
+	// the stream the outbox relay publishes to.
+	Stream string
 	// Handler applies one record. Exactly one of Handler and BatchHandler is set.
 	Handler Handler
 	// BatchHandler applies the fresh records of a batch at once, for bulk
@@ -49,11 +58,20 @@ type BatchHandler func(ctx context.Context, tx pgx.Tx, recs []Record, out *Batch
 // JetStream. Only Subject is required; Key defaults to the record's key.
 type Event = outbox.Event
 
-// Record is one Kafka record.
+// DefaultStream is the JetStream stream outbox events are relayed to.
+const DefaultStream = "KFN_EVENTS"
+
+// Record is one Kafka record, or one JetStream event for a NATS-triggered
+// function (then Topic is the subject, Partition is 0, Offset is the stream
+// sequence and EventID is set).
+//
+// kafka-go reads an empty value as nil, so an empty value and a null value
+// (a tombstone) look the same.
 type Record struct {
 	Topic     string
 	Partition int32
 	Offset    int64
+	EventID   string // the event id of a JetStream event; empty for Kafka records
 	Key       []byte
 	Value     []byte // nil for a tombstone
 	Headers   []Header
@@ -85,7 +103,19 @@ func (r Record) Header(key string) ([]byte, bool) {
 }
 
 func (r Record) String() string {
+	if r.EventID != "" {
+		return fmt.Sprintf("%s event %s (stream seq %d)", r.Topic, r.EventID, r.Offset)
+	}
 	return fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset)
+}
+
+// source is the lane name a function's records come from: its topic, or
+// its subject.
+func (f Function) source() string {
+	if f.Subject != "" {
+		return f.Subject
+	}
+	return f.Topic
 }
 
 // Events collects the events a Handler emits for its record.
@@ -132,8 +162,10 @@ func (f Function) validate() error {
 		return errors.New("function: Name is empty")
 	case !validName(f.Name):
 		return fmt.Errorf("function: Name %q may only contain letters, digits, '-' and '_'", f.Name)
-	case f.Topic == "":
-		return fmt.Errorf("function %s: Topic is empty", f.Name)
+	case f.Topic == "" && f.Subject == "":
+		return fmt.Errorf("function %s: set Topic (a Kafka topic) or Subject (a JetStream subject)", f.Name)
+	case f.Topic != "" && f.Subject != "":
+		return fmt.Errorf("function %s: set only one of Topic and Subject", f.Name)
 	case f.Handler == nil && f.BatchHandler == nil:
 		return fmt.Errorf("function %s: set Handler or BatchHandler", f.Name)
 	case f.Handler != nil && f.BatchHandler != nil:

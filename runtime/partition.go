@@ -17,35 +17,37 @@ import (
 // partitionRun is one owned partition: claimed in Postgres with a fencing
 // token, read from Kafka at the Postgres cursor, applied batch by batch.
 type partitionRun struct {
-	w          *worker
-	fn         Function
-	part       inbox.Partition
-	token      int64
-	next       int64 // the cursor: first offset not committed yet
-	highWater  int64 // offsets below it were handled before
-	generation int   // re-executions of this partition so far
-	log        *slog.Logger
+	*applier
+	cursor *partitionLedger
 }
 
 // runPartition owns one partition until ctx ends or a newer owner fences it.
 // It returns after the in-flight batch has committed or rolled back.
 func (w *worker) runPartition(ctx context.Context, fn Function, partition int32, token int64) {
+	part := inbox.Partition{Consumer: fn.Name, Topic: fn.Topic, Partition: partition}
+	cursor := &partitionLedger{w: w, fn: fn.Name, part: part, token: token}
 	pr := &partitionRun{
-		w: w, fn: fn, token: token,
-		part: inbox.Partition{Consumer: fn.Name, Topic: fn.Topic, Partition: partition},
-		log:  w.cfg.Logger.With("function", fn.Name, "topic", fn.Topic, "partition", partition, "epoch", token),
+		applier: &applier{
+			w: w, fn: fn, part: part, token: token, ledger: cursor,
+			log: w.cfg.Logger.With("function", fn.Name, "topic", fn.Topic, "partition", partition, "epoch", token),
+		},
+		cursor: cursor,
 	}
 	defer w.stats.drop(fn.Name, fn.Topic, partition)
-	err := pr.run(ctx)
+	w.laneStopped(ctx, pr.log, token, pr.run(ctx))
+}
+
+// laneStopped logs why a lane (a partition or a subject) stopped.
+func (w *worker) laneStopped(ctx context.Context, log *slog.Logger, token int64, err error) {
 	var fenced *inbox.FencedError
 	switch {
 	case errors.As(err, &fenced):
 		w.stats.Fenced.Add(1)
-		pr.log.Warn("partition fenced by a newer owner: dropping it", "old_epoch", token, "new_epoch", fenced.Epoch)
+		log.Warn("fenced by a newer owner: dropping it", "old_epoch", token, "new_epoch", fenced.Epoch)
 	case err != nil && ctx.Err() == nil:
-		pr.log.Error("partition stopped", "err", err)
+		log.Error("stopped", "err", err)
 	default:
-		pr.log.Debug("partition released", "next_offset", pr.next)
+		log.Debug("released")
 	}
 }
 
@@ -53,8 +55,8 @@ func (pr *partitionRun) run(ctx context.Context) error {
 	if err := retryInfra(ctx, pr.log, "claim partition", pr.claim); err != nil {
 		return err
 	}
-	pr.log.Info("partition claimed", "next_offset", pr.next)
-	reader, err := pr.w.kafka.reader(pr.part.Topic, pr.part.Partition, pr.next, 2*pr.w.cfg.BatchSize)
+	pr.log.Info("partition claimed", "next_offset", pr.cursor.next)
+	reader, err := pr.w.kafka.reader(pr.part.Topic, pr.part.Partition, pr.cursor.next, 2*pr.w.cfg.BatchSize)
 	if err != nil {
 		return err
 	}
@@ -66,7 +68,9 @@ func (pr *partitionRun) run(ctx context.Context) error {
 			return err
 		}
 		err = retryInfra(ctx, pr.log, "apply batch", func(ctx context.Context) error {
-			return pr.apply(ctx, pending(batch, pr.next))
+			done, err := pr.apply(ctx, batch)
+			batch = batch[done:]
+			return err
 		})
 		if err != nil {
 			return err
@@ -89,21 +93,27 @@ func (pr *partitionRun) claim(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	pr.next, pr.highWater, pr.generation = cur.NextOffset, cur.HighWater, cur.Generation
-	if pr.next < first {
+	pr.cursor.next, pr.cursor.highWater, pr.generation = cur.NextOffset, cur.HighWater, cur.Generation
+	if pr.cursor.next > high {
+		// Reading past the high watermark never returns; the topic was
+		// probably deleted and recreated. Moving the cursor is the
+		// operator's call (kfn replay), so wait for it.
+		return fmt.Errorf("cursor %d is past the partition's high watermark %d (was the topic recreated?): move it with kfn replay", pr.cursor.next, high)
+	}
+	if pr.cursor.next < first {
 		// Kafka deleted records (retention) before anyone handled them. They
 		// cannot be read any more; say so loudly and resume at the first one.
-		pr.log.Error("records expired from Kafka before they were handled: skipping them", "from", pr.next, "to", first, "count", first-pr.next)
+		pr.log.Error("records expired from Kafka before they were handled: skipping them", "from", pr.cursor.next, "to", first, "count", first-pr.cursor.next)
 		err := pr.w.withTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
-			return inbox.SkipExpired(ctx, tx, pr.part, pr.token, pr.next, first)
+			return inbox.SkipExpired(ctx, tx, pr.part, pr.token, pr.cursor.next, first)
 		})
 		if err != nil {
 			return err
 		}
-		pr.next = first
+		pr.cursor.next = first
 	}
 	pr.w.stats.update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *PartitionStats) {
-		p.Epoch, p.NextOffset, p.HighWater = pr.token, pr.next, high
+		p.Epoch, p.NextOffset, p.HighWater = pr.token, pr.cursor.next, high
 	})
 	return nil
 }
@@ -134,16 +144,6 @@ func (pr *partitionRun) fetch(ctx context.Context, reader *kafka.Reader) ([]Reco
 	hw := batch[len(batch)-1].highWatermark
 	pr.w.stats.update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *PartitionStats) { p.HighWater = hw })
 	return batch, nil
-}
-
-// pending drops the records a partial apply already committed.
-func pending(batch []Record, next int64) []Record {
-	for i, r := range batch {
-		if r.Offset >= next {
-			return batch[i:]
-		}
-	}
-	return nil
 }
 
 func toRecord(m kafka.Message) Record {

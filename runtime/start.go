@@ -62,7 +62,7 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 		}
 		return 1
 	}
-	cfg.Logger.Info("worker started", "function", fn.Name, "topic", fn.Topic, "worker", w.w.cfg.WorkerID)
+	cfg.Logger.Info("worker started", "function", fn.Name, "source", fn.source(), "worker", w.w.cfg.WorkerID)
 	if err := w.Run(ctx); err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 1

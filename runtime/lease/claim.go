@@ -1,0 +1,162 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// claim is the loop's handle on one held lease.
+type claim struct {
+	item     string
+	token    uint64
+	cancel   context.CancelCauseFunc
+	stopping bool
+}
+
+// stop asks the claim's work to finish; the lease is released after it does.
+func (c *claim) stop(log *slog.Logger, reason string) {
+	if c.stopping {
+		return
+	}
+	c.stopping = true
+	log.Info("stopping claim", "item", c.item, "token", c.token, "reason", reason)
+	c.cancel(errors.New(reason))
+}
+
+// errValidityRanOut is the cause of a claim's cancellation when no renewal
+// succeeded within TTL-SafetyMargin.
+var errValidityRanOut = errors.New("lease validity ran out: no renewal succeeded for TTL-SafetyMargin")
+
+func (r *run) startClaim(ctx context.Context, l *Lease) {
+	cctx, cancel := context.WithCancelCause(ctx)
+	c := &claim{item: l.Item, token: l.Token, cancel: cancel}
+	r.claims[l.Item] = c
+	r.log.Info("claimed", "item", l.Item, "token", l.Token)
+	r.claimWG.Add(1)
+	go func() {
+		defer r.claimWG.Done()
+		early := r.hold(cctx, cancel, l)
+		cancel(nil)
+		select {
+		case r.finished <- claimEnd{item: l.Item, early: early}:
+		case <-r.stopped:
+		}
+	}()
+}
+
+// hold runs work on the claim, renews the lease until work returns, cancels
+// work's ctx if the lease is lost, and then releases a still valid lease. It
+// reports whether work returned before its ctx was cancelled.
+func (r *run) hold(ctx context.Context, cancel context.CancelCauseFunc, l *Lease) (early bool) {
+	log := r.log.With("item", l.Item, "token", l.Token)
+	cfg := r.cfg
+
+	// The watchdog cancels work when the validity runs out, whatever the
+	// renewal loop is blocked on. Renewals only move validUntil forward; the
+	// watchdog re-arms itself when it finds it moved.
+	var mu sync.Mutex
+	validUntil := l.ValidUntil()
+	lost := false
+	var watchdog *time.Timer
+	mu.Lock()
+	watchdog = time.AfterFunc(time.Until(validUntil), func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if lost {
+			return
+		}
+		if rem := time.Until(validUntil); rem > 0 {
+			watchdog.Reset(rem)
+			return
+		}
+		lost = true
+		log.Warn("lease lost: stopping work", "valid_until_passed_by", -time.Until(validUntil))
+		cancel(errValidityRanOut)
+	})
+	mu.Unlock()
+	defer watchdog.Stop()
+
+	workDone := make(chan struct{})
+	go func() {
+		defer close(workDone)
+		r.work(ctx, Claim{Item: l.Item, Token: l.Token})
+	}()
+
+	sentAt := func() time.Time { return l.ValidUntil().Add(-(cfg.TTL - cfg.SafetyMargin)) }
+	next := time.NewTimer(time.Until(sentAt().Add(cfg.RenewEvery)))
+	defer next.Stop()
+	failing := false
+renew:
+	for {
+		select {
+		case <-workDone:
+			break renew
+		case <-next.C:
+		}
+		rctx, rcancel := context.WithDeadline(context.Background(), minTime(time.Now().Add(cfg.RenewEvery), l.ValidUntil()))
+		err := r.m.store.Renew(rctx, l)
+		rcancel()
+		switch {
+		case err == nil:
+			mu.Lock()
+			if !lost {
+				validUntil = l.ValidUntil()
+			}
+			mu.Unlock()
+			if failing {
+				log.Info("lease renewal recovered")
+				failing = false
+			}
+			if hook := r.m.onRenewed; hook != nil {
+				hook(l.Item, sentAt())
+			}
+			next.Reset(time.Until(sentAt().Add(cfg.RenewEvery)))
+		case errors.Is(err, ErrLost):
+			mu.Lock()
+			wasLost := lost
+			lost = true
+			mu.Unlock()
+			if !wasLost {
+				log.Warn("lease lost: stopping work", "err", err)
+			}
+			cancel(err)
+			<-workDone
+			break renew
+		default:
+			if !failing {
+				log.Warn("lease renewal failing; retrying until validity runs out", "valid_for", time.Until(l.ValidUntil()), "err", err)
+			} else {
+				log.Debug("lease renewal failing", "err", err)
+			}
+			failing = true
+			next.Reset(cfg.RenewEvery / 2)
+		}
+	}
+	early = ctx.Err() == nil
+
+	mu.Lock()
+	release := !lost
+	mu.Unlock()
+	if !release || !l.Valid() {
+		log.Info("claim ended; lease not released", "cause", context.Cause(ctx))
+		return early
+	}
+	rctx, rcancel := context.WithTimeout(context.Background(), cfg.RenewEvery)
+	defer rcancel()
+	if err := r.m.store.Release(rctx, l); err != nil {
+		log.Warn("release lease", "err", err)
+		return early
+	}
+	log.Info("released", "cause", context.Cause(ctx))
+	return early
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,505 @@
+package lease
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Claim is a lease this member holds on an item, handed to the work
+// function. Token is the fencing token of the term: the work must make
+// Postgres check it on every commit.
+type Claim struct {
+	Item  string
+	Token uint64
+}
+
+// Manager keeps this member in its group, works out which items it should
+// own, and holds their leases while running work on them.
+type Manager struct {
+	cfg     Config
+	store   *Store
+	log     *slog.Logger
+	running atomic.Bool
+
+	// onRenewed, if set (by tests), is called after each successful renewal
+	// with the send time of that renewal.
+	onRenewed func(item string, sent time.Time)
+}
+
+// openTimeout bounds NewManager's bucket creation.
+const openTimeout = 10 * time.Second
+
+// NewManager validates cfg (after WithDefaults) and creates or opens the
+// bucket.
+func NewManager(js jetstream.JetStream, cfg Config) (*Manager, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+	defer cancel()
+	store, err := OpenStore(ctx, js, cfg.storeConfig())
+	if err != nil {
+		return nil, fmt.Errorf("new lease manager for %s: %w", cfg.Group, err)
+	}
+	return &Manager{
+		cfg:   cfg,
+		store: store,
+		log:   cfg.Logger.With("group", cfg.Group, "member", cfg.MemberID),
+	}, nil
+}
+
+// Config returns the manager's configuration, defaults applied.
+func (m *Manager) Config() Config { return m.cfg }
+
+// Store returns the manager's store, for status reads.
+func (m *Manager) Store() *Store { return m.store }
+
+// Run keeps this member's heartbeat, computes the target owner of each item
+// over the live members (Assign), acquires the leases of the items this
+// member is the target of, and runs work(ctx, claim) for each in its own
+// goroutine.
+//
+// The claim's ctx is cancelled when the claim must stop: its lease is lost
+// (no renewal succeeded for TTL-SafetyMargin), the item moved to another
+// member, the item is no longer listed by items, or Run's ctx ended. Work
+// should finish its in-flight batch and return promptly; the lease is
+// renewed until it does (so a work function that never returns keeps the
+// item from its next owner) and then, if still valid, released so that the
+// next owner can take it at once. If work returns on its own, the lease is
+// released and taken again after RenewEvery if this member is still the
+// target.
+//
+// items is called every PollItemsEvery and on membership changes; its
+// errors are logged and the last good list is kept. NATS errors never end
+// Run: it retries with backoff. Run returns nil once ctx has ended and all
+// work has returned, or an error if called with nil functions or while
+// already running.
+func (m *Manager) Run(ctx context.Context, items func(context.Context) ([]string, error), work func(ctx context.Context, c Claim)) error {
+	if items == nil || work == nil {
+		return errors.New("lease manager run: items and work must not be nil")
+	}
+	if !m.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("lease manager run: member %s of %s is already running", m.cfg.MemberID, m.cfg.Group)
+	}
+	defer m.running.Store(false)
+
+	r := &run{
+		m:         m,
+		instance:  newInstanceID(),
+		cfg:       m.cfg,
+		log:       m.log,
+		items:     items,
+		work:      work,
+		members:   map[string]bool{m.cfg.MemberID: true},
+		claims:    map[string]*claim{},
+		uncertain: map[string]bool{},
+		cooldown:  map[string]time.Time{},
+		memberSet: make(chan []string, 1),
+		itemList:  make(chan []string, 1),
+		pollNow:   make(chan struct{}, 1),
+		events:    make(chan event, 64),
+		finished:  make(chan claimEnd),
+		stopped:   make(chan struct{}),
+		acquireBO: backoff.NewExponentialBackOff(
+			backoff.WithInitialInterval(m.cfg.RenewEvery/4),
+			backoff.WithMaxInterval(2*m.cfg.RenewEvery),
+			backoff.WithMaxElapsedTime(0),
+		),
+	}
+	return r.loop(ctx)
+}
+
+// run is the state of one Run call. Fields below the channels are owned by
+// the loop goroutine.
+type run struct {
+	m        *Manager
+	instance string // written into this run's lease values
+	cfg      Config
+	log      *slog.Logger
+	items    func(context.Context) ([]string, error)
+	work     func(context.Context, Claim)
+
+	memberSet chan []string  // membership goroutine → loop, latest listing
+	itemList  chan []string  // items poller → loop, latest list
+	pollNow   chan struct{}  // loop → items poller
+	events    chan event     // watch goroutine → loop
+	finished  chan claimEnd  // claim goroutines → loop
+	stopped   chan struct{}  // closed when the loop stops receiving
+	helpers   sync.WaitGroup // membership, watch, items poller
+	claimWG   sync.WaitGroup
+
+	members      map[string]bool
+	membersKnown bool
+	itemSet      []string
+	itemsKnown   bool
+	claims       map[string]*claim
+	cooldown     map[string]time.Time
+	uncertain    map[string]bool // items whose acquire got no answer
+	acquireBO    *backoff.ExponentialBackOff
+	nextAcquire  time.Time
+}
+
+type claimEnd struct {
+	item  string
+	early bool // work returned before being asked to stop
+}
+
+func (r *run) loop(ctx context.Context) error {
+	r.log.Info("lease manager starting", "ttl", r.cfg.TTL, "renew_every", r.cfg.RenewEvery, "safety_margin", r.cfg.SafetyMargin)
+	r.helpers.Add(3)
+	go r.keepMembership(ctx)
+	go r.watch(ctx)
+	go r.pollItems(ctx)
+
+	tick := time.NewTicker(r.cfg.RenewEvery)
+	defer tick.Stop()
+	for {
+		changed := true
+		select {
+		case <-ctx.Done():
+			r.shutdown()
+			return nil
+		case list := <-r.memberSet:
+			changed = r.setMembers(list) || !r.membersKnown
+			r.membersKnown = true
+		case ev := <-r.events:
+			changed = r.handleEvent(ev)
+		case list := <-r.itemList:
+			changed = !r.itemsKnown || !slices.Equal(list, r.itemSet)
+			r.itemSet, r.itemsKnown = list, true
+		case end := <-r.finished:
+			delete(r.claims, end.item)
+			if end.early {
+				r.cooldown[end.item] = time.Now().Add(r.cfg.RenewEvery)
+			}
+		case <-tick.C:
+		}
+		if changed {
+			r.reconcile(ctx)
+		}
+	}
+}
+
+func (r *run) shutdown() {
+	close(r.stopped)
+	r.helpers.Wait() // no heartbeat after this point
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RenewEvery)
+	if err := r.m.store.Leave(ctx, r.cfg.Group, r.cfg.MemberID); err != nil {
+		r.log.Warn("leave group", "err", err)
+	}
+	cancel()
+	// Every claim's ctx derives from Run's, so all are stopping; each
+	// releases its lease once its work returns.
+	r.claimWG.Wait()
+	for item := range r.uncertain {
+		if err := r.reclaim(context.Background(), item); err != nil {
+			r.log.Warn("delete an abandoned lease", "item", item, "err", err)
+		}
+	}
+	r.log.Info("lease manager stopped")
+}
+
+// setMembers replaces the member set with a fresh listing and reports
+// whether it changed.
+func (r *run) setMembers(list []string) bool {
+	next := map[string]bool{r.cfg.MemberID: true}
+	for _, id := range list {
+		next[id] = true
+	}
+	if maps.Equal(next, r.members) {
+		return false
+	}
+	r.log.Info("members changed", "members", slices.Sorted(maps.Keys(next)))
+	r.members = next
+	r.triggerItemsPoll()
+	return true
+}
+
+// handleEvent applies a watched change and reports whether it may change
+// what this member should do.
+func (r *run) handleEvent(ev event) bool {
+	switch ev.kind {
+	case memberUp:
+		if r.members[ev.name] {
+			return false // a heartbeat of a known member
+		}
+		r.members[ev.name] = true
+		r.log.Info("member joined", "joined", ev.name)
+		r.triggerItemsPoll()
+		return true
+	case memberDown:
+		// This member stays in its own set: a missing heartbeat of its own
+		// is rewritten at the next beat.
+		if !r.members[ev.name] || ev.name == r.cfg.MemberID {
+			return false
+		}
+		delete(r.members, ev.name)
+		r.log.Info("member left", "left", ev.name)
+		r.triggerItemsPoll()
+		return true
+	case leaseFree:
+		// The next owner may take it now.
+		return r.claims[ev.name] == nil
+	}
+	return false
+}
+
+func (r *run) triggerItemsPoll() {
+	select {
+	case r.pollNow <- struct{}{}:
+	default:
+	}
+}
+
+// reconcile stops claims that should stop and acquires leases of items this
+// member is the target of.
+func (r *run) reconcile(ctx context.Context) {
+	if ctx.Err() != nil {
+		return
+	}
+	if !r.itemsKnown {
+		return // no claims yet either
+	}
+	owners := Assign(slices.Collect(maps.Keys(r.members)), r.itemSet)
+	for item, c := range r.claims {
+		if target, listed := owners[item]; !listed {
+			c.stop(r.log, "item no longer listed")
+		} else if target != r.cfg.MemberID {
+			c.stop(r.log, "rebalanced to "+target)
+		}
+	}
+	if !r.membersKnown || time.Now().Before(r.nextAcquire) {
+		return
+	}
+	// Acquires that got no answer may have been applied after all. Where
+	// such a term is in another member's way, delete it.
+	for item := range r.uncertain {
+		if r.claims[item] != nil || owners[item] == r.cfg.MemberID {
+			continue // the acquire below settles it
+		}
+		if err := r.reclaim(ctx, item); err != nil {
+			r.backOff("delete an abandoned lease failed", item, err)
+			return
+		}
+	}
+	now := time.Now()
+	for _, item := range r.itemSet {
+		if r.claims[item] != nil || owners[item] != r.cfg.MemberID || now.Before(r.cooldown[item]) {
+			continue
+		}
+		delete(r.cooldown, item)
+		l, err := r.acquire(ctx, item)
+		switch {
+		case err == nil:
+			r.acquireBO.Reset()
+			r.startClaim(ctx, l)
+		case errors.Is(err, ErrHeld):
+			r.acquireBO.Reset()
+			r.log.Debug("lease held elsewhere; will retry", "item", item)
+		default:
+			r.uncertain[item] = true
+			r.backOff("acquire failed", item, err)
+			return
+		}
+	}
+}
+
+func (r *run) backOff(msg, item string, err error) {
+	wait := r.acquireBO.NextBackOff()
+	r.nextAcquire = time.Now().Add(wait)
+	r.log.Warn(msg+"; backing off", "item", item, "retry_in", wait, "err", err)
+}
+
+// acquire takes the lease on item, first deleting a term of this run that no
+// work uses any more if one is in the way. It is not cut short by Run's ctx,
+// so that shutdown does not leave an acquire unanswered: a lease acquired
+// during shutdown is released at once by its claim.
+func (r *run) acquire(ctx context.Context, item string) (*Lease, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.RenewEvery)
+	defer cancel()
+	l, err := r.m.store.acquire(ctx, r.cfg.Group, item, r.cfg.MemberID, r.instance)
+	if !errors.Is(err, ErrHeld) {
+		if err == nil {
+			delete(r.uncertain, item)
+		}
+		return l, err
+	}
+	reclaimed, rerr := r.m.store.reclaimOwn(ctx, r.cfg.Group, item, r.instance)
+	if rerr != nil {
+		return nil, rerr
+	}
+	delete(r.uncertain, item)
+	if !reclaimed {
+		return nil, err
+	}
+	r.log.Info("deleted an abandoned lease of this member", "item", item)
+	l, err = r.m.store.acquire(ctx, r.cfg.Group, item, r.cfg.MemberID, r.instance)
+	if err == nil || errors.Is(err, ErrHeld) {
+		return l, err
+	}
+	r.uncertain[item] = true
+	return nil, err
+}
+
+// reclaim deletes this run's term on item, if there is one, and forgets that
+// the item's acquire was unanswered.
+func (r *run) reclaim(ctx context.Context, item string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.RenewEvery)
+	defer cancel()
+	reclaimed, err := r.m.store.reclaimOwn(ctx, r.cfg.Group, item, r.instance)
+	if err != nil {
+		return err
+	}
+	delete(r.uncertain, item)
+	if reclaimed {
+		r.log.Info("deleted an abandoned lease of this member", "item", item)
+	}
+	return nil
+}
+
+// keepMembership writes the heartbeat and lists the members every
+// RenewEvery.
+func (r *run) keepMembership(ctx context.Context) {
+	defer r.helpers.Done()
+	failing := false
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		start := time.Now()
+		t.Reset(r.cfg.RenewEvery)
+		list, err := r.beat(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			if !failing {
+				r.log.Warn("membership heartbeat failing", "err", err)
+			} else {
+				r.log.Debug("membership heartbeat failing", "err", err)
+			}
+			failing = true
+			if bucketMissing(err) {
+				rctx, cancel := context.WithTimeout(ctx, r.cfg.RenewEvery)
+				if err := r.m.store.recreateIfMissing(rctx); err != nil {
+					r.log.Debug("check lease bucket", "err", err)
+				}
+				cancel()
+			}
+			continue
+		}
+		if failing {
+			r.log.Info("membership heartbeat recovered", "after", time.Since(start))
+			failing = false
+		}
+		select {
+		case <-r.memberSet:
+		default:
+		}
+		r.memberSet <- list
+	}
+}
+
+func (r *run) beat(ctx context.Context) ([]string, error) {
+	bctx, cancel := context.WithTimeout(ctx, r.cfg.RenewEvery)
+	defer cancel()
+	if err := r.m.store.Heartbeat(bctx, r.cfg.Group, r.cfg.MemberID); err != nil {
+		return nil, err
+	}
+	return r.m.store.Members(bctx, r.cfg.Group)
+}
+
+// watch forwards membership and lease changes to the loop, re-creating the
+// watch with backoff when it cannot be made or ends.
+func (r *run) watch(ctx context.Context) {
+	defer r.helpers.Done()
+	bo := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(r.cfg.RenewEvery/4),
+		backoff.WithMaxInterval(2*r.cfg.RenewEvery),
+		backoff.WithMaxElapsedTime(0),
+	)
+	for ctx.Err() == nil {
+		wctx, cancel := context.WithCancel(ctx)
+		events, err := r.m.store.watchGroup(wctx, r.cfg.Group)
+		if err == nil {
+			bo.Reset()
+			r.forward(ctx, events)
+			if ctx.Err() == nil {
+				r.log.Debug("watch ended; re-creating")
+			}
+		} else {
+			r.log.Debug("watch failed", "err", err)
+		}
+		cancel()
+		select {
+		case <-ctx.Done():
+		case <-time.After(bo.NextBackOff()):
+		}
+	}
+}
+
+func (r *run) forward(ctx context.Context, events <-chan event) {
+	for ev := range events {
+		select {
+		case r.events <- ev:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// pollItems calls items every PollItemsEvery and when asked, and hands the
+// sorted, de-duplicated list to the loop.
+func (r *run) pollItems(ctx context.Context) {
+	defer r.helpers.Done()
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-r.pollNow:
+		}
+		list, err := r.items(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		t.Reset(r.cfg.PollItemsEvery)
+		if err != nil {
+			r.log.Warn("list items failed; keeping the previous list", "err", err)
+			continue
+		}
+		list = slices.Clone(list)
+		slices.Sort(list)
+		list = slices.Compact(list)
+		select {
+		case <-r.itemList:
+		default:
+		}
+		r.itemList <- list
+	}
+}
+
+func newInstanceID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

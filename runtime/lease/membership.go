@@ -1,0 +1,148 @@
+package lease
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// memberValue is the JSON stored under a heartbeat key.
+type memberValue struct {
+	Member string    `json:"member"`
+	At     time.Time `json:"at"`
+}
+
+// Heartbeat marks memberID as live in group for one TTL. It is a plain write:
+// the bucket's MaxAge removes the key of a member that stops writing it.
+func (s *Store) Heartbeat(ctx context.Context, group, memberID string) error {
+	key := memberKey(group, memberID)
+	data, err := json.Marshal(memberValue{Member: memberID, At: time.Now().UTC()})
+	if err != nil {
+		return fmt.Errorf("heartbeat %s: encode: %w", key, err)
+	}
+	if _, err := s.kv.Put(ctx, key, data); err != nil {
+		return fmt.Errorf("heartbeat %s: %w", key, err)
+	}
+	return nil
+}
+
+// Leave removes memberID's heartbeat, so that the others rebalance at once
+// instead of after TTL.
+func (s *Store) Leave(ctx context.Context, group, memberID string) error {
+	key := memberKey(group, memberID)
+	if err := s.kv.Delete(ctx, key); err != nil {
+		return fmt.Errorf("leave %s: %w", key, err)
+	}
+	return nil
+}
+
+// Members lists the live members of group (those whose heartbeat key is
+// present), sorted.
+func (s *Store) Members(ctx context.Context, group string) ([]string, error) {
+	lister, err := s.kv.ListKeysFiltered(ctx, memberFilter(group))
+	if err != nil {
+		return nil, fmt.Errorf("list members of %s: %w", group, err)
+	}
+	defer func() { _ = lister.Stop() }()
+	var members []string
+	keys := lister.Keys()
+	for {
+		select {
+		case <-ctx.Done():
+			// A partial list must not look like members leaving.
+			return nil, fmt.Errorf("list members of %s: %w", group, ctx.Err())
+		case key, ok := <-keys:
+			if !ok {
+				// The lister also closes its channel, without error, when
+				// ctx ends.
+				if err := ctx.Err(); err != nil {
+					return nil, fmt.Errorf("list members of %s: %w", group, err)
+				}
+				slices.Sort(members)
+				return slices.Compact(members), nil
+			}
+			if id, ok := splitMemberKey(group, key); ok {
+				members = append(members, id)
+			}
+		}
+	}
+}
+
+// eventKind classifies a watched change.
+type eventKind int
+
+const (
+	memberUp eventKind = iota + 1
+	memberDown
+	leaseFree
+)
+
+// event is a change seen by the watch that the Manager reacts to.
+type event struct {
+	kind eventKind
+	name string // member ID or item
+}
+
+// watchGroup watches the heartbeats and leases of group and returns the
+// changes the Manager reacts to: members appearing or going, and leases
+// being deleted or expiring. Lease renewals are not reported. The channel is
+// closed when the watch ends (ctx done, or the subscription closed).
+func (s *Store) watchGroup(ctx context.Context, group string) (<-chan event, error) {
+	w, err := s.kv.WatchFiltered(ctx, []string{memberFilter(group), leaseFilter(group)},
+		jetstream.UpdatesOnly(), jetstream.MetaOnly())
+	if err != nil {
+		return nil, fmt.Errorf("watch %s: %w", group, err)
+	}
+	out := make(chan event, 64)
+	go func() {
+		// Unsubscribing asks the server to delete the consumer and can wait
+		// for the JetStream timeout while NATS is down, so the reader is
+		// released first.
+		defer func() { _ = w.Stop() }()
+		defer close(out)
+		for {
+			var e jetstream.KeyValueEntry
+			var ok bool
+			select {
+			case <-ctx.Done():
+				return
+			case e, ok = <-w.Updates():
+				if !ok {
+					return
+				}
+			}
+			if e == nil {
+				continue
+			}
+			ev, ok := classify(group, e)
+			if !ok {
+				continue
+			}
+			// The watcher's delivery blocks while we do, so never wait on
+			// the reader: a dropped event is caught by the periodic pass.
+			select {
+			case out <- ev:
+			default:
+			}
+		}
+	}()
+	return out, nil
+}
+
+func classify(group string, e jetstream.KeyValueEntry) (event, bool) {
+	gone := e.Operation() == jetstream.KeyValueDelete || e.Operation() == jetstream.KeyValuePurge
+	if id, ok := splitMemberKey(group, e.Key()); ok {
+		if gone {
+			return event{kind: memberDown, name: id}, true
+		}
+		return event{kind: memberUp, name: id}, true
+	}
+	if item, ok := splitLeaseKey(group, e.Key()); ok && gone {
+		return event{kind: leaseFree, name: item}, true
+	}
+	return event{}, false
+}

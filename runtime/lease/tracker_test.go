@@ -1,0 +1,136 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// tracker records which member runs work on which item, and flags two
+// members working on one item at once or a token that does not grow.
+type tracker struct {
+	mu      sync.Mutex
+	running map[string]string // item → member
+	token   map[string]uint64 // item → latest token
+	started map[string]time.Time
+	ended   map[string]time.Time // item → when the last work on it returned
+	causes  map[string]error     // item → cause of the last cancellation
+	errs    []string
+}
+
+func newTracker() *tracker {
+	return &tracker{running: map[string]string{}, token: map[string]uint64{}, started: map[string]time.Time{},
+		ended: map[string]time.Time{}, causes: map[string]error{}}
+}
+
+func (tr *tracker) work(member string) func(context.Context, Claim) {
+	return func(ctx context.Context, c Claim) {
+		tr.mu.Lock()
+		if other, ok := tr.running[c.Item]; ok {
+			tr.errs = append(tr.errs, fmt.Sprintf("%s started %s (token %d) while %s still works on it", member, c.Item, c.Token, other))
+		}
+		if c.Token <= tr.token[c.Item] {
+			tr.errs = append(tr.errs, fmt.Sprintf("%s got token %d for %s after token %d", member, c.Token, c.Item, tr.token[c.Item]))
+		}
+		tr.running[c.Item] = member
+		tr.token[c.Item] = c.Token
+		tr.started[c.Item] = time.Now()
+		tr.mu.Unlock()
+
+		<-ctx.Done()
+
+		tr.mu.Lock()
+		if tr.running[c.Item] == member {
+			delete(tr.running, c.Item)
+		}
+		tr.ended[c.Item] = time.Now()
+		tr.causes[c.Item] = context.Cause(ctx)
+		tr.mu.Unlock()
+	}
+}
+
+func (tr *tracker) owners() map[string]string {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return maps.Clone(tr.running)
+}
+
+func (tr *tracker) tokens() map[string]uint64 {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return maps.Clone(tr.token)
+}
+
+func (tr *tracker) check(t *testing.T) {
+	t.Helper()
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for _, e := range tr.errs {
+		t.Error(e)
+	}
+}
+
+// itemList is a mutable items function.
+type itemList struct {
+	mu    sync.Mutex
+	items []string
+}
+
+func (l *itemList) set(items []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.items = items
+}
+
+func (l *itemList) get(context.Context) ([]string, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.items, nil
+}
+
+func testManagerConfig(member string) Config {
+	return Config{
+		Bucket: "test_leases", Group: "fn.orders", MemberID: member,
+		TTL: testTTL, RenewEvery: testRenew, SafetyMargin: testMargin,
+		PollItemsEvery: 500 * time.Millisecond, Logger: testLogger().With("test_member", member),
+	}
+}
+
+// runMember starts m.Run and returns a function that stops it and checks it
+// returned nil within d.
+func runMember(t *testing.T, m *Manager, items *itemList, tr *tracker) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx, items.get, tr.work(m.Config().MemberID)) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run of %s returned %v", m.Config().MemberID, err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Errorf("Run of %s did not return within 10s of cancel", m.Config().MemberID)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func newManager(t *testing.T, js jetstream.JetStream, cfg Config) *Manager {
+	t.Helper()
+	m, err := NewManager(js, cfg)
+	if err != nil {
+		t.Fatalf("new manager %s: %v", cfg.MemberID, err)
+	}
+	return m
+}
