@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
 // Config is how a worker connects and behaves. Every field can be set by a
@@ -30,6 +32,7 @@ type Config struct {
 	StartFrom      string        // KFN_START_FROM: earliest|latest, where a partition with no cursor starts
 	LeaseTTL       time.Duration // KFN_LEASE_TTL: partition lease lifetime without renewal
 	LeaseRenew     time.Duration // KFN_LEASE_RENEW: how often leases and heartbeats are renewed
+	LeaseBucket    string        // KFN_LEASE_BUCKET: the NATS KV bucket of the leases; all workers of a function share it
 	Logger         *slog.Logger  // not bindable; defaults to slog.Default()
 
 	envErrs []error // environment values Bind could not parse
@@ -64,6 +67,7 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.StartFrom, "earliest")
 	setDefault(&c.LeaseTTL, DefaultLeaseTTL)
 	setDefault(&c.LeaseRenew, DefaultLeaseRenew)
+	setDefault(&c.LeaseBucket, lease.DefaultBucket)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -199,6 +203,7 @@ func (c *Config) Bind(fs *flag.FlagSet) {
 	str(&c.StartFrom, "start-from", "earliest", "earliest|latest: where a partition without a cursor starts")
 	dur(&c.LeaseTTL, "lease-ttl", DefaultLeaseTTL, "partition lease lifetime without renewal")
 	dur(&c.LeaseRenew, "lease-renew", DefaultLeaseRenew, "lease and heartbeat renewal interval")
+	str(&c.LeaseBucket, "lease-bucket", lease.DefaultBucket, "NATS KV bucket holding the leases")
 }
 
 func envOr(field, def string) string {

@@ -26,7 +26,7 @@ func parseLeaseItem(item string) (int32, error) {
 // safety margin is 30% of the TTL: a holder gives a lease up 0.7 × TTL after
 // its last successful renewal was sent, before the server can expire it.
 func leaseStoreConfig(cfg Config) lease.StoreConfig {
-	return lease.StoreConfig{TTL: cfg.LeaseTTL, SafetyMargin: cfg.LeaseTTL * 3 / 10, Logger: cfg.Logger}
+	return lease.StoreConfig{Bucket: cfg.LeaseBucket, TTL: cfg.LeaseTTL, SafetyMargin: cfg.LeaseTTL * 3 / 10, Logger: cfg.Logger}
 }
 
 // newPartitionLeases makes the lease manager that decides which of fn's
@@ -34,6 +34,7 @@ func leaseStoreConfig(cfg Config) lease.StoreConfig {
 func (w *worker) newPartitionLeases(fn Function) (*lease.Manager, error) {
 	sc := leaseStoreConfig(w.cfg)
 	mgr, err := lease.NewManager(w.js, lease.Config{
+		Bucket:       sc.Bucket,
 		Group:        leaseGroup(fn.Name, fn.source()),
 		MemberID:     w.cfg.WorkerID,
 		TTL:          sc.TTL,

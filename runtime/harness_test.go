@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -140,9 +141,16 @@ func (b *bundle) check(t *testing.T, fn string, produced []effects.Produced) eff
 	return rep
 }
 
-// testLogger sends the worker's logs to the test log.
+// testLogger sends the worker's warnings and errors to the test log (all
+// of its logs with KFN_TEST_LOG=debug or info).
 func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	level := slog.LevelWarn
+	if v := os.Getenv("KFN_TEST_LOG"); v != "" {
+		if err := level.UnmarshalText([]byte(v)); err != nil {
+			t.Fatalf("KFN_TEST_LOG=%q: %v", v, err)
+		}
+	}
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: level}))
 }
 
 type testWriter struct{ t *testing.T }
@@ -163,7 +171,7 @@ func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	}
 }
 
-func exec(t *testing.T, b *bundle, sql string, args ...any) {
+func execSQL(t *testing.T, b *bundle, sql string, args ...any) {
 	t.Helper()
 	if _, err := b.pg.Pool.Exec(context.Background(), sql, args...); err != nil {
 		t.Fatalf("%s: %v", sql, err)

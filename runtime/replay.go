@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -25,8 +24,8 @@ type ReplayRequest struct {
 	Reexecute bool
 	Reason    string
 	Actor     string
-	// LeaseTTL must match the workers' --lease-ttl. Default DefaultLeaseTTL.
-	LeaseTTL time.Duration
+	// LeaseBucket is the workers' --lease-bucket; default lease.DefaultBucket.
+	LeaseBucket string
 }
 
 // Replay moves a partition's cursor through the same fencing the workers
@@ -35,7 +34,7 @@ type ReplayRequest struct {
 // cursor and writes the audit log in one transaction, then releases the
 // lease so a worker takes the partition again and resumes at the new cursor.
 func Replay(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, req ReplayRequest) (inbox.ReplayResult, error) {
-	cfg := Config{LeaseTTL: req.LeaseTTL}.WithDefaults()
+	cfg := Config{LeaseBucket: req.LeaseBucket}.WithDefaults()
 	part := inbox.Partition{Consumer: req.Function, Topic: req.Topic, Partition: req.Partition}
 	if _, err := inbox.ReadCursor(ctx, pool, part); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -43,9 +42,9 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, req
 		}
 		return inbox.ReplayResult{}, err
 	}
-	store, err := lease.OpenStore(ctx, js, leaseStoreConfig(cfg))
+	store, err := lease.OpenExisting(ctx, js, cfg.LeaseBucket, cfg.Logger)
 	if err != nil {
-		return inbox.ReplayResult{}, fmt.Errorf("open partition leases: %w", err)
+		return inbox.ReplayResult{}, fmt.Errorf("partition leases (is --lease-bucket the workers' one?): %w", err)
 	}
 	l, err := store.Seize(ctx, leaseGroup(req.Function, req.Topic), leaseItem(req.Partition), req.Actor)
 	if err != nil {

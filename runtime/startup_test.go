@@ -40,14 +40,14 @@ func TestWorkerRefusesAMissingOrNewerSchema(t *testing.T) {
 	fn := effects.Function(b.fn, b.topic)
 	ctx := context.Background()
 
-	exec(t, b, `UPDATE kfn.schema_migrations SET version = version + 100`)
+	execSQL(t, b, `UPDATE kfn.schema_migrations SET version = version + 100`)
 	_, err := runtime.NewWorker(ctx, b.cfg, fn)
 	var verr *schema.VersionError
 	if !errors.As(err, &verr) || !strings.Contains(err.Error(), "upgrade this binary") {
 		t.Errorf("newer schema: err = %v, want a *schema.VersionError telling to upgrade the binary", err)
 	}
 
-	exec(t, b, `DROP SCHEMA kfn CASCADE`)
+	execSQL(t, b, `DROP SCHEMA kfn CASCADE`)
 	_, err = runtime.NewWorker(ctx, b.cfg, fn)
 	if !errors.Is(err, schema.ErrSchemaMissing) || !strings.Contains(err.Error(), "kfn migrate") {
 		t.Errorf("missing schema: err = %v, want ErrSchemaMissing telling to run kfn migrate", err)

@@ -2,12 +2,16 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
 // PartitionStatus is what `kfn status` shows for one partition of one function.
@@ -15,7 +19,9 @@ type PartitionStatus struct {
 	Function      string    `json:"function"`
 	Topic         string    `json:"topic"`
 	Partition     int32     `json:"partition"`
-	Owner         string    `json:"owner"`
+	Owner         string    `json:"owner"`        // the worker that last claimed it in Postgres
+	LeaseHolder   string    `json:"lease_holder"` // who holds its NATS lease now ("" when free or unknown)
+	LeaseToken    uint64    `json:"lease_token"`
 	Epoch         int64     `json:"epoch"`
 	Cursor        int64     `json:"cursor"`
 	HighWater     int64     `json:"high_water"`
@@ -26,9 +32,11 @@ type PartitionStatus struct {
 }
 
 // Status reads every cursor (of one function, or all when function is empty)
-// from Postgres and the partitions' high watermarks from Kafka. When Kafka
-// cannot be reached the Postgres side is still returned, with the error.
-func Status(ctx context.Context, pool *pgxpool.Pool, brokers []string, function string) ([]PartitionStatus, error) {
+// from Postgres, the lease holders from NATS (when js is not nil) and the
+// partitions' high watermarks from Kafka (when brokers are given). When NATS
+// or Kafka cannot be asked, the Postgres side is still returned, with the
+// error.
+func Status(ctx context.Context, pool *pgxpool.Pool, brokers []string, js jetstream.JetStream, leaseBucket, function string) ([]PartitionStatus, error) {
 	rows, err := pool.Query(ctx, `
 SELECT consumer, topic, partition, owner, epoch, next_offset, high_water, updated_at
   FROM kfn.cursors WHERE consumer = $1 OR $1 = '' ORDER BY consumer, topic, partition`, function)
@@ -44,6 +52,20 @@ SELECT consumer, topic, partition, owner, epoch, next_offset, high_water, update
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read cursors: %w", err)
+	}
+	if js != nil {
+		store, err := lease.OpenExisting(ctx, js, leaseBucket, slog.New(slog.DiscardHandler))
+		if err != nil {
+			return out, fmt.Errorf("read leases from NATS: %w", err)
+		}
+		for i := range out {
+			s := &out[i]
+			h, err := store.Holder(ctx, leaseGroup(s.Function, s.Topic), leaseItem(s.Partition))
+			if err != nil && !errors.Is(err, lease.ErrNotHeld) {
+				return out, fmt.Errorf("read leases from NATS: %w", err)
+			}
+			s.LeaseHolder, s.LeaseToken = h.Owner, h.Token
+		}
 	}
 	if len(brokers) == 0 {
 		return out, nil

@@ -24,7 +24,7 @@ func TestDeliveringRecordsTwiceAppliesThemOnce(t *testing.T) {
 
 	// Redelivery below the high-water mark: the cursor is rewound as a
 	// replay would, so every record is read again.
-	exec(t, b, `UPDATE kfn.cursors SET next_offset = 0 WHERE consumer = $1`, b.fn)
+	execSQL(t, b, `UPDATE kfn.cursors SET next_offset = 0 WHERE consumer = $1`, b.fn)
 	w, stop := b.run(t, fn)
 	b.waitCaughtUp(t, b.fn)
 	stop()
@@ -35,7 +35,7 @@ func TestDeliveringRecordsTwiceAppliesThemOnce(t *testing.T) {
 
 	// Redelivery when only the inbox remembers: the high-water mark is
 	// erased too, so the inbox claim is the last guard.
-	exec(t, b, `UPDATE kfn.cursors SET next_offset = 0, high_water = 0 WHERE consumer = $1`, b.fn)
+	execSQL(t, b, `UPDATE kfn.cursors SET next_offset = 0, high_water = 0 WHERE consumer = $1`, b.fn)
 	w, stop = b.run(t, fn)
 	b.waitCaughtUp(t, b.fn)
 	stop()

@@ -14,6 +14,8 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
 // command is one kfn subcommand.
@@ -128,6 +130,10 @@ func brokersFlag(fs *flag.FlagSet) *string {
 
 func natsFlag(fs *flag.FlagSet) *string {
 	return fs.String("nats-url", env("", "KFN_NATS_URL"), "NATS URL [KFN_NATS_URL]")
+}
+
+func leaseBucketFlag(fs *flag.FlagSet) *string {
+	return fs.String("lease-bucket", env(lease.DefaultBucket, "KFN_LEASE_BUCKET"), "the workers' NATS KV lease bucket [KFN_LEASE_BUCKET]")
 }
 
 func required(name, value string) error {

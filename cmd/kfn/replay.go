@@ -24,12 +24,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	from := fs.Int64("from-offset", -1, "resume at this offset (required)")
 	reexecute := fs.Bool("reexecute", false, "apply already handled records again (audited; needs --reason)")
 	reason := fs.String("reason", "", "why, for the audit log")
-	leaseTTL := fs.Duration("lease-ttl", runtime.DefaultLeaseTTL, "the workers' --lease-ttl [KFN_LEASE_TTL]")
-	if v := os.Getenv("KFN_LEASE_TTL"); v != "" {
-		if d, err := time.ParseDuration(v); err == nil {
-			*leaseTTL = d
-		}
-	}
+	bucket := leaseBucketFlag(fs)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -59,7 +54,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	defer closeNATS()
 	res, err := runtime.Replay(ctx, pool, js, runtime.ReplayRequest{
 		Function: *function, Topic: *topic, Partition: int32(*partition), From: *from,
-		Reexecute: *reexecute, Reason: *reason, Actor: actor(), LeaseTTL: *leaseTTL,
+		Reexecute: *reexecute, Reason: *reason, Actor: actor(), LeaseBucket: *bucket,
 	})
 	if err != nil {
 		return err

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/kfn-dev/kfn/runtime"
 )
 
@@ -15,6 +17,8 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := newFlags("status", stderr)
 	dbURL := databaseFlag(fs)
 	brokers := brokersFlag(fs)
+	natsURL := natsFlag(fs)
+	bucket := leaseBucketFlag(fs)
 	function := fs.String("function", "", "only this function (default: all)")
 	asJSON := fs.Bool("json", false, "print JSON for scripts")
 	if err := parse(fs, args); err != nil {
@@ -28,7 +32,16 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer pool.Close()
-	parts, statusErr := runtime.Status(ctx, pool, splitBrokers(*brokers), *function)
+	var js jetstream.JetStream
+	if *natsURL != "" {
+		var closeNATS func()
+		js, closeNATS, err = connectJetStream(*natsURL, "kfn status")
+		if err != nil {
+			return err
+		}
+		defer closeNATS()
+	}
+	parts, statusErr := runtime.Status(ctx, pool, splitBrokers(*brokers), js, *bucket, *function)
 	if parts == nil && statusErr != nil {
 		return statusErr
 	}
@@ -44,9 +57,16 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return statusErr
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "FUNCTION\tTOPIC\tPARTITION\tOWNER\tEPOCH\tCURSOR\tKAFKA HIGH\tLAG\tLAST COMMIT")
+	fmt.Fprintln(tw, "FUNCTION\tTOPIC\tPARTITION\tOWNER\tEPOCH\tLEASE\tCURSOR\tKAFKA HIGH\tLAG\tLAST COMMIT")
 	for _, p := range parts {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d\t%s\t%s\t%s ago\n", p.Function, p.Topic, p.Partition, p.Owner, p.Epoch, p.Cursor,
+		leaseCol := "?"
+		switch {
+		case js != nil && p.LeaseHolder == "":
+			leaseCol = "free"
+		case js != nil:
+			leaseCol = fmt.Sprintf("%s (token %d)", p.LeaseHolder, p.LeaseToken)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%d\t%s\t%s\t%s ago\n", p.Function, p.Topic, p.Partition, p.Owner, p.Epoch, leaseCol, p.Cursor,
 			unknownIfNegative(p.KafkaHighMark), unknownIfNegative(p.Lag), p.LastCommitAge)
 	}
 	if err := tw.Flush(); err != nil {

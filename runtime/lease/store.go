@@ -103,3 +103,23 @@ func bucketMissing(err error) bool {
 	return errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound) ||
 		errors.Is(err, jetstream.ErrNoStreamResponse)
 }
+
+// OpenExisting opens an existing bucket with the TTL it was created with,
+// for tools that read leases or seize one (status, replay) and must not
+// disagree with the workers about timing. It returns an error wrapping
+// jetstream.ErrBucketNotFound when no worker ever created the bucket.
+func OpenExisting(ctx context.Context, js jetstream.JetStream, bucket string, log *slog.Logger) (*Store, error) {
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		return nil, fmt.Errorf("open lease bucket %s: %w", bucket, err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read lease bucket %s status: %w", bucket, err)
+	}
+	cfg := StoreConfig{Bucket: bucket, TTL: st.TTL(), SafetyMargin: st.TTL() * 3 / 10, Logger: log}.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("lease bucket %s: %w", bucket, err)
+	}
+	return &Store{js: js, kv: kv, cfg: cfg, log: cfg.Logger.With("bucket", bucket)}, nil
+}

@@ -22,17 +22,26 @@ type Report struct {
 	Reordered   int // effects that committed before an effect of a lower offset of the same partition
 	Unexpected  int // effects of records never produced
 	DeadLetters int // records dead-lettered (they are not lost)
+	// StaleEpochs counts inbox rows committed with a fencing token lower
+	// than the token of a lower offset of the same partition: a commit by
+	// an older owner after a newer owner had committed (invariant I4).
+	StaleEpochs int
 }
 
 // OK reports whether nothing was lost, duplicated, reordered or invented.
 func (r Report) OK() bool {
-	return r.Lost == 0 && r.Duplicated == 0 && r.Reordered == 0 && r.Unexpected == 0
+	return r.Lost == 0 && r.Duplicated == 0 && r.Reordered == 0 && r.Unexpected == 0 && r.StaleEpochs == 0
 }
 
 func (r Report) String() string {
-	return fmt.Sprintf("expected=%d applied=%d dead_lettered=%d lost=%d duplicated=%d reordered=%d unexpected=%d",
-		r.Expected, r.Applied, r.DeadLetters, r.Lost, r.Duplicated, r.Reordered, r.Unexpected)
+	return fmt.Sprintf("expected=%d applied=%d dead_lettered=%d lost=%d duplicated=%d reordered=%d unexpected=%d stale_epochs=%d",
+		r.Expected, r.Applied, r.DeadLetters, r.Lost, r.Duplicated, r.Reordered, r.Unexpected, r.StaleEpochs)
 }
+
+// Table is the quoted name of fn's effects table, for programs that write
+// effects without the runtime (the naive consumer the fault tests compare
+// kfn with).
+func Table(fn string) string { return table(fn) }
 
 // Check compares the effects of function fn on topic with produced.
 func Check(ctx context.Context, pool *pgxpool.Pool, fn, topic string, produced []Produced) (Report, error) {
@@ -99,5 +108,32 @@ func Check(ctx context.Context, pool *pgxpool.Pool, fn, topic string, produced [
 			rep.Unexpected += n
 		}
 	}
+	if rep.StaleEpochs, err = staleEpochs(ctx, pool, fn, topic); err != nil {
+		return Report{}, err
+	}
 	return rep, nil
+}
+
+// staleEpochSQL finds the inbox rows of one consumer and topic whose epoch
+// (the token of the transaction that wrote them) is lower than the highest
+// epoch of any lower offset of the same partition. Offsets of a partition
+// commit in order, so such a row was committed by an older owner after a
+// newer owner had committed: the fence let a zombie through.
+const staleEpochSQL = `
+SELECT count(*) FROM (
+    SELECT epoch, max(epoch) OVER (PARTITION BY partition ORDER BY "offset"
+                                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS newest_before
+      FROM kfn.inbox
+     WHERE consumer = $1 AND topic = $2
+) rows
+WHERE epoch < newest_before`
+
+// staleEpochs counts the commits of fn on topic that an older owner made
+// after a newer owner had committed; see Report.StaleEpochs.
+func staleEpochs(ctx context.Context, pool *pgxpool.Pool, fn, topic string) (int, error) {
+	var n int
+	if err := pool.QueryRow(ctx, staleEpochSQL, fn, topic).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count stale-epoch commits: %w", err)
+	}
+	return n, nil
 }

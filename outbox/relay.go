@@ -1,0 +1,249 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/kfn-dev/kfn/runtime/lease"
+)
+
+// Relay forwards committed outbox rows to a JetStream stream and deletes each
+// row once the stream has acked it.
+//
+// The outbox is split into Shards shards by event key; one loop relays one
+// shard, so all events of a key go through one loop, in order. Run works
+// every shard in this process; RunShard works one, for a caller (such as a
+// lease manager) that spreads shards over processes.
+//
+// Guarantees (DESIGN.md, I5):
+//   - Every committed row reaches the stream: a row is deleted only after its
+//     stream ack, and the read has no cursor a late-committing row could fall
+//     behind (see selectShardBatch). Rows of rolled-back transactions are
+//     never visible, so never published.
+//   - Each event is published with Nats-Msg-Id = its event id, so a
+//     republish after a crash between ack and delete is dropped by the
+//     stream's duplicate window.
+//   - Per key, events reach the stream in the order their transactions
+//     committed: a key has at most one publish in flight, and its next event
+//     is sent only after the previous one is acked. A failed publish (a
+//     reconnect between two events of a key, an ack timeout) is retried
+//     before anything later of that key is sent, so no later event of the key
+//     can already be in the stream. This holds across relays too: two
+//     relays working one shard at once (a lease handover) each send a key's
+//     events in order and only after the previous one is stored.
+//
+// Outages of NATS or Postgres are retried with exponential backoff; the relay
+// does not give up while its context lives.
+type Relay struct {
+	cfg      RelayConfig
+	log      *slog.Logger
+	wake     [Shards]chan struct{}
+	counters relayCounters
+
+	streamMu       sync.Mutex
+	streamSubjects []string // subjects the stream captures; nil until known
+	streamCheckAt  time.Time
+}
+
+// NewRelay checks the configuration and returns a relay. It does not connect
+// to anything; Run and RunShard do.
+func NewRelay(cfg RelayConfig) (*Relay, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	r := &Relay{cfg: cfg, log: cfg.Logger.With("component", "outbox-relay", "stream", cfg.Stream)}
+	for i := range r.wake {
+		r.wake[i] = make(chan struct{}, 1)
+	}
+	return r, nil
+}
+
+// Run relays until ctx ends: every shard in this process, or, with
+// RelayConfig.Leases, the shards this process holds leases on. It wakes
+// shards on Postgres notifications and polls as a fallback. It returns nil
+// when ctx ends, and an error only for a problem retrying cannot fix (a
+// *StreamMismatchError).
+func (r *Relay) Run(ctx context.Context) error {
+	if _, err := r.streamReady(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait() // runs after cancel below
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r.Listen(ctx)
+	}()
+	if r.cfg.Leases != nil {
+		return r.runLeased(ctx)
+	}
+	errs := make(chan error, Shards)
+	for shard := range Shards {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- r.RunShard(ctx, shard)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil && ctx.Err() == nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runLeased works the shards this process holds leases on.
+func (r *Relay) runLeased(ctx context.Context) error {
+	items := func(context.Context) ([]string, error) { return ShardItems(), nil }
+	work := func(ctx context.Context, c lease.Claim) {
+		shard, err := ParseShardItem(c.Item)
+		if err != nil {
+			r.log.Error("lease manager handed out an item that is not a relay shard", "item", c.Item, "err", err)
+			return
+		}
+		r.log.Info("relaying shard", "shard", shard, "token", c.Token)
+		if err := r.RunShard(ctx, shard); err != nil {
+			r.log.Error("relay shard stopped", "shard", shard, "err", err)
+		}
+		r.log.Info("stopped relaying shard", "shard", shard)
+	}
+	if err := r.cfg.Leases.Run(ctx, items, work); err != nil {
+		return fmt.Errorf("relay shard leases: %w", err)
+	}
+	return nil
+}
+
+// RunShard relays one shard until ctx ends; cancelling ctx is how a lease
+// manager takes the shard away. Only one loop per shard should run at a time
+// in one process. It returns nil when ctx ends.
+func (r *Relay) RunShard(ctx context.Context, shard int) error {
+	if shard < 0 || shard >= Shards {
+		return fmt.Errorf("relay shard %d: shards are 0 to %d", shard, Shards-1)
+	}
+	if _, err := r.streamReady(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	r.counters.activeShards.Add(1)
+	defer r.counters.activeShards.Add(-1)
+	newShardLoop(r, shard).run(ctx)
+	return nil
+}
+
+// ShardItem is the lease item name of a relay shard: "shard-07".
+func ShardItem(shard int) string {
+	return fmt.Sprintf("shard-%02d", shard)
+}
+
+// ParseShardItem is the inverse of ShardItem.
+func ParseShardItem(item string) (int, error) {
+	n, err := strconv.Atoi(strings.TrimPrefix(item, "shard-"))
+	if err != nil || !strings.HasPrefix(item, "shard-") || n < 0 || n >= Shards {
+		return 0, fmt.Errorf("%q is not a relay shard item (shard-00 to shard-%02d)", item, Shards-1)
+	}
+	return n, nil
+}
+
+// ShardItems lists the lease items of all relay shards.
+func ShardItems() []string {
+	items := make([]string, Shards)
+	for i := range items {
+		items[i] = ShardItem(i)
+	}
+	return items
+}
+
+// streamReady makes sure the stream exists, retrying outages with backoff,
+// and returns its subjects.
+func (r *Relay) streamReady(ctx context.Context) ([]string, error) {
+	r.streamMu.Lock()
+	defer r.streamMu.Unlock()
+	if r.streamSubjects != nil {
+		return r.streamSubjects, nil
+	}
+	retry := r.newBackoff()
+	for {
+		subjects, err := r.ensureStream(ctx)
+		if err == nil {
+			r.streamSubjects, r.streamCheckAt = subjects, time.Now()
+			return subjects, nil
+		}
+		var mismatch *StreamMismatchError
+		if errors.As(err, &mismatch) {
+			r.log.Error("outbox stream does not fit the relay's configuration", "err", err)
+			return nil, err
+		}
+		delay := retry.NextBackOff()
+		r.log.Warn("outbox stream not available yet; retrying", "err", err, "retry_in", delay)
+		if !sleepCtx(ctx, delay) {
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// streamCovers reports whether the stream captures subject. When the cached
+// subjects do not cover it, they are looked up again (at most every 5s or
+// ParkFor), so an operator who widens the stream unblocks parked keys.
+func (r *Relay) streamCovers(ctx context.Context, subject string) bool {
+	r.streamMu.Lock()
+	subjects, checkedAt := r.streamSubjects, r.streamCheckAt
+	r.streamMu.Unlock()
+	if anySubjectCovers(subjects, subject) {
+		return true
+	}
+	if time.Since(checkedAt) < min(5*time.Second, r.cfg.ParkFor) {
+		return false
+	}
+	lookupCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	stream, err := r.cfg.JetStream.Stream(lookupCtx, r.cfg.Stream)
+	r.streamMu.Lock()
+	defer r.streamMu.Unlock()
+	r.streamCheckAt = time.Now()
+	if err != nil {
+		return false
+	}
+	r.streamSubjects = stream.CachedInfo().Config.Subjects
+	return anySubjectCovers(r.streamSubjects, subject)
+}
+
+func (r *Relay) newBackoff() *backoff.ExponentialBackOff {
+	b := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(r.cfg.RetryMin),
+		backoff.WithMaxInterval(r.cfg.RetryMax),
+		backoff.WithMaxElapsedTime(0), // never give up
+	)
+	b.Reset()
+	return b
+}
+
+// sleepCtx waits for d or until ctx ends; it reports whether ctx is alive.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,399 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// RelayBenchConfig configures RunRelayBenchmark.
+type RelayBenchConfig struct {
+	// Pool is a migrated kfn database whose outbox is empty and not relayed
+	// by anyone else. Give it at least Shards+4 connections.
+	Pool *pgxpool.Pool
+	// JetStream is where the benchmark streams are created (and deleted).
+	JetStream jetstream.JetStream
+	// Events is the backlog relayed for the throughput figures. Default 50000.
+	Events int
+	// Keys is how many event keys the backlog spreads over. Default 1000.
+	Keys int
+	// Rate and Duration shape the latency run: events committed per second,
+	// in transactions of TxSize events. Defaults 2000/s, 5s, 20.
+	Rate     int
+	Duration time.Duration
+	TxSize   int
+	// NaiveFor is how long the naive relay runs on the same backlog (it is
+	// too slow to finish it). Default 5s.
+	NaiveFor time.Duration
+	// Relay overrides the relay's settings (Pool, JetStream, Stream and
+	// Subjects are set by the benchmark).
+	Relay RelayConfig
+}
+
+// RelayBenchResult holds the figures of one RunRelayBenchmark.
+type RelayBenchResult struct {
+	Events             int
+	RelayElapsed       time.Duration
+	RelayPerSecond     float64 // relay throughput on the backlog
+	NaiveEvents        int
+	NaiveElapsed       time.Duration
+	NaivePerSecond     float64 // one synchronous publish and one DELETE per row
+	Ratio              float64 // RelayPerSecond / NaivePerSecond
+	LatencyEvents      int
+	LatencyP50         time.Duration // commit → stream ack, at Rate
+	LatencyP99         time.Duration
+	LatencyMax         time.Duration
+	LatencyRateReached float64 // events/s actually committed in the latency run
+}
+
+func (r RelayBenchResult) String() string {
+	return fmt.Sprintf("relay: %d events in %v = %.0f events/s\n"+
+		"naive relay (sync publish + DELETE per row): %d events in %v = %.0f events/s\n"+
+		"ratio relay/naive: %.1fx\n"+
+		"commit→ack latency at %.0f events/s (%d events): p50 %v, p99 %v, max %v",
+		r.Events, r.RelayElapsed.Round(time.Millisecond), r.RelayPerSecond,
+		r.NaiveEvents, r.NaiveElapsed.Round(time.Millisecond), r.NaivePerSecond,
+		r.Ratio,
+		r.LatencyRateReached, r.LatencyEvents, r.LatencyP50.Round(10*time.Microsecond), r.LatencyP99.Round(10*time.Microsecond), r.LatencyMax.Round(10*time.Microsecond))
+}
+
+func (c RelayBenchConfig) withDefaults() RelayBenchConfig {
+	if c.Events == 0 {
+		c.Events = 50000
+	}
+	if c.Keys == 0 {
+		c.Keys = 1000
+	}
+	if c.Rate == 0 {
+		c.Rate = 2000
+	}
+	if c.Duration == 0 {
+		c.Duration = 5 * time.Second
+	}
+	if c.TxSize == 0 {
+		c.TxSize = 20
+	}
+	if c.NaiveFor == 0 {
+		c.NaiveFor = 5 * time.Second
+	}
+	return c
+}
+
+// RunRelayBenchmark measures, in one run and on one machine:
+//   - the relay's throughput on a backlog of Events pre-inserted rows;
+//   - a naive relay (one synchronous publish and one DELETE per row) on the
+//     same backlog, and the ratio;
+//   - commit → stream ack latency (p50, p99) at a steady Rate.
+//
+// It uses streams of its own, deletes them afterwards, and leaves the outbox
+// empty.
+func RunRelayBenchmark(ctx context.Context, cfg RelayBenchConfig) (RelayBenchResult, error) {
+	cfg = cfg.withDefaults()
+	if cfg.Pool == nil || cfg.JetStream == nil {
+		return RelayBenchResult{}, errors.New("relay benchmark: Pool and JetStream are required")
+	}
+	var n int
+	if err := cfg.Pool.QueryRow(ctx, "SELECT count(*) FROM kfn.outbox").Scan(&n); err != nil {
+		return RelayBenchResult{}, fmt.Errorf("relay benchmark: %w", err)
+	}
+	if n != 0 {
+		return RelayBenchResult{}, fmt.Errorf("relay benchmark: the outbox holds %d rows; run it on an empty outbox", n)
+	}
+	res := RelayBenchResult{Events: cfg.Events}
+	bench := &relayBench{cfg: cfg, tag: fmt.Sprintf("kfnbench%d", time.Now().UnixNano()%1e9)}
+	defer bench.cleanup()
+
+	// 1. Throughput on the backlog.
+	rows := bench.rows("thr", cfg.Events)
+	if err := bench.insert(ctx, rows, 1000); err != nil {
+		return res, err
+	}
+	elapsed, err := bench.relayBacklog(ctx, "THR", len(rows))
+	if err != nil {
+		return res, err
+	}
+	res.RelayElapsed, res.RelayPerSecond = elapsed, float64(len(rows))/elapsed.Seconds()
+
+	// 2. The naive relay on the same backlog, for NaiveFor.
+	if err := bench.insert(ctx, rows, 1000); err != nil {
+		return res, err
+	}
+	res.NaiveEvents, res.NaiveElapsed, err = bench.naiveRelay(ctx, "NAIVE")
+	if err != nil {
+		return res, err
+	}
+	res.NaivePerSecond = float64(res.NaiveEvents) / res.NaiveElapsed.Seconds()
+	res.Ratio = res.RelayPerSecond / res.NaivePerSecond
+	if _, err := cfg.Pool.Exec(ctx, "DELETE FROM kfn.outbox"); err != nil {
+		return res, fmt.Errorf("relay benchmark: clear the naive relay's leftovers: %w", err)
+	}
+
+	// 3. Latency at a steady rate.
+	lat, rate, err := bench.latency(ctx, "LAT")
+	if err != nil {
+		return res, err
+	}
+	res.LatencyEvents, res.LatencyRateReached = len(lat), rate
+	slices.Sort(lat)
+	if len(lat) > 0 {
+		res.LatencyP50 = lat[len(lat)/2]
+		res.LatencyP99 = lat[len(lat)*99/100]
+		res.LatencyMax = lat[len(lat)-1]
+	}
+	return res, nil
+}
+
+type relayBench struct {
+	cfg     RelayBenchConfig
+	tag     string
+	streams []string
+	offset  int64
+}
+
+func (b *relayBench) cleanup() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, s := range b.streams {
+		b.cfg.JetStream.DeleteStream(ctx, s) //nolint:errcheck // best effort
+	}
+}
+
+func (b *relayBench) stream(ctx context.Context, name string) (string, string, error) {
+	stream := strings.ToUpper(b.tag) + "_" + name
+	subject := b.tag + "." + strings.ToLower(name)
+	b.streams = append(b.streams, stream)
+	_, err := b.cfg.JetStream.CreateStream(ctx, jetstream.StreamConfig{
+		Name: stream, Subjects: []string{subject + ".>"}, Duplicates: 2 * time.Minute, Storage: jetstream.FileStorage,
+	})
+	if err != nil {
+		return "", "", fmt.Errorf("relay benchmark: create stream: %w", err)
+	}
+	return stream, subject, nil
+}
+
+// rows makes n events over the configured keys, interleaved, with a
+// 100-byte payload.
+func (b *relayBench) rows(kind string, n int) []Row {
+	payload := []byte(strings.Repeat("x", 100))
+	rows := make([]Row, n)
+	for i := range rows {
+		b.offset++
+		key := fmt.Sprintf("key-%d", i%b.cfg.Keys)
+		origin := Origin{Consumer: "bench", Topic: "bench", Offset: b.offset, SourceID: KafkaSourceID("bench-"+kind+b.tag, 0, b.offset)}
+		rows[i] = NewRow(origin, 0, key, Event{Subject: b.tag + ".SUBJECT.evt", Key: key, Data: payload})
+	}
+	return rows
+}
+
+func withSubject(rows []Row, subject string) []Row {
+	out := slices.Clone(rows)
+	for i := range out {
+		out[i].Event.Subject = subject + ".evt"
+	}
+	return out
+}
+
+func (b *relayBench) insert(ctx context.Context, rows []Row, perTx int) error {
+	for start := 0; start < len(rows); start += perTx {
+		chunk := rows[start:min(start+perTx, len(rows))]
+		if err := pgx.BeginFunc(ctx, b.cfg.Pool, func(tx pgx.Tx) error { return Insert(ctx, tx, chunk) }); err != nil {
+			return fmt.Errorf("relay benchmark: insert: %w", err)
+		}
+	}
+	return nil
+}
+
+func (b *relayBench) relayConfig(stream, subject string) RelayConfig {
+	rc := b.cfg.Relay
+	rc.Pool, rc.JetStream, rc.Stream, rc.Subjects = b.cfg.Pool, b.cfg.JetStream, stream, []string{subject + ".>"}
+	return rc
+}
+
+// relayBacklog retargets the outbox rows to a fresh stream, runs the relay
+// until the outbox is empty and returns how long that took.
+func (b *relayBench) relayBacklog(ctx context.Context, name string, n int) (time.Duration, error) {
+	stream, subject, err := b.stream(ctx, name)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := b.cfg.Pool.Exec(ctx, "UPDATE kfn.outbox SET subject = $1", subject+".evt"); err != nil {
+		return 0, fmt.Errorf("relay benchmark: %w", err)
+	}
+	if _, err := b.cfg.Pool.Exec(ctx, "VACUUM ANALYZE kfn.outbox"); err != nil {
+		return 0, fmt.Errorf("relay benchmark: %w", err)
+	}
+	relay, err := NewRelay(b.relayConfig(stream, subject))
+	if err != nil {
+		return 0, err
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	start := time.Now()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		relay.Run(runCtx) //nolint:errcheck // the stream exists and fits
+	}()
+	defer func() { stop(); wg.Wait() }()
+	for {
+		if relay.Stats().Published+relay.Stats().Duplicates >= uint64(n) {
+			var left int
+			if err := b.cfg.Pool.QueryRow(ctx, "SELECT count(*) FROM kfn.outbox").Scan(&left); err != nil {
+				return 0, fmt.Errorf("relay benchmark: %w", err)
+			}
+			if left == 0 {
+				return time.Since(start), nil
+			}
+		}
+		if !sleepCtx(ctx, 2*time.Millisecond) {
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// naiveRelay is the baseline: read the oldest rows, then for each row one
+// synchronous publish (waiting for its ack) and one DELETE.
+func (b *relayBench) naiveRelay(ctx context.Context, name string) (int, time.Duration, error) {
+	stream, subject, err := b.stream(ctx, name)
+	if err != nil {
+		return 0, 0, err
+	}
+	if _, err := b.cfg.Pool.Exec(ctx, "UPDATE kfn.outbox SET subject = $1", subject+".evt"); err != nil {
+		return 0, 0, fmt.Errorf("relay benchmark: %w", err)
+	}
+	if _, err := b.cfg.Pool.Exec(ctx, "VACUUM ANALYZE kfn.outbox"); err != nil {
+		return 0, 0, fmt.Errorf("relay benchmark: %w", err)
+	}
+	start := time.Now()
+	done := 0
+	for time.Since(start) < b.cfg.NaiveFor {
+		rows, err := b.cfg.Pool.Query(ctx, `SELECT id, event_id, subject, event_type, event_key, data, headers,
+			source, source_topic, source_partition, source_offset, created_at FROM kfn.outbox ORDER BY id LIMIT 100`)
+		if err != nil {
+			return 0, 0, fmt.Errorf("naive relay: %w", err)
+		}
+		batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (relayRow, error) {
+			var row relayRow
+			var headers []byte
+			err := r.Scan(&row.ID, &row.EventID, &row.Subject, &row.Type, &row.Key, &row.Data, &headers,
+				&row.Source, &row.SourceTopic, &row.SourcePartition, &row.SourceOffset, &row.CreatedAt)
+			row.Headers = decodeHeaders(headers)
+			return row, err
+		})
+		if err != nil {
+			return 0, 0, fmt.Errorf("naive relay: %w", err)
+		}
+		if len(batch) == 0 {
+			break
+		}
+		for i := range batch {
+			msg, _ := buildMessage(&batch[i], stream)
+			if _, err := b.cfg.JetStream.PublishMsg(ctx, msg); err != nil {
+				return 0, 0, fmt.Errorf("naive relay: publish: %w", err)
+			}
+			if _, err := b.cfg.Pool.Exec(ctx, "DELETE FROM kfn.outbox WHERE id = $1", batch[i].ID); err != nil {
+				return 0, 0, fmt.Errorf("naive relay: delete: %w", err)
+			}
+			done++
+			if time.Since(start) >= b.cfg.NaiveFor {
+				break
+			}
+		}
+	}
+	return done, time.Since(start), nil
+}
+
+// latency commits Rate events per second for Duration with the relay running
+// and returns, per event, the time from just before COMMIT to its stream
+// ack, and the rate actually reached.
+func (b *relayBench) latency(ctx context.Context, name string) ([]time.Duration, float64, error) {
+	stream, subject, err := b.stream(ctx, name)
+	if err != nil {
+		return nil, 0, err
+	}
+	var mu sync.Mutex
+	committedAt := map[string]time.Time{}
+	ackedAt := map[string]time.Time{}
+	rc := b.relayConfig(stream, subject)
+	rc.afterAck = func(id string, at time.Time) {
+		mu.Lock()
+		ackedAt[id] = at
+		mu.Unlock()
+	}
+	relay, err := NewRelay(rc)
+	if err != nil {
+		return nil, 0, err
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		relay.Run(runCtx) //nolint:errcheck // the stream exists and fits
+	}()
+	defer func() { stop(); wg.Wait() }()
+	// Let the relay reach its steady state (LISTEN up, shards idle).
+	for !relay.Stats().Listening {
+		if !sleepCtx(ctx, 5*time.Millisecond) {
+			return nil, 0, ctx.Err()
+		}
+	}
+
+	txPerSecond := float64(b.cfg.Rate) / float64(b.cfg.TxSize)
+	interval := time.Duration(float64(time.Second) / txPerSecond)
+	start := time.Now()
+	total := 0
+	for i := 0; time.Since(start) < b.cfg.Duration; i++ {
+		if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
+			sleepCtx(ctx, wait)
+		}
+		rows := withSubject(b.rows("lat", b.cfg.TxSize), subject)
+		tx, err := b.cfg.Pool.Begin(ctx)
+		if err != nil {
+			return nil, 0, fmt.Errorf("latency run: %w", err)
+		}
+		if err := Insert(ctx, tx, rows); err != nil {
+			tx.Rollback(ctx) //nolint:errcheck
+			return nil, 0, fmt.Errorf("latency run: %w", err)
+		}
+		before := time.Now()
+		if err := tx.Commit(ctx); err != nil {
+			return nil, 0, fmt.Errorf("latency run: %w", err)
+		}
+		mu.Lock()
+		for _, r := range rows {
+			committedAt[r.EventID] = before
+		}
+		mu.Unlock()
+		total += len(rows)
+	}
+	rate := float64(total) / time.Since(start).Seconds()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mu.Lock()
+		acked := len(ackedAt)
+		mu.Unlock()
+		if acked >= total {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, 0, fmt.Errorf("latency run: only %d of %d events acked 30s after the last commit", acked, total)
+		}
+		sleepCtx(ctx, 5*time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	lat := make([]time.Duration, 0, total)
+	for id, at := range committedAt {
+		lat = append(lat, ackedAt[id].Sub(at))
+	}
+	return lat, rate, nil
+}

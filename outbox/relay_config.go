@@ -1,0 +1,177 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kfn-dev/kfn/runtime/lease"
+)
+
+// RelayConfig configures a Relay. Zero fields take the defaults listed on
+// each field (see WithDefaults); Pool, JetStream and Subjects are required.
+type RelayConfig struct {
+	// Pool is the Postgres pool holding kfn.outbox. The relay also opens one
+	// extra connection of its own (with the pool's settings) to LISTEN for
+	// new rows.
+	Pool *pgxpool.Pool
+	// JetStream publishes the events. Every shard publishes through it, so its
+	// PublishAsyncMaxPending (4000 by default in nats.go) should be at least
+	// Shards × MaxInFlight for the shards one process runs; past it publishes
+	// stall and are retried.
+	JetStream jetstream.JetStream
+
+	// Stream is the JetStream stream the events land in. Default "KFN_EVENTS".
+	Stream string
+	// Subjects are the subjects the stream captures; every outbox row's
+	// subject must fall under one of them. Required. When the stream already
+	// exists it is left alone, but its subjects must cover these.
+	Subjects []string
+	// Duplicates is the stream's duplicate window, used only when the relay
+	// creates the stream. A republished event (after a relay crash between
+	// the stream ack and the row delete) is dropped by JetStream inside this
+	// window, and by the downstream inbox after it. Default 2m.
+	Duplicates time.Duration
+
+	// BatchSize is how many rows one shard reads per query. Default 500.
+	BatchSize int
+	// MaxInFlight bounds a shard's unacknowledged publishes. Default 100.
+	MaxInFlight int
+	// PollInterval is how often an idle shard looks for rows while the
+	// LISTEN connection is down. While it is up, commits wake their shards
+	// at once and idle shards poll only every 10 × PollInterval, as a
+	// safety net. Default 500ms.
+	PollInterval time.Duration
+	// AckTimeout is how long a publish may wait for its stream ack before it
+	// counts as failed and is sent again. Default 5s.
+	AckTimeout time.Duration
+	// RetryMin and RetryMax bound the exponential backoff after a failed
+	// publish or a failed Postgres query. Defaults 100ms and 5s.
+	RetryMin time.Duration
+	RetryMax time.Duration
+	// MaxAttempts is how often an event the stream rejects (not an outage: an
+	// error about the message itself, such as "message size exceeds maximum")
+	// is tried before its key is parked. A parked key is skipped, with its
+	// rows left in the outbox, for ParkFor; its later events wait behind it.
+	// Defaults 5 and 30s.
+	MaxAttempts int
+	ParkFor     time.Duration
+
+	// Logger receives the relay's logs. Default slog.Default().
+	Logger *slog.Logger
+
+	// Leases, when set, decides which shards this process relays: Run hands
+	// it the items ShardItems() and works each claimed shard until its claim
+	// ends, so N relay processes split the shards. *lease.Manager (with a
+	// Group such as "relay") is one. When nil, Run works all shards.
+	Leases ShardLeaser
+
+	// afterAck, when set, is called by a shard loop for every event acked by
+	// the stream (tests and benchmarks measure latency with it).
+	afterAck func(eventID string, ackedAt time.Time)
+}
+
+// ShardLeaser hands out relay shards to this process; *lease.Manager is one.
+// Run calls work once per claimed item, in its own goroutine, and cancels the
+// ctx it passes when the claim must stop.
+type ShardLeaser interface {
+	Run(ctx context.Context, items func(context.Context) ([]string, error), work func(ctx context.Context, c lease.Claim)) error
+}
+
+// WithDefaults returns a copy of c with every unset field set to its default.
+func (c RelayConfig) WithDefaults() RelayConfig {
+	if c.Stream == "" {
+		c.Stream = "KFN_EVENTS"
+	}
+	if c.Duplicates == 0 {
+		c.Duplicates = 2 * time.Minute
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 500
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = 100
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = 500 * time.Millisecond
+	}
+	if c.AckTimeout == 0 {
+		c.AckTimeout = 5 * time.Second
+	}
+	if c.RetryMin == 0 {
+		c.RetryMin = 100 * time.Millisecond
+	}
+	if c.RetryMax == 0 {
+		c.RetryMax = 5 * time.Second
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 5
+	}
+	if c.ParkFor == 0 {
+		c.ParkFor = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// RelayConfigError names the RelayConfig field that is wrong and why.
+type RelayConfigError struct {
+	Field   string
+	Problem string
+}
+
+func (e *RelayConfigError) Error() string {
+	return fmt.Sprintf("outbox relay config: %s %s", e.Field, e.Problem)
+}
+
+func (c RelayConfig) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &RelayConfigError{Field: field, Problem: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case c.Pool == nil:
+		return bad("Pool", "is required: pass the Postgres pool that holds kfn.outbox")
+	case c.JetStream == nil:
+		return bad("JetStream", "is required: pass jetstream.New(natsConn)")
+	case !validStreamName(c.Stream):
+		return bad("Stream", "%q is not a valid stream name: use letters, digits, '-' and '_' only", c.Stream)
+	case len(c.Subjects) == 0:
+		return bad("Subjects", "is required: list the subjects the outbox events are published on, e.g. \"orders.>\"")
+	case c.Duplicates < 0:
+		return bad("Duplicates", "is %v: the duplicate window must be positive", c.Duplicates)
+	case c.BatchSize < 1 || c.BatchSize > 10000:
+		return bad("BatchSize", "is %d: use 1 to 10000", c.BatchSize)
+	case c.MaxInFlight < 1:
+		return bad("MaxInFlight", "is %d: allow at least one in-flight publish", c.MaxInFlight)
+	case c.PollInterval <= 0:
+		return bad("PollInterval", "is %v: it must be positive", c.PollInterval)
+	case c.AckTimeout <= 0:
+		return bad("AckTimeout", "is %v: it must be positive", c.AckTimeout)
+	case c.RetryMin <= 0 || c.RetryMax < c.RetryMin:
+		return bad("RetryMin/RetryMax", "are %v/%v: both must be positive and RetryMin <= RetryMax", c.RetryMin, c.RetryMax)
+	case c.MaxAttempts < 1:
+		return bad("MaxAttempts", "is %d: it must be at least 1", c.MaxAttempts)
+	case c.ParkFor <= 0:
+		return bad("ParkFor", "is %v: it must be positive", c.ParkFor)
+	}
+	for i, s := range c.Subjects {
+		if !validSubject(s) {
+			return bad(fmt.Sprintf("Subjects[%d]", i), "%q is not a valid NATS subject", s)
+		}
+	}
+	return nil
+}
+
+func validStreamName(name string) bool {
+	if name == "" || len(name) > 255 {
+		return false
+	}
+	return !strings.ContainsAny(name, " \t\r\n.*>/\\")
+}

@@ -1,0 +1,9 @@
+package outbox
+
+import (
+	"testing"
+
+	"github.com/kfn-dev/kfn/runtime/kfntest"
+)
+
+func TestMain(m *testing.M) { kfntest.Main(m) }

@@ -1,0 +1,93 @@
+package outbox
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Message headers the relay sets. The ce- names are the CloudEvents NATS
+// protocol binding's attribute headers (binary content mode); the data is
+// the message body as emitted.
+const (
+	HeaderSpecVersion     = "ce-specversion"
+	HeaderID              = "ce-id"
+	HeaderType            = "ce-type"
+	HeaderSource          = "ce-source"
+	HeaderTime            = "ce-time"
+	HeaderSubject         = "ce-subject"
+	HeaderSourceTopic     = "kfn-source-topic"
+	HeaderSourcePartition = "kfn-source-partition"
+	HeaderSourceOffset    = "kfn-source-offset"
+	HeaderKey             = "kfn-key"
+)
+
+// CloudEventsSourcePrefix prefixes the emitting function's name in ce-source.
+const CloudEventsSourcePrefix = "kfn/"
+
+// relayHeaders are the headers an event's own headers cannot override.
+var relayHeaders = map[string]bool{
+	HeaderSpecVersion: true, HeaderID: true, HeaderType: true, HeaderSource: true,
+	HeaderTime: true, HeaderSubject: true, HeaderSourceTopic: true,
+	HeaderSourcePartition: true, HeaderSourceOffset: true, HeaderKey: true,
+	jetstream.MsgIDHeader: true, jetstream.ExpectedStreamHeader: true,
+}
+
+// buildMessage turns a row into the message to publish: the row's stored
+// headers (W3C traceparent among them when the source had one), then the
+// CloudEvents and kfn headers, Nats-Msg-Id = event id for JetStream's
+// duplicate window, and Nats-Expected-Stream so the event lands in the
+// relay's stream or fails. It returns the names of stored headers it had to
+// drop: those NATS headers cannot carry, and those starting with "Nats-",
+// which steer JetStream (rollups, TTLs, expectations) and are the relay's
+// alone.
+func buildMessage(row *relayRow, stream string) (*nats.Msg, []string) {
+	h := make(nats.Header, len(row.Headers)+12)
+	var dropped []string
+	for k, v := range row.Headers {
+		if relayHeaders[k] {
+			continue
+		}
+		if !validHeader(k, v) || hasPrefixFold(k, "Nats-") {
+			dropped = append(dropped, k)
+			continue
+		}
+		h[k] = []string{v}
+	}
+	h[HeaderSpecVersion] = []string{"1.0"}
+	h[HeaderID] = []string{row.EventID}
+	h[HeaderType] = []string{row.Type}
+	h[HeaderSource] = []string{CloudEventsSourcePrefix + row.Source}
+	h[HeaderTime] = []string{row.CreatedAt.UTC().Format(time.RFC3339Nano)}
+	if row.Key != "" && validHeader(HeaderSubject, row.Key) {
+		h[HeaderSubject] = []string{row.Key}
+		h[HeaderKey] = []string{row.Key}
+	}
+	h[HeaderSourceTopic] = []string{row.SourceTopic}
+	h[HeaderSourcePartition] = []string{strconv.Itoa(int(row.SourcePartition))}
+	h[HeaderSourceOffset] = []string{strconv.FormatInt(row.SourceOffset, 10)}
+	h[jetstream.MsgIDHeader] = []string{row.EventID}
+	h[jetstream.ExpectedStreamHeader] = []string{stream}
+	return &nats.Msg{Subject: row.Subject, Header: h, Data: row.Data}, dropped
+}
+
+// validHeader reports whether a name and value can travel as a NATS header:
+// printable name without ':' or spaces, value without line breaks.
+func validHeader(name, value string) bool {
+	if name == "" || strings.ContainsAny(value, "\r\n") {
+		return false
+	}
+	for _, c := range name {
+		if c <= ' ' || c == ':' || c >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
+}

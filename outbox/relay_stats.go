@@ -1,0 +1,69 @@
+package outbox
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// RelayStats is a snapshot of a relay's counters for a status display.
+type RelayStats struct {
+	// Published counts events the stream acked as new.
+	Published uint64
+	// Duplicates counts events the stream acked as duplicates of an earlier
+	// publish (a republish after a crash or a failed ack).
+	Duplicates uint64
+	// Failures counts publishes that failed or timed out and were retried.
+	Failures uint64
+	// Parked counts keys parked because the stream kept rejecting an event.
+	Parked uint64
+	// LastLatency is, for the most recent ack, the time from the event's
+	// emit (its created_at, taken just before its transaction committed) to
+	// the stream ack.
+	LastLatency time.Duration
+	// LastPublishedAt is when the most recent ack arrived; zero if none yet.
+	LastPublishedAt time.Time
+	// ActiveShards is the number of shard loops running now.
+	ActiveShards int
+	// Listening reports whether the LISTEN connection is up (when it is down
+	// the relay only polls).
+	Listening bool
+}
+
+type relayCounters struct {
+	published    atomic.Uint64
+	duplicates   atomic.Uint64
+	failures     atomic.Uint64
+	parked       atomic.Uint64
+	lastLatency  atomic.Int64 // nanoseconds
+	lastAckAt    atomic.Int64 // unix nanoseconds
+	activeShards atomic.Int64
+	listening    atomic.Bool
+}
+
+func (c *relayCounters) acked(duplicate bool, createdAt, now time.Time) {
+	if duplicate {
+		c.duplicates.Add(1)
+	} else {
+		c.published.Add(1)
+	}
+	c.lastLatency.Store(int64(now.Sub(createdAt)))
+	c.lastAckAt.Store(now.UnixNano())
+}
+
+// Stats returns the relay's counters since it was made.
+func (r *Relay) Stats() RelayStats {
+	c := &r.counters
+	s := RelayStats{
+		Published:    c.published.Load(),
+		Duplicates:   c.duplicates.Load(),
+		Failures:     c.failures.Load(),
+		Parked:       c.parked.Load(),
+		LastLatency:  time.Duration(c.lastLatency.Load()),
+		ActiveShards: int(c.activeShards.Load()),
+		Listening:    c.listening.Load(),
+	}
+	if at := c.lastAckAt.Load(); at != 0 {
+		s.LastPublishedAt = time.Unix(0, at)
+	}
+	return s
+}

@@ -1,0 +1,118 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// StreamMismatchError means the configured stream exists but does not
+// capture every configured subject. The relay does not change a stream it
+// did not create.
+type StreamMismatchError struct {
+	Stream    string
+	Has       []string // the stream's subjects
+	Uncovered string   // a configured subject none of them covers
+}
+
+func (e *StreamMismatchError) Error() string {
+	return fmt.Sprintf("stream %s exists with subjects %v, which do not cover %q: add %q to the stream's subjects or configure another stream name",
+		e.Stream, e.Has, e.Uncovered, e.Uncovered)
+}
+
+// ensureStream creates the relay's stream if it is missing and returns the
+// subjects it captures. An existing stream is left as it is, provided its
+// subjects cover the configured ones.
+func (r *Relay) ensureStream(ctx context.Context) ([]string, error) {
+	for attempt := 0; ; attempt++ {
+		stream, err := r.cfg.JetStream.Stream(ctx, r.cfg.Stream)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			_, err = r.cfg.JetStream.CreateStream(ctx, jetstream.StreamConfig{
+				Name:        r.cfg.Stream,
+				Description: "kfn outbox events",
+				Subjects:    r.cfg.Subjects,
+				Duplicates:  r.cfg.Duplicates,
+				Storage:     jetstream.FileStorage,
+			})
+			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) && attempt == 0 {
+				continue // another relay created it just now: check its subjects
+			}
+			if err != nil {
+				return nil, fmt.Errorf("create stream %s: %w", r.cfg.Stream, err)
+			}
+			r.log.Info("created outbox stream", "stream", r.cfg.Stream, "subjects", r.cfg.Subjects, "duplicates", r.cfg.Duplicates)
+			return r.cfg.Subjects, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("look up stream %s: %w", r.cfg.Stream, err)
+		}
+		have := stream.CachedInfo().Config
+		for _, want := range r.cfg.Subjects {
+			if !anySubjectCovers(have.Subjects, want) {
+				return nil, &StreamMismatchError{Stream: r.cfg.Stream, Has: have.Subjects, Uncovered: want}
+			}
+		}
+		if have.Duplicates < r.cfg.Duplicates {
+			r.log.Warn("outbox stream's duplicate window is shorter than configured; events republished after it are deduplicated only by the downstream inbox",
+				"stream", r.cfg.Stream, "duplicates", have.Duplicates, "configured", r.cfg.Duplicates)
+		}
+		return have.Subjects, nil
+	}
+}
+
+// validSubject reports whether s is a well-formed NATS subject, wildcards
+// allowed: non-empty tokens separated by dots, no whitespace, '*' and '>'
+// only as whole tokens, '>' only last.
+func validSubject(s string) bool {
+	if s == "" || strings.ContainsAny(s, " \t\r\n") {
+		return false
+	}
+	tokens := strings.Split(s, ".")
+	for i, t := range tokens {
+		switch {
+		case t == "":
+			return false
+		case t == ">" && i != len(tokens)-1:
+			return false
+		case len(t) > 1 && strings.ContainsAny(t, "*>"):
+			return false
+		}
+	}
+	return true
+}
+
+// anySubjectCovers reports whether one of patterns matches every subject
+// that subject (itself possibly a wildcard) matches.
+func anySubjectCovers(patterns []string, subject string) bool {
+	for _, p := range patterns {
+		if subjectCovers(p, subject) {
+			return true
+		}
+	}
+	return false
+}
+
+func subjectCovers(pattern, subject string) bool {
+	pt := strings.Split(pattern, ".")
+	st := strings.Split(subject, ".")
+	for i, p := range pt {
+		if p == ">" {
+			return len(st) > i // '>' needs at least one more token
+		}
+		if i >= len(st) {
+			return false
+		}
+		switch s := st[i]; {
+		case p == "*":
+			if s == ">" {
+				return false
+			}
+		case p != s:
+			return false
+		}
+	}
+	return len(pt) == len(st)
+}

@@ -1,0 +1,498 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kfn-dev/kfn/runtime/kfntest"
+)
+
+func TestRelayDeliversCommittedRowsOnceWithHeaders(t *testing.T) {
+	t.Parallel()
+	f := newRelayFixture(t, kfntest.NATSURL(t))
+
+	// Three transactions, one with a traceparent and a custom header.
+	rows := f.newRows(keyNames("k", 20), 10)
+	const traceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	for i := range rows[:50] {
+		rows[i].Origin.TraceParent = traceParent
+		rows[i].Event.Headers = map[string]string{"x-tenant": "acme"}
+	}
+	rows[7].Event.Type = "orders.accepted.v1"
+	f.insert(rows[:50])
+	f.insert(rows[50:120])
+	f.insert(rows[120:])
+
+	relay, _ := f.startRelay(f.config())
+	f.waitDelivered(len(rows), 30*time.Second)
+	msgs := f.requireExactlyOnceInOrder(rows)
+
+	byID := map[string]Row{}
+	for _, r := range rows {
+		byID[r.EventID] = r
+	}
+	for _, m := range msgs {
+		id := m.Header.Get(jetstream.MsgIDHeader)
+		r := byID[id]
+		want := map[string]string{
+			HeaderSpecVersion:     "1.0",
+			HeaderID:              r.EventID,
+			HeaderType:            r.Event.Type,
+			HeaderSource:          "kfn/fn-test",
+			HeaderSubject:         r.Event.Key,
+			HeaderKey:             r.Event.Key,
+			HeaderSourceTopic:     "in",
+			HeaderSourcePartition: "0",
+			HeaderSourceOffset:    strconv.FormatInt(r.Origin.Offset, 10),
+		}
+		if r.Origin.TraceParent != "" {
+			want["traceparent"] = traceParent
+			want["x-tenant"] = "acme"
+		}
+		for name, v := range want {
+			if got := m.Header.Get(name); got != v {
+				t.Fatalf("message %s: header %s = %q, want %q (headers %v)", id, name, got, v, m.Header)
+			}
+		}
+		if _, err := time.Parse(time.RFC3339Nano, m.Header.Get(HeaderTime)); err != nil {
+			t.Fatalf("message %s: ce-time %q is not RFC 3339: %v", id, m.Header.Get(HeaderTime), err)
+		}
+		if m.Subject != r.Event.Subject || string(m.Data) != string(r.Event.Data) {
+			t.Fatalf("message %s: subject %q data %q, want %q %q", id, m.Subject, m.Data, r.Event.Subject, r.Event.Data)
+		}
+	}
+	if got := relay.Stats(); got.Published != uint64(len(rows)) || got.Duplicates != 0 || got.LastPublishedAt.IsZero() {
+		t.Fatalf("stats = %+v, want %d published, no duplicates", got, len(rows))
+	}
+	// The stream the relay created has the configured duplicate window.
+	s, err := f.js.Stream(context.Background(), f.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := s.CachedInfo().Config.Duplicates; d != 2*time.Minute {
+		t.Fatalf("stream duplicate window = %v, want 2m", d)
+	}
+}
+
+func TestRelayNeverPublishesRolledBackRows(t *testing.T) {
+	t.Parallel()
+	f := newRelayFixture(t, kfntest.NATSURL(t))
+	f.startRelay(f.config())
+	ctx := context.Background()
+
+	rolledBack := f.newRows(keyNames("rb", 5), 4)
+	tx, err := f.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Insert(ctx, tx, rolledBack); err != nil {
+		t.Fatal(err)
+	}
+	// Let the relay poll and get notified of other commits while the rows
+	// exist, uncommitted.
+	committed := f.newRows(keyNames("ok", 5), 4)
+	f.insert(committed[:10])
+	time.Sleep(300 * time.Millisecond)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.insert(committed[10:])
+
+	f.waitDelivered(len(committed), 20*time.Second)
+	time.Sleep(500 * time.Millisecond) // more than two poll intervals
+	f.requireExactlyOnceInOrder(committed)
+}
+
+// A transaction that took a lower id commits after one with a higher id that
+// the relay has already published: a cursor-based relay would skip it.
+// Meanwhile an unrelated transaction with an xid stays open the whole time:
+// a relay bounded by the snapshot's xmin would stall on it.
+func TestRelayOutOfOrderCommitsAreNotLost(t *testing.T) {
+	t.Parallel()
+	f := newRelayFixture(t, kfntest.NATSURL(t))
+	ctx := context.Background()
+
+	longTx, err := f.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer longTx.Rollback(ctx) //nolint:errcheck
+	if _, err := longTx.Exec(ctx, "SELECT pg_current_xact_id()"); err != nil {
+		t.Fatal(err)
+	}
+
+	f.startRelay(f.config())
+
+	// Same shard for A and B, different keys.
+	keyA, keyB := sameShardKeys(2)[0], sameShardKeys(2)[1]
+	rowsA := f.newRows([]string{keyA}, 3)
+	rowsB := f.newRows([]string{keyB}, 3)
+
+	txA, err := f.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer txA.Rollback(ctx) //nolint:errcheck
+	if err := Insert(ctx, txA, rowsA); err != nil {
+		t.Fatal(err)
+	}
+	f.insert(rowsB) // tx B: higher ids, commits first
+
+	f.waitDelivered(len(rowsB), 10*time.Second)
+	if got := f.readStream(); len(got) != len(rowsB) {
+		t.Fatalf("stream holds %d messages before A commits, want %d", len(got), len(rowsB))
+	}
+	if err := txA.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.waitDelivered(len(rowsA)+len(rowsB), 10*time.Second)
+	f.requireExactlyOnceInOrder(append(append([]Row{}, rowsA...), rowsB...))
+}
+
+// sameShardKeys returns n keys that all map to shard 0.
+func sameShardKeys(n int) []string {
+	var keys []string
+	for i := 0; len(keys) < n; i++ {
+		k := fmt.Sprintf("s0-%d", i)
+		if ShardOf(k) == 0 {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+func TestRelayKeepsPerKeyOrderWhileRowsArrive(t *testing.T) {
+	t.Parallel()
+	f := newRelayFixture(t, kfntest.NATSURL(t))
+	cfg := f.config()
+	cfg.BatchSize = 64 // many batches, each cutting through keys
+	cfg.MaxInFlight = 8
+	f.startRelay(cfg)
+
+	keys := append(keyNames("k", 40), sameShardKeys(10)...) // a crowded shard too
+	var all []Row
+	for range 20 {
+		rows := f.newRows(keys, 3)
+		f.insert(rows)
+		all = append(all, rows...)
+	}
+	f.waitDelivered(len(all), 30*time.Second)
+	f.requireExactlyOnceInOrder(all)
+}
+
+// flakyJetStream fails chosen publishes the way a reconnect does: the
+// message is sent (or not) but its ack future reports an error.
+type flakyJetStream struct {
+	jetstream.JetStream
+	fail func(n int, eventID string) (send bool, fail bool)
+	n    atomic.Int64
+}
+
+func (f *flakyJetStream) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	send, fail := f.fail(int(f.n.Add(1)), m.Header.Get(jetstream.MsgIDHeader))
+	if !fail {
+		return f.JetStream.PublishMsgAsync(m, opts...)
+	}
+	if send {
+		if _, err := f.JetStream.PublishMsgAsync(m, opts...); err != nil {
+			return nil, err
+		}
+	}
+	return failedFuture{m: m, err: fmt.Errorf("connection lost mid-publish (test): %w", nats.ErrDisconnected)}, nil
+}
+
+type failedFuture struct {
+	m   *nats.Msg
+	err error
+}
+
+func (f failedFuture) Ok() <-chan *jetstream.PubAck { return nil }
+func (f failedFuture) Err() <-chan error {
+	ch := make(chan error, 1)
+	ch <- f.err
+	return ch
+}
+func (f failedFuture) Msg() *nats.Msg { return f.m }
+
+// Publishes fail in the middle of the in-flight window, some after the
+// message reached the stream, some before. Later events of the failed keys
+// must not overtake, and the ones that did reach the stream must not be
+// stored twice.
+func TestRelayKeepsKeyOrderWhenPublishesFailMidWindow(t *testing.T) {
+	t.Parallel()
+	f := newRelayFixture(t, kfntest.NATSURL(t))
+	cfg := f.config()
+	flaky := &flakyJetStream{JetStream: f.js, fail: func(n int, _ string) (bool, bool) {
+		switch {
+		case n%7 == 3:
+			return false, true // lost before reaching the server
+		case n%11 == 5:
+			return true, true // stored, but the ack was lost
+		}
+		return false, false
+	}}
+	cfg.JetStream = flaky
+	keys := sameShardKeys(6) // one shard loop, so failures hit one window
+	rows := f.newRows(keys, 30)
+	f.insert(rows)
+	relay, _ := f.startRelay(cfg)
+	f.waitDelivered(len(rows), 60*time.Second)
+	f.requireExactlyOnceInOrder(rows)
+	if st := relay.Stats(); st.Failures == 0 || st.Duplicates == 0 {
+		t.Fatalf("stats %+v: the test meant to fail publishes and cause duplicates", st)
+	}
+}
+
+func TestRelayWakesOnNotifyWithoutPolling(t *testing.T) {
+	t.Parallel()
+	f := newRelayFixture(t, kfntest.NATSURL(t))
+	cfg := f.config()
+	cfg.PollInterval = time.Hour
+	relay, _ := f.startRelay(cfg)
+	deadline := time.Now().Add(10 * time.Second)
+	for !relay.Stats().Listening {
+		if time.Now().After(deadline) {
+			t.Fatal("relay never started listening")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // let the initial wake-up's reads finish
+	for i := range 5 {
+		rows := f.newRows([]string{fmt.Sprintf("n%d", i)}, 1)
+		start := time.Now()
+		f.insert(rows)
+		f.waitDelivered(i+1, 5*time.Second)
+		if d := time.Since(start); d > 2*time.Second {
+			t.Fatalf("event %d took %v to arrive: the notification did not wake the relay", i, d)
+		}
+	}
+}
+
+func TestRelayStreamSetup(t *testing.T) {
+	t.Parallel()
+	natsURL := kfntest.NATSURL(t)
+	ctx := context.Background()
+
+	t.Run("existing compatible stream is left alone", func(t *testing.T) {
+		f := newRelayFixture(t, natsURL)
+		_, err := f.js.CreateStream(ctx, jetstream.StreamConfig{
+			Name: f.stream, Subjects: []string{f.subject + ".>", "other." + f.subject},
+			Duplicates: 5 * time.Minute, Storage: jetstream.MemoryStorage,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := f.config()
+		cfg.Subjects = []string{f.subject + ".evt"}
+		rows := f.newRows([]string{"a"}, 3)
+		f.insert(rows)
+		f.startRelay(cfg)
+		f.waitDelivered(len(rows), 10*time.Second)
+		s, err := f.js.Stream(ctx, f.stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := s.CachedInfo().Config
+		if got.Duplicates != 5*time.Minute || got.Storage != jetstream.MemoryStorage || len(got.Subjects) != 2 {
+			t.Fatalf("relay changed the existing stream: %+v", got)
+		}
+	})
+
+	t.Run("existing stream without the subjects is refused", func(t *testing.T) {
+		f := newRelayFixture(t, natsURL)
+		if _, err := f.js.CreateStream(ctx, jetstream.StreamConfig{Name: f.stream, Subjects: []string{"elsewhere." + f.subject}}); err != nil {
+			t.Fatal(err)
+		}
+		r, err := NewRelay(f.config())
+		if err != nil {
+			t.Fatal(err)
+		}
+		runCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		err = r.Run(runCtx)
+		var mismatch *StreamMismatchError
+		if !errors.As(err, &mismatch) || mismatch.Uncovered != f.subject+".>" {
+			t.Fatalf("Run = %v, want a StreamMismatchError for %s.>", err, f.subject)
+		}
+	})
+}
+
+// A row whose subject the stream does not capture parks its key: other keys
+// flow, the key's later events wait, and once the stream is widened the key
+// resumes in order.
+func TestRelayParksKeyWhoseSubjectTheStreamRejects(t *testing.T) {
+	t.Parallel()
+	f := newRelayFixture(t, kfntest.NATSURL(t))
+	cfg := f.config()
+	cfg.ParkFor = 300 * time.Millisecond
+	good := f.newRows([]string{"good"}, 5)
+	stuck := f.newRows([]string{"stuck"}, 4)
+	stuck[1].Event.Subject = "outside." + f.subject // the key's second event
+	f.insert(append(append([]Row{}, stuck...), good...))
+	relay, _ := f.startRelay(cfg)
+
+	// good's 5 events and stuck's first arrive; the rest of stuck waits.
+	deadline := time.Now().Add(10 * time.Second)
+	for f.streamMsgs() < len(good)+1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("stream holds %d messages, want %d", f.streamMsgs(), len(good)+1)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(700 * time.Millisecond) // past ParkFor: the key is retried and parked again
+	if n := f.streamMsgs(); n != len(good)+1 {
+		t.Fatalf("stream holds %d messages while the key is parked, want %d", n, len(good)+1)
+	}
+	if n := f.outboxCount(); n != len(stuck)-1 {
+		t.Fatalf("outbox holds %d rows, want the parked key's %d", n, len(stuck)-1)
+	}
+	if relay.Stats().Parked == 0 {
+		t.Fatal("stats count no parked key")
+	}
+
+	s, err := f.js.Stream(context.Background(), f.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := s.CachedInfo().Config
+	conf.Subjects = append(conf.Subjects, "outside."+f.subject)
+	if _, err := f.js.UpdateStream(context.Background(), conf); err != nil {
+		t.Fatal(err)
+	}
+	f.waitDelivered(len(good)+len(stuck), 20*time.Second)
+	f.requireExactlyOnceInOrder(append(append([]Row{}, stuck...), good...))
+}
+
+func TestRelayConfigValidation(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none") // never connects
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	valid := func() RelayConfig {
+		return RelayConfig{Pool: pool, JetStream: &flakyJetStream{}, Subjects: []string{"a.>"}}
+	}
+	cases := []struct {
+		field  string
+		modify func(*RelayConfig)
+	}{
+		{"Pool", func(c *RelayConfig) { c.Pool = nil }},
+		{"JetStream", func(c *RelayConfig) { c.JetStream = nil }},
+		{"Stream", func(c *RelayConfig) { c.Stream = "bad.name" }},
+		{"Subjects", func(c *RelayConfig) { c.Subjects = nil }},
+		{"Subjects[1]", func(c *RelayConfig) { c.Subjects = []string{"a", "b..c"} }},
+		{"BatchSize", func(c *RelayConfig) { c.BatchSize = -1 }},
+		{"MaxInFlight", func(c *RelayConfig) { c.MaxInFlight = -3 }},
+		{"PollInterval", func(c *RelayConfig) { c.PollInterval = -time.Second }},
+		{"RetryMin/RetryMax", func(c *RelayConfig) { c.RetryMin, c.RetryMax = time.Second, time.Millisecond }},
+	}
+	for _, tc := range cases {
+		cfg := valid()
+		tc.modify(&cfg)
+		_, err := NewRelay(cfg)
+		var cfgErr *RelayConfigError
+		if !errors.As(err, &cfgErr) || cfgErr.Field != tc.field {
+			t.Errorf("%s: NewRelay error = %v, want one naming %s", tc.field, err, tc.field)
+		}
+	}
+	if _, err := NewRelay(valid()); err != nil {
+		t.Fatalf("valid config refused: %v", err)
+	}
+	d := RelayConfig{}.WithDefaults()
+	if d.Duplicates != 2*time.Minute || d.Stream == "" || d.BatchSize == 0 || d.MaxInFlight == 0 || d.Logger == nil {
+		t.Fatalf("defaults not applied: %+v", d)
+	}
+}
+
+func TestSubjectCovers(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		pattern, subject string
+		want             bool
+	}{
+		{"orders.>", "orders.accepted", true},
+		{"orders.>", "orders.a.b", true},
+		{"orders.>", "orders", false},
+		{"orders.*", "orders.accepted", true},
+		{"orders.*", "orders.a.b", false},
+		{"orders.*", "orders.>", false},
+		{"orders.>", "orders.*", true},
+		{"orders.accepted", "orders.accepted", true},
+		{"orders.accepted", "orders.rejected", false},
+		{">", "anything.at.all", true},
+		{"*.x", "a.x", true},
+	}
+	for _, c := range cases {
+		if got := subjectCovers(c.pattern, c.subject); got != c.want {
+			t.Errorf("subjectCovers(%q, %q) = %v, want %v", c.pattern, c.subject, got, c.want)
+		}
+	}
+	for _, s := range []string{"", "a..b", "a.b*", "a.>.b", "a b"} {
+		if validSubject(s) {
+			t.Errorf("validSubject(%q) = true", s)
+		}
+	}
+}
+
+func TestShardItems(t *testing.T) {
+	t.Parallel()
+	for _, item := range ShardItems() {
+		n, err := ParseShardItem(item)
+		if err != nil || ShardItem(n) != item {
+			t.Fatalf("round trip of %q: %d, %v", item, n, err)
+		}
+	}
+	for _, bad := range []string{"shard-32", "shard--1", "07", "shard-x"} {
+		if _, err := ParseShardItem(bad); err == nil {
+			t.Errorf("ParseShardItem(%q) accepted", bad)
+		}
+	}
+}
+
+func TestBuildMessageHeaders(t *testing.T) {
+	t.Parallel()
+	row := &relayRow{
+		EventID: "id-1", Subject: "a.b", Type: "a.b.v1", Key: "k1", Source: "fn",
+		SourceTopic: "in", SourcePartition: 3, SourceOffset: 42, Data: []byte("d"),
+		CreatedAt: time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC),
+		Headers: map[string]string{
+			"traceparent": "00-abc-def-01",
+			"x-ok":        "yes",
+			"ce-id":       "spoofed",       // the relay's own: overridden
+			"Nats-Rollup": "all",           // steers JetStream: dropped
+			"x-bad":       "line\r\nbreak", // cannot travel: dropped
+			"bad name":    "v",             // cannot travel: dropped
+		},
+	}
+	msg, dropped := buildMessage(row, "S")
+	want := map[string]string{
+		"ce-specversion": "1.0", "ce-id": "id-1", "ce-type": "a.b.v1", "ce-source": "kfn/fn",
+		"ce-time": "2026-01-02T03:04:05.000006Z", "ce-subject": "k1", "kfn-key": "k1",
+		"kfn-source-topic": "in", "kfn-source-partition": "3", "kfn-source-offset": "42",
+		"traceparent": "00-abc-def-01", "x-ok": "yes",
+		"Nats-Msg-Id": "id-1", "Nats-Expected-Stream": "S",
+	}
+	for k, v := range want {
+		if got := msg.Header.Get(k); got != v {
+			t.Errorf("header %s = %q, want %q", k, got, v)
+		}
+	}
+	if len(msg.Header) != len(want) {
+		t.Errorf("headers = %v, want exactly %v", msg.Header, want)
+	}
+	slices.Sort(dropped)
+	if !slices.Equal(dropped, []string{"Nats-Rollup", "bad name", "x-bad"}) {
+		t.Errorf("dropped = %v", dropped)
+	}
+}
