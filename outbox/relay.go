@@ -207,7 +207,7 @@ func (r *Relay) streamCovers(ctx context.Context, subject string) bool {
 	r.streamMu.Lock()
 	subjects, checkedAt := r.streamSubjects, r.streamCheckAt
 	r.streamMu.Unlock()
-	if anySubjectCovers(subjects, subject) {
+	if CoversSubject(subjects, subject) {
 		return true
 	}
 	if time.Since(checkedAt) < min(5*time.Second, r.cfg.ParkFor) {
@@ -223,7 +223,7 @@ func (r *Relay) streamCovers(ctx context.Context, subject string) bool {
 		return false
 	}
 	r.streamSubjects = stream.CachedInfo().Config.Subjects
-	return anySubjectCovers(r.streamSubjects, subject)
+	return CoversSubject(r.streamSubjects, subject)
 }
 
 func (r *Relay) newBackoff() *backoff.ExponentialBackOff {

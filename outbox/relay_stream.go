@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -51,7 +52,7 @@ func (r *Relay) ensureStream(ctx context.Context) ([]string, error) {
 		}
 		have := stream.CachedInfo().Config
 		for _, want := range r.cfg.Subjects {
-			if !anySubjectCovers(have.Subjects, want) {
+			if !CoversSubject(have.Subjects, want) {
 				return nil, &StreamMismatchError{Stream: r.cfg.Stream, Has: have.Subjects, Uncovered: want}
 			}
 		}
@@ -84,9 +85,9 @@ func validSubject(s string) bool {
 	return true
 }
 
-// anySubjectCovers reports whether one of patterns matches every subject
+// CoversSubject reports whether one of patterns matches every subject
 // that subject (itself possibly a wildcard) matches.
-func anySubjectCovers(patterns []string, subject string) bool {
+func CoversSubject(patterns []string, subject string) bool {
 	for _, p := range patterns {
 		if subjectCovers(p, subject) {
 			return true
@@ -115,4 +116,44 @@ func subjectCovers(pattern, subject string) bool {
 		}
 	}
 	return len(pt) == len(st)
+}
+
+// ExtendStream makes sure stream exists and captures subjects: it creates
+// the stream (file storage, the given duplicate window) or adds the subjects
+// an existing stream lacks, and returns all the subjects it captures. Each
+// function binary calls it for the subjects it emits, so a stream shared by
+// many functions grows to cover all of them; subjects are never removed.
+func ExtendStream(ctx context.Context, js jetstream.JetStream, name string, subjects []string, duplicates time.Duration) ([]string, error) {
+	stream, err := js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		_, err = js.CreateStream(ctx, jetstream.StreamConfig{
+			Name: name, Description: "kfn outbox events", Subjects: subjects,
+			Duplicates: duplicates, Storage: jetstream.FileStorage,
+		})
+		if err == nil {
+			return subjects, nil
+		}
+		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return nil, fmt.Errorf("create stream %s: %w", name, err)
+		}
+		stream, err = js.Stream(ctx, name) // created by another process just now
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up stream %s: %w", name, err)
+	}
+	cfg := stream.CachedInfo().Config
+	var missing []string
+	for _, s := range subjects {
+		if !CoversSubject(cfg.Subjects, s) {
+			missing = append(missing, s)
+		}
+	}
+	if len(missing) == 0 {
+		return cfg.Subjects, nil
+	}
+	cfg.Subjects = append(cfg.Subjects, missing...)
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return nil, fmt.Errorf("add subjects %v to stream %s: %w", missing, name, err)
+	}
+	return cfg.Subjects, nil
 }

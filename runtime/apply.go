@@ -164,7 +164,7 @@ func (a *applier) selectWork(fresh []Record, attempt int) (work, oversized []Rec
 // runHandlers calls the function's handler on work inside tx and returns the
 // outbox rows it emitted. On failure the index refers to recs.
 func (a *applier) runHandlers(ctx context.Context, tx pgx.Tx, work, recs []Record) ([]outbox.Row, *handlerFailure) {
-	emitter := newEmitCollector(a.fn.Name, a.generation)
+	emitter := newEmitCollector(a.fn, a.generation)
 	indexIn := func(r Record) int {
 		for i := range recs {
 			if recs[i].Offset == r.Offset {

@@ -137,7 +137,7 @@ func benchNaive(ctx context.Context, cfg BenchConfig, consumer string) (int64, e
 		}
 		rec := toRecord(msg)
 		rec.Attempt = 1
-		emitter := newEmitCollector(consumer, 0)
+		emitter := newEmitCollector(cfg.Function, 0)
 		err = w.withTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 			if err := cfg.Function.Handler(ctx, tx, rec, &Events{emit: emitter.emit, rec: rec}); err != nil {
 				return err

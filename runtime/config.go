@@ -33,6 +33,9 @@ type Config struct {
 	LeaseTTL       time.Duration // KFN_LEASE_TTL: partition lease lifetime without renewal
 	LeaseRenew     time.Duration // KFN_LEASE_RENEW: how often leases and heartbeats are renewed
 	LeaseBucket    string        // KFN_LEASE_BUCKET: the NATS KV bucket of the leases; all workers of a function share it
+	NoRelay        bool          // KFN_NO_RELAY: do not run the outbox relay in this process (run `kfn relay` instead)
+	EventStream    string        // KFN_EVENT_STREAM: the JetStream stream outbox events are relayed to
+	EventDedup     time.Duration // KFN_EVENT_DEDUP: the stream's duplicate window, when the relay creates it
 	Logger         *slog.Logger  // not bindable; defaults to slog.Default()
 
 	envErrs []error // environment values Bind could not parse
@@ -49,6 +52,7 @@ const (
 	DefaultHandlerTimeout = 30 * time.Second
 	DefaultLeaseTTL       = 5 * time.Second
 	DefaultLeaseRenew     = 1 * time.Second
+	DefaultEventDedup     = 2 * time.Minute
 )
 
 // WithDefaults returns a copy with every unset field at its default.
@@ -68,6 +72,8 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.LeaseTTL, DefaultLeaseTTL)
 	setDefault(&c.LeaseRenew, DefaultLeaseRenew)
 	setDefault(&c.LeaseBucket, lease.DefaultBucket)
+	setDefault(&c.EventStream, DefaultStream)
+	setDefault(&c.EventDedup, DefaultEventDedup)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -133,6 +139,9 @@ func (c Config) validate() error {
 	}
 	if c.StartFrom != "earliest" && c.StartFrom != "latest" {
 		bad("start-from", "%q is neither earliest nor latest", c.StartFrom)
+	}
+	if c.EventDedup <= 0 {
+		bad("event-dedup", "must be positive")
 	}
 	if c.LeaseRenew <= 0 || c.LeaseTTL < 3*c.LeaseRenew {
 		bad("lease-ttl", "%s must be at least 3 × --lease-renew (%s) so a lease survives a missed renewal", c.LeaseTTL, c.LeaseRenew)
@@ -204,6 +213,9 @@ func (c *Config) Bind(fs *flag.FlagSet) {
 	dur(&c.LeaseTTL, "lease-ttl", DefaultLeaseTTL, "partition lease lifetime without renewal")
 	dur(&c.LeaseRenew, "lease-renew", DefaultLeaseRenew, "lease and heartbeat renewal interval")
 	str(&c.LeaseBucket, "lease-bucket", lease.DefaultBucket, "NATS KV bucket holding the leases")
+	fs.BoolVar(&c.NoRelay, "no-relay", os.Getenv(envName("no-relay")) == "true", "do not run the outbox relay in this process ["+envName("no-relay")+"=true]")
+	str(&c.EventStream, "event-stream", DefaultStream, "JetStream stream the outbox events are relayed to")
+	dur(&c.EventDedup, "event-dedup", DefaultEventDedup, "duplicate window of the event stream when the relay creates it")
 }
 
 func envOr(field, def string) string {

@@ -5,12 +5,33 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
-// leaseGroup is the lease group of a function's partitions: one lease per
-// (function, topic, partition), contended by the function's workers.
-func leaseGroup(function, topic string) string { return function + "/" + topic }
+// leaseGroup is the lease group of a function's lanes: one lease per
+// (function, topic or subject, partition), contended by the function's
+// workers of one installation.
+func leaseGroup(installation, function, source string) string {
+	return installation + "/" + function + "/" + source
+}
+
+// relayLeaseGroup is the lease group of the outbox relay shards of an
+// installation. Every worker and `kfn relay` process of the installation
+// competes for the same shards, so each shard has one relay at a time.
+func relayLeaseGroup(installation string) string { return installation + "/outbox-relay" }
+
+// installationID reads the id that scopes an installation's lease groups.
+func installationID(ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) (string, error) {
+	var id string
+	if err := db.QueryRow(ctx, `SELECT id::text FROM kfn.installation`).Scan(&id); err != nil {
+		return "", fmt.Errorf("read the installation id from kfn.installation: %w", err)
+	}
+	return id, nil
+}
 
 func leaseItem(partition int32) string { return strconv.Itoa(int(partition)) }
 
@@ -35,7 +56,7 @@ func (w *worker) newPartitionLeases(fn Function) (*lease.Manager, error) {
 	sc := leaseStoreConfig(w.cfg)
 	mgr, err := lease.NewManager(w.js, lease.Config{
 		Bucket:       sc.Bucket,
-		Group:        leaseGroup(fn.Name, fn.source()),
+		Group:        leaseGroup(w.installation, fn.Name, fn.source()),
 		MemberID:     w.cfg.WorkerID,
 		TTL:          sc.TTL,
 		SafetyMargin: sc.SafetyMargin,

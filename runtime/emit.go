@@ -12,18 +12,23 @@ import (
 // record numbers its events from 0, so event ids are deterministic.
 type emitCollector struct {
 	consumer   string
-	generation int // the partition's re-execution count; see inbox.ReplayRequest
+	emits      []string // the function's declared subjects
+	generation int      // the partition's re-execution count; see inbox.ReplayRequest
 	rows       []outbox.Row
 	next       map[string]int // next emit index per source record
 	err        error          // first invalid event; fails the handler
 }
 
-func newEmitCollector(consumer string, generation int) *emitCollector {
-	return &emitCollector{consumer: consumer, generation: generation, next: map[string]int{}}
+func newEmitCollector(fn Function, generation int) *emitCollector {
+	return &emitCollector{consumer: fn.Name, emits: fn.Emits, generation: generation, next: map[string]int{}}
 }
 
 func (c *emitCollector) emit(rec Record, ev Event) {
-	if err := validateSubject(ev.Subject); err != nil {
+	err := validateSubject(ev.Subject)
+	if err == nil && !outbox.CoversSubject(c.emits, ev.Subject) {
+		err = fmt.Errorf("event subject %q is not among the function's Emits %v: declare it there", ev.Subject, c.emits)
+	}
+	if err != nil {
 		if c.err == nil {
 			c.err = Permanent(fmt.Errorf("emit from %s: %w", rec, err))
 		}
@@ -56,6 +61,19 @@ func validateSubject(s string) error {
 	for _, tok := range strings.Split(s, ".") {
 		if tok == "" || tok == "*" || tok == ">" || strings.ContainsAny(tok, " \t\r\n") {
 			return fmt.Errorf("event subject %q is not a valid NATS subject for publishing", s)
+		}
+	}
+	return nil
+}
+
+// validateSubjectPattern rejects Emits entries that are not subjects or
+// subject wildcards ("orders.*", "orders.>").
+func validateSubjectPattern(s string) error {
+	tokens := strings.Split(s, ".")
+	for i, tok := range tokens {
+		if tok == "" || strings.ContainsAny(tok, " \t\r\n") || (tok == ">" && i != len(tokens)-1) ||
+			(len(tok) > 1 && strings.ContainsAny(tok, "*>")) {
+			return fmt.Errorf("%q is not a valid NATS subject or wildcard", s)
 		}
 	}
 	return nil

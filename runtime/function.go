@@ -35,6 +35,10 @@ type Function struct {
 	// Stream is the JetStream stream holding Subject; default DefaultStream,
 	// the stream the outbox relay publishes to.
 	Stream string
+	// Emits lists the subjects the function emits events on (wildcards
+	// allowed, e.g. "orders.>"). The relay makes the event stream capture
+	// them; emitting on any other subject fails the record permanently.
+	Emits []string
 	// Handler applies one record. Exactly one of Handler and BatchHandler is set.
 	Handler Handler
 	// BatchHandler applies the fresh records of a batch at once, for bulk
@@ -170,6 +174,11 @@ func (f Function) validate() error {
 		return fmt.Errorf("function %s: set Handler or BatchHandler", f.Name)
 	case f.Handler != nil && f.BatchHandler != nil:
 		return fmt.Errorf("function %s: set only one of Handler and BatchHandler", f.Name)
+	}
+	for _, s := range f.Emits {
+		if err := validateSubjectPattern(s); err != nil {
+			return fmt.Errorf("function %s: Emits: %w", f.Name, err)
+		}
 	}
 	return nil
 }

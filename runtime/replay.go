@@ -46,7 +46,11 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, req
 	if err != nil {
 		return inbox.ReplayResult{}, fmt.Errorf("partition leases (is --lease-bucket the workers' one?): %w", err)
 	}
-	l, err := store.Seize(ctx, leaseGroup(req.Function, req.Topic), leaseItem(req.Partition), req.Actor)
+	installation, err := installationID(ctx, pool)
+	if err != nil {
+		return inbox.ReplayResult{}, err
+	}
+	l, err := store.Seize(ctx, leaseGroup(installation, req.Function, req.Topic), leaseItem(req.Partition), req.Actor)
 	if err != nil {
 		return inbox.ReplayResult{}, fmt.Errorf("take the lease of %s: %w", part, err)
 	}

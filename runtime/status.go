@@ -58,9 +58,13 @@ SELECT consumer, topic, partition, owner, epoch, next_offset, high_water, update
 		if err != nil {
 			return out, fmt.Errorf("read leases from NATS: %w", err)
 		}
+		installation, err := installationID(ctx, pool)
+		if err != nil {
+			return out, err
+		}
 		for i := range out {
 			s := &out[i]
-			h, err := store.Holder(ctx, leaseGroup(s.Function, s.Topic), leaseItem(s.Partition))
+			h, err := store.Holder(ctx, leaseGroup(installation, s.Function, s.Topic), leaseItem(s.Partition))
 			if err != nil && !errors.Is(err, lease.ErrNotHeld) {
 				return out, fmt.Errorf("read leases from NATS: %w", err)
 			}

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime/lease"
 	"github.com/kfn-dev/kfn/runtime/schema"
 )
@@ -29,8 +30,11 @@ type worker struct {
 	nc        *nats.Conn
 	js        jetstream.JetStream
 	leases    map[string]*lease.Manager // partition leases, per function name
-	offsets   *offsetCommitter
-	stats     *Stats
+	relay     *outbox.Relay             // nil with NoRelay, or when no function emits
+	// installation scopes the lease groups (kfn.installation.id).
+	installation string
+	offsets      *offsetCommitter
+	stats        *Stats
 }
 
 // guarantee is what the record path promises. Only the benchmark runs
@@ -105,6 +109,9 @@ func (w *worker) connect(ctx context.Context) error {
 	if err := schema.Check(ctx, w.pool); err != nil {
 		return err
 	}
+	if w.installation, err = installationID(ctx, w.pool); err != nil {
+		return err
+	}
 
 	w.kafka = newKafkaSource(w.cfg.KafkaBrokers, w.cfg.Logger)
 	metaCtx, cancelMeta := context.WithTimeout(ctx, 10*time.Second)
@@ -129,6 +136,11 @@ func (w *worker) connect(ctx context.Context) error {
 			return err
 		}
 	}
+	if subjects := emittedSubjects(w.fns); !w.cfg.NoRelay && len(subjects) > 0 {
+		if w.relay, err = w.newRelay(ctx, subjects); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -143,6 +155,15 @@ func (w *worker) close() {
 
 // Stats returns the worker's live counters.
 func (wk *Worker) Stats() *Stats { return wk.w.stats }
+
+// RelayStats returns the counters of the worker's outbox relay, and false
+// when it runs none.
+func (wk *Worker) RelayStats() (outbox.RelayStats, bool) {
+	if wk.w.relay == nil {
+		return outbox.RelayStats{}, false
+	}
+	return wk.w.relay.Stats(), true
+}
 
 // Run processes records until ctx ends, then finishes in-flight batches,
 // releases its partitions, closes its connections and returns.
@@ -160,12 +181,17 @@ func (wk *Worker) Run(ctx context.Context) error {
 		<-offsetsDone
 	}()
 
-	errs := make(chan error, len(w.fns))
+	errs := make(chan error, len(w.fns)+1)
 	for _, fn := range w.fns {
 		go func() { errs <- w.own(ctx, fn, w.leases[fn.Name]) }()
 	}
+	running := len(w.fns)
+	if w.relay != nil {
+		running++
+		go func() { errs <- w.relay.Run(ctx) }()
+	}
 	var first error
-	for range w.fns {
+	for range running {
 		if err := <-errs; err != nil && first == nil && ctx.Err() == nil {
 			first = err
 		}

@@ -97,7 +97,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		case <-runCtx.Done():
 			running = false
 		case <-ticker.C:
-			printProgress(stdout, time.Since(start), gen, worker.Stats())
+			printProgress(stdout, time.Since(start), gen, worker)
 		case <-replayAt:
 			if err := replayDemo(ctx, stdout, pool, st.NATSURL); err != nil {
 				return err
@@ -117,7 +117,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := <-workerDone; err != nil {
 		return err
 	}
-	printProgress(stdout, time.Since(start), gen, worker.Stats())
+	printProgress(stdout, time.Since(start), gen, worker)
 	return verifyDev(ctx, stdout, pool, gen)
 }
 
@@ -220,10 +220,12 @@ func drained(g *sampleTraffic, s *runtime.Stats) bool {
 	return s.Applied.Load()+s.DeadLettered.Load() >= g.sent.Load() && s.Lag() == 0
 }
 
-func printProgress(w io.Writer, elapsed time.Duration, g *sampleTraffic, s *runtime.Stats) {
-	fmt.Fprintf(w, "[%5s] produced %6d  processed %6d  duplicates skipped %4d  dead-lettered %4d  retries %3d  lag %5d  partitions %d\n",
+func printProgress(w io.Writer, elapsed time.Duration, g *sampleTraffic, worker *runtime.Worker) {
+	s := worker.Stats()
+	relay, _ := worker.RelayStats()
+	fmt.Fprintf(w, "[%5s] produced %6d  processed %6d  duplicates skipped %4d  dead-lettered %4d  retries %3d  lag %5d  relayed %6d  partitions %d\n",
 		elapsed.Round(time.Second), g.sent.Load(), s.Applied.Load(), s.Duplicates.Load(), s.DeadLettered.Load(),
-		s.Retries.Load(), s.Lag(), len(s.Partitions()))
+		s.Retries.Load(), s.Lag(), relay.Published, len(s.Partitions()))
 }
 
 // verifyDev checks the end state against what was produced: one order row

@@ -53,6 +53,7 @@ func Function() runtime.Function {
 	return runtime.Function{
 		Name:    "orders",
 		Topic:   Topic,
+		Emits:   []string{AcceptedSubject},
 		Handler: Handle,
 		Setup:   Setup,
 	}

@@ -37,6 +37,7 @@ func Function(name, topic string) runtime.Function {
 	return runtime.Function{
 		Name:  name,
 		Topic: topic,
+		Emits: []string{Subject(name)},
 		Setup: setup(name),
 		Handler: func(ctx context.Context, tx pgx.Tx, rec runtime.Record, out *runtime.Events) error {
 			if err := apply(ctx, tx, name, rec); err != nil {
@@ -53,6 +54,7 @@ func BatchFunction(name, topic string) runtime.Function {
 	return runtime.Function{
 		Name:  name,
 		Topic: topic,
+		Emits: []string{Subject(name)},
 		Setup: setup(name),
 		BatchHandler: func(ctx context.Context, tx pgx.Tx, recs []runtime.Record, out *runtime.BatchEvents) error {
 			for _, rec := range recs {

@@ -1,0 +1,441 @@
+package runtime_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	osexec "os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kfn-dev/kfn/runtime/internal/effects"
+	"github.com/kfn-dev/kfn/runtime/kfntest"
+)
+
+// The fault tests run real worker processes against real Postgres, a real
+// nats-server process and Kafka, with short leases so that failovers are
+// quick.
+const (
+	failoverPartitions = 12
+	failoverTTL        = 2 * time.Second
+	failoverRenew      = 500 * time.Millisecond
+	// produceRate is the records per second the producer writes, spread
+	// over all partitions; produceLimit bounds a test's total.
+	produceRate  = 300
+	produceLimit = 60_000
+
+	effectsWorkerPkg = "github.com/kfn-dev/kfn/runtime/internal/effects/cmd/effects-worker"
+	naiveWorkerPkg   = "github.com/kfn-dev/kfn/runtime/internal/effects/cmd/naive-worker"
+)
+
+// cluster is what a fault test needs: Postgres, Kafka, a nats-server
+// process, a fresh topic, a function name and the worker processes it
+// started.
+type cluster struct {
+	t     *testing.T
+	pg    *kfntest.PG
+	kafka *kfntest.KafkaCluster
+	nats  *kfntest.NATSServer
+	topic string
+	fn    string
+	seq   int // last worker number handed out
+}
+
+func newCluster(t *testing.T) *cluster {
+	t.Helper()
+	c := &cluster{t: t, pg: kfntest.Postgres(t), kafka: kfntest.Kafka(t), nats: kfntest.NATSProcess(t)}
+	c.topic = c.kafka.CreateTopic(t, failoverPartitions)
+	c.fn = kfntest.Name(t, "fn")
+	return c
+}
+
+// proc is one worker process.
+type proc struct {
+	id string
+	*kfntest.Process
+}
+
+// nextID returns a worker id not used before in this test.
+func (c *cluster) nextID() string {
+	c.seq++
+	return "w" + strconv.Itoa(c.seq)
+}
+
+// startWorker starts an effects-worker process with worker id id.
+func (c *cluster) startWorker(id string) *proc {
+	c.t.Helper()
+	cmd := osexec.Command(kfntest.BuildBinary(c.t, effectsWorkerPkg))
+	cmd.Env = append(os.Environ(),
+		"DATABASE_URL="+c.pg.URL,
+		"KFN_KAFKA_BROKERS="+strings.Join(c.kafka.Brokers, ","),
+		"KFN_NATS_URL="+c.nats.URL,
+		"KFN_WORKER_ID="+id,
+		"KFN_TEST_FUNCTION="+c.fn,
+		"KFN_TEST_TOPIC="+c.topic,
+		"KFN_LEASE_TTL="+failoverTTL.String(),
+		"KFN_LEASE_RENEW="+failoverRenew.String(),
+		"KFN_LOG_LEVEL=info",
+	)
+	return &proc{id: id, Process: kfntest.StartProcess(c.t, cmd)}
+}
+
+// startWorkers starts n workers with fresh ids.
+func (c *cluster) startWorkers(n int) []*proc {
+	c.t.Helper()
+	ps := make([]*proc, n)
+	for i := range ps {
+		ps[i] = c.startWorker(c.nextID())
+	}
+	return ps
+}
+
+// startNaive starts a naive-worker process (consumer group, no inbox, no
+// fence) with worker id id.
+func (c *cluster) startNaive(id string) *proc {
+	c.t.Helper()
+	cmd := osexec.Command(kfntest.BuildBinary(c.t, naiveWorkerPkg))
+	cmd.Env = append(os.Environ(),
+		"DATABASE_URL="+c.pg.URL,
+		"KFN_KAFKA_BROKERS="+strings.Join(c.kafka.Brokers, ","),
+		"KFN_WORKER_ID="+id,
+		"KFN_TEST_FUNCTION="+c.fn,
+		"KFN_TEST_TOPIC="+c.topic,
+	)
+	return &proc{id: id, Process: kfntest.StartProcess(c.t, cmd)}
+}
+
+func ids(ps []*proc) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.id
+	}
+	return out
+}
+
+// requireAlive fails the test if a process has exited.
+func requireAlive(t *testing.T, ps ...*proc) {
+	t.Helper()
+	for _, p := range ps {
+		select {
+		case <-p.Exited():
+			t.Fatalf("worker %s exited (%v); output:\n%s", p.id, p.ExitErr(), p.LogTail(40))
+		default:
+		}
+	}
+}
+
+// stopClean stops the processes with SIGTERM, all at once, and requires
+// each to exit with status 0.
+func stopClean(t *testing.T, ps ...*proc) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for _, p := range ps {
+		wg.Go(p.Stop)
+	}
+	wg.Wait()
+	for _, p := range ps {
+		if err := p.ExitErr(); err != nil {
+			t.Errorf("worker %s exited with %v on SIGTERM; output:\n%s", p.id, err, p.LogTail(40))
+		}
+	}
+}
+
+// producer writes produceRate records per second, round-robin over the
+// partitions, until stopped or produceLimit is reached. It never fails the
+// test from its goroutine: stop reports what went wrong.
+type producer struct {
+	stopOnce sync.Once
+	stopCh   chan struct{}
+	done     chan struct{}
+	acked    atomic.Int64
+	errs     atomic.Int64
+	lastErr  atomic.Value
+}
+
+func (c *cluster) startProducer() *producer {
+	c.t.Helper()
+	p := &producer{stopCh: make(chan struct{}), done: make(chan struct{})}
+	w := &kafka.Writer{
+		Addr:         kafka.TCP(c.kafka.Brokers...),
+		Topic:        c.topic,
+		Balancer:     kafka.BalancerFunc(func(m kafka.Message, _ ...int) int { return m.Partition }),
+		RequiredAcks: kafka.RequireAll,
+		BatchSize:    produceRate,
+		BatchTimeout: time.Millisecond,
+		WriteTimeout: 10 * time.Second,
+	}
+	const tick = 50 * time.Millisecond
+	perTick := produceRate * int(tick) / int(time.Second)
+	go func() {
+		defer close(p.done)
+		defer w.Close()
+		t := time.NewTicker(tick)
+		defer t.Stop()
+		next := 0
+		for sent := 0; sent < produceLimit; {
+			select {
+			case <-p.stopCh:
+				return
+			case <-t.C:
+			}
+			msgs := make([]kafka.Message, perTick)
+			for i := range msgs {
+				part := next % failoverPartitions
+				msgs[i] = kafka.Message{Partition: part, Key: []byte("k" + strconv.Itoa(part)), Value: []byte("v" + strconv.Itoa(next))}
+				next++
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			err := w.WriteMessages(ctx, msgs...)
+			cancel()
+			if err != nil {
+				p.errs.Add(1)
+				p.lastErr.Store(err.Error())
+				continue
+			}
+			p.acked.Add(int64(len(msgs)))
+			sent += len(msgs)
+		}
+	}()
+	c.t.Cleanup(func() { p.stop() })
+	return p
+}
+
+// stop ends production and returns how many records were acknowledged.
+func (p *producer) stop() int64 {
+	p.stopOnce.Do(func() { close(p.stopCh) })
+	<-p.done
+	return p.acked.Load()
+}
+
+// finishProduction stops the producer, requires that it wrote without
+// errors, and returns the high watermarks: every produced record is in
+// [0, hw) of its partition, since the topic is the test's own.
+func (c *cluster) finishProduction(p *producer) map[int]int64 {
+	c.t.Helper()
+	acked := p.stop()
+	if n := p.errs.Load(); n > 0 {
+		c.t.Errorf("producer: %d writes failed, last: %v", n, p.lastErr.Load())
+	}
+	hw := c.kafka.HighWatermarks(c.t, c.topic)
+	var total int64
+	for part, end := range hw {
+		if end == 0 {
+			c.t.Fatalf("partition %d got no records; the producer did not run", part)
+		}
+		total += end
+	}
+	if total < acked {
+		c.t.Fatalf("the topic holds %d records but the producer had %d acknowledged", total, acked)
+	}
+	c.t.Logf("produced %d records (%d acknowledged) over %d partitions", total, acked, len(hw))
+	return hw
+}
+
+// producedUpTo lists every record below the high watermarks.
+func producedUpTo(hw map[int]int64) []effects.Produced {
+	var out []effects.Produced
+	for part, end := range hw {
+		for o := int64(0); o < end; o++ {
+			out = append(out, effects.Produced{Partition: int32(part), Offset: o})
+		}
+	}
+	return out
+}
+
+// cursor is a row of kfn.cursors.
+type cursor struct {
+	partition int
+	owner     string
+	epoch     int64
+	next      int64
+	committed bool // the current owner has committed since it claimed the partition
+}
+
+// cursors reads the function's cursors, indexed by partition.
+func (c *cluster) cursors() map[int]cursor {
+	c.t.Helper()
+	rows, err := c.pg.Pool.Query(context.Background(), `
+SELECT partition, owner, epoch, next_offset, updated_at > claimed_at
+  FROM kfn.cursors WHERE consumer = $1 AND topic = $2`, c.fn, c.topic)
+	if err != nil {
+		c.t.Fatalf("read cursors: %v", err)
+	}
+	defer rows.Close()
+	out := map[int]cursor{}
+	for rows.Next() {
+		var cur cursor
+		if err := rows.Scan(&cur.partition, &cur.owner, &cur.epoch, &cur.next, &cur.committed); err != nil {
+			c.t.Fatalf("read cursors: %v", err)
+		}
+		out[cur.partition] = cur
+	}
+	if err := rows.Err(); err != nil {
+		c.t.Fatalf("read cursors: %v", err)
+	}
+	return out
+}
+
+// ownedBy returns the cursors whose owner is id.
+func ownedBy(curs map[int]cursor, id string) map[int]cursor {
+	out := map[int]cursor{}
+	for p, cur := range curs {
+		if cur.owner == id {
+			out[p] = cur
+		}
+	}
+	return out
+}
+
+// balanced reports whether the live workers own every partition, none
+// more than its share (the lease manager's load bound), and each owner has
+// committed since its claim. It returns a description of what is not so.
+func balanced(curs map[int]cursor, live []string) (bool, string) {
+	if len(curs) < failoverPartitions {
+		return false, fmt.Sprintf("%d of %d partitions have a cursor", len(curs), failoverPartitions)
+	}
+	share := (failoverPartitions + len(live) - 1) / len(live)
+	count := map[string]int{}
+	for p, cur := range curs {
+		if !slices.Contains(live, cur.owner) {
+			return false, fmt.Sprintf("partition %d is owned by %s, not a live worker %v", p, cur.owner, live)
+		}
+		if !cur.committed {
+			return false, fmt.Sprintf("partition %d: owner %s has not committed since its claim", p, cur.owner)
+		}
+		count[cur.owner]++
+	}
+	for id, n := range count {
+		if n > share {
+			return false, fmt.Sprintf("%s owns %d partitions, more than its share %d (%v)", id, n, share, count)
+		}
+	}
+	return true, ""
+}
+
+// waitBalanced waits until balanced holds, and still holds 500 ms later.
+func (c *cluster) waitBalanced(live []string, limit time.Duration) {
+	c.t.Helper()
+	c.waitStable(limit, fmt.Sprintf("workers %v to own all partitions, balanced", live), func() (bool, string) {
+		return balanced(c.cursors(), live)
+	})
+}
+
+// waitStable polls cond until it has held for 500 ms without a break.
+func (c *cluster) waitStable(limit time.Duration, what string, cond func() (bool, string)) {
+	c.t.Helper()
+	deadline := time.Now().Add(limit)
+	var since time.Time
+	last := ""
+	for {
+		ok, why := cond()
+		switch {
+		case !ok:
+			since, last = time.Time{}, why
+		case since.IsZero():
+			since = time.Now()
+		case time.Since(since) >= 500*time.Millisecond:
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("timed out after %s waiting for %s: %s", limit, what, last)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+// waitCaughtUp waits until every cursor reaches its high watermark.
+func (c *cluster) waitCaughtUp(hw map[int]int64, limit time.Duration) {
+	c.t.Helper()
+	start := time.Now()
+	last := ""
+	waitFor(c.t, limit, "cursors to reach the high watermarks", func() bool {
+		curs := c.cursors()
+		for p, end := range hw {
+			if cur, ok := curs[p]; !ok || cur.next < end {
+				last = fmt.Sprintf("partition %d at %d of %d (%+v)", p, cur.next, end, cur)
+				return false
+			}
+		}
+		return true
+	})
+	c.t.Logf("caught up %s after production stopped (last lagging: %s)", time.Since(start).Round(time.Millisecond), last)
+}
+
+// check runs the checker over every produced record and requires every
+// count to be zero.
+func (c *cluster) check(hw map[int]int64) effects.Report {
+	c.t.Helper()
+	rep, err := effects.Check(context.Background(), c.pg.Pool, c.fn, c.topic, producedUpTo(hw))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Logf("checker: %s", rep)
+	if !rep.OK() || rep.Expected == 0 || rep.DeadLetters != 0 {
+		c.t.Errorf("exactly-once violated: %s", rep)
+	}
+	return rep
+}
+
+// logEntry is one JSON log line of a worker.
+type logEntry map[string]any
+
+func (e logEntry) str(key string) string {
+	switch v := e[key].(type) {
+	case string:
+		return v
+	case json.Number:
+		return v.String()
+	case nil:
+		return ""
+	default:
+		return fmt.Sprint(v)
+	}
+}
+
+// logSize is the current length of a process's log, to read what it
+// writes from then on with logSince.
+func logSize(t *testing.T, p *proc) int64 {
+	t.Helper()
+	fi, err := os.Stat(p.LogFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Size()
+}
+
+// logSince returns the JSON log lines p wrote from byte offset from on.
+func logSince(t *testing.T, p *proc, from int64) []logEntry {
+	t.Helper()
+	data, err := os.ReadFile(p.LogFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []logEntry
+	sc := bufio.NewScanner(bytes.NewReader(data[min(from, int64(len(data))):]))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		d := json.NewDecoder(bytes.NewReader(sc.Bytes()))
+		d.UseNumber()
+		var e logEntry
+		if d.Decode(&e) == nil {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// randomDuration is uniform in [lo, hi).
+func randomDuration(lo, hi time.Duration) time.Duration {
+	return lo + rand.N(hi-lo)
+}

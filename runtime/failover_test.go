@@ -1,0 +1,444 @@
+package runtime_test
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kfn-dev/kfn/runtime/internal/effects"
+)
+
+// These fault tests run three (or more) effects-worker processes on a
+// 12-partition topic under continuous production, break something, and end
+// with production stopped, every cursor at its high watermark and the
+// checker's counts (lost, duplicated, reordered, stale-epoch commits) at
+// zero.
+
+// Workers are SIGKILLed at random moments under load and restarted, half
+// of the time under the same worker id (the old process's leases must
+// expire first), half as new members.
+func TestFailoverKillWorkersRepeatedly(t *testing.T) {
+	c := newCluster(t)
+	workers := c.startWorkers(3)
+	prod := c.startProducer()
+	c.waitBalanced(ids(workers), 30*time.Second)
+
+	const kills = 10
+	for i := range kills {
+		time.Sleep(randomDuration(300*time.Millisecond, 2500*time.Millisecond))
+		requireAlive(t, workers...)
+		vi := rand.N(len(workers))
+		workers[vi].Kill()
+		id := workers[vi].id
+		if i%2 == 1 {
+			id = c.nextID()
+		}
+		t.Logf("kill %d: SIGKILL %s, restarted as %s", i+1, workers[vi].id, id)
+		workers[vi] = c.startWorker(id)
+	}
+	c.waitBalanced(ids(workers), 30*time.Second)
+	requireAlive(t, workers...)
+
+	hw := c.finishProduction(prod)
+	c.waitCaughtUp(hw, 60*time.Second)
+	stopClean(t, workers...)
+	c.check(hw)
+}
+
+// A worker is frozen (SIGSTOP) past its lease TTL; the others take its
+// partitions over and commit on them. Woken up (SIGCONT), the zombie must
+// not commit under its old terms, must drop those partitions, and rejoins
+// as a normal member. The same scenario with a plain consumer group
+// (naive-worker) shows the duplicates that the fence prevents.
+func TestFailoverZombie(t *testing.T) {
+	var kfn, naive *effects.Report
+	t.Run("kfn", func(t *testing.T) { kfn = zombieKfn(t) })
+	t.Run("naive", func(t *testing.T) { naive = zombieNaive(t) })
+
+	show := func(r *effects.Report, extra string) string {
+		if r == nil {
+			return "not run"
+		}
+		return fmt.Sprintf("duplicated=%d lost=%d reordered=%d%s (of %d records)", r.Duplicated, r.Lost, r.Reordered, extra, r.Expected)
+	}
+	kfnExtra := ""
+	if kfn != nil {
+		kfnExtra = " stale_epochs=" + strconv.Itoa(kfn.StaleEpochs)
+	}
+	line := fmt.Sprintf("zombie (SIGSTOP until its partitions were taken over, %d records/s): naive consumer group (2 processes, session timeout 6s): %s; kfn (3 workers, lease TTL %s): %s",
+		produceRate, show(naive, ""), failoverTTL, show(kfn, kfnExtra))
+	t.Log(line)
+	fmt.Println(line)
+}
+
+func zombieKfn(t *testing.T) *effects.Report {
+	c := newCluster(t)
+	workers := c.startWorkers(3)
+	prod := c.startProducer()
+	c.waitBalanced(ids(workers), 30*time.Second)
+
+	zombie := workers[rand.N(len(workers))]
+	before := ownedBy(c.cursors(), zombie.id)
+	oldTokens := make([]int64, 0, len(before))
+	for _, cur := range before {
+		oldTokens = append(oldTokens, cur.epoch)
+	}
+	zombie.Pause()
+	paused := time.Now()
+	waitFor(t, failoverTTL+15*time.Second, "the other workers to take over the zombie's partitions and commit on them", func() bool {
+		curs := c.cursors()
+		for p, old := range before {
+			cur := curs[p]
+			if cur.owner == zombie.id || cur.epoch <= old.epoch || !cur.committed || cur.next <= old.next {
+				return false
+			}
+		}
+		return true
+	})
+	takeover := time.Since(paused)
+	if takeover < failoverTTL-failoverTTL*3/10 {
+		t.Fatalf("partitions were taken over %s after the pause, before the lease could have expired (TTL %s)", takeover, failoverTTL)
+	}
+	// Records pile up on the zombie's old partitions while it sleeps.
+	time.Sleep(time.Second)
+
+	oldRows := c.inboxRowsWithEpochs(oldTokens)
+	mark := logSize(t, zombie)
+	zombie.Resume()
+	t.Logf("zombie %s paused %s (partitions %v, tokens %v); taken over after %s",
+		zombie.id, time.Since(paused).Round(time.Millisecond), slices.Sorted(maps.Keys(before)), oldTokens, takeover.Round(time.Millisecond))
+
+	// It drops every old term: the watchdog (validity ran out), a renewal
+	// (key taken), or Postgres (fenced commit) stops each one.
+	var fenced int
+	waitFor(t, 10*time.Second, "the zombie to log that it stopped each of its old terms", func() bool {
+		entries := logSince(t, zombie, mark)
+		fenced = 0
+		for _, e := range entries {
+			if e.str("msg") == "fenced by a newer owner: dropping it" {
+				fenced++
+			}
+		}
+		for p, old := range before {
+			if !slices.ContainsFunc(entries, func(e logEntry) bool { return droppedTerm(e, p, old.epoch) }) {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("zombie's commits refused by Postgres after waking: %d (the rest stopped on the lease watchdog first)", fenced)
+	for p, old := range before {
+		if cur := c.cursors()[p]; cur.epoch <= old.epoch {
+			t.Errorf("partition %d: cursor %+v is back at the zombie's old epoch %d", p, cur, old.epoch)
+		}
+	}
+
+	// It rejoins and gets partitions again, under new terms.
+	c.waitBalanced(ids(workers), 30*time.Second)
+	requireAlive(t, workers...)
+	hw := c.finishProduction(prod)
+	c.waitCaughtUp(hw, 60*time.Second)
+	stopClean(t, workers...)
+	if n := c.inboxRowsWithEpochs(oldTokens); n != oldRows {
+		t.Errorf("the zombie committed %d records under its old tokens after it woke", n-oldRows)
+	}
+	rep := c.check(hw)
+	return &rep
+}
+
+// zombieNaive is the zombie scenario with two naive-worker processes: a
+// consumer group whose members apply each record in a transaction and then
+// commit its offset, with no inbox and no fence. One member is frozen until
+// the group has handed all its partitions to the other (after the 6 s
+// session timeout) and then woken up. It returns the checker's report,
+// which is expected to show duplicates; only the scenario is asserted.
+func zombieNaive(t *testing.T) *effects.Report {
+	c := newCluster(t)
+	naive := []*proc{c.startNaive("n1"), c.startNaive("n2")}
+	prod := c.startProducer()
+	split := func(from [2]int64) func() (bool, string) {
+		return func() (bool, string) {
+			a, b := lastProgress(t, naive[0], from[0]), lastProgress(t, naive[1], from[1])
+			seen := map[int]bool{}
+			for _, p := range append(slices.Clone(a), b...) {
+				seen[p] = true
+			}
+			if len(a) == 0 || len(b) == 0 || len(seen) != failoverPartitions || len(a)+len(b) != failoverPartitions {
+				return false, fmt.Sprintf("%s applies %v, %s applies %v", naive[0].id, a, naive[1].id, b)
+			}
+			return true, ""
+		}
+	}
+	c.waitStable(60*time.Second, "the two naive consumers to split the partitions", split([2]int64{}))
+
+	survivor, zombie := naive[0], naive[1]
+	mark := logSize(t, survivor)
+	zombie.Pause()
+	paused := time.Now()
+	waitFor(t, 60*time.Second, "the surviving consumer to apply records of every partition", func() bool {
+		return slices.ContainsFunc(progressSince(t, survivor, mark), func(parts []int) bool { return len(parts) == failoverPartitions })
+	})
+	takeover := time.Since(paused)
+	time.Sleep(time.Second) // as for kfn: records pile up while it sleeps
+	from := [2]int64{logSize(t, survivor), logSize(t, zombie)}
+	zombie.Resume()
+	t.Logf("naive zombie %s paused %s; its partitions were taken over after %s", zombie.id, time.Since(paused).Round(time.Millisecond), takeover.Round(time.Millisecond))
+	c.waitStable(60*time.Second, "the two naive consumers to split the partitions again", split(from))
+	requireAlive(t, naive...)
+
+	hw := c.finishProduction(prod)
+	c.waitGroupCaughtUp(hw, 60*time.Second)
+	stopClean(t, naive...)
+	rep, err := effects.Check(context.Background(), c.pg.Pool, c.fn, c.topic, producedUpTo(hw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("naive checker: %s", rep)
+	return &rep
+}
+
+// progressSince returns the partitions listed by each "progress" line a
+// naive worker logged from byte offset from on.
+func progressSince(t *testing.T, p *proc, from int64) [][]int {
+	t.Helper()
+	var out [][]int
+	for _, e := range logSince(t, p, from) {
+		if e.str("msg") != "progress" {
+			continue
+		}
+		list, _ := e["partitions"].([]any)
+		parts := make([]int, 0, len(list))
+		for _, v := range list {
+			n, err := strconv.Atoi(fmt.Sprint(v))
+			if err != nil {
+				t.Fatalf("progress line of %s lists partition %v", p.id, v)
+			}
+			parts = append(parts, n)
+		}
+		out = append(out, parts)
+	}
+	return out
+}
+
+// lastProgress returns the partitions of the last "progress" line p logged
+// from byte offset from on.
+func lastProgress(t *testing.T, p *proc, from int64) []int {
+	t.Helper()
+	lines := progressSince(t, p, from)
+	if len(lines) == 0 {
+		return nil
+	}
+	return lines[len(lines)-1]
+}
+
+// waitGroupCaughtUp waits until the consumer group's committed offsets
+// reach the high watermarks and every record has an effect.
+func (c *cluster) waitGroupCaughtUp(hw map[int]int64, limit time.Duration) {
+	c.t.Helper()
+	client := &kafka.Client{Addr: kafka.TCP(c.kafka.Brokers...), Timeout: 5 * time.Second}
+	parts := slices.Sorted(maps.Keys(hw))
+	var total int64
+	for _, end := range hw {
+		total += end
+	}
+	last := ""
+	waitFor(c.t, limit, "the consumer group to commit every record", func() bool {
+		resp, err := client.OffsetFetch(context.Background(), &kafka.OffsetFetchRequest{GroupID: c.fn, Topics: map[string][]int{c.topic: parts}})
+		if err != nil {
+			last = err.Error()
+			return false
+		}
+		for _, op := range resp.Topics[c.topic] {
+			if op.Error != nil || op.CommittedOffset < hw[op.Partition] {
+				last = fmt.Sprintf("partition %d committed %d of %d (%v)", op.Partition, op.CommittedOffset, hw[op.Partition], op.Error)
+				return false
+			}
+		}
+		var distinct int64
+		err = c.pg.Pool.QueryRow(context.Background(),
+			`SELECT count(DISTINCT (partition, "offset")) FROM `+effects.Table(c.fn)+` WHERE topic = $1`, c.topic).Scan(&distinct)
+		if err != nil || distinct < total {
+			last = fmt.Sprintf("%d of %d records have an effect (%v)", distinct, total, err)
+			return false
+		}
+		return true
+	})
+	_ = last
+}
+
+// droppedTerm reports whether log entry e says the claim on partition p
+// with token token stopped: the lease manager saw it lost, or the
+// partition's commit was fenced by Postgres.
+func droppedTerm(e logEntry, p int, token int64) bool {
+	switch e.str("msg") {
+	case "lease lost: stopping work":
+		return e.str("item") == strconv.Itoa(p) && e.str("token") == strconv.FormatInt(token, 10)
+	case "fenced by a newer owner: dropping it":
+		return e.str("partition") == strconv.Itoa(p) && e.str("old_epoch") == strconv.FormatInt(token, 10)
+	}
+	return false
+}
+
+// inboxRowsWithEpochs counts the function's inbox rows committed under any
+// of the tokens.
+func (c *cluster) inboxRowsWithEpochs(tokens []int64) int {
+	c.t.Helper()
+	var n int
+	err := c.pg.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM kfn.inbox WHERE consumer = $1 AND topic = $2 AND epoch = ANY($3)`, c.fn, c.topic, tokens).Scan(&n)
+	if err != nil {
+		c.t.Fatalf("count inbox rows: %v", err)
+	}
+	return n
+}
+
+// Workers join (a 4th, then a 5th) and leave (two stopped with SIGTERM at
+// once) under load; each change rebalances by clean handoffs.
+func TestFailoverWorkersComeAndGo(t *testing.T) {
+	c := newCluster(t)
+	workers := c.startWorkers(3)
+	prod := c.startProducer()
+	c.waitBalanced(ids(workers), 30*time.Second)
+
+	for range 2 {
+		start := time.Now()
+		w := c.startWorker(c.nextID())
+		workers = append(workers, w)
+		c.waitBalanced(ids(workers), 30*time.Second)
+		t.Logf("%s joined: %d workers balanced after %s", w.id, len(workers), time.Since(start).Round(time.Millisecond))
+		if len(workers) == 4 {
+			if n := len(ownedBy(c.cursors(), w.id)); n != failoverPartitions/4 {
+				t.Fatalf("%s owns %d partitions among 4 workers, want %d", w.id, n, failoverPartitions/4)
+			}
+		}
+	}
+
+	start := time.Now()
+	leaving := []*proc{workers[0], workers[3]}
+	stopClean(t, leaving...)
+	live := []*proc{workers[1], workers[2], workers[4]}
+	c.waitBalanced(ids(live), 30*time.Second)
+	t.Logf("%s and %s left: 3 workers balanced after %s", leaving[0].id, leaving[1].id, time.Since(start).Round(time.Millisecond))
+	requireAlive(t, live...)
+
+	hw := c.finishProduction(prod)
+	c.waitCaughtUp(hw, 60*time.Second)
+	stopClean(t, live...)
+	c.check(hw)
+}
+
+// The nats-server process is stopped under load for longer than the lease
+// TTL and started again: the workers stop committing while they cannot
+// renew, survive, and claim every partition again with newer tokens.
+func TestFailoverNATSRestart(t *testing.T) {
+	c := newCluster(t)
+	workers := c.startWorkers(3)
+	prod := c.startProducer()
+	c.waitBalanced(ids(workers), 30*time.Second)
+	var maxEpoch int64
+	for _, cur := range c.cursors() {
+		maxEpoch = max(maxEpoch, cur.epoch)
+	}
+
+	outage := failoverTTL + 1500*time.Millisecond
+	c.nats.Stop()
+	stopped := time.Now()
+	// Every holder gives its leases up TTL - SafetyMargin after its last
+	// renewal; from TTL on, nothing may commit.
+	time.Sleep(failoverTTL)
+	frozen := c.cursors()
+	time.Sleep(outage - time.Since(stopped))
+	if now := c.cursors(); !maps.Equal(frozen, now) {
+		t.Errorf("cursors moved more than the lease TTL into the NATS outage:\nat %s: %v\nat %s: %v", failoverTTL, frozen, outage, now)
+	}
+	if err := c.nats.Start(); err != nil {
+		t.Fatal(err)
+	}
+	restarted := time.Now()
+	t.Logf("NATS was down for %s", restarted.Sub(stopped).Round(time.Millisecond))
+
+	c.waitStable(30*time.Second, "every partition to be claimed again with a newer token and committed", func() (bool, string) {
+		curs := c.cursors()
+		if ok, why := balanced(curs, ids(workers)); !ok {
+			return false, why
+		}
+		for p, cur := range curs {
+			if cur.epoch <= maxEpoch {
+				return false, fmt.Sprintf("partition %d still at epoch %d from before the outage", p, cur.epoch)
+			}
+		}
+		return true, ""
+	})
+	t.Logf("all partitions claimed again and committing %s after NATS came back", time.Since(restarted).Round(time.Millisecond))
+	requireAlive(t, workers...)
+
+	hw := c.finishProduction(prod)
+	c.waitCaughtUp(hw, 60*time.Second)
+	requireAlive(t, workers...)
+	stopClean(t, workers...)
+	c.check(hw)
+}
+
+// A worker is SIGKILLed 20 times under load; each time the time from the
+// kill to the first commit of a new owner on one of its partitions is
+// measured. p99 must stay within TTL + 2 s.
+func TestFailoverTime(t *testing.T) {
+	c := newCluster(t)
+	workers := c.startWorkers(3)
+	prod := c.startProducer()
+	c.waitBalanced(ids(workers), 30*time.Second)
+
+	const kills = 20
+	var took []time.Duration
+	for range kills {
+		// Kill at a random point of the renewal cycle.
+		time.Sleep(randomDuration(0, failoverRenew))
+		vi := rand.N(len(workers))
+		victim := workers[vi]
+		start := time.Now()
+		victim.Kill()
+		before := ownedBy(c.cursors(), victim.id)
+		if len(before) == 0 {
+			t.Fatalf("victim %s owned no partition", victim.id)
+		}
+		var d time.Duration
+		waitFor(t, failoverTTL+10*time.Second, "a new owner to commit on one of "+victim.id+"'s partitions", func() bool {
+			curs := c.cursors()
+			for p, old := range before {
+				if cur := curs[p]; cur.owner != victim.id && cur.committed && cur.next > old.next {
+					d = time.Since(start)
+					return true
+				}
+			}
+			return false
+		})
+		took = append(took, d)
+		workers[vi] = c.startWorker(c.nextID())
+		c.waitBalanced(ids(workers), 30*time.Second)
+	}
+
+	slices.Sort(took)
+	rank := func(q float64) time.Duration {
+		i := int(q*float64(len(took))+0.999999) - 1
+		return took[max(0, min(i, len(took)-1))].Round(time.Millisecond)
+	}
+	p50, p99, worst := rank(0.50), rank(0.99), took[len(took)-1].Round(time.Millisecond)
+	line := fmt.Sprintf("failover over %d kills: p50=%s p99=%s max=%s (lease TTL %s, renew %s)", len(took), p50, p99, worst, failoverTTL, failoverRenew)
+	t.Log(line)
+	fmt.Println(line)
+	if limit := failoverTTL + 2*time.Second; p99 > limit {
+		t.Errorf("failover p99 %s is over TTL + 2s = %s (all: %v)", p99, limit, took)
+	}
+
+	hw := c.finishProduction(prod)
+	c.waitCaughtUp(hw, 60*time.Second)
+	stopClean(t, workers...)
+	c.check(hw)
+}

@@ -1,0 +1,8 @@
+-- The identity of this kfn installation (one database). Lease groups in NATS
+-- are scoped by it, so installations sharing a NATS server never contend for
+-- each other's partitions or relay shards.
+CREATE TABLE kfn.installation (
+    id         uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO kfn.installation DEFAULT VALUES;
