@@ -36,6 +36,7 @@ type Config struct {
 	NoRelay        bool          // KFN_NO_RELAY: do not run the outbox relay in this process (run `kfn relay` instead)
 	EventStream    string        // KFN_EVENT_STREAM: the JetStream stream outbox events are relayed to
 	EventDedup     time.Duration // KFN_EVENT_DEDUP: the stream's duplicate window, when the relay creates it
+	InboxRetention time.Duration // KFN_INBOX_RETENTION: inbox rows older than this are purged (dedup of Kafka records stays permanent)
 	Logger         *slog.Logger  // not bindable; defaults to slog.Default()
 
 	envErrs []error // environment values Bind could not parse
@@ -53,6 +54,7 @@ const (
 	DefaultLeaseTTL       = 5 * time.Second
 	DefaultLeaseRenew     = 1 * time.Second
 	DefaultEventDedup     = 2 * time.Minute
+	DefaultInboxRetention = 7 * 24 * time.Hour
 )
 
 // WithDefaults returns a copy with every unset field at its default.
@@ -74,6 +76,7 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.LeaseBucket, lease.DefaultBucket)
 	setDefault(&c.EventStream, DefaultStream)
 	setDefault(&c.EventDedup, DefaultEventDedup)
+	setDefault(&c.InboxRetention, DefaultInboxRetention)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -142,6 +145,9 @@ func (c Config) validate() error {
 	}
 	if c.EventDedup <= 0 {
 		bad("event-dedup", "must be positive")
+	}
+	if c.InboxRetention < time.Second {
+		bad("inbox-retention", "%s is too short: events republished after it would be applied again", c.InboxRetention)
 	}
 	if c.LeaseRenew <= 0 || c.LeaseTTL < 3*c.LeaseRenew {
 		bad("lease-ttl", "%s must be at least 3 × --lease-renew (%s) so a lease survives a missed renewal", c.LeaseTTL, c.LeaseRenew)
@@ -216,6 +222,7 @@ func (c *Config) Bind(fs *flag.FlagSet) {
 	fs.BoolVar(&c.NoRelay, "no-relay", os.Getenv(envName("no-relay")) == "true", "do not run the outbox relay in this process ["+envName("no-relay")+"=true]")
 	str(&c.EventStream, "event-stream", DefaultStream, "JetStream stream the outbox events are relayed to")
 	dur(&c.EventDedup, "event-dedup", DefaultEventDedup, "duplicate window of the event stream when the relay creates it")
+	dur(&c.InboxRetention, "inbox-retention", DefaultInboxRetention, "purge inbox rows older than this")
 }
 
 func envOr(field, def string) string {

@@ -38,6 +38,7 @@ func setup(t *testing.T, partitions int) *bundle {
 		KafkaBrokers:  b.kafka.Brokers,
 		DatabaseURL:   b.pg.URL,
 		NATSURL:       kfntest.NATSURL(t),
+		LeaseBucket:   kfntest.Name(t, "leases"), // tests may differ in lease timing
 		BatchSize:     100,
 		BatchWait:     5 * time.Millisecond,
 		RetryAttempts: 3,

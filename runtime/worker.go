@@ -180,6 +180,12 @@ func (wk *Worker) Run(ctx context.Context) error {
 		stopOffsets()
 		<-offsetsDone
 	}()
+	purgeDone := make(chan struct{})
+	go func() {
+		defer close(purgeDone)
+		w.purgeInboxes(ctx)
+	}()
+	defer func() { <-purgeDone }()
 
 	errs := make(chan error, len(w.fns)+1)
 	for _, fn := range w.fns {

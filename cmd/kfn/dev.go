@@ -108,9 +108,11 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("sample producer: %w", err)
 	}
 
+	// Ctrl-C ends the traffic, not the check: drain and verify (bounded)
+	// even though ctx is cancelled.
 	fmt.Fprintln(stdout, "kfn dev: stopping; draining what was produced")
 	drainDeadline := time.Now().Add(30 * time.Second)
-	for !drained(gen, worker.Stats()) && time.Now().Before(drainDeadline) && ctx.Err() == nil {
+	for !drained(gen, worker.Stats()) && time.Now().Before(drainDeadline) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	stopWorker()
@@ -118,7 +120,9 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	printProgress(stdout, time.Since(start), gen, worker)
-	return verifyDev(ctx, stdout, pool, gen)
+	verifyCtx, cancelVerify := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancelVerify()
+	return verifyDev(verifyCtx, stdout, pool, gen)
 }
 
 // replayDemoAfter is when kfn dev replays a partition to show that a replay

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -215,5 +217,29 @@ func TestBenchPrintsRatiosAgainstBothBaselines(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("bench output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+func TestDevStopsCleanlyOnCtrlC(t *testing.T) {
+	bin := kfntest.BuildBinary(t, "github.com/kfn-dev/kfn/cmd/kfn")
+	db := kfntest.Postgres(t)
+	p := kfntest.StartProcess(t, exec.Command(bin, "dev", "--database-url", db.URL))
+	deadline := time.Now().Add(60 * time.Second)
+	for !regexp.MustCompile(`processed +[1-9]`).MatchString(p.LogTail(5)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("kfn dev processed nothing in 60s:\n%s", p.LogTail(30))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := p.Cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.Exited():
+	case <-time.After(45 * time.Second):
+		t.Fatalf("kfn dev did not stop within 45s of Ctrl-C:\n%s", p.LogTail(30))
+	}
+	if err := p.ExitErr(); err != nil || !strings.Contains(p.LogTail(5), "verify: OK") {
+		t.Errorf("kfn dev after Ctrl-C: %v\n%s", err, p.LogTail(30))
 	}
 }

@@ -1,0 +1,67 @@
+package runtime_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kfn-dev/kfn/runtime/internal/effects"
+)
+
+func TestNewPartitionsArePickedUpWithoutARestart(t *testing.T) {
+	b := setup(t, 2)
+	fn := effects.Function(b.fn, b.topic)
+	produced := b.produceN(t, 2, 10)
+	_, stop := b.run(t, fn)
+	b.waitCaughtUp(t, b.fn)
+
+	client := &kafka.Client{Addr: kafka.TCP(b.kafka.Brokers...), Timeout: 10 * time.Second}
+	resp, err := client.CreatePartitions(context.Background(), &kafka.CreatePartitionsRequest{
+		Topics: []kafka.TopicPartitionsConfig{{Name: b.topic, Count: 4}},
+	})
+	if err != nil {
+		t.Fatalf("add partitions: %v", err)
+	}
+	if err := resp.Errors[b.topic]; err != nil {
+		t.Fatalf("add partitions: %v", err)
+	}
+	waitFor(t, 30*time.Second, "the new partitions to be writable", func() bool {
+		return len(b.kafka.HighWatermarks(t, b.topic)) == 4
+	})
+	produced = append(produced, b.produce(t, 2, []byte("p2-a"), []byte("p2-b"))...)
+	produced = append(produced, b.produce(t, 3, []byte("p3-a"))...)
+	b.waitCaughtUp(t, b.fn)
+	stop()
+	if rep := b.check(t, b.fn, produced); rep.Applied != 23 {
+		t.Errorf("applied %d, want 23 including the new partitions' records", rep.Applied)
+	}
+}
+
+func TestInboxRetentionPurgesRowsButDedupStays(t *testing.T) {
+	b := setup(t, 1)
+	b.cfg.InboxRetention = time.Second
+	fn := effects.Function(b.fn, b.topic)
+	produced := b.produceN(t, 1, 50)
+	_, stop := b.run(t, fn)
+	b.waitCaughtUp(t, b.fn)
+	waitFor(t, 20*time.Second, "the inbox rows to be purged", func() bool {
+		var n int
+		err := b.pg.Pool.QueryRow(context.Background(), `SELECT count(*) FROM kfn.inbox WHERE consumer = $1`, b.fn).Scan(&n)
+		return err == nil && n == 0
+	})
+	stop()
+
+	// Read everything again: the high-water mark alone must skip it all.
+	execSQL(t, b, `UPDATE kfn.cursors SET next_offset = 0 WHERE consumer = $1`, b.fn)
+	w, stop := b.run(t, fn)
+	b.waitCaughtUp(t, b.fn)
+	stop()
+	if got := w.Stats().Duplicates.Load(); got != 50 {
+		t.Errorf("duplicates skipped after the purge = %d, want 50", got)
+	}
+	if rep := b.check(t, b.fn, produced); rep.Applied != 50 {
+		t.Errorf("applied %d, want 50", rep.Applied)
+	}
+}

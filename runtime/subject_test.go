@@ -1,0 +1,122 @@
+package runtime_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/runtime"
+	"github.com/kfn-dev/kfn/runtime/kfntest"
+)
+
+// TestNATSTriggeredFunctionAppliesEachEventOnce publishes events with
+// Nats-Msg-Id headers, then publishes them again after the stream's
+// duplicate window, so JetStream stores every event twice. The function must
+// apply each once (its inbox key is the event id), retry a transient
+// failure, dead-letter a permanent one, and ack everything it committed.
+func TestNATSTriggeredFunctionAppliesEachEventOnce(t *testing.T) {
+	b := setup(t, 1)
+	ctx := context.Background()
+	nc, err := nats.Connect(b.cfg.NATSURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, subject := kfntest.Name(t, "stream"), kfntest.Name(t, "subj")+".created"
+	const window = 200 * time.Millisecond
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject}, Duplicates: window}); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(id, data string) {
+		t.Helper()
+		msg := nats.NewMsg(subject)
+		msg.Header.Set("Nats-Msg-Id", id)
+		msg.Header.Set("kfn-key", "key-"+id)
+		msg.Data = []byte(data)
+		if _, err := js.PublishMsg(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const events = 60
+	for round := 0; round < 2; round++ {
+		for i := 0; i < events; i++ {
+			data := "ok"
+			switch i {
+			case 10:
+				data = "permanent"
+			case 20:
+				data = "fail-1"
+			}
+			publish(fmt.Sprintf("ev-%02d", i), data)
+		}
+		time.Sleep(2 * window) // past the window: the second round is stored again
+	}
+	info, err := js.Stream(ctx, stream)
+	if err != nil || info.CachedInfo().State.Msgs != 2*events {
+		t.Fatalf("stream holds %d messages (%v), want %d: the duplicate window should not have dropped the second round", info.CachedInfo().State.Msgs, err, 2*events)
+	}
+
+	table := pgx.Identifier{"events_" + b.fn}.Sanitize()
+	fn := runtime.Function{
+		Name: b.fn, Subject: subject, Stream: stream,
+		Setup: func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (event_id text, key text, attempt int)`)
+			return err
+		},
+		Handler: func(ctx context.Context, tx pgx.Tx, rec runtime.Record, out *runtime.Events) error {
+			switch string(rec.Value) {
+			case "permanent":
+				return runtime.Permanent(errors.New("bad event"))
+			case "fail-1":
+				if rec.Attempt == 1 {
+					return errors.New("transient")
+				}
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ($1, $2, $3)`, rec.EventID, string(rec.Key), rec.Attempt)
+			return err
+		},
+	}
+	_, stop := b.run(t, fn)
+	waitFor(t, 30*time.Second, "every event handled", func() bool {
+		var n int
+		err := b.pg.Pool.QueryRow(ctx, `SELECT count(*) FROM kfn.event_inbox WHERE consumer = $1`, b.fn).Scan(&n)
+		return err == nil && n == events
+	})
+	cons, err := js.Consumer(ctx, stream, b.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "every message acked", func() bool {
+		ci, err := cons.Info(ctx)
+		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
+	})
+	stop()
+
+	var applied, distinct, retried int
+	err = b.pg.Pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT event_id), count(*) FILTER (WHERE attempt = 2) FROM `+table).Scan(&applied, &distinct, &retried)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if applied != events-1 || distinct != events-1 || retried != 1 {
+		t.Errorf("applied %d rows for %d distinct events (%d on a retry), want %d, %d and 1", applied, distinct, retried, events-1, events-1)
+	}
+	var key string
+	if err := b.pg.Pool.QueryRow(ctx, `SELECT key FROM `+table+` WHERE event_id = 'ev-05'`).Scan(&key); err != nil || key != "key-ev-05" {
+		t.Errorf("key of ev-05 = %q (%v), want the kfn-key header", key, err)
+	}
+	dead, err := inbox.ListDeadLetters(ctx, b.pg.Pool, b.fn, 10)
+	if err != nil || len(dead) != 1 || dead[0].Reason != "permanent" || dead[0].Partition.Topic != subject {
+		t.Errorf("dead letters = %+v (%v), want the one permanent event", dead, err)
+	}
+}
