@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -26,8 +27,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	partitions := fs.Int("partitions", 4, "partitions of the benchmark topic")
 	batchSize := fs.Int("batch-size", runtime.DefaultBatchSize, "max records per transaction in the batched modes")
 	batchWait := fs.Duration("batch-wait", runtime.DefaultBatchWait, "max wait to fill a batch")
+	rounds := fs.Int("rounds", 3, "run the modes this many times, interleaved, and report each mode's median")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *rounds < 1 || *rounds > 20 {
+		return &usageError{msg: fmt.Sprintf("--rounds %d is out of range 1..20", *rounds)}
 	}
 	if *records < 1 || *naive < 1 || *naive > *records {
 		return &usageError{msg: fmt.Sprintf("need 1 <= --naive-records (%d) <= --records (%d)", *naive, *records)}
@@ -63,7 +68,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			KafkaBrokers: st.Brokers, DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
 			BatchSize: *batchSize, BatchWait: *batchWait, Logger: log,
 		},
-		Function: fn, Records: *records, NaiveRecords: *naive,
+		Function: fn, Records: *records, NaiveRecords: *naive, Rounds: *rounds,
 		Reset: func(ctx context.Context, tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `TRUNCATE orders`)
 			return err
@@ -99,11 +104,15 @@ func printBench(w io.Writer, results []runtime.BenchResult, batchSize int, batch
 	for _, r := range results {
 		rate[r.Mode] = r.PerSecond
 	}
-	fmt.Fprintf(w, "\nbatch size %d, batch wait %s, handler: orders (upsert + outbox event)\n", batchSize, batchWait)
+	fmt.Fprintf(w, "\nbatch size %d, batch wait %s, handler: orders (upsert + outbox event); median of the rounds\n", batchSize, batchWait)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MODE\tRECORDS\tSECONDS\tMSGS/S")
+	fmt.Fprintln(tw, "MODE\tRECORDS\tSECONDS\tMSGS/S\tROUNDS (MSGS/S)")
 	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\n", r.Mode, r.Records, r.Elapsed.Seconds(), r.PerSecond)
+		rounds := make([]string, len(r.Rounds))
+		for i, x := range r.Rounds {
+			rounds[i] = fmt.Sprintf("%.0f", x)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%s\n", r.Mode, r.Records, r.Elapsed.Seconds(), r.PerSecond, strings.Join(rounds, " "))
 	}
 	tw.Flush()
 	eo := rate["exactly-once"]
