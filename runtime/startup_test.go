@@ -3,6 +3,7 @@ package runtime_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -59,4 +60,27 @@ func TestWorkerRefusesAMissingOrNewerSchema(t *testing.T) {
 	}
 	_, stop := b.run(t, fn) // fails the test if the worker does not start
 	stop()
+}
+
+func TestWorkersStartingTogetherAllSucceed(t *testing.T) {
+	b := setup(t, 1)
+	fn := effects.Function(b.fn, b.topic)
+	const workers = 6
+	errs := make(chan error, workers)
+	for i := range workers {
+		go func() {
+			cfg := b.cfg
+			cfg.WorkerID = fmt.Sprintf("w%d", i)
+			w, err := runtime.NewWorker(context.Background(), cfg, fn)
+			if err == nil {
+				w.Close()
+			}
+			errs <- err
+		}()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
+			t.Errorf("a worker starting at the same time as others failed: %v", err)
+		}
+	}
 }

@@ -81,7 +81,16 @@ func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error
 		if fn.Setup == nil {
 			continue
 		}
-		if err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error { return fn.Setup(ctx, tx) }); err != nil {
+		err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+			// CREATE TABLE IF NOT EXISTS is not safe against itself: two
+			// workers starting at once could both create the table, and one
+			// would fail. The lock makes the other wait and find it.
+			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('kfn function setup: ' || $1))`, fn.Name); err != nil {
+				return err
+			}
+			return fn.Setup(ctx, tx)
+		})
+		if err != nil {
 			return nil, fmt.Errorf("function %s: setup: %w", fn.Name, err)
 		}
 	}
@@ -152,6 +161,10 @@ func (w *worker) close() {
 		w.pool.Close()
 	}
 }
+
+// Close releases the connections of a worker that will not Run. Run
+// releases them itself when it returns.
+func (wk *Worker) Close() { wk.w.close() }
 
 // Stats returns the worker's live counters.
 func (wk *Worker) Stats() *Stats { return wk.w.stats }
