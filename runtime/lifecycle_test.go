@@ -2,6 +2,10 @@ package runtime_test
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,4 +68,39 @@ func TestInboxRetentionPurgesRowsButDedupStays(t *testing.T) {
 	if rep := b.check(t, b.fn, produced); rep.Applied != 50 {
 		t.Errorf("applied %d, want 50", rep.Applied)
 	}
+}
+
+func TestMetricsExposeTheWorkersCounters(t *testing.T) {
+	b := setup(t, 2)
+	b.cfg.WorkerID = "metrics-worker"
+	produced := b.produceN(t, 2, 15)
+	w, stop := b.run(t, effects.Function(b.fn, b.topic))
+	b.waitCaughtUp(t, b.fn)
+	srv := httptest.NewServer(w.Handler())
+	defer srv.Close()
+	body := func(path string) string {
+		t.Helper()
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		data, _ := io.ReadAll(resp.Body)
+		return string(data)
+	}
+	metrics := body("/metrics")
+	for _, want := range []string{
+		`kfn_records_applied_total{worker="` + b.cfg.WorkerID + `"} 30`,
+		`kfn_partition_lag{function="` + b.fn + `",partition="1",source="` + b.topic + `",worker="` + b.cfg.WorkerID + `"} 0`,
+		`kfn_records_dead_lettered_total{worker="` + b.cfg.WorkerID + `"} 0`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	if got := body("/healthz"); got != "ok\n" {
+		t.Errorf("/healthz = %q", got)
+	}
+	stop()
+	b.check(t, b.fn, produced)
 }

@@ -7,10 +7,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // Start runs fn as this process's only function, the way lambda.Start does:
@@ -34,6 +37,7 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 	var cfg Config
 	cfg.Bind(fs)
 	logLevel := fs.String("log-level", envOr("log-level", "info"), "debug|info|warn|error [KFN_LOG_LEVEL]")
+	metricsAddr := fs.String("metrics-addr", envOr("metrics-addr", ""), "serve Prometheus /metrics and /healthz on this address, e.g. :9464 [KFN_METRICS_ADDR]")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -61,6 +65,17 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 			return 2
 		}
 		return 1
+	}
+	if *metricsAddr != "" {
+		ln, err := net.Listen("tcp", *metricsAddr)
+		if err != nil {
+			w.Close()
+			fmt.Fprintf(stderr, "%s: invalid --metrics-addr (KFN_METRICS_ADDR) %q: %v\n", name, *metricsAddr, err)
+			return 2
+		}
+		srv := &http.Server{Handler: w.Handler(), ReadHeaderTimeout: 5 * time.Second}
+		go srv.Serve(ln) //nolint:errcheck // ends with Shutdown below
+		defer srv.Shutdown(context.Background()) //nolint:errcheck // best effort at exit
 	}
 	cfg.Logger.Info("worker started", "function", fn.Name, "source", fn.source(), "worker", w.w.cfg.WorkerID)
 	if err := w.Run(ctx); err != nil {
