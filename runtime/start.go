@@ -74,7 +74,7 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 			return 2
 		}
 		srv := &http.Server{Handler: w.Handler(), ReadHeaderTimeout: 5 * time.Second}
-		go srv.Serve(ln) //nolint:errcheck // ends with Shutdown below
+		go srv.Serve(ln)                         //nolint:errcheck // ends with Shutdown below
 		defer srv.Shutdown(context.Background()) //nolint:errcheck // best effort at exit
 	}
 	cfg.Logger.Info("worker started", "function", fn.Name, "source", fn.source(), "worker", w.w.cfg.WorkerID)
