@@ -66,12 +66,15 @@ VALUES ($1, $2, $3, $4, $4, $5, $6)
 ON CONFLICT (consumer, topic, partition) DO UPDATE
    SET epoch = EXCLUDED.epoch, owner = EXCLUDED.owner, claimed_at = now()
  WHERE c.epoch < EXCLUDED.epoch
+    OR (c.epoch = EXCLUDED.epoch AND c.owner = EXCLUDED.owner) -- our own claim whose reply was lost
 RETURNING next_offset, high_water, generation, epoch, owner`
 
 // ClaimPartition records token as the partition's epoch, provided it is
 // greater than the stored one, and returns the cursor to resume from. A new
 // partition starts at startOffset. A token that is not greater than the
-// stored epoch gives a *FencedError: a newer owner exists.
+// stored epoch gives a *FencedError: a newer owner exists. Claiming again
+// with the stored token and owner succeeds, so a claim whose reply was lost
+// can be retried (a token names one ownership term, never two owners).
 func ClaimPartition(ctx context.Context, db Querier, p Partition, token int64, owner string, startOffset int64) (Cursor, error) {
 	var c Cursor
 	err := db.QueryRow(ctx, claimPartitionSQL, p.Consumer, p.Topic, p.Partition, startOffset, token, owner).

@@ -31,6 +31,9 @@ func TestClaimPartitionOnlyAcceptsALargerToken(t *testing.T) {
 	if cur.NextOffset != 42 || cur.HighWater != 42 || cur.Epoch != 10 {
 		t.Errorf("new cursor = %+v, want next 42, high water 42, epoch 10", cur)
 	}
+	if cur, err := inbox.ClaimPartition(ctx, db.Pool, part, 10, "w1", 0); err != nil || cur.Epoch != 10 {
+		t.Errorf("the same owner claiming again with its token (a retry after a lost reply) = %+v, %v; want success", cur, err)
+	}
 	for _, stale := range []int64{9, 10} {
 		_, err := inbox.ClaimPartition(ctx, db.Pool, part, stale, "w2", 0)
 		var fenced *inbox.FencedError

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"errors"
 
 	"github.com/jackc/pgx/v5"
 
@@ -35,8 +36,26 @@ type partitionLedger struct {
 	highWater int64
 }
 
+// errCursorAhead means the cursor is past where this lane thought it was,
+// under this lane's own token: an earlier commit of ours landed although its
+// reply was lost (the connection died at COMMIT). The in-memory cursor has
+// been reloaded; retrying skips what that commit applied.
+var errCursorAhead = errors.New("cursor is ahead of the lane: an earlier commit landed without its reply; resuming from the stored cursor")
+
 func (l *partitionLedger) fence(ctx context.Context, tx pgx.Tx, rec Record) error {
-	return inbox.Advance(ctx, tx, l.part, l.token, l.next, rec.Offset+1)
+	err := inbox.Advance(ctx, tx, l.part, l.token, l.next, rec.Offset+1)
+	var fenced *inbox.FencedError
+	if !errors.As(err, &fenced) || fenced.Epoch != l.token {
+		return err
+	}
+	// Same token, other position: only our own commit can have moved it
+	// (a replay or a new owner always brings a new token).
+	cur, readErr := inbox.ReadCursor(ctx, tx, l.part)
+	if readErr != nil {
+		return readErr
+	}
+	l.next, l.highWater = cur.NextOffset, cur.HighWater
+	return errCursorAhead
 }
 
 func (l *partitionLedger) claim(ctx context.Context, tx pgx.Tx, recs []Record) ([]Record, error) {
@@ -73,7 +92,7 @@ func (l *partitionLedger) markDeadLettered(ctx context.Context, tx pgx.Tx, rec R
 }
 
 func (l *partitionLedger) committed(last Record) {
-	l.next = last.Offset + 1
+	l.next = max(l.next, last.Offset+1)
 	l.highWater = max(l.highWater, l.next)
 	l.w.offsets.note(l.fn, l.part.Topic, l.part.Partition, l.next)
 }

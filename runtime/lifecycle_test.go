@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -103,4 +104,44 @@ func TestMetricsExposeTheWorkersCounters(t *testing.T) {
 	}
 	stop()
 	b.check(t, b.fn, produced)
+}
+
+// TestPostgresConnectionsDyingUnderLoad kills the worker's Postgres sessions
+// again and again while it applies records, some of them in the middle of a
+// COMMIT. Nothing may be lost or applied twice, and the worker must not
+// mistake its own landed commit for a takeover and drop its partitions.
+func TestPostgresConnectionsDyingUnderLoad(t *testing.T) {
+	b := setup(t, 3)
+	b.cfg.WorkerID = "victim"
+	u, err := url.Parse(b.pg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("application_name", "kfn-victim")
+	u.RawQuery = q.Encode()
+	b.cfg.DatabaseURL = u.String()
+	b.cfg.BatchSize = 20 // many commits, so some die mid-COMMIT
+
+	w, stop := b.run(t, effects.Function(b.fn, b.topic))
+	var produced []effects.Produced
+	var killed int64
+	for round := 0; round < 15; round++ {
+		produced = append(produced, b.produceN(t, 3, 60)...)
+		time.Sleep(time.Duration(20+round*7) * time.Millisecond)
+		err := b.pg.Pool.QueryRow(context.Background(), `
+SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+ WHERE datname = current_database() AND application_name = 'kfn-victim'`).Scan(&killed)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.waitCaughtUp(t, b.fn)
+	stop()
+	if rep := b.check(t, b.fn, produced); rep.Applied != len(produced) {
+		t.Errorf("applied %d of %d", rep.Applied, len(produced))
+	}
+	if n := w.Stats().Fenced.Load(); n != 0 {
+		t.Errorf("the worker dropped %d partitions as fenced; nobody else owned them", n)
+	}
 }

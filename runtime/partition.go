@@ -69,7 +69,7 @@ func (pr *partitionRun) run(ctx context.Context) error {
 		}
 		err = retryInfra(ctx, pr.log, "apply batch", func(ctx context.Context) error {
 			done, err := pr.apply(ctx, batch)
-			batch = batch[done:]
+			batch = uncommitted(batch[done:], pr.cursor.next)
 			return err
 		})
 		if err != nil {
@@ -144,6 +144,15 @@ func (pr *partitionRun) fetch(ctx context.Context, reader *kafka.Reader) ([]Reco
 	hw := batch[len(batch)-1].highWatermark
 	pr.w.stats.update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *PartitionStats) { p.HighWater = hw })
 	return batch, nil
+}
+
+// uncommitted drops the records below the cursor: after a commit whose
+// reply was lost, the reloaded cursor says how far it got.
+func uncommitted(batch []Record, next int64) []Record {
+	for len(batch) > 0 && batch[0].Offset < next {
+		batch = batch[1:]
+	}
+	return batch
 }
 
 func toRecord(m kafka.Message) Record {
