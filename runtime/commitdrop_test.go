@@ -93,7 +93,7 @@ func (d *commitDropper) accept() {
 							return
 						}
 						time.Sleep(100 * time.Millisecond) // the server commits
-						return // both sides close: the reply is lost
+						return                             // both sides close: the reply is lost
 					}
 					if _, werr := server.Write(buf[:n]); werr != nil {
 						return
