@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -51,18 +52,8 @@ func (sr *subjectRun) run(ctx context.Context) error {
 			return err
 		}
 		sr.generation = cur.Generation
-		cons, err = sr.w.js.CreateOrUpdateConsumer(ctx, sr.stream, jetstream.ConsumerConfig{
-			Durable:       sr.fn.Name,
-			FilterSubject: sr.fn.Subject,
-			AckPolicy:     jetstream.AckExplicitPolicy,
-			AckWait:       ackWait,
-			MaxAckPending: 2 * sr.w.cfg.BatchSize,
-			DeliverPolicy: jetstream.DeliverAllPolicy,
-		})
-		if err != nil {
-			return fmt.Errorf("durable consumer %s on stream %s: %w", sr.fn.Name, sr.stream, err)
-		}
-		return nil
+		cons, err = sr.newTermConsumer(ctx)
+		return err
 	})
 	if err != nil {
 		return err
@@ -96,6 +87,43 @@ func (sr *subjectRun) run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// newTermConsumer starts this ownership term's durable consumer where the
+// previous term's acks ended. Recreating it, rather than reusing it, hands
+// over at once the events the previous owner fetched but never acked (it
+// may have died): a reused consumer would hold them back for AckWait. Events
+// after the ack floor that were acked are delivered again and skipped by the
+// inbox; a zombie still pulling from the old consumer is fenced in Postgres.
+func (sr *subjectRun) newTermConsumer(ctx context.Context) (jetstream.Consumer, error) {
+	cfg := jetstream.ConsumerConfig{
+		Durable:       sr.fn.Name,
+		FilterSubject: sr.fn.Subject,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       ackWait,
+		MaxAckPending: 2 * sr.w.cfg.BatchSize,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+	old, err := sr.w.js.Consumer(ctx, sr.stream, sr.fn.Name)
+	switch {
+	case err == nil:
+		info, err := old.Info(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("read consumer %s on stream %s: %w", sr.fn.Name, sr.stream, err)
+		}
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = info.AckFloor.Stream + 1
+		if err := sr.w.js.DeleteConsumer(ctx, sr.stream, sr.fn.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil, fmt.Errorf("replace consumer %s on stream %s: %w", sr.fn.Name, sr.stream, err)
+		}
+	case !errors.Is(err, jetstream.ErrConsumerNotFound):
+		return nil, fmt.Errorf("look up consumer %s on stream %s: %w", sr.fn.Name, sr.stream, err)
+	}
+	cons, err := sr.w.js.CreateConsumer(ctx, sr.stream, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("durable consumer %s on stream %s: %w", sr.fn.Name, sr.stream, err)
+	}
+	return cons, nil
 }
 
 // fetch blocks for the first event, then gathers more until the batch is full

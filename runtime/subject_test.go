@@ -120,3 +120,75 @@ func TestNATSTriggeredFunctionAppliesEachEventOnce(t *testing.T) {
 		t.Errorf("dead letters = %+v (%v), want the one permanent event", dead, err)
 	}
 }
+
+// TestNATSTriggeredFunctionTakesOverUnackedEventsAtOnce leaves events
+// fetched but unacknowledged by a previous owner that died. The new owner
+// must get them in seconds, not after the consumer's two-minute ack wait.
+func TestNATSTriggeredFunctionTakesOverUnackedEventsAtOnce(t *testing.T) {
+	b := setup(t, 1)
+	ctx := context.Background()
+	nc, err := nats.Connect(b.cfg.NATSURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, subject := kfntest.Name(t, "stream"), kfntest.Name(t, "subj")+".created"
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 20; i++ {
+		msg := nats.NewMsg(subject)
+		msg.Header.Set("Nats-Msg-Id", fmt.Sprintf("ev-%02d", i))
+		if _, err := js.PublishMsg(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The previous owner: it committed and acked 3 events, fetched 7 more
+	// and died before acking them.
+	dead, err := js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
+		Durable: b.fn, FilterSubject: subject, AckPolicy: jetstream.AckExplicitPolicy, AckWait: 2 * time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := dead.Fetch(10, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fetched := 0
+	for m := range batch.Messages() {
+		if fetched < 3 {
+			if err := m.DoubleAck(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		fetched++
+	}
+	if fetched != 10 {
+		t.Fatalf("the dead owner fetched %d events, want 10", fetched)
+	}
+
+	table := pgx.Identifier{"events_" + b.fn}.Sanitize()
+	fn := runtime.Function{
+		Name: b.fn, Subject: subject, Stream: stream,
+		Setup: func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (event_id text)`)
+			return err
+		},
+		Handler: func(ctx context.Context, tx pgx.Tx, rec runtime.Record, out *runtime.Events) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ($1)`, rec.EventID)
+			return err
+		},
+	}
+	_, stop := b.run(t, fn)
+	defer stop()
+	waitFor(t, 15*time.Second, "the 17 events after the ack floor, well before the 2-minute ack wait", func() bool {
+		var n int
+		err := b.pg.Pool.QueryRow(ctx, `SELECT count(DISTINCT event_id) FROM `+table).Scan(&n)
+		return err == nil && n == 17
+	})
+}
