@@ -24,15 +24,7 @@ import (
 func TestNATSTriggeredFunctionAppliesEachEventOnce(t *testing.T) {
 	b := setup(t, 1)
 	ctx := context.Background()
-	nc, err := nats.Connect(b.cfg.NATSURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := jetStream(t, b.cfg.NATSURL)
 	stream, subject := kfntest.Name(t, "stream"), kfntest.Name(t, "subj")+".created"
 	const window = 200 * time.Millisecond
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject}, Duplicates: window}); err != nil {
@@ -127,15 +119,7 @@ func TestNATSTriggeredFunctionAppliesEachEventOnce(t *testing.T) {
 func TestNATSTriggeredFunctionTakesOverUnackedEventsAtOnce(t *testing.T) {
 	b := setup(t, 1)
 	ctx := context.Background()
-	nc, err := nats.Connect(b.cfg.NATSURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := jetStream(t, b.cfg.NATSURL)
 	stream, subject := kfntest.Name(t, "stream"), kfntest.Name(t, "subj")+".created"
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject}}); err != nil {
 		t.Fatal(err)
@@ -191,4 +175,19 @@ func TestNATSTriggeredFunctionTakesOverUnackedEventsAtOnce(t *testing.T) {
 		err := b.pg.Pool.QueryRow(ctx, `SELECT count(DISTINCT event_id) FROM `+table).Scan(&n)
 		return err == nil && n == 17
 	})
+}
+
+// jetStream connects to NATS for the duration of the test.
+func jetStream(t *testing.T, url string) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }

@@ -5,19 +5,26 @@ import (
 	"runtime"
 )
 
-// child is a server process started by startChild.
-type child struct {
-	cmd    *exec.Cmd
+// Child is a process (a server, a worker) tied to this one: on Linux it gets
+// SIGKILL when the thread that started it goes away, so a test binary killed
+// by `go test -timeout`, or a `kfn dev` killed with SIGKILL, leaves nothing
+// running.
+type Child struct {
+	Cmd    *exec.Cmd
 	exited chan struct{} // closed when the process has exited and been reaped
 	err    error         // cmd.Wait's result; valid once exited is closed
 }
 
-// startChild starts cmd from a goroutine locked to its OS thread and keeps that
-// thread alive until the child exits. On Linux the child is started with
-// Pdeathsig, which fires when the *thread* that forked it exits; locking the
-// thread stops the Go scheduler from retiring it early and killing the child.
-func startChild(cmd *exec.Cmd) (*child, error) {
-	c := &child{cmd: cmd, exited: make(chan struct{})}
+// StartChild starts cmd from a goroutine locked to its OS thread and keeps
+// that thread alive until the child exits. Pdeathsig fires when the *thread*
+// that forked the child exits; locking the thread stops the Go scheduler from
+// retiring it early and killing the child. cmd.SysProcAttr defaults to
+// ChildAttr(nil).
+func StartChild(cmd *exec.Cmd) (*Child, error) {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = ChildAttr(nil)
+	}
+	c := &Child{Cmd: cmd, exited: make(chan struct{})}
 	started := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -34,4 +41,22 @@ func startChild(cmd *exec.Cmd) (*child, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// Exited is closed once the process has exited.
+func (c *Child) Exited() <-chan struct{} { return c.exited }
+
+// Err is the process's exit status (cmd.Wait's error); read it after Exited
+// is closed.
+func (c *Child) Err() error { return c.err }
+
+// RunChild runs cmd to completion as a child (see StartChild) and returns its
+// combined output.
+func RunChild(cmd *exec.Cmd) ([]byte, error) {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = ChildAttr(nil)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return cmd.CombinedOutput()
 }

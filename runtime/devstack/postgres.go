@@ -72,7 +72,7 @@ type Postgres struct {
 	log       *slog.Logger
 
 	mu   sync.Mutex
-	proc *child // nil while stopped
+	proc *Child // nil while stopped
 }
 
 // StartPostgres creates (or reuses) a PostgreSQL cluster and starts it on
@@ -167,7 +167,7 @@ func (p *Postgres) initdb(ctx context.Context) error {
 	cmd.Dir = p.DataDir
 	cmd.Env = p.childEnv()
 	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr = childAttr(p.user.cred)
+	cmd.SysProcAttr = ChildAttr(p.user.cred)
 	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Run(); err != nil {
 		if ctx.Err() != nil {
@@ -236,8 +236,8 @@ func (p *Postgres) start(ctx context.Context) error {
 	cmd.Dir = p.DataDir
 	cmd.Env = p.childEnv()
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = childAttr(p.user.cred)
-	proc, err := startChild(cmd)
+	cmd.SysProcAttr = ChildAttr(p.user.cred)
+	proc, err := StartChild(cmd)
 	if err != nil {
 		return fmt.Errorf("run %s: %w", p.bin.postgres, err)
 	}
@@ -245,7 +245,7 @@ func (p *Postgres) start(ctx context.Context) error {
 
 	if err := p.waitReady(ctx, proc); err != nil {
 		_ = cmd.Process.Kill()
-		<-proc.exited
+		<-proc.Exited()
 		logTail := p.logSince(logOffset)
 		if strings.Contains(logTail, "Address already in use") {
 			err = fmt.Errorf("%w: %w", errPortInUse, err)
@@ -262,15 +262,15 @@ func (p *Postgres) start(ctx context.Context) error {
 // waitReady waits until postmaster.pid, written by *our* postmaster, says
 // "ready" and a connection succeeds. Checking the pid file first means a
 // different server already listening on the port cannot fool us.
-func (p *Postgres) waitReady(ctx context.Context, proc *child) error {
-	pid := proc.cmd.Process.Pid
+func (p *Postgres) waitReady(ctx context.Context, proc *Child) error {
+	pid := proc.Cmd.Process.Pid
 	pidFile := filepath.Join(p.DataDir, "postmaster.pid")
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		select {
-		case <-proc.exited:
-			return fmt.Errorf("server exited during start-up: %v", proc.err)
+		case <-proc.Exited():
+			return fmt.Errorf("server exited during start-up: %v", proc.Err())
 		case <-ctx.Done():
 			return fmt.Errorf("not ready after %s: %w", p.opts.StartTimeout, ctx.Err())
 		case <-tick.C:
@@ -337,18 +337,18 @@ func (p *Postgres) shutdown() error {
 		{syscall.SIGKILL, 5 * time.Second},
 	}
 	for _, s := range steps {
-		if err := proc.cmd.Process.Signal(s.sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
-			return fmt.Errorf("signal postgres (pid %d): %w", proc.cmd.Process.Pid, err)
+		if err := proc.Cmd.Process.Signal(s.sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+			return fmt.Errorf("signal postgres (pid %d): %w", proc.Cmd.Process.Pid, err)
 		}
 		select {
-		case <-proc.exited:
+		case <-proc.Exited():
 			p.log.Info("postgres stopped", "dir", p.DataDir, "signal", s.sig, "took", time.Since(started))
 			return nil
 		case <-time.After(s.wait):
 			p.log.Warn("postgres did not stop in time, escalating", "signal", s.sig, "waited", s.wait)
 		}
 	}
-	return fmt.Errorf("postgres (pid %d) did not exit even after SIGKILL", proc.cmd.Process.Pid)
+	return fmt.Errorf("postgres (pid %d) did not exit even after SIGKILL", proc.Cmd.Process.Pid)
 }
 
 func (p *Postgres) cleanupDirs() {

@@ -6,11 +6,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kfn-dev/kfn/runtime/devstack"
 )
 
 var builds struct {
@@ -81,20 +82,10 @@ func goBuild(pkg string) (string, error) {
 	defer cancel()
 	start := time.Now()
 	cmd := exec.CommandContext(ctx, goTool, args...)
-	cmd.SysProcAttr = childAttr()
-	output, err := runLocked(cmd)
+	output, err := devstack.RunChild(cmd)
 	if err != nil {
 		return "", fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, output)
 	}
 	logger.Debug("built binary", "pkg", pkg, "took", time.Since(start))
 	return out, nil
-}
-
-// runLocked runs cmd on a locked OS thread, so the Pdeathsig from childAttr
-// fires only when the test binary dies, never because the scheduler retired
-// the thread that forked the child.
-func runLocked(cmd *exec.Cmd) ([]byte, error) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	return cmd.CombinedOutput()
 }

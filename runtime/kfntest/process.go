@@ -6,12 +6,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kfn-dev/kfn/runtime/devstack"
 )
 
 // Process is a child process of the test (a worker, a server) that fault
@@ -24,10 +25,9 @@ type Process struct {
 	// to StartProcess had its own.
 	LogFile string
 
-	t      testing.TB
-	exited chan struct{}
-	err    error // the Wait result, valid after exited is closed
-	once   sync.Once
+	t     testing.TB
+	child *devstack.Child
+	once  sync.Once
 }
 
 // StartProcess starts cmd and registers a t.Cleanup that stops it; when the
@@ -42,7 +42,7 @@ func StartProcess(t testing.TB, cmd *exec.Cmd) *Process {
 }
 
 func startProcess(t testing.TB, cmd *exec.Cmd) (*Process, error) {
-	p := &Process{Cmd: cmd, t: t, exited: make(chan struct{})}
+	p := &Process{Cmd: cmd, t: t}
 	if cmd.Stdout == nil && cmd.Stderr == nil {
 		p.LogFile = filepath.Join(t.TempDir(), filepath.Base(cmd.Path)+".log")
 		f, err := os.Create(p.LogFile)
@@ -52,26 +52,11 @@ func startProcess(t testing.TB, cmd *exec.Cmd) (*Process, error) {
 		defer f.Close() // the child keeps its own descriptor
 		cmd.Stdout, cmd.Stderr = f, f
 	}
-	if cmd.SysProcAttr == nil {
-		cmd.SysProcAttr = childAttr()
-	}
-	// Pdeathsig fires when the thread that forked the child exits, so fork
-	// from a locked thread that lives as long as the child.
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		p.err = cmd.Wait()
-		close(p.exited)
-	}()
-	if err := <-started; err != nil {
+	child, err := devstack.StartChild(cmd)
+	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", strings.Join(cmd.Args, " "), err)
 	}
+	p.child = child
 	t.Cleanup(func() {
 		p.Stop()
 		if t.Failed() && p.LogFile != "" {
@@ -82,11 +67,11 @@ func startProcess(t testing.TB, cmd *exec.Cmd) (*Process, error) {
 }
 
 // Exited is closed once the process has exited.
-func (p *Process) Exited() <-chan struct{} { return p.exited }
+func (p *Process) Exited() <-chan struct{} { return p.child.Exited() }
 
 // ExitErr is the process's exit status (cmd.Wait's error); call it after
 // Exited is closed.
-func (p *Process) ExitErr() error { return p.err }
+func (p *Process) ExitErr() error { return p.child.Err() }
 
 // Stop sends SIGTERM and waits up to 10 s for the process to exit, then
 // SIGKILLs it. A paused process is resumed first so it can see the SIGTERM.
@@ -114,7 +99,7 @@ func (p *Process) signal(sig syscall.Signal) {
 
 func (p *Process) stop(sig syscall.Signal, wait time.Duration) {
 	select {
-	case <-p.exited:
+	case <-p.Exited():
 		return
 	default:
 	}
@@ -123,7 +108,7 @@ func (p *Process) stop(sig syscall.Signal, wait time.Duration) {
 		p.signal(syscall.SIGCONT)
 	}
 	select {
-	case <-p.exited:
+	case <-p.Exited():
 		return
 	case <-time.After(wait):
 	}
@@ -132,7 +117,7 @@ func (p *Process) stop(sig syscall.Signal, wait time.Duration) {
 	})
 	p.signal(syscall.SIGKILL)
 	select {
-	case <-p.exited:
+	case <-p.Exited():
 	case <-time.After(wait):
 		p.t.Errorf("kfntest: pid %d did not exit after SIGKILL", p.Cmd.Process.Pid)
 	}
