@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -149,4 +150,50 @@ VALUES ('kfn-worker', 'skip_expired', $1, $2, $3, jsonb_build_object('from', $4:
 		return fmt.Errorf("audit skipped records of %s: %w", p, err)
 	}
 	return nil
+}
+
+// ErrOlderOwnerBlocked means an older owner's transaction held the cursor
+// row and was ended; claiming again will succeed.
+var ErrOlderOwnerBlocked = errors.New("an older owner's open transaction held the partition's cursor; its session was ended")
+
+// TakeOver is ClaimPartition for a caller that holds the partition's lease
+// with token. An older owner frozen between its fence and its COMMIT (a
+// zombie: SIGSTOP, a long GC pause, a suspended VM) holds the cursor row's
+// lock for as long as it sleeps, and the claim would wait behind it. After
+// waiting wait, TakeOver ends that owner's session, which rolls its
+// transaction back, and returns ErrOlderOwnerBlocked for the caller to
+// retry. That is safe: the caller's newer lease means the older owner's has
+// expired, and ending the session only discards work that never committed.
+// It needs the privilege to signal the workers' sessions (the same role, or
+// pg_signal_backend).
+func TakeOver(ctx context.Context, db interface {
+	Begin(context.Context) (pgx.Tx, error)
+	Querier
+}, p Partition, token int64, owner string, startOffset int64, wait time.Duration) (Cursor, error) {
+	var c Cursor
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", wait.Milliseconds())); err != nil {
+			return err
+		}
+		var err error
+		c, err = ClaimPartition(ctx, tx, p, token, owner, startOffset)
+		return err
+	})
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available
+		return c, err
+	}
+	var ended int
+	err = db.QueryRow(ctx, `
+SELECT count(pg_terminate_backend(l.pid))
+  FROM kfn.cursors c
+  JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = c.xmax AND l.granted AND l.pid <> pg_backend_pid()
+ WHERE c.consumer = $1 AND c.topic = $2 AND c.partition = $3 AND c.epoch < $4`, p.Consumer, p.Topic, p.Partition, token).Scan(&ended)
+	if err != nil {
+		return Cursor{}, fmt.Errorf("end the older owner's transaction on %s: %w", p, err)
+	}
+	if ended == 0 {
+		return Cursor{}, fmt.Errorf("claim %s: its cursor row stayed locked for %s by a session that could not be ended (permission to signal it?)", p, wait)
+	}
+	return Cursor{}, fmt.Errorf("claim %s: %w", p, ErrOlderOwnerBlocked)
 }

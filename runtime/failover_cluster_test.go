@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net/url"
 	"os"
 	osexec "os/exec"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/runtime/internal/effects"
@@ -60,6 +62,18 @@ func newCluster(t *testing.T) *cluster {
 	return c
 }
 
+// createEffectsTable runs the function's Setup. Workers run it themselves,
+// under a lock, when they start; the naive workers do not take the lock,
+// and two of them starting at once can both try to create the table (CREATE
+// TABLE IF NOT EXISTS is not safe against itself).
+func (c *cluster) createEffectsTable() {
+	c.t.Helper()
+	setup := effects.Function(c.fn, c.topic).Setup
+	if err := pgx.BeginFunc(context.Background(), c.pg.Pool, func(tx pgx.Tx) error { return setup(context.Background(), tx) }); err != nil {
+		c.t.Fatalf("create the effects table: %v", err)
+	}
+}
+
 // proc is one worker process.
 type proc struct {
 	id string
@@ -77,7 +91,7 @@ func (c *cluster) startWorker(id string) *proc {
 	c.t.Helper()
 	cmd := osexec.Command(kfntest.BuildBinary(c.t, effectsWorkerPkg))
 	cmd.Env = append(os.Environ(),
-		"DATABASE_URL="+c.pg.URL,
+		"DATABASE_URL="+c.databaseURL(id),
 		"KFN_KAFKA_BROKERS="+strings.Join(c.kafka.Brokers, ","),
 		"KFN_NATS_URL="+c.nats.URL,
 		"KFN_WORKER_ID="+id,
@@ -88,6 +102,91 @@ func (c *cluster) startWorker(id string) *proc {
 		"KFN_LOG_LEVEL=info",
 	)
 	return &proc{id: id, Process: kfntest.StartProcess(c.t, cmd)}
+}
+
+// databaseURL is the test database's URL with application_name set to the
+// worker id, so that pg_stat_activity tells the workers' sessions apart.
+func (c *cluster) databaseURL(id string) string {
+	c.t.Helper()
+	u, err := url.Parse(c.pg.URL)
+	if err != nil {
+		c.t.Fatalf("parse database URL: %v", err)
+	}
+	q := u.Query()
+	q.Set("application_name", id)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// openTransactions counts the sessions of worker id that are inside a
+// transaction, and idle in it if idle is set (as the sessions of a frozen
+// worker are once their last statement has finished). With table set, only
+// transactions that wrote to that table count: they hold its rows' locks.
+func (c *cluster) openTransactions(id string, idle bool, table string) int {
+	c.t.Helper()
+	var n int
+	err := c.pg.Pool.QueryRow(context.Background(), `
+SELECT count(*) FROM pg_stat_activity a
+ WHERE a.datname = current_database() AND a.application_name = $1 AND a.xact_start IS NOT NULL
+   AND (NOT $2 OR a.state = 'idle in transaction')
+   AND ($3 = '' OR EXISTS (SELECT FROM pg_locks l
+                            WHERE l.pid = a.pid AND l.relation = to_regclass($3) AND l.mode = 'RowExclusiveLock'))`,
+		id, idle, table).Scan(&n)
+	if err != nil {
+		c.t.Fatalf("read pg_stat_activity: %v", err)
+	}
+	return n
+}
+
+// pauseInTransaction freezes p (SIGSTOP) at the worst moment for a
+// failover: inside one of its transactions, and with table set, after it
+// wrote to table (for kfn.cursors: after the UPDATE that fences the batch,
+// before COMMIT, so the frozen session holds the cursor row's lock). It
+// polls pg_stat_activity for such a transaction, stops p, and keeps it
+// stopped only if that session is then idle in the transaction; otherwise
+// it lets p run and tries again. It reports false, with p running, if it
+// did not succeed within limit.
+func (c *cluster) pauseInTransaction(p *proc, table string, limit time.Duration) bool {
+	c.t.Helper()
+	deadline := time.Now().Add(limit)
+	for attempt := 1; time.Now().Before(deadline); attempt++ {
+		if c.openTransactions(p.id, false, table) == 0 {
+			continue
+		}
+		p.Pause()
+		time.Sleep(20 * time.Millisecond) // let a statement it had sent finish
+		if c.openTransactions(p.id, true, table) > 0 {
+			c.t.Logf("%s frozen inside a transaction (attempt %d)", p.id, attempt)
+			return true
+		}
+		p.Resume()
+		time.Sleep(randomDuration(0, 50*time.Millisecond))
+	}
+	return false
+}
+
+// blockedSessions describes the sessions of the test database that wait
+// for a lock or sit idle inside a transaction, for failure messages.
+func (c *cluster) blockedSessions() string {
+	c.t.Helper()
+	rows, err := c.pg.Pool.Query(context.Background(), `
+SELECT format('%s: %s%s for %s, pid %s blocked by %s: %s', application_name, state,
+              coalesce(' on ' || wait_event_type, ''), date_trunc('millisecond', now() - state_change),
+              pid, pg_blocking_pids(pid), left(regexp_replace(query, '\s+', ' ', 'g'), 80))
+  FROM pg_stat_activity
+ WHERE datname = current_database() AND (state = 'idle in transaction' OR wait_event_type = 'Lock')
+ ORDER BY application_name`)
+	if err != nil {
+		return "(pg_stat_activity: " + err.Error() + ")"
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return "(pg_stat_activity: " + err.Error() + ")"
+	}
+	if len(lines) == 0 {
+		return "no session waits for a lock or idles in a transaction"
+	}
+	return strings.Join(lines, "\n")
 }
 
 // startWorkers starts n workers with fresh ids.
@@ -106,7 +205,7 @@ func (c *cluster) startNaive(id string) *proc {
 	c.t.Helper()
 	cmd := osexec.Command(kfntest.BuildBinary(c.t, naiveWorkerPkg))
 	cmd.Env = append(os.Environ(),
-		"DATABASE_URL="+c.pg.URL,
+		"DATABASE_URL="+c.databaseURL(id),
 		"KFN_KAFKA_BROKERS="+strings.Join(c.kafka.Brokers, ","),
 		"KFN_WORKER_ID="+id,
 		"KFN_TEST_FUNCTION="+c.fn,
@@ -166,7 +265,12 @@ type producer struct {
 func (c *cluster) startProducer() *producer {
 	c.t.Helper()
 	p := &producer{stopCh: make(chan struct{}), done: make(chan struct{})}
+	// A transport of its own: kafka-go's default transport is shared by the
+	// test binary and keeps asking for metadata of topics that earlier
+	// tests deleted, which fails writes with UnknownTopicOrPartition.
+	transport := &kafka.Transport{DialTimeout: 5 * time.Second}
 	w := &kafka.Writer{
+		Transport:    transport,
 		Addr:         kafka.TCP(c.kafka.Brokers...),
 		Topic:        c.topic,
 		Balancer:     kafka.BalancerFunc(func(m kafka.Message, _ ...int) int { return m.Partition }),
@@ -179,6 +283,7 @@ func (c *cluster) startProducer() *producer {
 	perTick := produceRate * int(tick) / int(time.Second)
 	go func() {
 		defer close(p.done)
+		defer transport.CloseIdleConnections()
 		defer w.Close()
 		t := time.NewTicker(tick)
 		defer t.Stop()
@@ -334,6 +439,19 @@ func (c *cluster) waitBalanced(live []string, limit time.Duration) {
 // waitStable polls cond until it has held for 500 ms without a break.
 func (c *cluster) waitStable(limit time.Duration, what string, cond func() (bool, string)) {
 	c.t.Helper()
+	waitHeld(c.t, limit, 500*time.Millisecond, what, cond)
+}
+
+// waitUntil polls cond until it holds; on timeout it says why it did not.
+func waitUntil(t *testing.T, limit time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	waitHeld(t, limit, 0, what, cond)
+}
+
+// waitHeld polls cond every 20 ms until it has held for hold without a
+// break, and fails the test with cond's last reason after limit.
+func waitHeld(t *testing.T, limit, hold time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
 	deadline := time.Now().Add(limit)
 	var since time.Time
 	last := ""
@@ -344,13 +462,14 @@ func (c *cluster) waitStable(limit time.Duration, what string, cond func() (bool
 			since, last = time.Time{}, why
 		case since.IsZero():
 			since = time.Now()
-		case time.Since(since) >= 500*time.Millisecond:
+		}
+		if ok && time.Since(since) >= hold {
 			return
 		}
 		if time.Now().After(deadline) {
-			c.t.Fatalf("timed out after %s waiting for %s: %s", limit, what, last)
+			t.Fatalf("timed out after %s waiting for %s: %s", limit, what, last)
 		}
-		time.Sleep(25 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -358,18 +477,16 @@ func (c *cluster) waitStable(limit time.Duration, what string, cond func() (bool
 func (c *cluster) waitCaughtUp(hw map[int]int64, limit time.Duration) {
 	c.t.Helper()
 	start := time.Now()
-	last := ""
-	waitFor(c.t, limit, "cursors to reach the high watermarks", func() bool {
+	waitUntil(c.t, limit, "cursors to reach the high watermarks", func() (bool, string) {
 		curs := c.cursors()
 		for p, end := range hw {
 			if cur, ok := curs[p]; !ok || cur.next < end {
-				last = fmt.Sprintf("partition %d at %d of %d (%+v)", p, cur.next, end, cur)
-				return false
+				return false, fmt.Sprintf("partition %d at %d of %d (%+v)", p, cur.next, end, cur)
 			}
 		}
-		return true
+		return true, ""
 	})
-	c.t.Logf("caught up %s after production stopped (last lagging: %s)", time.Since(start).Round(time.Millisecond), last)
+	c.t.Logf("caught up %s after production stopped", time.Since(start).Round(time.Millisecond))
 }
 
 // check runs the checker over every produced record and requires every
@@ -438,4 +555,45 @@ func logSince(t *testing.T, p *proc, from int64) []logEntry {
 // randomDuration is uniform in [lo, hi).
 func randomDuration(lo, hi time.Duration) time.Duration {
 	return lo + rand.N(hi-lo)
+}
+
+// The checker must see what the fault tests look for: a duplicated effect,
+// an effect committed out of offset order, a lost record, and an inbox row
+// committed by an older owner after a newer one had committed.
+func TestFailoverCheckerCountsEveryViolation(t *testing.T) {
+	pg := kfntest.Postgres(t)
+	ctx := context.Background()
+	fn, topic := "checked", "t"
+	if err := pgx.BeginFunc(ctx, pg.Pool, func(tx pgx.Tx) error { return effects.Function(fn, topic).Setup(ctx, tx) }); err != nil {
+		t.Fatal(err)
+	}
+	// Partition 0: offsets 0..4, offset 2 applied twice, offset 4 lost.
+	// Partition 1: offsets 0..2, 2 committed before 1.
+	for _, e := range [][2]int64{{0, 0}, {0, 1}, {0, 2}, {0, 2}, {0, 3}, {1, 0}, {1, 2}, {1, 1}} {
+		if _, err := pg.Pool.Exec(ctx, `INSERT INTO `+effects.Table(fn)+` (topic, partition, "offset", attempt) VALUES ($1, $2, $3, 1)`, topic, e[0], e[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Epochs by offset. Partition 0: owner 7 took over from 5 at offset 2,
+	// then 5 committed offset 3 (stale). Partition 1: owners 3, 8, 9 in
+	// order (clean handoffs).
+	for _, r := range [][3]int64{{0, 0, 5}, {0, 1, 5}, {0, 2, 7}, {0, 3, 5}, {1, 0, 3}, {1, 1, 8}, {1, 2, 9}} {
+		if _, err := pg.Pool.Exec(ctx, `INSERT INTO kfn.inbox (consumer, topic, partition, "offset", epoch) VALUES ($1, $2, $3, $4, $5)`, fn, topic, r[0], r[1], r[2]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var produced []effects.Produced
+	for p, n := range []int64{5, 3} {
+		for o := range n {
+			produced = append(produced, effects.Produced{Partition: int32(p), Offset: o})
+		}
+	}
+	rep, err := effects.Check(ctx, pg.Pool, fn, topic, produced)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := effects.Report{Expected: 8, Applied: 8, Lost: 1, Duplicated: 1, Reordered: 1, StaleEpochs: 1}
+	if rep != want || rep.OK() {
+		t.Errorf("report = %s (OK %v), want %s", rep, rep.OK(), want)
+	}
 }

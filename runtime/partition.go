@@ -89,7 +89,7 @@ func (pr *partitionRun) claim(ctx context.Context) error {
 	if pr.w.cfg.StartFrom == "latest" {
 		start = high
 	}
-	cur, err := inbox.ClaimPartition(ctx, pr.w.pool, pr.part, pr.token, pr.w.cfg.WorkerID, start)
+	cur, err := inbox.TakeOver(ctx, pr.w.pool, pr.part, pr.token, pr.w.cfg.WorkerID, start, pr.w.cfg.LeaseRenew)
 	if err != nil {
 		return err
 	}

@@ -47,7 +47,7 @@ func (w *worker) runSubject(ctx context.Context, fn Function, token int64) {
 func (sr *subjectRun) run(ctx context.Context) error {
 	var cons jetstream.Consumer
 	err := retryInfra(ctx, sr.log, "claim subject", func(ctx context.Context) error {
-		cur, err := inbox.ClaimPartition(ctx, sr.w.pool, sr.part, sr.token, sr.w.cfg.WorkerID, 0)
+		cur, err := inbox.TakeOver(ctx, sr.w.pool, sr.part, sr.token, sr.w.cfg.WorkerID, 0, sr.w.cfg.LeaseRenew)
 		if err != nil {
 			return err
 		}

@@ -28,7 +28,8 @@ type Report struct {
 	StaleEpochs int
 }
 
-// OK reports whether nothing was lost, duplicated, reordered or invented.
+// OK reports whether nothing was lost, duplicated, reordered or invented,
+// and no commit came from an owner that had been fenced.
 func (r Report) OK() bool {
 	return r.Lost == 0 && r.Duplicated == 0 && r.Reordered == 0 && r.Unexpected == 0 && r.StaleEpochs == 0
 }

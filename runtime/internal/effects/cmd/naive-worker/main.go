@@ -16,7 +16,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -109,14 +108,8 @@ func run(log *slog.Logger) error {
 			time.Sleep(100 * time.Millisecond)
 			continue
 		}
-		if err := apply(ctx, pool, fn, msg); err != nil {
-			if ctx.Err() != nil {
-				break
-			}
-			// At-least-once: the offset stays uncommitted, and the record
-			// comes back after the next rebalance.
-			log.Warn("apply failed", "partition", msg.Partition, "offset", msg.Offset, "err", err)
-			continue
+		if err := apply(ctx, log, pool, fn, msg); err != nil {
+			break // ctx ended
 		}
 		p.applied(msg.Partition)
 		if err := reader.CommitMessages(ctx, msg); err != nil && ctx.Err() == nil {
@@ -128,22 +121,25 @@ func run(log *slog.Logger) error {
 	return nil
 }
 
-// apply writes the record's effect row in one transaction, with retries
-// while Postgres is unreachable.
-func apply(ctx context.Context, pool *pgxpool.Pool, fn string, msg kafka.Message) error {
-	var err error
-	for attempt := 0; attempt < 5; attempt++ {
-		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+// apply writes the record's effect row in one transaction, retrying until
+// it commits or ctx ends: the offset is committed only after the effect.
+func apply(ctx context.Context, log *slog.Logger, pool *pgxpool.Pool, fn string, msg kafka.Message) error {
+	for {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `INSERT INTO `+effects.Table(fn)+` (topic, partition, "offset", value, attempt) VALUES ($1, $2, $3, $4, 1)`,
 				msg.Topic, msg.Partition, msg.Offset, msg.Value)
 			return err
 		})
-		if err == nil || errors.Is(err, context.Canceled) {
+		if err == nil || ctx.Err() != nil {
 			return err
 		}
-		time.Sleep(100 * time.Millisecond)
+		log.Warn("apply failed, retrying", "partition", msg.Partition, "offset", msg.Offset, "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	return err
 }
 
 // progress is what the worker did since its last progress line.
