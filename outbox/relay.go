@@ -50,7 +50,8 @@ type Relay struct {
 
 	streamMu       sync.Mutex
 	streamSubjects []string // subjects the stream captures; nil until known
-	streamCheckAt  time.Time
+	// missedAt is when a subject was last looked up and found uncovered.
+	missedAt map[string]time.Time
 }
 
 // NewRelay checks the configuration and returns a relay. It does not connect
@@ -184,7 +185,7 @@ func (r *Relay) streamReady(ctx context.Context) ([]string, error) {
 	for {
 		subjects, err := r.ensureStream(ctx)
 		if err == nil {
-			r.streamSubjects, r.streamCheckAt = subjects, time.Now()
+			r.streamSubjects = subjects
 			return subjects, nil
 		}
 		var mismatch *StreamMismatchError
@@ -205,12 +206,15 @@ func (r *Relay) streamReady(ctx context.Context) ([]string, error) {
 // ParkFor), so an operator who widens the stream unblocks parked keys.
 func (r *Relay) streamCovers(ctx context.Context, subject string) bool {
 	r.streamMu.Lock()
-	subjects, checkedAt := r.streamSubjects, r.streamCheckAt
+	subjects := r.streamSubjects
+	missedAt, missed := r.missedAt[subject]
 	r.streamMu.Unlock()
 	if CoversSubject(subjects, subject) {
 		return true
 	}
-	if time.Since(checkedAt) < min(5*time.Second, r.cfg.ParkFor) {
+	// A subject not looked up yet is looked up now: another function may
+	// have added it to the stream since this relay read the subjects.
+	if missed && time.Since(missedAt) < min(5*time.Second, r.cfg.ParkFor) {
 		return false
 	}
 	lookupCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -218,12 +222,18 @@ func (r *Relay) streamCovers(ctx context.Context, subject string) bool {
 	stream, err := r.cfg.JetStream.Stream(lookupCtx, r.cfg.Stream)
 	r.streamMu.Lock()
 	defer r.streamMu.Unlock()
-	r.streamCheckAt = time.Now()
-	if err != nil {
+	if r.missedAt == nil || len(r.missedAt) > 1000 {
+		r.missedAt = map[string]time.Time{}
+	}
+	if err == nil {
+		r.streamSubjects = stream.CachedInfo().Config.Subjects
+	}
+	if err != nil || !CoversSubject(r.streamSubjects, subject) {
+		r.missedAt[subject] = time.Now()
 		return false
 	}
-	r.streamSubjects = stream.CachedInfo().Config.Subjects
-	return CoversSubject(r.streamSubjects, subject)
+	delete(r.missedAt, subject)
+	return true
 }
 
 func (r *Relay) newBackoff() *backoff.ExponentialBackOff {

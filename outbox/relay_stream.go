@@ -124,6 +124,13 @@ func subjectCovers(pattern, subject string) bool {
 // function binary calls it for the subjects it emits, so a stream shared by
 // many functions grows to cover all of them; subjects are never removed.
 func ExtendStream(ctx context.Context, js jetstream.JetStream, name string, subjects []string, duplicates time.Duration) ([]string, error) {
+	// A stream update replaces the whole subject list, so two processes
+	// adding different subjects at once would drop one of them: take turns.
+	unlock, err := lockStream(ctx, js, name)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	stream, err := js.Stream(ctx, name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		_, err = js.CreateStream(ctx, jetstream.StreamConfig{
@@ -156,4 +163,37 @@ func ExtendStream(ctx context.Context, js jetstream.JetStream, name string, subj
 		return nil, fmt.Errorf("add subjects %v to stream %s: %w", missing, name, err)
 	}
 	return cfg.Subjects, nil
+}
+
+// streamLocksBucket holds one short-lived key per stream being extended.
+const streamLocksBucket = "kfn_stream_locks"
+
+// lockStream takes the stream's extension lock, waiting for another
+// holder to release it (or for its key to expire, if it died holding it).
+func lockStream(ctx context.Context, js jetstream.JetStream, name string) (func(), error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: streamLocksBucket, Description: "kfn: serialises updates of event stream subjects",
+		History: 1, TTL: 30 * time.Second, Storage: jetstream.FileStorage,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stream lock bucket %s: %w", streamLocksBucket, err)
+	}
+	for {
+		rev, err := kv.Create(ctx, name, nil)
+		if err == nil {
+			return func() {
+				ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				defer cancel()
+				kv.Delete(ctx, name, jetstream.LastRevision(rev)) //nolint:errcheck // it expires anyway
+			}, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, fmt.Errorf("lock stream %s for an update: %w", name, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("lock stream %s for an update: %w", name, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }

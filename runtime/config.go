@@ -101,12 +101,14 @@ func (e *ConfigError) Error() string {
 	return fmt.Sprintf("invalid configuration: --%s (%s): %s", e.Field, e.Env, e.Msg)
 }
 
-func (c Config) validate() error {
+// validate checks every setting; Kafka brokers are required only when a
+// function reads Kafka (needKafka).
+func (c Config) validate(needKafka bool) error {
 	errs := append([]error(nil), c.envErrs...)
 	bad := func(field, msg string, args ...any) {
 		errs = append(errs, &ConfigError{Field: field, Env: envName(field), Msg: fmt.Sprintf(msg, args...)})
 	}
-	if len(c.KafkaBrokers) == 0 {
+	if needKafka && len(c.KafkaBrokers) == 0 {
 		bad("kafka-brokers", "no Kafka broker given: set it to host:port[,host:port…]")
 	}
 	for _, b := range c.KafkaBrokers {

@@ -58,6 +58,9 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	w, err := NewWorker(ctx, cfg, fn)
+	if err != nil && ctx.Err() != nil {
+		return 0 // stopped (SIGTERM) while starting: nothing ran, nothing to report
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %s\n", name, strings.ReplaceAll(err.Error(), "\n", "\n  "))
 		var cfgErr *ConfigError

@@ -51,7 +51,7 @@ const (
 // says which setting or service is at fault.
 func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error) {
 	cfg = cfg.WithDefaults()
-	if err := cfg.validate(); err != nil {
+	if err := cfg.validate(kafkaTopic(fns) != ""); err != nil {
 		return nil, err
 	}
 	if len(fns) == 0 {
@@ -99,6 +99,51 @@ func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error
 }
 
 func (w *worker) connect(ctx context.Context) error {
+	if err := w.connectPostgres(ctx); err != nil {
+		return err
+	}
+	if topic := kafkaTopic(w.fns); topic != "" {
+		w.kafka = newKafkaSource(w.cfg.KafkaBrokers, w.cfg.Logger)
+		metaCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if _, err := w.kafka.partitions(metaCtx, topic); err != nil && !errors.Is(err, errTopicMissing) {
+			return fmt.Errorf("cannot reach Kafka at %s (check --kafka-brokers / KFN_KAFKA_BROKERS): %w", strings.Join(w.cfg.KafkaBrokers, ","), err)
+		}
+		w.offsets = newOffsetCommitter(w.kafka, w.cfg.Logger)
+	}
+	if err := w.connectNATS(); err != nil {
+		return err
+	}
+	w.leases = map[string]*lease.Manager{}
+	for _, fn := range w.fns {
+		var err error
+		if w.leases[fn.Name], err = w.newPartitionLeases(fn); err != nil {
+			return err
+		}
+	}
+	if subjects := emittedSubjects(w.fns); !w.cfg.NoRelay && len(subjects) > 0 {
+		var err error
+		if w.relay, err = w.newRelay(ctx, subjects); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// kafkaTopic returns a topic one of fns consumes, or "" when none reads
+// Kafka (NATS-triggered functions only).
+func kafkaTopic(fns []Function) string {
+	for _, fn := range fns {
+		if fn.Topic != "" {
+			return fn.Topic
+		}
+	}
+	return ""
+}
+
+// connectPostgres opens the pool, checks the schema version and reads the
+// installation id.
+func (w *worker) connectPostgres(ctx context.Context) error {
 	pgCfg, err := pgxpool.ParseConfig(w.cfg.DatabaseURL)
 	if err != nil {
 		return &ConfigError{Field: "database-url", Env: "DATABASE_URL", Msg: fmt.Sprintf("cannot parse %s: %v", redactURL(w.cfg.DatabaseURL), err)}
@@ -118,19 +163,15 @@ func (w *worker) connect(ctx context.Context) error {
 	if err := schema.Check(ctx, w.pool); err != nil {
 		return err
 	}
-	if w.installation, err = installationID(ctx, w.pool); err != nil {
-		return err
-	}
+	w.installation, err = installationID(ctx, w.pool)
+	return err
+}
 
-	w.kafka = newKafkaSource(w.cfg.KafkaBrokers, w.cfg.Logger)
-	metaCtx, cancelMeta := context.WithTimeout(ctx, 10*time.Second)
-	defer cancelMeta()
-	if _, err := w.kafka.partitions(metaCtx, w.fns[0].Topic); err != nil && !errors.Is(err, errTopicMissing) {
-		return fmt.Errorf("cannot reach Kafka at %s (check --kafka-brokers / KFN_KAFKA_BROKERS): %w", strings.Join(w.cfg.KafkaBrokers, ","), err)
-	}
-	w.offsets = newOffsetCommitter(w.kafka, w.cfg.Logger)
-
-	w.nc, err = nats.Connect(w.cfg.NATSURL, nats.Name("kfn-worker "+w.cfg.WorkerID), nats.Timeout(5*time.Second),
+// connectNATS connects to NATS (reconnecting forever after a loss) and
+// opens JetStream.
+func (w *worker) connectNATS() error {
+	var err error
+	w.nc, err = nats.Connect(w.cfg.NATSURL, nats.Name("kfn "+w.cfg.WorkerID), nats.Timeout(5*time.Second),
 		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
 	if err != nil {
 		return fmt.Errorf("cannot reach NATS at %s (check --nats-url / KFN_NATS_URL): %w", w.cfg.NATSURL, err)
@@ -138,17 +179,6 @@ func (w *worker) connect(ctx context.Context) error {
 	w.js, err = jetstream.New(w.nc)
 	if err != nil {
 		return fmt.Errorf("NATS JetStream at %s: %w", w.cfg.NATSURL, err)
-	}
-	w.leases = map[string]*lease.Manager{}
-	for _, fn := range w.fns {
-		if w.leases[fn.Name], err = w.newPartitionLeases(fn); err != nil {
-			return err
-		}
-	}
-	if subjects := emittedSubjects(w.fns); !w.cfg.NoRelay && len(subjects) > 0 {
-		if w.relay, err = w.newRelay(ctx, subjects); err != nil {
-			return err
-		}
 	}
 	return nil
 }
@@ -183,16 +213,19 @@ func (wk *Worker) RelayStats() (outbox.RelayStats, bool) {
 func (wk *Worker) Run(ctx context.Context) error {
 	w := wk.w
 	defer w.close()
-	offsetsCtx, stopOffsets := context.WithCancel(context.WithoutCancel(ctx))
-	offsetsDone := make(chan struct{})
-	go func() {
-		defer close(offsetsDone)
-		w.offsets.run(offsetsCtx, time.Second)
-	}()
-	defer func() {
-		stopOffsets()
-		<-offsetsDone
-	}()
+	if w.offsets != nil {
+		// Stopped after the lanes, so the last commits are mirrored too.
+		offsetsCtx, stopOffsets := context.WithCancel(context.WithoutCancel(ctx))
+		offsetsDone := make(chan struct{})
+		go func() {
+			defer close(offsetsDone)
+			w.offsets.run(offsetsCtx, time.Second)
+		}()
+		defer func() {
+			stopOffsets()
+			<-offsetsDone
+		}()
+	}
 	purgeDone := make(chan struct{})
 	go func() {
 		defer close(purgeDone)

@@ -10,9 +10,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/functions/orders"
+	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/schema"
 )
@@ -28,6 +30,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	batchSize := fs.Int("batch-size", runtime.DefaultBatchSize, "max records per transaction in the batched modes")
 	batchWait := fs.Duration("batch-wait", runtime.DefaultBatchWait, "max wait to fill a batch")
 	rounds := fs.Int("rounds", 3, "run the modes this many times, interleaved, and report each mode's median")
+	relayEvents := fs.Int("relay-events", 0, "outbox backlog relayed by the relay benchmark (default: --records)")
+	relayFor := fs.Duration("relay-duration", 5*time.Second, "how long the naive relay and the relay latency run each take")
+	relayRate := fs.Int("relay-rate", 2000, "events committed per second in the relay latency run")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -36,6 +41,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if *records < 1 || *naive < 1 || *naive > *records {
 		return &usageError{msg: fmt.Sprintf("need 1 <= --naive-records (%d) <= --records (%d)", *naive, *records)}
+	}
+	if *relayEvents == 0 {
+		*relayEvents = int(min(*records, 1_000_000))
+	}
+	if *relayEvents < 1 || *relayFor <= 0 || *relayRate < 1 {
+		return &usageError{msg: "--relay-events, --relay-duration and --relay-rate must be positive"}
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	st, err := startStack(ctx, *dbURL, *natsURL, *brokers, stdout, log)
@@ -78,7 +89,52 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	printBench(stdout, results, *batchSize, *batchWait)
+
+	fmt.Fprintf(stdout, "\nrelay: a backlog of %d outbox events to JetStream; the naive relay for %s; commit→ack latency for %s at %d events/s\n",
+		*relayEvents, *relayFor, *relayFor, *relayRate)
+	relay, err := benchRelay(ctx, st, outbox.RelayBenchConfig{
+		Events: *relayEvents, Rate: *relayRate, Duration: *relayFor, NaiveFor: *relayFor,
+		Relay: outbox.RelayConfig{Logger: log},
+	})
+	if err != nil {
+		return err
+	}
+	printRelayBench(stdout, relay)
 	return nil
+}
+
+// benchRelay runs outbox.RunRelayBenchmark against the stack's database
+// (runtime.Bench leaves its outbox empty, and no worker runs any more) and
+// NATS server.
+func benchRelay(ctx context.Context, st *stack, cfg outbox.RelayBenchConfig) (outbox.RelayBenchResult, error) {
+	pgCfg, err := pgxpool.ParseConfig(st.DatabaseURL)
+	if err != nil {
+		return outbox.RelayBenchResult{}, &usageError{msg: fmt.Sprintf("--database-url: %v", err)}
+	}
+	pgCfg.MaxConns = outbox.Shards + 8 // a connection per shard loop, the LISTEN connection and the load
+	pool, err := pgxpool.NewWithConfig(ctx, pgCfg)
+	if err != nil {
+		return outbox.RelayBenchResult{}, fmt.Errorf("relay benchmark: connect to Postgres: %w", err)
+	}
+	defer pool.Close()
+	js, closeNATS, err := connectJetStream(st.NATSURL, "kfn bench relay")
+	if err != nil {
+		return outbox.RelayBenchResult{}, err
+	}
+	defer closeNATS()
+	cfg.Pool, cfg.JetStream = pool, js
+	return outbox.RunRelayBenchmark(ctx, cfg)
+}
+
+func printRelayBench(w io.Writer, r outbox.RelayBenchResult) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RELAY\tEVENTS\tSECONDS\tEVENTS/S")
+	fmt.Fprintf(tw, "relay\t%d\t%.2f\t%.0f\n", r.Events, r.RelayElapsed.Seconds(), r.RelayPerSecond)
+	fmt.Fprintf(tw, "naive relay\t%d\t%.2f\t%.0f\n", r.NaiveEvents, r.NaiveElapsed.Seconds(), r.NaivePerSecond)
+	tw.Flush()
+	fmt.Fprintf(w, "relay / naive relay = %.1f×  (naive: a synchronous publish and a DELETE per event)\n", r.Ratio)
+	fmt.Fprintf(w, "commit→ack latency at %.0f events/s (%d events): p50 %s  p99 %s  max %s\n", r.LatencyRateReached, r.LatencyEvents,
+		r.LatencyP50.Round(10*time.Microsecond), r.LatencyP99.Round(10*time.Microsecond), r.LatencyMax.Round(10*time.Microsecond))
 }
 
 func produceOrders(ctx context.Context, brokers []string, topic string, n int64) error {

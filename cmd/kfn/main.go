@@ -31,6 +31,7 @@ var commands = map[string]command{
 	"replay":  {"move a partition's cursor back to an offset", runReplay},
 	"dlq":     {"list dead-lettered records", runDLQ},
 	"bench":   {"benchmark exactly-once against at-least-once and naive", runBench},
+	"relay":   {"run the outbox relay on its own (for workers started with --no-relay)", runRelay},
 }
 
 // usageError is a mistake in how kfn was called: exit code 2.

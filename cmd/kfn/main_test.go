@@ -48,6 +48,7 @@ func TestBadInvocationsExitWithUsageErrors(t *testing.T) {
 		{[]string{"dev", "--rate", "0"}, "--rate 0 is out of range"},
 		{[]string{"bench", "--records", "10", "--naive-records", "20"}, "--naive-records (20) <= --records (10)"},
 		{[]string{"bench", "--rounds", "0"}, "--rounds 0 is out of range"},
+		{[]string{"bench", "--relay-duration", "0s"}, "--relay-events, --relay-duration and --relay-rate must be positive"},
 		{[]string{"dlq", "--database-url", "postgres://x@y/z", "--limit", "0"}, "--limit must be at least 1"},
 	}
 	for _, tc := range cases {
@@ -209,13 +210,15 @@ func TestDevProcessesItsSampleTrafficEndToEnd(t *testing.T) {
 func TestBenchPrintsRatiosAgainstBothBaselines(t *testing.T) {
 	db := kfntest.Postgres(t)
 	k := kfntest.Kafka(t)
-	code, out, stderr := kfn(t, "bench", "--records", "3000", "--naive-records", "300", "--rounds", "1", "--database-url", db.URL,
+	code, out, stderr := kfn(t, "bench", "--records", "3000", "--naive-records", "300", "--rounds", "1", "--relay-duration", "1s", "--database-url", db.URL,
 		"--kafka-brokers", strings.Join(k.Brokers, ","), "--nats-url", kfntest.NATSURL(t))
 	if code != 0 {
 		t.Fatalf("kfn bench: exit %d\n%s\n%s", code, out, stderr)
 	}
 	for _, want := range []string{`(?m)^exactly-once +\d+ +[\d.]+ +\d+ +\d+$`, `(?m)^at-least-once +\d+ +[\d.]+ +\d+ +\d+$`, `(?m)^naive +300 +[\d.]+ +\d+ +\d+$`,
-		`exactly-once / at-least-once = [\d.]+×`, `exactly-once / naive += [\d.]+×`} {
+		`exactly-once / at-least-once = [\d.]+×`, `exactly-once / naive += [\d.]+×`,
+		`(?m)^relay +3000 +[\d.]+ +\d+$`, `(?m)^naive relay +\d+ +[\d.]+ +\d+$`, `relay / naive relay = [\d.]+×`,
+		`commit→ack latency at \d+ events/s \(\d+ events\): p50 \S+ +p99 \S+`} {
 		if !regexp.MustCompile(want).MatchString(out) {
 			t.Errorf("bench output does not match %q:\n%s", want, out)
 		}

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kfn-dev/kfn/outbox"
+	"github.com/kfn-dev/kfn/runtime/kfntest"
+)
+
+func TestRelayRejectsBadFlags(t *testing.T) {
+	db := "postgres://x@127.0.0.1:1/z"
+	ok := []string{"relay", "--database-url", db, "--nats-url", "nats://127.0.0.1:1", "--subjects", "orders.accepted"}
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"relay", "--database-url", "", "--nats-url", "nats://n", "--subjects", "a.b"}, "--database-url is required"},
+		{[]string{"relay", "--database-url", db, "--nats-url", "", "--subjects", "a.b"}, "--nats-url is required"},
+		{[]string{"relay", "--database-url", db, "--nats-url", "nats://n", "--subjects", " , "}, "--subjects is required"},
+		{append(slices.Clone(ok), "--stats-every", "0s"), "--stats-every must be positive"},
+		{append(slices.Clone(ok), "--event-dedup", "soon"), `invalid value "soon" for flag -event-dedup`},
+		{append(slices.Clone(ok), "--no-such-flag"), "flag provided but not defined: -no-such-flag"},
+		{append(slices.Clone(ok), "extra"), `unexpected argument "extra"`},
+		// Checked by the runtime before it connects to anything.
+		{append(slices.Clone(ok), "--subjects", "orders..accepted"), `"orders..accepted" is not a valid NATS subject`},
+		{append(slices.Clone(ok), "--lease-ttl", "1s", "--lease-renew", "1s"), "--lease-ttl (KFN_LEASE_TTL): 1s must be at least 3 × --lease-renew"},
+		{append(slices.Clone(ok), "--event-dedup", "-1s"), "--event-dedup (KFN_EVENT_DEDUP): must be positive"},
+	}
+	for _, tc := range cases {
+		code, _, stderr := kfn(t, tc.args...)
+		if code != 2 || !strings.Contains(stderr, tc.want) {
+			t.Errorf("kfn %q = exit %d, stderr %q; want exit 2 and %q", tc.args, code, stderr, tc.want)
+		}
+	}
+
+	t.Setenv("KFN_LEASE_TTL", "five seconds")
+	if code, _, stderr := kfn(t, ok...); code != 2 || !strings.Contains(stderr, `KFN_LEASE_TTL="five seconds" is not a duration`) {
+		t.Errorf("with a malformed KFN_LEASE_TTL: exit %d, stderr %q; want exit 2 naming the variable", code, stderr)
+	}
+}
+
+// TestRelayProcessForwardsOutboxRows runs `kfn relay` as its own process
+// against real Postgres and NATS: it extends an existing stream with the
+// subjects it is given, relays rows committed with outbox.Insert before and
+// while it runs (each once, with its event id as Nats-Msg-Id, in order per
+// key), prints its counters, and stops cleanly on Ctrl-C.
+func TestRelayProcessForwardsOutboxRows(t *testing.T) {
+	bin := kfntest.BuildBinary(t, "github.com/kfn-dev/kfn/cmd/kfn")
+	db := kfntest.Postgres(t)
+	natsURL := kfntest.NATSURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The stream exists and captures one of the two subjects.
+	streamName, prefix := kfntest.Name(t, "stream"), kfntest.Name(t, "ev")
+	created, moved := prefix+".created", prefix+".moved"
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: streamName, Subjects: []string{created}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { js.DeleteStream(context.Background(), streamName) }) //nolint:errcheck
+
+	var rows []outbox.Row
+	insert := func(n int) {
+		t.Helper()
+		batch := make([]outbox.Row, n)
+		for i := range batch {
+			seq := len(rows) + i
+			subject := created
+			if seq%3 == 0 {
+				subject = moved
+			}
+			origin := outbox.Origin{Consumer: "relay-test", Topic: "t", Offset: int64(seq), SourceID: outbox.KafkaSourceID("t", 0, int64(seq))}
+			batch[i] = outbox.NewRow(origin, 0, fmt.Sprintf("key-%d", seq%7), outbox.Event{Subject: subject, Data: fmt.Appendf(nil, "%d", seq)})
+		}
+		if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return outbox.Insert(ctx, tx, batch) }); err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, batch...)
+	}
+	insert(200) // a backlog before the relay starts
+
+	p := kfntest.StartProcess(t, exec.Command(bin, "relay", "--database-url", db.URL, "--nats-url", natsURL,
+		"--event-stream", streamName, "--subjects", created+","+moved, "--lease-bucket", kfntest.Name(t, "leases"),
+		"--lease-ttl", "2s", "--lease-renew", "500ms", "--stats-every", "200ms", "--worker-id", "relay-1"))
+	waitStored := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			var left int
+			if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM kfn.outbox`).Scan(&left); err != nil {
+				t.Fatal(err)
+			}
+			st, err := js.Stream(ctx, streamName)
+			if err == nil && left == 0 && st.CachedInfo().State.Msgs == uint64(n) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("after 30s: %d outbox rows left, stream info %v (%v), want 0 rows and %d messages\n%s", left, st, err, n, p.LogTail(30))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitStored(200)
+	insert(100) // committed while it runs: woken by the notification
+	waitStored(300)
+	time.Sleep(300 * time.Millisecond) // one more stats line with everything published
+
+	if err := p.Cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.Exited():
+	case <-time.After(20 * time.Second):
+		t.Fatalf("kfn relay did not stop within 20s of Ctrl-C:\n%s", p.LogTail(30))
+	}
+	out := p.LogTail(1000)
+	if err := p.ExitErr(); err != nil {
+		t.Fatalf("kfn relay exited with %v after Ctrl-C:\n%s", err, out)
+	}
+	for _, want := range []string{"kfn relay: relaying the outbox to stream " + streamName, "stopped cleanly after publishing 300 events (0 duplicates"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("kfn relay output lacks %q:\n%s", want, out)
+		}
+	}
+	if !regexp.MustCompile(`published +300 .* shards 32 `).MatchString(out) {
+		t.Errorf("kfn relay printed no stats line with 300 published events over its 32 shards:\n%s", out)
+	}
+
+	st, err := js.Stream(ctx, streamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if subjects := st.CachedInfo().Config.Subjects; !slices.Contains(subjects, moved) {
+		t.Errorf("stream subjects %v: --subjects did not extend the stream with %s", subjects, moved)
+	}
+	requireRelayed(t, js, streamName, rows)
+}
+
+// requireRelayed reads the whole stream and checks that it holds each row
+// once, under its event id, on its subject, and each key's rows in insert
+// order.
+func requireRelayed(t *testing.T, js jetstream.JetStream, stream string, rows []outbox.Row) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byID := map[string]outbox.Row{}
+	for _, r := range rows {
+		byID[r.EventID] = r
+	}
+	seen := map[string]bool{}
+	lastOfKey := map[string]int64{}
+	for read := 0; read < len(rows); {
+		batch, err := cons.Fetch(len(rows)-read, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			id := m.Headers().Get(jetstream.MsgIDHeader)
+			r, ok := byID[id]
+			switch {
+			case !ok:
+				t.Errorf("message with Nats-Msg-Id %q is not an inserted row", id)
+				continue
+			case seen[id]:
+				t.Errorf("event %s is in the stream twice", id)
+			case m.Subject() != r.Event.Subject || string(m.Data()) != string(r.Event.Data):
+				t.Errorf("event %s: subject %s data %q, want %s and %q", id, m.Subject(), m.Data(), r.Event.Subject, r.Event.Data)
+			}
+			seen[id] = true
+			if last, ok := lastOfKey[r.Event.Key]; ok && r.Origin.Offset < last {
+				t.Errorf("key %s: row %d reached the stream after row %d", r.Event.Key, r.Origin.Offset, last)
+			}
+			lastOfKey[r.Event.Key] = r.Origin.Offset
+		}
+		if err := batch.Error(); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			t.Fatalf("stream %s: read %d of %d events, then nothing", stream, read, len(rows))
+		}
+		read += n
+	}
+	if len(seen) != len(rows) {
+		t.Errorf("the stream holds %d of the %d rows", len(seen), len(rows))
+	}
+}
