@@ -94,25 +94,7 @@ func (f *relayFixture) startRelay(cfg RelayConfig) (*Relay, func()) {
 	if err != nil {
 		f.t.Fatalf("new relay: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					f.t.Errorf("relay run: %v", err)
-				}
-			case <-time.After(15 * time.Second):
-				f.t.Errorf("relay did not stop within 15s")
-			}
-		})
-	}
-	f.t.Cleanup(stop)
-	return r, stop
+	return r, kfntest.Background(f.t, "relay run", r.Run)
 }
 
 // newRows makes perKey events for each key, interleaved (k0#0, k1#0, …,

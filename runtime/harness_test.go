@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -53,30 +52,11 @@ func setup(t *testing.T, partitions int) *bundle {
 // that shuts it down cleanly and waits for it.
 func (b *bundle) run(t *testing.T, fn runtime.Function) (*runtime.Worker, func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	w, err := runtime.NewWorker(ctx, b.cfg, fn)
+	w, err := runtime.NewWorker(context.Background(), b.cfg, fn)
 	if err != nil {
-		cancel()
 		t.Fatalf("start worker: %v", err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("worker: %v", err)
-				}
-			case <-time.After(30 * time.Second):
-				t.Errorf("worker did not stop within 30s")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return w, stop
+	return w, kfntest.Background(t, "worker", w.Run)
 }
 
 // produce writes values to one partition and returns where they landed. A

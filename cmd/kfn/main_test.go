@@ -102,8 +102,7 @@ func TestOperatorCommandsAgainstARunningWorker(t *testing.T) {
 	msgs = append(msgs, kafka.Message{Partition: 0, Key: []byte("bad"), Value: []byte("{not json")})
 	k.Produce(t, topic, msgs...)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := context.Background()
 	w, err := runtime.NewWorker(ctx, runtime.Config{
 		KafkaBrokers: k.Brokers, DatabaseURL: db.URL, NATSURL: natsURL, WorkerID: "worker-1",
 		LeaseTTL: 2 * time.Second, LeaseRenew: 500 * time.Millisecond, LeaseBucket: bucket,
@@ -111,12 +110,7 @@ func TestOperatorCommandsAgainstARunningWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	kfntest.Background(t, "worker", w.Run)
 	waitCursor := func(want int64) {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)

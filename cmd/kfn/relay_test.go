@@ -46,7 +46,7 @@ func TestRelayRejectsBadFlags(t *testing.T) {
 	}
 
 	t.Setenv("KFN_LEASE_TTL", "five seconds")
-	if code, _, stderr := kfn(t, ok...); code != 2 || !strings.Contains(stderr, `KFN_LEASE_TTL="five seconds" is not a duration`) {
+	if code, _, stderr := kfn(t, ok...); code != 2 || !strings.Contains(stderr, `--lease-ttl (KFN_LEASE_TTL): "five seconds" is not a duration`) {
 		t.Errorf("with a malformed KFN_LEASE_TTL: exit %d, stderr %q; want exit 2 naming the variable", code, stderr)
 	}
 }

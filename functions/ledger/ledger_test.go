@@ -61,18 +61,13 @@ func TestLedgerBooksValidOrdersAndDeadLettersTheRest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(runCtx) }()
+	stop := kfntest.Background(t, "worker", w.Run)
 	waitUntil(t, 30*time.Second, "every event handled", func() (bool, string) {
 		var n int
 		err := pg.Pool.QueryRow(ctx, `SELECT count(*) FROM kfn.event_inbox WHERE consumer = $1`, ledger.Name).Scan(&n)
 		return err == nil && n == len(events), fmt.Sprintf("%d of %d events in the inbox (%v)", n, len(events), err)
 	})
 	stop()
-	if err := <-done; err != nil {
-		t.Fatalf("worker: %v", err)
-	}
 
 	dead, err := inbox.ListDeadLetters(ctx, pg.Pool, ledger.Name, 10)
 	if err != nil {

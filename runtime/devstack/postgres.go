@@ -186,7 +186,7 @@ func (p *Postgres) startWithPortRetry(ctx context.Context) error {
 	for i := 0; ; i++ {
 		p.Port = p.opts.Port
 		if p.Port == 0 {
-			port, err := freePort()
+			port, err := FreePort()
 			if err != nil {
 				return err
 			}
@@ -398,9 +398,9 @@ func tail(b []byte, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// freePort asks the kernel for a free TCP port on 127.0.0.1. Another process
-// may take it before we bind it; callers retry when that happens.
-func freePort() (int, error) {
+// FreePort asks the kernel for a free TCP port on 127.0.0.1. Another process
+// may take it before it is bound; callers retry when that happens.
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("find a free port on 127.0.0.1: %w", err)

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kfn-dev/kfn/runtime/devstack"
 )
 
 // natsServerPkg is built with `go build`; it is in kfn's module graph, so the
@@ -41,7 +43,7 @@ type NATSServer struct {
 func NATSProcess(t testing.TB) *NATSServer {
 	t.Helper()
 	bin := BuildBinary(t, natsServerPkg)
-	port, err := freePort()
+	port, err := devstack.FreePort()
 	if err != nil {
 		t.Fatalf("kfntest: %v", err)
 	}
@@ -133,14 +135,4 @@ func (s *NATSServer) current() *Process {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.proc
-}
-
-// freePort asks the kernel for a free TCP port on 127.0.0.1.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port on 127.0.0.1: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

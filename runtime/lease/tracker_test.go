@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
 // tracker records which member runs work on which item, and flags two
@@ -102,28 +104,12 @@ func testManagerConfig(member string) Config {
 }
 
 // runMember starts m.Run and returns a function that stops it and checks it
-// returned nil within d.
+// returned nil.
 func runMember(t *testing.T, m *Manager, items *itemList, tr *tracker) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx, items.get, tr.work(m.Config().MemberID)) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Run of %s returned %v", m.Config().MemberID, err)
-				}
-			case <-time.After(10 * time.Second):
-				t.Errorf("Run of %s did not return within 10s of cancel", m.Config().MemberID)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return kfntest.Background(t, "Run of "+m.Config().MemberID, func(ctx context.Context) error {
+		return m.Run(ctx, items.get, tr.work(m.Config().MemberID))
+	})
 }
 
 func newManager(t *testing.T, js jetstream.JetStream, cfg Config) *Manager {
