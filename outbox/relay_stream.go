@@ -118,12 +118,22 @@ func subjectCovers(pattern, subject string) bool {
 	return len(pt) == len(st)
 }
 
+// StreamLimits are the settings a stream is created with.
+type StreamLimits struct {
+	// Duplicates is the window in which JetStream drops a republished
+	// Nats-Msg-Id; the downstream inbox drops repeats after it.
+	Duplicates time.Duration
+	// MaxAge bounds the stream: events older than this are removed, so it
+	// does not grow without bound. Consumers must keep up within it.
+	MaxAge time.Duration
+}
+
 // ExtendStream makes sure stream exists and captures subjects: it creates
-// the stream (file storage, the given duplicate window) or adds the subjects
-// an existing stream lacks, and returns all the subjects it captures. Each
-// function binary calls it for the subjects it emits, so a stream shared by
-// many functions grows to cover all of them; subjects are never removed.
-func ExtendStream(ctx context.Context, js jetstream.JetStream, name string, subjects []string, duplicates time.Duration) ([]string, error) {
+// the stream (file storage, with limits) or adds the subjects an existing
+// stream lacks, and returns all the subjects it captures. Each function
+// binary calls it for the subjects it emits, so a stream shared by many
+// functions grows to cover all of them; subjects are never removed.
+func ExtendStream(ctx context.Context, js jetstream.JetStream, name string, subjects []string, limits StreamLimits) ([]string, error) {
 	// A stream update replaces the whole subject list, so two processes
 	// adding different subjects at once would drop one of them: take turns.
 	unlock, err := lockStream(ctx, js, name)
@@ -135,7 +145,7 @@ func ExtendStream(ctx context.Context, js jetstream.JetStream, name string, subj
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		_, err = js.CreateStream(ctx, jetstream.StreamConfig{
 			Name: name, Description: "kfn outbox events", Subjects: subjects,
-			Duplicates: duplicates, Storage: jetstream.FileStorage,
+			Duplicates: limits.Duplicates, MaxAge: limits.MaxAge, Storage: jetstream.FileStorage,
 		})
 		if err == nil {
 			return subjects, nil

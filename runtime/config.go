@@ -36,6 +36,7 @@ type Config struct {
 	NoRelay        bool          // KFN_NO_RELAY: do not run the outbox relay in this process (run `kfn relay` instead)
 	EventStream    string        // KFN_EVENT_STREAM: the JetStream stream outbox events are relayed to
 	EventDedup     time.Duration // KFN_EVENT_DEDUP: the stream's duplicate window, when the relay creates it
+	EventRetention time.Duration // KFN_EVENT_RETENTION: the event stream's max age, when the relay creates it
 	InboxRetention time.Duration // KFN_INBOX_RETENTION: inbox rows older than this are purged (dedup of Kafka records stays permanent)
 	Logger         *slog.Logger  // not bindable; defaults to slog.Default()
 
@@ -55,6 +56,7 @@ const (
 	DefaultLeaseRenew     = 1 * time.Second
 	DefaultEventDedup     = 2 * time.Minute
 	DefaultInboxRetention = 7 * 24 * time.Hour
+	DefaultEventRetention = 7 * 24 * time.Hour
 )
 
 // WithDefaults returns a copy with every unset field at its default.
@@ -77,6 +79,7 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.EventStream, DefaultStream)
 	setDefault(&c.EventDedup, DefaultEventDedup)
 	setDefault(&c.InboxRetention, DefaultInboxRetention)
+	setDefault(&c.EventRetention, DefaultEventRetention)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -147,6 +150,9 @@ func (c Config) validate(needKafka bool) error {
 	}
 	if c.EventDedup <= 0 {
 		bad("event-dedup", "must be positive")
+	}
+	if c.EventRetention < c.EventDedup {
+		bad("event-retention", "%s is shorter than --event-dedup (%s)", c.EventRetention, c.EventDedup)
 	}
 	if c.InboxRetention < time.Second {
 		bad("inbox-retention", "%s is too short: events republished after it would be applied again", c.InboxRetention)
@@ -225,6 +231,7 @@ func (c *Config) Bind(fs *flag.FlagSet) {
 	str(&c.EventStream, "event-stream", DefaultStream, "JetStream stream the outbox events are relayed to")
 	dur(&c.EventDedup, "event-dedup", DefaultEventDedup, "duplicate window of the event stream when the relay creates it")
 	dur(&c.InboxRetention, "inbox-retention", DefaultInboxRetention, "purge inbox rows older than this")
+	dur(&c.EventRetention, "event-retention", DefaultEventRetention, "max age of events in the event stream when the relay creates it")
 }
 
 func envOr(field, def string) string {

@@ -26,7 +26,8 @@ func emittedSubjects(fns []Function) []string {
 // newRelay makes the stream capture subjects and returns a relay that works
 // the shards this process holds leases on.
 func (w *worker) newRelay(ctx context.Context, subjects []string) (*outbox.Relay, error) {
-	streamSubjects, err := outbox.ExtendStream(ctx, w.js, w.cfg.EventStream, subjects, w.cfg.EventDedup)
+	streamSubjects, err := outbox.ExtendStream(ctx, w.js, w.cfg.EventStream, subjects,
+		outbox.StreamLimits{Duplicates: w.cfg.EventDedup, MaxAge: w.cfg.EventRetention})
 	if err != nil {
 		return nil, fmt.Errorf("event stream %s in NATS at %s: %w", w.cfg.EventStream, w.cfg.NATSURL, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/runtime"
+	"github.com/kfn-dev/kfn/runtime/internal/effects"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
@@ -190,4 +192,26 @@ func jetStream(t *testing.T, url string) jetstream.JetStream {
 		t.Fatal(err)
 	}
 	return js
+}
+
+// TestEventStreamIsCreatedBounded checks the stream the relay creates keeps
+// events for the configured retention and drops republished ids inside the
+// configured window: nothing in it grows without bound.
+func TestEventStreamIsCreatedBounded(t *testing.T) {
+	b := setup(t, 1)
+	b.cfg.EventStream = kfntest.Name(t, "events")
+	b.cfg.EventDedup = 90 * time.Second
+	b.cfg.EventRetention = 36 * time.Hour
+	fn := effects.Function(b.fn, b.topic)
+	_, stop := b.run(t, fn)
+	defer stop()
+	stream, err := jetStream(t, b.cfg.NATSURL).Stream(context.Background(), b.cfg.EventStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := stream.CachedInfo().Config
+	if cfg.MaxAge != 36*time.Hour || cfg.Duplicates != 90*time.Second || cfg.Storage != jetstream.FileStorage || !slices.Contains(cfg.Subjects, effects.Subject(b.fn)) {
+		t.Errorf("stream config: max age %s, duplicates %s, storage %v, subjects %v; want 36h, 90s, file, and the function's subject",
+			cfg.MaxAge, cfg.Duplicates, cfg.Storage, cfg.Subjects)
+	}
 }

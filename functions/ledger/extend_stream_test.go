@@ -32,7 +32,7 @@ func TestFunctionsStartingTogetherAllGetTheirSubjectsIntoTheStream(t *testing.T)
 	for round := range rounds {
 		stream := kfntest.Name(t, "events")
 		// The stream exists already, made by a function deployed earlier.
-		if _, err := outbox.ExtendStream(ctx, js, stream, []string{stream + ".earlier"}, time.Minute); err != nil {
+		if _, err := outbox.ExtendStream(ctx, js, stream, []string{stream + ".earlier"}, outbox.StreamLimits{Duplicates: time.Minute, MaxAge: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 		want := []string{stream + ".earlier"}
@@ -41,7 +41,7 @@ func TestFunctionsStartingTogetherAllGetTheirSubjectsIntoTheStream(t *testing.T)
 			subject := fmt.Sprintf("%s.fn%d.>", stream, i)
 			want = append(want, subject)
 			wg.Go(func() {
-				if _, err := outbox.ExtendStream(ctx, js, stream, []string{subject}, time.Minute); err != nil {
+				if _, err := outbox.ExtendStream(ctx, js, stream, []string{subject}, outbox.StreamLimits{Duplicates: time.Minute, MaxAge: time.Hour}); err != nil {
 					t.Errorf("extend %s with %s: %v", stream, subject, err)
 				}
 			})

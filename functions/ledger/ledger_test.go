@@ -33,7 +33,7 @@ func TestLedgerBooksValidOrdersAndDeadLettersTheRest(t *testing.T) {
 	}
 	defer nc.Close()
 	js := jetStreamOf(t, nc)
-	if _, err := outbox.ExtendStream(ctx, js, runtime.DefaultStream, []string{orders.AcceptedSubject, ledger.CapturedSubject}, time.Minute); err != nil {
+	if _, err := outbox.ExtendStream(ctx, js, runtime.DefaultStream, []string{orders.AcceptedSubject, ledger.CapturedSubject}, outbox.StreamLimits{Duplicates: time.Minute, MaxAge: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	valid, _ := json.Marshal(orders.Order{ID: "ord-1", Customer: "acme", AmountCents: 1250, Currency: "EUR"})
