@@ -58,6 +58,11 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, req
 
 	var res inbox.ReplayResult
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// A worker frozen inside a batch holds the cursor row; do not wait
+		// for it forever (the workers' next claim ends its session).
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '10s'`); err != nil {
+			return err
+		}
 		if _, err := inbox.ClaimPartition(ctx, tx, part, int64(l.Token), req.Actor, 0); err != nil {
 			return err
 		}

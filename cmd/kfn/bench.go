@@ -16,14 +16,11 @@ import (
 	"github.com/kfn-dev/kfn/functions/orders"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
-	"github.com/kfn-dev/kfn/runtime/schema"
 )
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("bench", stderr)
-	dbURL := databaseFlag(fs)
-	brokers := brokersFlag(fs)
-	natsURL := natsFlag(fs)
+	services := addServiceFlags(fs)
 	records := fs.Int64("records", 50000, "records applied by the batched modes")
 	naive := fs.Int64("naive-records", 3000, "records applied by the naive mode (it is slow)")
 	partitions := fs.Int("partitions", 4, "partitions of the benchmark topic")
@@ -49,20 +46,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return &usageError{msg: "--relay-events, --relay-duration and --relay-rate must be positive"}
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	st, err := startStack(ctx, *dbURL, *natsURL, *brokers, stdout, log)
+	st, pool, err := services.start(ctx, stdout, log)
 	if err != nil {
 		return err
 	}
 	defer st.stop()
-	pool, err := connectPostgres(ctx, st.DatabaseURL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if _, err := schema.Migrate(ctx, pool); err != nil {
-		return err
-	}
-	pool.Close()
+	pool.Close() // the benchmark opens its own connections
 
 	topic := fmt.Sprintf("kfn-bench-%d", time.Now().UnixNano())
 	if err := ensureTopic(ctx, st.Brokers, topic, *partitions); err != nil {

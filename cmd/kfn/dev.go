@@ -16,14 +16,11 @@ import (
 	"github.com/kfn-dev/kfn/functions/orders"
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/runtime"
-	"github.com/kfn-dev/kfn/runtime/schema"
 )
 
 func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("dev", stderr)
-	dbURL := databaseFlag(fs)
-	brokers := brokersFlag(fs)
-	natsURL := natsFlag(fs)
+	services := addServiceFlags(fs)
 	duration := fs.Duration("duration", 0, "stop after this long (default: run until Ctrl-C)")
 	rate := fs.Int("rate", 200, "sample orders produced per second")
 	partitions := fs.Int("partitions", 4, "partitions of the orders topic when it is created")
@@ -47,20 +44,12 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	fmt.Fprintln(stdout, "kfn dev: starting the stack")
-	st, err := startStack(ctx, *dbURL, *natsURL, *brokers, stdout, log)
+	st, pool, err := services.start(ctx, stdout, log)
 	if err != nil {
 		return err
 	}
 	defer st.stop()
-
-	pool, err := connectPostgres(ctx, st.DatabaseURL)
-	if err != nil {
-		return err
-	}
 	defer pool.Close()
-	if _, err := schema.Migrate(ctx, pool); err != nil {
-		return err
-	}
 	if err := ensureTopic(ctx, st.Brokers, orders.Topic, *partitions); err != nil {
 		return err
 	}

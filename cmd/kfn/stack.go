@@ -3,14 +3,17 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/runtime/devstack"
+	"github.com/kfn-dev/kfn/runtime/schema"
 )
 
 // stack is the set of services kfn dev and kfn bench run against: the ones
@@ -20,6 +23,34 @@ type stack struct {
 	NATSURL     string
 	Brokers     []string
 	stops       []func()
+}
+
+// serviceFlags are the flags of the commands that run a stack (dev, bench):
+// the services they name are used, the others are started in this process.
+type serviceFlags struct{ databaseURL, brokers, natsURL *string }
+
+func addServiceFlags(fs *flag.FlagSet) serviceFlags {
+	return serviceFlags{databaseURL: databaseFlag(fs), brokers: brokersFlag(fs), natsURL: natsFlag(fs)}
+}
+
+// start starts the stack and migrates its database. The caller stops the
+// stack and closes the pool.
+func (f serviceFlags) start(ctx context.Context, out io.Writer, log *slog.Logger) (*stack, *pgxpool.Pool, error) {
+	st, err := startStack(ctx, *f.databaseURL, *f.natsURL, *f.brokers, out, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := connectPostgres(ctx, st.DatabaseURL)
+	if err != nil {
+		st.stop()
+		return nil, nil, err
+	}
+	if _, err := schema.Migrate(ctx, pool); err != nil {
+		pool.Close()
+		st.stop()
+		return nil, nil, err
+	}
+	return st, pool, nil
 }
 
 // startStack starts whatever the given URLs leave out. out receives one line
