@@ -23,13 +23,23 @@ func emittedSubjects(fns []Function) []string {
 	return out
 }
 
-// newRelay makes the stream capture subjects and returns a relay that works
-// the shards this process holds leases on.
-func (w *worker) newRelay(ctx context.Context, subjects []string) (*outbox.Relay, error) {
-	streamSubjects, err := outbox.ExtendStream(ctx, w.js, w.cfg.EventStream, subjects,
+// extendEventStream makes the event stream capture subjects, creating it if
+// needed, and returns every subject it captures.
+func (w *worker) extendEventStream(ctx context.Context, subjects []string) ([]string, error) {
+	all, err := outbox.ExtendStream(ctx, w.js, w.cfg.EventStream, subjects,
 		outbox.StreamLimits{Duplicates: w.cfg.EventDedup, MaxAge: w.cfg.EventRetention})
 	if err != nil {
 		return nil, fmt.Errorf("event stream %s in NATS at %s: %w", w.cfg.EventStream, w.cfg.NATSURL, err)
+	}
+	return all, nil
+}
+
+// newRelay makes the stream capture subjects and returns a relay that works
+// the shards this process holds leases on.
+func (w *worker) newRelay(ctx context.Context, subjects []string) (*outbox.Relay, error) {
+	streamSubjects, err := w.extendEventStream(ctx, subjects)
+	if err != nil {
+		return nil, err
 	}
 	sc := leaseStoreConfig(w.cfg)
 	shards, err := lease.NewManager(w.js, lease.Config{

@@ -194,24 +194,33 @@ func jetStream(t *testing.T, url string) jetstream.JetStream {
 	return js
 }
 
-// TestEventStreamIsCreatedBounded checks the stream the relay creates keeps
+// TestEventStreamIsCreatedBounded checks the stream a worker creates keeps
 // events for the configured retention and drops republished ids inside the
-// configured window: nothing in it grows without bound.
+// configured window, so nothing in it grows without bound, and that it
+// captures the function's subjects even when the worker leaves relaying to
+// another process (--no-relay).
 func TestEventStreamIsCreatedBounded(t *testing.T) {
-	b := setup(t, 1)
-	b.cfg.EventStream = kfntest.Name(t, "events")
-	b.cfg.EventDedup = 90 * time.Second
-	b.cfg.EventRetention = 36 * time.Hour
-	fn := effects.Function(b.fn, b.topic)
-	_, stop := b.run(t, fn)
-	defer stop()
-	stream, err := jetStream(t, b.cfg.NATSURL).Stream(context.Background(), b.cfg.EventStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := stream.CachedInfo().Config
-	if cfg.MaxAge != 36*time.Hour || cfg.Duplicates != 90*time.Second || cfg.Storage != jetstream.FileStorage || !slices.Contains(cfg.Subjects, effects.Subject(b.fn)) {
-		t.Errorf("stream config: max age %s, duplicates %s, storage %v, subjects %v; want 36h, 90s, file, and the function's subject",
-			cfg.MaxAge, cfg.Duplicates, cfg.Storage, cfg.Subjects)
+	for _, noRelay := range []bool{false, true} {
+		t.Run(fmt.Sprintf("no-relay=%v", noRelay), func(t *testing.T) {
+			b := setup(t, 1)
+			b.cfg.EventStream = kfntest.Name(t, "events")
+			b.cfg.EventDedup = 90 * time.Second
+			b.cfg.EventRetention = 36 * time.Hour
+			b.cfg.NoRelay = noRelay
+			w, stop := b.run(t, effects.Function(b.fn, b.topic))
+			defer stop()
+			if _, relaying := w.RelayStats(); relaying == noRelay {
+				t.Errorf("worker runs a relay: %v, want %v", relaying, !noRelay)
+			}
+			stream, err := jetStream(t, b.cfg.NATSURL).Stream(context.Background(), b.cfg.EventStream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := stream.CachedInfo().Config
+			if cfg.MaxAge != 36*time.Hour || cfg.Duplicates != 90*time.Second || cfg.Storage != jetstream.FileStorage || !slices.Contains(cfg.Subjects, effects.Subject(b.fn)) {
+				t.Errorf("stream config: max age %s, duplicates %s, storage %v, subjects %v; want 36h, 90s, file, and the function's subject",
+					cfg.MaxAge, cfg.Duplicates, cfg.Storage, cfg.Subjects)
+			}
+		})
 	}
 }

@@ -121,7 +121,16 @@ func (w *worker) connect(ctx context.Context) error {
 			return err
 		}
 	}
-	if subjects := emittedSubjects(w.fns); !w.cfg.NoRelay && len(subjects) > 0 {
+	subjects := emittedSubjects(w.fns)
+	switch {
+	case len(subjects) == 0:
+	case w.cfg.NoRelay:
+		// Another process relays, but the stream must still capture what
+		// these functions emit.
+		if _, err := w.extendEventStream(ctx, subjects); err != nil {
+			return err
+		}
+	default:
 		var err error
 		if w.relay, err = w.newRelay(ctx, subjects); err != nil {
 			return err
