@@ -116,27 +116,18 @@ type Config struct {
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
+// The bucket's settings take StoreConfig's defaults.
 func (c Config) WithDefaults() Config {
-	if c.Bucket == "" {
-		c.Bucket = DefaultBucket
-	}
+	sc := c.storeConfig().WithDefaults()
+	c.Bucket, c.TTL, c.SafetyMargin, c.Logger = sc.Bucket, sc.TTL, sc.SafetyMargin, sc.Logger
 	if c.MemberID == "" {
 		c.MemberID = defaultMemberID()
-	}
-	if c.TTL == 0 {
-		c.TTL = DefaultTTL
 	}
 	if c.RenewEvery == 0 {
 		c.RenewEvery = DefaultRenewEvery
 	}
-	if c.SafetyMargin == 0 {
-		c.SafetyMargin = DefaultSafetyMargin
-	}
 	if c.PollItemsEvery == 0 {
 		c.PollItemsEvery = DefaultPollItemsEvery
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
 	}
 	return c
 }
