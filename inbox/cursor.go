@@ -142,14 +142,7 @@ func SkipExpired(ctx context.Context, tx pgx.Tx, p Partition, token, from, to in
 	if err := Advance(ctx, tx, p, token, from, to); err != nil {
 		return err
 	}
-	_, err := tx.Exec(ctx, `
-INSERT INTO kfn.audit_log (actor, action, consumer, topic, partition, details)
-VALUES ('kfn-worker', 'skip_expired', $1, $2, $3, jsonb_build_object('from', $4::bigint, 'to', $5::bigint, 'epoch', $6::bigint))`,
-		p.Consumer, p.Topic, p.Partition, from, to, token)
-	if err != nil {
-		return fmt.Errorf("audit skipped records of %s: %w", p, err)
-	}
-	return nil
+	return writeAudit(ctx, tx, "kfn-worker", "skip_expired", p, map[string]any{"from": from, "to": to, "epoch": token})
 }
 
 // ErrOlderOwnerBlocked means an older owner's transaction held the cursor

@@ -40,17 +40,9 @@ func Replay(ctx context.Context, tx pgx.Tx, r ReplayRequest) (ReplayResult, erro
 		return ReplayResult{}, errors.New("a re-execution needs a reason for the audit log")
 	}
 	var res ReplayResult
-	err := tx.QueryRow(ctx, `SELECT next_offset, high_water, generation, epoch, owner FROM kfn.cursors
- WHERE consumer = $1 AND topic = $2 AND partition = $3 FOR UPDATE`, p.Consumer, p.Topic, p.Partition).
-		Scan(&res.Previous.NextOffset, &res.Previous.HighWater, &res.Previous.Generation, &res.Previous.Epoch, &res.Previous.Owner)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return ReplayResult{}, fmt.Errorf("partition %s has no cursor: nothing was ever processed there", p)
-	}
-	if err != nil {
-		return ReplayResult{}, fmt.Errorf("read cursor of %s: %w", p, err)
-	}
-	if res.Previous.Epoch != r.Token {
-		return ReplayResult{}, &FencedError{Partition: p, Token: r.Token, Epoch: res.Previous.Epoch}
+	var err error
+	if res.Previous, err = lockOwnedCursor(ctx, tx, p, r.Token); err != nil {
+		return ReplayResult{}, err
 	}
 	if r.From < 0 || r.From > res.Previous.HighWater {
 		return ReplayResult{}, fmt.Errorf("%w: offset %d is outside [0, %d] of %s", ErrReplayPastHighWater, r.From, res.Previous.HighWater, p)
@@ -75,14 +67,12 @@ func Replay(ctx context.Context, tx pgx.Tx, r ReplayRequest) (ReplayResult, erro
 	if err != nil {
 		return ReplayResult{}, fmt.Errorf("move cursor of %s: %w", p, err)
 	}
-	_, err = tx.Exec(ctx, `
-INSERT INTO kfn.audit_log (actor, action, consumer, topic, partition, details)
-VALUES ($1, $2, $3, $4, $5, jsonb_build_object('from', $6::bigint, 'previous_next_offset', $7::bigint,
-        'previous_high_water', $8::bigint, 'epoch', $9::bigint, 'inbox_released', $10::bigint, 'reason', $11::text))`,
-		r.Actor, action, p.Consumer, p.Topic, p.Partition, r.From, res.Previous.NextOffset, res.Previous.HighWater,
-		r.Token, res.InboxReleased, r.Reason)
+	err = writeAudit(ctx, tx, r.Actor, action, p, map[string]any{
+		"from": r.From, "previous_next_offset": res.Previous.NextOffset, "previous_high_water": res.Previous.HighWater,
+		"epoch": r.Token, "inbox_released": res.InboxReleased, "reason": r.Reason,
+	})
 	if err != nil {
-		return ReplayResult{}, fmt.Errorf("audit replay of %s: %w", p, err)
+		return ReplayResult{}, err
 	}
 	return res, nil
 }

@@ -249,12 +249,8 @@ func (a *applier) writeDeadLetter(ctx context.Context, tx pgx.Tx, rec Record, re
 	if err := a.ledger.markDeadLettered(ctx, tx, rec); err != nil {
 		return err
 	}
-	headers := make([]inbox.Header, len(rec.Headers))
-	for i, h := range rec.Headers {
-		headers[i] = inbox.Header{Key: h.Key, Value: h.Value}
-	}
 	return inbox.WriteDeadLetter(ctx, tx, inbox.DeadLetter{
-		Partition: a.part, Offset: rec.Offset, Key: rec.Key, Value: rec.Value, Headers: headers,
+		Partition: a.part, Offset: rec.Offset, Key: rec.Key, Value: rec.Value, Headers: deadLetterHeaders(rec),
 		RecordTime: rec.Time, Reason: reason, Error: cause.Error(), Attempts: attempts,
 	})
 }

@@ -29,48 +29,59 @@ type ReplayRequest struct {
 }
 
 // Replay moves a partition's cursor through the same fencing the workers
-// use: it seizes the partition's lease (a new, larger token), records that
-// token in Postgres (so the current owner's next commit fails), moves the
-// cursor and writes the audit log in one transaction, then releases the
-// lease so a worker takes the partition again and resumes at the new cursor.
+// use (see withSeizedPartition), and writes the audit log in the same
+// transaction. A worker then takes the partition again and resumes at the
+// new cursor.
 func Replay(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, req ReplayRequest) (inbox.ReplayResult, error) {
-	cfg := Config{LeaseBucket: req.LeaseBucket}.WithDefaults()
 	part := inbox.Partition{Consumer: req.Function, Topic: req.Topic, Partition: req.Partition}
-	if _, err := inbox.ReadCursor(ctx, pool, part); err != nil {
-		if errors.Is(err, pgx.ErrNoRows) {
-			return inbox.ReplayResult{}, fmt.Errorf("partition %s has no cursor: check the function, topic and partition (kfn status lists them)", part)
-		}
-		return inbox.ReplayResult{}, err
-	}
-	store, err := lease.OpenExisting(ctx, js, cfg.LeaseBucket, cfg.Logger)
-	if err != nil {
-		return inbox.ReplayResult{}, fmt.Errorf("partition leases (is --lease-bucket the workers' one?): %w", err)
-	}
-	installation, err := installationID(ctx, pool)
-	if err != nil {
-		return inbox.ReplayResult{}, err
-	}
-	l, err := store.Seize(ctx, leaseGroup(installation, req.Function, req.Topic), leaseItem(req.Partition), req.Actor)
-	if err != nil {
-		return inbox.ReplayResult{}, fmt.Errorf("take the lease of %s: %w", part, err)
-	}
-	defer store.Release(context.WithoutCancel(ctx), l) //nolint:errcheck // if it fails the lease expires after its TTL
-
 	var res inbox.ReplayResult
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		// A worker frozen inside a batch holds the cursor row; do not wait
-		// for it forever (the workers' next claim ends its session).
-		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '10s'`); err != nil {
-			return err
-		}
-		if _, err := inbox.ClaimPartition(ctx, tx, part, int64(l.Token), req.Actor, 0); err != nil {
-			return err
-		}
+	err := withSeizedPartition(ctx, pool, js, req.LeaseBucket, part, req.Actor, func(tx pgx.Tx, token int64) (err error) {
 		res, err = inbox.Replay(ctx, tx, inbox.ReplayRequest{
-			Partition: part, Token: int64(l.Token), From: req.From,
+			Partition: part, Token: token, From: req.From,
 			Reexecute: req.Reexecute, Actor: req.Actor, Reason: req.Reason,
 		})
 		return err
 	})
 	return res, err
+}
+
+// withSeizedPartition runs an operator's change to a partition under the
+// workers' own fencing: it seizes the partition's lease (a new, larger
+// token), records that token in Postgres (so the current owner's next
+// commit fails), runs change in the same transaction, then releases the
+// lease so that a worker takes the partition again at once.
+func withSeizedPartition(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, bucket string, part inbox.Partition, actor string,
+	change func(tx pgx.Tx, token int64) error) error {
+	cfg := Config{LeaseBucket: bucket}.WithDefaults()
+	if _, err := inbox.ReadCursor(ctx, pool, part); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("partition %s has no cursor: check the function, topic and partition (kfn status lists them)", part)
+		}
+		return err
+	}
+	store, err := lease.OpenExisting(ctx, js, cfg.LeaseBucket, cfg.Logger)
+	if err != nil {
+		return fmt.Errorf("partition leases (is --lease-bucket the workers' one?): %w", err)
+	}
+	installation, err := installationID(ctx, pool)
+	if err != nil {
+		return err
+	}
+	l, err := store.Seize(ctx, leaseGroup(installation, part.Consumer, part.Topic), leaseItem(part.Partition), actor)
+	if err != nil {
+		return fmt.Errorf("take the lease of %s: %w", part, err)
+	}
+	defer store.Release(context.WithoutCancel(ctx), l) //nolint:errcheck // if it fails the lease expires after its TTL
+
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// A worker frozen inside a batch holds the cursor row; do not wait
+		// for it forever (the workers' next claim ends its session).
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '10s'`); err != nil {
+			return err
+		}
+		if _, err := inbox.ClaimPartition(ctx, tx, part, int64(l.Token), actor, 0); err != nil {
+			return err
+		}
+		return change(tx, int64(l.Token))
+	})
 }

@@ -9,10 +9,26 @@ import (
 	"text/tabwriter"
 
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "park":
+			return runDLQPark(ctx, args[1:], stdout, stderr)
+		case "list":
+			args = args[1:]
+		}
+	}
 	fs := newFlags("dlq", stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `usage: kfn dlq [list] [flags]      list dead-lettered records
+       kfn dlq park [flags]        dead-letter one stuck record by hand (see kfn dlq park -h)
+
+`)
+		fs.PrintDefaults()
+	}
 	dbURL := databaseFlag(fs)
 	function := fs.String("function", "", "only this function (default: all)")
 	limit := fs.Int("limit", 100, "at most this many records")
@@ -51,4 +67,76 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			d.Offset, d.Reason, d.Attempts, d.DeadAt.Format("2006-01-02 15:04:05"), firstLine)
 	}
 	return tw.Flush()
+}
+
+// runDLQPark is the escape hatch for a record that holds its partition for
+// a reason no one foresaw: it dead-letters that one record through the
+// workers' lease-and-fence path, audited.
+func runDLQPark(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("dlq park", stderr)
+	dbURL := databaseFlag(fs)
+	natsURL := natsFlag(fs)
+	brokers := brokersFlag(fs)
+	bucket := leaseBucketFlag(fs)
+	function := fs.String("function", "", "the function the record is stuck in (required)")
+	topic := fs.String("topic", "", "the source topic (required)")
+	partition := fs.Int("partition", -1, "the partition (required)")
+	offset := fs.Int64("offset", -1, "the offset of the record to park (required; kfn status shows the cursor)")
+	reason := fs.String("reason", "", "why, for the audit log (required)")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `usage: kfn dlq park --function F --topic T --partition P --offset N --reason "…" [flags]
+
+Dead-letters one record that its worker has not handled, with reason "parked",
+and lets the partition move on. The current owner is fenced, takes the
+partition again and skips the record. With --kafka-brokers the dead letter
+holds the record's key, value and headers; without, only its coordinates.
+
+example:
+  kfn dlq park --function orders --topic orders --partition 3 --offset 1187 \
+      --reason "INC-42: record crashes the decoder; parked until fixed"
+
+`)
+		fs.PrintDefaults()
+	}
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	for _, f := range []struct{ name, value string }{{"database-url", *dbURL}, {"nats-url", *natsURL}, {"function", *function}, {"topic", *topic}, {"reason", *reason}} {
+		if err := required(f.name, f.value); err != nil {
+			return err
+		}
+	}
+	if *partition < 0 {
+		return &usageError{msg: "--partition is required (0 or more)"}
+	}
+	if *offset < 0 {
+		return &usageError{msg: "--offset is required (0 or more)"}
+	}
+	pool, err := connectPostgres(ctx, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	js, closeNATS, err := connectJetStream(*natsURL, "kfn dlq park")
+	if err != nil {
+		return err
+	}
+	defer closeNATS()
+	res, err := runtime.Park(ctx, pool, js, runtime.ParkRequest{
+		Function: *function, Topic: *topic, Partition: int32(*partition), Offset: *offset, Reason: *reason,
+		Actor: actor("dlq-park"), KafkaBrokers: splitBrokers(*brokers), LeaseBucket: *bucket,
+	})
+	if err != nil {
+		return err
+	}
+	record := "with the record's key, value and headers"
+	switch {
+	case res.ReadError != nil:
+		record = fmt.Sprintf("without its bytes (could not read it: %v)", res.ReadError)
+	case !res.RecordRead:
+		record = "without its bytes (no --kafka-brokers)"
+	}
+	fmt.Fprintf(stdout, "%s/%s/%d@%d: dead-lettered as parked, %s; cursor %d -> %d; a worker resumes within a few seconds\n",
+		*function, *topic, *partition, *offset, record, res.Previous.NextOffset, res.Now.NextOffset)
+	return nil
 }

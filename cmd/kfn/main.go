@@ -29,7 +29,7 @@ var commands = map[string]command{
 	"migrate": {"apply kfn's schema migrations to a database", runMigrate},
 	"status":  {"show partitions: owner, epoch, cursor, lag", runStatus},
 	"replay":  {"move a partition's cursor back to an offset", runReplay},
-	"dlq":     {"list dead-lettered records", runDLQ},
+	"dlq":     {"list dead letters, or park a stuck record (dlq park)", runDLQ},
 	"bench":   {"benchmark exactly-once against at-least-once and naive", runBench},
 	"relay":   {"run the outbox relay on its own (for workers started with --no-relay)", runRelay},
 }

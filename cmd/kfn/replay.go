@@ -54,7 +54,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	defer closeNATS()
 	res, err := runtime.Replay(ctx, pool, js, runtime.ReplayRequest{
 		Function: *function, Topic: *topic, Partition: int32(*partition), From: *from,
-		Reexecute: *reexecute, Reason: *reason, Actor: actor(), LeaseBucket: *bucket,
+		Reexecute: *reexecute, Reason: *reason, Actor: actor("replay"), LeaseBucket: *bucket,
 	})
 	if err != nil {
 		return err
@@ -68,14 +68,14 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return nil
 }
 
-// actor names who ran the command, for the audit log.
-func actor() string {
+// actor names who ran a kfn command, for the audit log.
+func actor(command string) string {
 	name := "unknown"
 	if u, err := user.Current(); err == nil {
 		name = u.Username
 	}
 	host, _ := os.Hostname()
-	return fmt.Sprintf("kfn-replay:%s@%s", name, host)
+	return fmt.Sprintf("kfn-%s:%s@%s", command, name, host)
 }
 
 // connectJetStream connects to NATS and returns its JetStream API and a
