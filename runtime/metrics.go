@@ -15,6 +15,7 @@ type metricsCollector struct {
 
 	applied, duplicates, deadLettered, retries, batches, fenced *prometheus.Desc
 	lag, cursor, epoch                                          *prometheus.Desc
+	ready, topicMissing                                         *prometheus.Desc
 	relayed, relayDuplicates, relayFailures, relayLatency       *prometheus.Desc
 }
 
@@ -34,6 +35,8 @@ func newMetricsCollector(wk *Worker) *metricsCollector {
 		lag:             d("partition_lag", "Records behind the cursor, per owned partition.", part...),
 		cursor:          d("partition_cursor", "Next offset to apply, per owned partition.", part...),
 		epoch:           d("partition_epoch", "Fencing token the partition is owned with.", part...),
+		ready:           d("ready", "1 when Postgres (with a compatible schema), NATS JetStream and Kafka answer and every consumed topic exists, as /readyz says."),
+		topicMissing:    d("topic_missing", "1 while a consumed topic does not exist: the function waits for it.", "function", "topic"),
 		relayed:         d("outbox_published_total", "Outbox events the stream acked as new."),
 		relayDuplicates: d("outbox_duplicates_total", "Outbox events the stream reported as duplicates."),
 		relayFailures:   d("outbox_publish_failures_total", "Failed outbox publishes (retried)."),
@@ -62,6 +65,19 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.cursor, prometheus.GaugeValue, float64(p.NextOffset), labels...)
 		ch <- prometheus.MustNewConstMetric(c.epoch, prometheus.GaugeValue, float64(p.Epoch), labels...)
 	}
+	problems, checked := c.wk.w.ready.state()
+	ready := 0.0
+	if checked && len(problems) == 0 {
+		ready = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.ready, prometheus.GaugeValue, ready)
+	for ft, missing := range c.wk.w.ready.topicMissing() {
+		v := 0.0
+		if missing {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.topicMissing, prometheus.GaugeValue, v, ft[0], ft[1])
+	}
 	if r, ok := c.wk.RelayStats(); ok {
 		counter(c.relayed, float64(r.Published))
 		counter(c.relayDuplicates, float64(r.Duplicates))
@@ -70,13 +86,16 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// Handler serves the worker's Prometheus metrics at /metrics and a liveness
-// check at /healthz.
+// Handler serves the worker's Prometheus metrics at /metrics, a liveness
+// check at /healthz (the process serves HTTP) and a readiness check at
+// /readyz (Postgres with a compatible schema, NATS JetStream and Kafka
+// answer, and every consumed topic exists; probed every 2 s).
 func (wk *Worker) Handler() http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newMetricsCollector(wk), prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/readyz", wk.w.serveReadiness)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Write([]byte("ok\n")) //nolint:errcheck // the client went away
 	})

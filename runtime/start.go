@@ -37,7 +37,7 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 	var cfg Config
 	cfg.Bind(fs)
 	logLevel := fs.String("log-level", envOr("log-level", "info"), "debug|info|warn|error [KFN_LOG_LEVEL]")
-	metricsAddr := fs.String("metrics-addr", envOr("metrics-addr", ""), "serve Prometheus /metrics and /healthz on this address, e.g. :9464 [KFN_METRICS_ADDR]")
+	metricsAddr := fs.String("metrics-addr", envOr("metrics-addr", ""), "serve Prometheus /metrics, /healthz and /readyz on this address, e.g. :9464 [KFN_METRICS_ADDR]")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0

@@ -35,6 +35,7 @@ type worker struct {
 	installation string
 	offsets      *offsetCommitter
 	stats        *Stats
+	ready        readiness // the last probe of the services, for /readyz
 }
 
 // guarantee is what the record path promises. Only the benchmark runs
@@ -235,6 +236,12 @@ func (wk *Worker) Run(ctx context.Context) error {
 			<-offsetsDone
 		}()
 	}
+	readinessDone := make(chan struct{})
+	go func() {
+		defer close(readinessDone)
+		w.watchReadiness(ctx)
+	}()
+	defer func() { <-readinessDone }()
 	purgeDone := make(chan struct{})
 	go func() {
 		defer close(purgeDone)

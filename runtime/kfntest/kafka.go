@@ -129,10 +129,18 @@ func describeBroker(brokers []string) (string, error) {
 // and answers ListOffsets, and deletes the topic when the test ends.
 func (k *KafkaCluster) CreateTopic(t testing.TB, partitions int) string {
 	t.Helper()
+	topic := Name(t, "topic")
+	k.CreateTopicNamed(t, topic, partitions)
+	return topic
+}
+
+// CreateTopicNamed is CreateTopic for a name the test chose, for example
+// one a worker was started on before the topic existed.
+func (k *KafkaCluster) CreateTopicNamed(t testing.TB, topic string, partitions int) {
+	t.Helper()
 	if partitions < 1 {
 		t.Fatalf("kfntest: CreateTopic: partitions = %d, want at least 1", partitions)
 	}
-	topic := Name(t, "topic")
 	ctx, cancel := context.WithTimeout(context.Background(), topicReadyTimeout)
 	defer cancel()
 	resp, err := k.client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
@@ -158,7 +166,6 @@ func (k *KafkaCluster) CreateTopic(t testing.TB, partitions int) string {
 	if err := k.waitTopicReady(ctx, topic, partitions); err != nil {
 		t.Fatalf("kfntest: topic %s did not become ready: %v", topic, err)
 	}
-	return topic
 }
 
 // waitTopicReady polls until the topic has all its partitions, each with a
