@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -73,16 +74,27 @@ func TestDLQParkMovesAPartitionPastARecordThatStallsIt(t *testing.T) {
 		t.Fatalf("cursor = %d; want it held at 0 by the record that ends its session", got)
 	}
 
+	status := []string{"status", "--database-url", db.URL, "--kafka-brokers", strings.Join(k.Brokers, ","), "--nats-url", natsURL,
+		"--lease-bucket", bucket, "--function", name}
+	code, out, stderr := kfn(t, append(status, "--json")...)
+	var parts []runtime.PartitionStatus
+	if code != 0 || json.Unmarshal([]byte(out), &parts) != nil || len(parts) != 1 || parts[0].Cursor != 0 || parts[0].Lag != 5 {
+		t.Errorf("status during the stall: exit %d, out %q, err %q; want cursor 0 and lag 5", code, out, stderr)
+	}
+	_, out, _ = kfn(t, status...)
+	t.Logf("$ kfn status\n%s", out)
+
 	base := []string{"dlq", "park", "--database-url", db.URL, "--nats-url", natsURL, "--lease-bucket", bucket,
 		"--function", name, "--topic", topic, "--partition", "0"}
-	code, _, stderr := kfn(t, append(base, "--offset", "2")...)
+	code, _, stderr = kfn(t, append(base, "--offset", "2")...)
 	if code != 2 || !strings.Contains(stderr, "--reason is required") {
 		t.Errorf("park without a reason: exit %d, stderr %q; want a usage error", code, stderr)
 	}
-	code, out, stderr := kfn(t, append(base, "--offset", "2", "--reason", "INC-7: ends its session", "--kafka-brokers", strings.Join(k.Brokers, ","))...)
+	code, out, stderr = kfn(t, append(base, "--offset", "2", "--reason", "INC-7: ends its session", "--kafka-brokers", strings.Join(k.Brokers, ","))...)
 	if code != 0 || !strings.Contains(out, "dead-lettered as parked, with the record's key, value and headers; cursor 0 -> 0") {
 		t.Fatalf("park: exit %d, out %q, err %q", code, out, stderr)
 	}
+	t.Logf("$ kfn dlq park\n%s", out)
 	parkedAt := time.Now()
 	for cursor() != 5 && time.Since(parkedAt) < 30*time.Second {
 		time.Sleep(20 * time.Millisecond)
@@ -101,6 +113,7 @@ func TestDLQParkMovesAPartitionPastARecordThatStallsIt(t *testing.T) {
 	}
 
 	code, out, _ = kfn(t, "dlq", "--database-url", db.URL, "--function", name)
+	t.Logf("$ kfn dlq\n%s", out)
 	if code != 0 || !strings.Contains(out, "parked") || !strings.Contains(out, "parked by kfn-dlq-park:") || !strings.Contains(out, "INC-7") {
 		t.Errorf("dlq list: exit %d, out %q; want the parked record with the operator's reason", code, out)
 	}
