@@ -192,6 +192,11 @@ func EncodeRaw(key, value []byte, headers []Header) []byte {
 	return out
 }
 
+func varintLen(v uint64) int {
+	var buf [binary.MaxVarintLen64]byte
+	return binary.PutUvarint(buf[:], v)
+}
+
 // DecodeRaw reads a blob written by EncodeRaw.
 func DecodeRaw(raw []byte) (key, value []byte, headers []Header, err error) {
 	if len(raw) < len(rawMagic) || string(raw[:len(rawMagic)]) != rawMagic {
@@ -201,7 +206,7 @@ func DecodeRaw(raw []byte) (key, value []byte, headers []Header, err error) {
 	bad := errors.New("raw record: truncated or corrupt")
 	uvarint := func() (uint64, bool) {
 		v, n := binary.Uvarint(rest)
-		if n <= 0 {
+		if n <= 0 || n != varintLen(v) { // overlong encodings are corrupt: one record, one encoding
 			return 0, false
 		}
 		rest = rest[n:]
