@@ -12,6 +12,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/pgdata"
@@ -141,14 +142,14 @@ func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (*hand
 		return failure, nil
 	}
 	if err := outbox.Insert(ctx, tx, rows); err != nil {
-		if pgdata.IsDataError(err) {
-			return recordDataFailure(recs, "write the outbox rows", err), nil
+		if failure := recordsFault(recs, "write the outbox rows", err); failure != nil {
+			return failure, nil
 		}
 		return nil, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		if pgdata.IsDataError(err) { // a deferred constraint the records' writes broke
-			return recordDataFailure(recs, "commit", err), nil
+		if failure := recordsFault(recs, "commit", err); failure != nil { // e.g. a deferred constraint the records' writes broke
+			return failure, nil
 		}
 		return nil, fmt.Errorf("commit %d records of %s: %w", len(recs), a.part, err)
 	}
@@ -173,14 +174,40 @@ func (e *dataError) Error() string {
 }
 func (e *dataError) Unwrap() error { return e.err }
 
-// recordDataFailure charges a data error to the records of a transaction.
-// Retrying the same transaction can never succeed, so it is a handler
-// failure, not an infrastructure error. With several records the culprit is
-// unknown: like a failing BatchHandler, the batch then goes on one record at
-// a time from the first, so the culprit ends up retried alone and
-// dead-lettered while the others commit.
-func recordDataFailure(recs []Record, what string, err error) *handlerFailure {
-	failure := &handlerFailure{err: &dataError{what: what, err: err}}
+// swallowedError is a transaction a handler left aborted: one of its
+// statements failed (say, text with a NUL byte copied from the record) and
+// the handler returned nil instead of the error, so kfn's next statement or
+// the commit fails.
+type swallowedError struct {
+	what string
+	err  error
+}
+
+func (e *swallowedError) Error() string {
+	return fmt.Sprintf("kfn could not %s: a statement of the handler failed and the handler did not return its error: %v", e.what, e.err)
+}
+func (e *swallowedError) Unwrap() error { return e.err }
+
+// recordsFault returns the handler failure that charges err to the records
+// of a transaction when err is their fault: a Postgres data error
+// (pgdata.IsDataError) or a transaction the handler left aborted. Retrying
+// the same transaction can never succeed, so it must not be retried as an
+// infrastructure error. With several records the culprit is unknown: like a
+// failing BatchHandler, the batch then goes on one record at a time from the
+// first, so the culprit ends up retried alone and dead-lettered while the
+// others commit. It returns nil for any other error.
+func recordsFault(recs []Record, what string, err error) *handlerFailure {
+	var pgErr *pgconn.PgError
+	var cause error
+	switch {
+	case pgdata.IsDataError(err):
+		cause = &dataError{what: what, err: err}
+	case errors.Is(err, pgx.ErrTxCommitRollback), errors.As(err, &pgErr) && pgErr.Code == "25P02": // in_failed_sql_transaction
+		cause = &swallowedError{what: what, err: err}
+	default:
+		return nil
+	}
+	failure := &handlerFailure{err: cause}
 	if len(recs) > 1 {
 		failure.index = 1
 	}

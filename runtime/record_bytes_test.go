@@ -269,3 +269,55 @@ func TestNATSEventsWithBinaryIDsAndKeys(t *testing.T) {
 		t.Errorf("infrastructure retries = %d, want 0", n)
 	}
 }
+
+// TestHandlerThatSwallowsAFailedStatementDoesNotStall: a handler copies the
+// record's value into a text column, ignores the error Postgres returns for
+// the one value holding NUL, and returns nil. Its transaction is aborted, so
+// kfn's outbox write (with Emit) or the commit (without) fails; that is the
+// record's fault, found record by record and dead-lettered, never retried
+// as an infrastructure error.
+func TestHandlerThatSwallowsAFailedStatementDoesNotStall(t *testing.T) {
+	for _, emit := range []bool{true, false} {
+		t.Run(fmt.Sprintf("emit=%v", emit), func(t *testing.T) {
+			b := setup(t, 1)
+			b.cfg.NoRelay = true
+			table := pgx.Identifier{"texts_" + b.fn}.Sanitize()
+			subject := "texts." + b.fn
+			fn := runtime.Function{
+				Name: b.fn, Topic: b.topic, Emits: []string{subject},
+				Setup: func(ctx context.Context, tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` ("offset" bigint, value text)`)
+					return err
+				},
+				Handler: func(ctx context.Context, tx pgx.Tx, rec runtime.Record, out *runtime.Events) error {
+					tx.Exec(ctx, `INSERT INTO `+table+` VALUES ($1, $2)`, rec.Offset, string(rec.Value)) //nolint:errcheck // the bug under test
+					if emit {
+						out.Emit(runtime.Event{Subject: subject, Data: rec.Value})
+					}
+					return nil
+				},
+			}
+			values := [][]byte{[]byte("a"), []byte("b"), []byte("c\x00d"), []byte("e"), []byte("f")}
+			b.produce(t, 0, values...)
+			w, stop := b.run(t, fn)
+			b.waitCaughtUp(t, b.fn)
+			stop()
+
+			var offsets []int64
+			rows, err := b.pg.Pool.Query(context.Background(), `SELECT "offset" FROM `+table+` ORDER BY "offset"`)
+			if err == nil {
+				offsets, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+			}
+			if err != nil || fmt.Sprint(offsets) != "[0 1 3 4]" {
+				t.Errorf("applied offsets %v (%v), want [0 1 3 4] once each", offsets, err)
+			}
+			dead, err := inbox.ListDeadLetters(context.Background(), b.pg.Pool, b.fn, 10)
+			if err != nil || len(dead) != 1 || dead[0].Offset != 2 || dead[0].Reason != "handler_error" || !strings.Contains(dead[0].Error, "did not return its error") {
+				t.Errorf("dead letters = %+v (%v), want offset 2 as a handler_error that says the handler swallowed a failure", dead, err)
+			}
+			if n := w.Stats().InfraRetries.Load(); n != 0 {
+				t.Errorf("infrastructure retries = %d, want 0", n)
+			}
+		})
+	}
+}
