@@ -6,11 +6,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/kfn-dev/kfn/internal/pgdata"
 )
 
 // EventRef identifies one JetStream event handled by a consumer.
 type EventRef struct {
-	ID        string // the event id: the key of the event inbox
+	ID        string // the event id: the key of the event inbox; must be valid text (pgdata.ValidText)
 	Subject   string
 	StreamSeq int64
 }
@@ -29,7 +31,7 @@ func ClaimEvents(ctx context.Context, tx pgx.Tx, consumer string, token int64, o
 	subjects := make([]string, len(events))
 	seqs := make([]int64, len(events))
 	for i, e := range events {
-		ids[i], subjects[i], seqs[i] = e.ID, e.Subject, e.StreamSeq
+		ids[i], subjects[i], seqs[i] = e.ID, pgdata.Text(e.Subject), e.StreamSeq
 	}
 	rows, err := tx.Query(ctx, claimEventsSQL, consumer, token, string(outcome), ids, subjects, seqs)
 	if err != nil {
@@ -51,7 +53,7 @@ func ClaimEvents(ctx context.Context, tx pgx.Tx, consumer string, token int64, o
 func MarkEventDeadLettered(ctx context.Context, tx pgx.Tx, consumer string, token int64, e EventRef) error {
 	_, err := tx.Exec(ctx, `
 INSERT INTO kfn.event_inbox (consumer, event_id, subject, stream_seq, epoch, outcome) VALUES ($1, $2, $3, $4, $5, 'dead_lettered')
-ON CONFLICT (consumer, event_id) DO UPDATE SET outcome = 'dead_lettered'`, consumer, e.ID, e.Subject, e.StreamSeq, token)
+ON CONFLICT (consumer, event_id) DO UPDATE SET outcome = 'dead_lettered'`, consumer, e.ID, pgdata.Text(e.Subject), e.StreamSeq, token)
 	if err != nil {
 		return fmt.Errorf("mark event %s of %s dead-lettered: %w", e.ID, consumer, err)
 	}

@@ -66,7 +66,7 @@ func Park(ctx context.Context, tx pgx.Tx, r ParkRequest) (ParkResult, error) {
 	}
 	dead.Partition, dead.Offset, dead.Reason, dead.Attempts = p, r.Offset, ReasonParked, 0
 	dead.Error = fmt.Sprintf("parked by %s: %s", r.Actor, r.Reason)
-	if err := WriteDeadLetter(ctx, tx, dead); err != nil {
+	if _, err := WriteDeadLetter(ctx, tx, dead); err != nil {
 		return ParkResult{}, err
 	}
 	res.Now = res.Previous

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/kfn-dev/kfn/internal/pgdata"
 )
 
 // Shards is the number of relay shards. An event's shard is a hash of its
@@ -26,11 +28,15 @@ type Event struct {
 	// Type is the CloudEvents type; it defaults to Subject.
 	Type string
 	// Key orders events: events with one key reach the stream in emit order.
-	// It defaults to the source record's key.
+	// It defaults to the source record's key. It may hold any bytes (a Go
+	// string does); the outbox stores it as bytea. On the message it is the
+	// kfn-key header when it is a valid header value, else kfn-key-b64.
 	Key string
 	// Data is the payload.
 	Data []byte
-	// Headers are extra message headers.
+	// Headers are extra message headers. Names and values must be valid
+	// UTF-8 without NUL bytes (emitting others fails the record), and the
+	// relay drops those NATS cannot carry.
 	Headers map[string]string
 }
 
@@ -44,8 +50,11 @@ type Origin struct {
 	// SourceID is the source record's identity: "topic/partition/offset" for
 	// a Kafka record, the event id for a NATS event.
 	SourceID string
-	// TraceParent is the W3C trace context of the source, if it had one.
+	// TraceParent and TraceState are the W3C trace context of the source, if
+	// it had a valid one (ValidTraceParent, ValidTraceState); Insert adds
+	// them to the event's headers unless the event sets its own.
 	TraceParent string
+	TraceState  string
 }
 
 // KafkaSourceID is the identity of a Kafka record within a consumer.
@@ -76,7 +85,8 @@ func EventID(consumer, sourceID string, index int) string {
 	return string(buf[:])
 }
 
-// ShardOf returns the relay shard of an event key.
+// ShardOf returns the relay shard of an event key: a hash of its bytes,
+// whatever they are.
 func ShardOf(key string) int {
 	h := fnv.New32a()
 	h.Write([]byte(key))
@@ -132,14 +142,15 @@ func Insert(ctx context.Context, tx pgx.Tx, rows []Row) error {
 			if headers == nil {
 				headers = map[string]string{}
 			}
-			if r.Origin.TraceParent != "" {
-				if _, ok := headers["traceparent"]; !ok {
-					headers = withHeader(headers, "traceparent", r.Origin.TraceParent)
+			if _, own := headers[HeaderTraceParent]; !own && ValidTraceParent(r.Origin.TraceParent) {
+				headers = withHeader(headers, HeaderTraceParent, r.Origin.TraceParent)
+				if _, ownState := headers[HeaderTraceState]; !ownState && r.Origin.TraceState != "" && ValidTraceState(r.Origin.TraceState) {
+					headers = withHeader(headers, HeaderTraceState, r.Origin.TraceState)
 				}
 			}
 			return []any{
-				r.EventID, r.Event.Subject, r.Event.Type, r.Event.Key, r.Shard, r.Event.Data, headers,
-				r.Origin.Consumer, r.Origin.Topic, r.Origin.Partition, r.Origin.Offset, now,
+				r.EventID, r.Event.Subject, r.Event.Type, []byte(r.Event.Key), r.Shard, r.Event.Data, headers,
+				r.Origin.Consumer, pgdata.Text(r.Origin.Topic), r.Origin.Partition, r.Origin.Offset, now,
 			}, nil
 		}))
 	if err != nil {

@@ -282,10 +282,10 @@ func (b *relayBench) naiveRelay(ctx context.Context, name string) (int, time.Dur
 		}
 		batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (relayRow, error) {
 			var row relayRow
-			var headers []byte
-			err := r.Scan(&row.ID, &row.EventID, &row.Subject, &row.Type, &row.Key, &row.Data, &headers,
+			var key, headers []byte
+			err := r.Scan(&row.ID, &row.EventID, &row.Subject, &row.Type, &key, &row.Data, &headers,
 				&row.Source, &row.SourceTopic, &row.SourcePartition, &row.SourceOffset, &row.CreatedAt)
-			row.Headers = decodeHeaders(headers)
+			row.Key, row.Headers = string(key), decodeHeaders(headers)
 			return row, err
 		})
 		if err != nil {

@@ -1,9 +1,11 @@
 package outbox
 
 import (
+	"encoding/base64"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -22,7 +24,14 @@ const (
 	HeaderSourceTopic     = "kfn-source-topic"
 	HeaderSourcePartition = "kfn-source-partition"
 	HeaderSourceOffset    = "kfn-source-offset"
-	HeaderKey             = "kfn-key"
+	// HeaderKey carries the event key when it is a valid header value
+	// (ValidHeaderValue); ce-subject then carries it too. Any other key
+	// (binary, say a Confluent-framed one starting with 0x00) travels
+	// base64-encoded (standard alphabet, padded) in HeaderKeyBase64 instead,
+	// and the message has neither kfn-key nor ce-subject. A consumer reads
+	// kfn-key-b64 first.
+	HeaderKey       = "kfn-key"
+	HeaderKeyBase64 = "kfn-key-b64"
 )
 
 // CloudEventsSourcePrefix prefixes the emitting function's name in ce-source.
@@ -32,7 +41,7 @@ const CloudEventsSourcePrefix = "kfn/"
 var relayHeaders = map[string]bool{
 	HeaderSpecVersion: true, HeaderID: true, HeaderType: true, HeaderSource: true,
 	HeaderTime: true, HeaderSubject: true, HeaderSourceTopic: true,
-	HeaderSourcePartition: true, HeaderSourceOffset: true, HeaderKey: true,
+	HeaderSourcePartition: true, HeaderSourceOffset: true, HeaderKey: true, HeaderKeyBase64: true,
 	jetstream.MsgIDHeader: true, jetstream.ExpectedStreamHeader: true,
 }
 
@@ -62,9 +71,13 @@ func buildMessage(row *relayRow, stream string) (*nats.Msg, []string) {
 	h[HeaderType] = []string{row.Type}
 	h[HeaderSource] = []string{CloudEventsSourcePrefix + row.Source}
 	h[HeaderTime] = []string{row.CreatedAt.UTC().Format(time.RFC3339Nano)}
-	if row.Key != "" && validHeader(HeaderSubject, row.Key) {
+	switch {
+	case row.Key == "":
+	case ValidHeaderValue(row.Key):
 		h[HeaderSubject] = []string{row.Key}
 		h[HeaderKey] = []string{row.Key}
+	default:
+		h[HeaderKeyBase64] = []string{base64.StdEncoding.EncodeToString([]byte(row.Key))}
 	}
 	h[HeaderSourceTopic] = []string{row.SourceTopic}
 	h[HeaderSourcePartition] = []string{strconv.Itoa(int(row.SourcePartition))}
@@ -72,6 +85,22 @@ func buildMessage(row *relayRow, stream string) (*nats.Msg, []string) {
 	h[jetstream.MsgIDHeader] = []string{row.EventID}
 	h[jetstream.ExpectedStreamHeader] = []string{stream}
 	return &nats.Msg{Subject: row.Subject, Header: h, Data: row.Data}, dropped
+}
+
+// ValidHeaderValue reports whether s travels unchanged as a NATS header
+// value that any consumer can read as text: valid UTF-8 without control
+// characters (a tab is fine) and without leading or trailing spaces, which
+// header parsers trim.
+func ValidHeaderValue(s string) bool {
+	if !utf8.ValidString(s) || strings.TrimSpace(s) != s {
+		return false
+	}
+	for _, c := range s {
+		if c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // validHeader reports whether a name and value can travel as a NATS header:

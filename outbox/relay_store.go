@@ -15,7 +15,7 @@ type relayRow struct {
 	EventID         string
 	Subject         string
 	Type            string
-	Key             string
+	Key             string // any bytes: event_key is bytea
 	Data            []byte
 	Headers         map[string]string
 	Source          string
@@ -59,17 +59,18 @@ SELECT id, event_id, subject, event_type, event_key, data, headers,
        source, source_topic, source_partition, source_offset, created_at
 FROM kfn.outbox
 WHERE shard >= $1 AND shard <= $1
-  AND NOT (event_key = ANY($2::text[]))
+  AND NOT (event_key = ANY($2::bytea[]))
 ORDER BY shard, id
 LIMIT $3`
 
 // readBatch returns up to limit rows of the shard in id order, leaving out
 // the rows of the parked keys.
 func readBatch(ctx context.Context, db *pgxpool.Pool, shard int, parkedKeys []string, limit int) ([]relayRow, error) {
-	if parkedKeys == nil {
-		parkedKeys = []string{}
+	parked := make([][]byte, len(parkedKeys))
+	for i, k := range parkedKeys {
+		parked[i] = []byte(k)
 	}
-	rows, err := db.Query(ctx, selectShardBatch, shard, parkedKeys, limit)
+	rows, err := db.Query(ctx, selectShardBatch, shard, parked, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read outbox shard %d: %w", shard, err)
 	}
@@ -77,11 +78,12 @@ func readBatch(ctx context.Context, db *pgxpool.Pool, shard int, parkedKeys []st
 	var out []relayRow
 	for rows.Next() {
 		var r relayRow
-		var headers []byte
-		if err := rows.Scan(&r.ID, &r.EventID, &r.Subject, &r.Type, &r.Key, &r.Data, &headers,
+		var key, headers []byte
+		if err := rows.Scan(&r.ID, &r.EventID, &r.Subject, &r.Type, &key, &r.Data, &headers,
 			&r.Source, &r.SourceTopic, &r.SourcePartition, &r.SourceOffset, &r.CreatedAt); err != nil {
 			return nil, fmt.Errorf("read outbox shard %d: scan: %w", shard, err)
 		}
+		r.Key = string(key)
 		r.Headers = decodeHeaders(headers)
 		out = append(out, r)
 	}

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,8 +12,10 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/pgdata"
 	"github.com/kfn-dev/kfn/outbox"
 )
 
@@ -44,6 +47,11 @@ type handlerFailure struct {
 // returns how many records were committed; an error returned is an
 // infrastructure error or an *inbox.FencedError.
 func (a *applier) apply(ctx context.Context, recs []Record) (done int, err error) {
+	defer func() {
+		if err != nil && !errors.Is(err, inbox.ErrFenced) && ctx.Err() == nil {
+			a.w.stats.InfraRetries.Add(1) // the lane retries the batch (retryInfra)
+		}
+	}()
 	for len(recs) > 0 {
 		n := len(recs)
 		for {
@@ -120,13 +128,13 @@ func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (*hand
 
 	work, oversized := a.selectWork(fresh, attempt)
 	for _, r := range oversized {
-		err := fmt.Errorf("record is %d bytes, over the %d-byte limit (--max-record-bytes)", len(r.Key)+len(r.Value), a.w.cfg.MaxRecordBytes)
+		err := fmt.Errorf("record is %d bytes (key, value and headers), over the %d-byte limit (--max-record-bytes)", recordSize(r), a.w.cfg.MaxRecordBytes)
 		if err := a.writeDeadLetter(ctx, tx, r, "oversized", err, 0); err != nil {
 			return nil, err
 		}
 	}
 
-	rows, failure := a.runHandlers(ctx, tx, work, recs)
+	rows, emitted, failure := a.runHandlers(ctx, tx, work, recs)
 	if failure != nil {
 		if tx.Conn().IsClosed() || ctx.Err() != nil {
 			return nil, fmt.Errorf("transaction on %s broke during the handler: %w", a.part, failure.err)
@@ -134,24 +142,83 @@ func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (*hand
 		return failure, nil
 	}
 	if err := outbox.Insert(ctx, tx, rows); err != nil {
+		if failure := recordsFault(recs, "write the outbox rows", err); failure != nil {
+			return failure, nil
+		}
 		return nil, err
 	}
 	if err := tx.Commit(ctx); err != nil {
+		if failure := recordsFault(recs, "commit", err); failure != nil { // e.g. a deferred constraint the records' writes broke
+			return failure, nil
+		}
 		return nil, fmt.Errorf("commit %d records of %s: %w", len(recs), a.part, err)
 	}
 
 	a.committed(recs[len(recs)-1], len(work), duplicates, len(oversized))
+	a.w.stats.TraceContextDropped.Add(int64(emitted.traceDropped))
 	for _, r := range oversized {
-		a.log.Warn("record dead-lettered", "offset", r.Offset, "reason", "oversized", "bytes", len(r.Key)+len(r.Value))
+		a.log.Warn("record dead-lettered", "offset", r.Offset, "reason", "oversized", "bytes", recordSize(r))
 	}
 	return nil, nil
+}
+
+// dataError is a Postgres data error (pgdata.IsDataError) raised by kfn's own
+// write of records' data: the records' fault, not the infrastructure's.
+type dataError struct {
+	what string
+	err  error
+}
+
+func (e *dataError) Error() string {
+	return fmt.Sprintf("Postgres refused the record's data when kfn tried to %s: %v", e.what, e.err)
+}
+func (e *dataError) Unwrap() error { return e.err }
+
+// swallowedError is a transaction a handler left aborted: one of its
+// statements failed (say, text with a NUL byte copied from the record) and
+// the handler returned nil instead of the error, so kfn's next statement or
+// the commit fails.
+type swallowedError struct {
+	what string
+	err  error
+}
+
+func (e *swallowedError) Error() string {
+	return fmt.Sprintf("kfn could not %s: a statement of the handler failed and the handler did not return its error: %v", e.what, e.err)
+}
+func (e *swallowedError) Unwrap() error { return e.err }
+
+// recordsFault returns the handler failure that charges err to the records
+// of a transaction when err is their fault: a Postgres data error
+// (pgdata.IsDataError) or a transaction the handler left aborted. Retrying
+// the same transaction can never succeed, so it must not be retried as an
+// infrastructure error. With several records the culprit is unknown: like a
+// failing BatchHandler, the batch then goes on one record at a time from the
+// first, so the culprit ends up retried alone and dead-lettered while the
+// others commit. It returns nil for any other error.
+func recordsFault(recs []Record, what string, err error) *handlerFailure {
+	var pgErr *pgconn.PgError
+	var cause error
+	switch {
+	case pgdata.IsDataError(err):
+		cause = &dataError{what: what, err: err}
+	case errors.Is(err, pgx.ErrTxCommitRollback), errors.As(err, &pgErr) && pgErr.Code == "25P02": // in_failed_sql_transaction
+		cause = &swallowedError{what: what, err: err}
+	default:
+		return nil
+	}
+	failure := &handlerFailure{err: cause}
+	if len(recs) > 1 {
+		failure.index = 1
+	}
+	return failure
 }
 
 // selectWork splits the fresh records into those to hand to the handler and
 // those too large to hand to anyone.
 func (a *applier) selectWork(fresh []Record, attempt int) (work, oversized []Record) {
 	for _, r := range fresh {
-		if len(r.Key)+len(r.Value) > a.w.cfg.MaxRecordBytes {
+		if recordSize(r) > a.w.cfg.MaxRecordBytes {
 			oversized = append(oversized, r)
 			continue
 		}
@@ -161,9 +228,19 @@ func (a *applier) selectWork(fresh []Record, attempt int) (work, oversized []Rec
 	return work, oversized
 }
 
+// recordSize is what --max-record-bytes limits: the key, the value and the
+// name and value of every header.
+func recordSize(r Record) int {
+	n := len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
+}
+
 // runHandlers calls the function's handler on work inside tx and returns the
 // outbox rows it emitted. On failure the index refers to recs.
-func (a *applier) runHandlers(ctx context.Context, tx pgx.Tx, work, recs []Record) ([]outbox.Row, *handlerFailure) {
+func (a *applier) runHandlers(ctx context.Context, tx pgx.Tx, work, recs []Record) ([]outbox.Row, *emitCollector, *handlerFailure) {
 	emitter := newEmitCollector(a.fn, a.generation)
 	indexIn := func(r Record) int {
 		for i := range recs {
@@ -175,7 +252,7 @@ func (a *applier) runHandlers(ctx context.Context, tx pgx.Tx, work, recs []Recor
 	}
 	if a.fn.BatchHandler != nil {
 		if len(work) == 0 {
-			return nil, nil
+			return nil, emitter, nil
 		}
 		err := a.call(ctx, func(ctx context.Context) error {
 			return a.fn.BatchHandler(ctx, tx, work, &BatchEvents{emit: emitter.emit})
@@ -186,11 +263,11 @@ func (a *applier) runHandlers(ctx context.Context, tx pgx.Tx, work, recs []Recor
 		if err != nil {
 			if len(recs) > 1 {
 				// Unknown culprit: go one record at a time from the first.
-				return nil, &handlerFailure{index: 1, err: err}
+				return nil, nil, &handlerFailure{index: 1, err: err}
 			}
-			return nil, &handlerFailure{index: 0, err: err}
+			return nil, nil, &handlerFailure{index: 0, err: err}
 		}
-		return emitter.rows, nil
+		return emitter.rows, emitter, nil
 	}
 	for _, r := range work {
 		err := a.call(ctx, func(ctx context.Context) error {
@@ -200,10 +277,10 @@ func (a *applier) runHandlers(ctx context.Context, tx pgx.Tx, work, recs []Recor
 			err = emitter.err
 		}
 		if err != nil {
-			return nil, &handlerFailure{index: indexIn(r), err: err}
+			return nil, nil, &handlerFailure{index: indexIn(r), err: err}
 		}
 	}
-	return emitter.rows, nil
+	return emitter.rows, emitter, nil
 }
 
 // call runs a handler with the handler timeout and turns a panic into an error.
@@ -243,16 +320,55 @@ func (a *applier) deadLetter(ctx context.Context, rec Record, cause error, attem
 	return nil
 }
 
+// deadLetterValuePrefix is how much of an oversized record's value its dead
+// letter keeps, besides the value's full size and SHA-256.
+const deadLetterValuePrefix = 4 << 10
+
 // writeDeadLetter records rec as dead-lettered in the lane's inbox and
-// parks it in kfn.dead_letters.
+// parks it in kfn.dead_letters. The dead letter holds the record's bytes as
+// they are; if Postgres still refuses it with a data error, inbox stores the
+// record as a raw blob instead, so the write commits whatever the record
+// holds.
 func (a *applier) writeDeadLetter(ctx context.Context, tx pgx.Tx, rec Record, reason string, cause error, attempts int) error {
 	if err := a.ledger.markDeadLettered(ctx, tx, rec); err != nil {
 		return err
 	}
-	return inbox.WriteDeadLetter(ctx, tx, inbox.DeadLetter{
+	d := inbox.DeadLetter{
 		Partition: a.part, Offset: rec.Offset, Key: rec.Key, Value: rec.Value, Headers: deadLetterHeaders(rec),
 		RecordTime: rec.Time, Reason: reason, Error: cause.Error(), Attempts: attempts,
-	})
+	}
+	if reason == "oversized" {
+		boundOversized(&d, a.w.cfg.MaxRecordBytes)
+	}
+	raw, err := inbox.WriteDeadLetter(ctx, tx, d)
+	if raw {
+		a.log.Warn("dead letter stored as a raw blob: Postgres refused it column by column", "offset", rec.Offset, "reason", reason)
+	}
+	return err
+}
+
+// boundOversized keeps an oversized record's dead letter small: the value
+// shrinks to its first deadLetterValuePrefix bytes plus its size and SHA-256;
+// the key and headers stay unless they alone are over the limit.
+func boundOversized(d *inbox.DeadLetter, limit int) {
+	if len(d.Value) > deadLetterValuePrefix {
+		sum := sha256.Sum256(d.Value)
+		d.ValueSize, d.ValueSHA256 = int64(len(d.Value)), sum[:]
+		d.Value = d.Value[:deadLetterValuePrefix]
+	}
+	headerBytes := 0
+	for _, h := range d.Headers {
+		headerBytes += len(h.Key) + len(h.Value)
+	}
+	if len(d.Key)+headerBytes > limit {
+		d.Error += fmt.Sprintf("\n(kfn: the key and the %d headers alone are %d bytes: the headers are not kept", len(d.Headers), len(d.Key)+headerBytes)
+		d.Headers = nil
+		if len(d.Key) > limit {
+			d.Error += fmt.Sprintf(", and the key is cut to its first %d of %d bytes", deadLetterValuePrefix, len(d.Key))
+			d.Key = d.Key[:deadLetterValuePrefix]
+		}
+		d.Error += ")"
+	}
 }
 
 // committed moves the lane past last after a successful commit.
@@ -272,11 +388,14 @@ func (a *applier) committed(last Record, applied, duplicates, deadLettered int) 
 func failureReason(err error) string {
 	var p *panicError
 	var t *timeoutError
+	var d *dataError
 	switch {
 	case errors.As(err, &p):
 		return "panic"
 	case errors.As(err, &t):
 		return "timeout"
+	case errors.As(err, &d):
+		return "data_error"
 	case IsPermanent(err):
 		return "permanent"
 	default:

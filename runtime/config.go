@@ -24,7 +24,7 @@ type Config struct {
 	WorkerID       string        // KFN_WORKER_ID: unique per process; default host-pid
 	BatchSize      int           // KFN_BATCH_SIZE: max records per transaction
 	BatchWait      time.Duration // KFN_BATCH_WAIT: max time to wait to fill a batch
-	MaxRecordBytes int           // KFN_MAX_RECORD_BYTES: larger records are dead-lettered as oversized
+	MaxRecordBytes int           // KFN_MAX_RECORD_BYTES: larger records (key, value and headers) are dead-lettered as oversized
 	RetryAttempts  int           // KFN_RETRY_ATTEMPTS: handler tries per record before it is dead-lettered
 	RetryInitial   time.Duration // KFN_RETRY_INITIAL: first backoff between handler tries
 	RetryMax       time.Duration // KFN_RETRY_MAX: largest backoff between handler tries
@@ -218,7 +218,7 @@ func (c *Config) Bind(fs *flag.FlagSet) {
 	str(&c.WorkerID, "worker-id", "", "unique worker id (default host-pid)")
 	num(&c.BatchSize, "batch-size", DefaultBatchSize, "max records per transaction")
 	dur(&c.BatchWait, "batch-wait", DefaultBatchWait, "max wait to fill a batch")
-	num(&c.MaxRecordBytes, "max-record-bytes", DefaultMaxRecordBytes, "records larger than this are dead-lettered")
+	num(&c.MaxRecordBytes, "max-record-bytes", DefaultMaxRecordBytes, "records larger than this (key, value and headers) are dead-lettered")
 	num(&c.RetryAttempts, "retry-attempts", DefaultRetryAttempts, "handler tries per record before dead-lettering")
 	dur(&c.RetryInitial, "retry-initial", DefaultRetryInitial, "first retry backoff")
 	dur(&c.RetryMax, "retry-max", DefaultRetryMax, "largest retry backoff")

@@ -17,6 +17,7 @@ type metricsCollector struct {
 	lag, cursor, epoch                                          *prometheus.Desc
 	ready, topicMissing                                         *prometheus.Desc
 	relayed, relayDuplicates, relayFailures, relayLatency       *prometheus.Desc
+	infraRetries, traceDropped                                  *prometheus.Desc
 }
 
 func newMetricsCollector(wk *Worker) *metricsCollector {
@@ -41,6 +42,8 @@ func newMetricsCollector(wk *Worker) *metricsCollector {
 		relayDuplicates: d("outbox_duplicates_total", "Outbox events the stream reported as duplicates."),
 		relayFailures:   d("outbox_publish_failures_total", "Failed outbox publishes (retried)."),
 		relayLatency:    d("outbox_last_latency_seconds", "Commit-to-ack latency of the last relayed event."),
+		infraRetries:    d("batch_infra_retries_total", "Batches retried after an infrastructure error (never a record's fault)."),
+		traceDropped:    d("trace_context_dropped_total", "Records whose invalid W3C traceparent or tracestate was not propagated."),
 	}
 }
 
@@ -59,6 +62,8 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.retries, float64(s.Retries.Load()))
 	counter(c.batches, float64(s.Batches.Load()))
 	counter(c.fenced, float64(s.Fenced.Load()))
+	counter(c.infraRetries, float64(s.InfraRetries.Load()))
+	counter(c.traceDropped, float64(s.TraceContextDropped.Load()))
 	for _, p := range s.Partitions() {
 		labels := []string{p.Function, p.Topic, strconv.Itoa(int(p.Partition))}
 		ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(p.Lag()), labels...)

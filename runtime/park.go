@@ -94,7 +94,7 @@ func readRecord(ctx context.Context, brokers []string, part inbox.Partition, off
 func deadLetterHeaders(rec Record) []inbox.Header {
 	headers := make([]inbox.Header, len(rec.Headers))
 	for i, h := range rec.Headers {
-		headers[i] = inbox.Header{Key: h.Key, Value: h.Value}
+		headers[i] = inbox.Header{Key: []byte(h.Key), Value: h.Value}
 	}
 	return headers
 }

@@ -15,6 +15,13 @@ type Stats struct {
 	Retries      atomic.Int64 // handler retries
 	Batches      atomic.Int64 // committed transactions
 	Fenced       atomic.Int64 // partitions dropped because a newer owner claimed them
+	// InfraRetries counts batches whose apply failed with an infrastructure
+	// error (Postgres, Kafka or NATS failing, not a record) and was retried.
+	InfraRetries atomic.Int64
+	// TraceContextDropped counts records whose traceparent or tracestate
+	// header was not valid W3C Trace Context and was not propagated to the
+	// events they emitted.
+	TraceContextDropped atomic.Int64
 
 	mu         sync.Mutex
 	partitions map[partitionKey]*PartitionStats

@@ -2,6 +2,8 @@ package runtime
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -11,6 +13,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/pgdata"
+	"github.com/kfn-dev/kfn/outbox"
 )
 
 // subjectRun is the single active lane of a NATS-triggered function: a
@@ -160,9 +164,10 @@ func (sr *subjectRun) fetch(ctx context.Context, msgs jetstream.MessagesContext)
 // Headers the relay sets on every event (CloudEvents binary mode, plus kfn's
 // own), read back into the Record.
 const (
-	headerEventID = "Nats-Msg-Id"
-	headerKey     = "kfn-key"
-	headerTime    = "ce-time"
+	headerEventID   = "Nats-Msg-Id"
+	headerKey       = outbox.HeaderKey
+	headerKeyBase64 = outbox.HeaderKeyBase64
+	headerTime      = "ce-time"
 )
 
 // eventRecord turns a JetStream message into a Record. An event without a
@@ -174,11 +179,13 @@ func eventRecord(m jetstream.Msg, stream string) Record {
 		seq = int64(md.Sequence.Stream)
 	}
 	h := m.Headers()
-	rec := Record{Topic: m.Subject(), Offset: seq, Value: m.Data(), EventID: h.Get(headerEventID)}
+	rec := Record{Topic: m.Subject(), Offset: seq, Value: m.Data(), EventID: storableEventID(h.Get(headerEventID))}
 	if rec.EventID == "" {
 		rec.EventID = "stream/" + stream + "/" + strconv.FormatInt(seq, 10)
 	}
-	if k := h.Get(headerKey); k != "" {
+	if k, err := base64.StdEncoding.DecodeString(h.Get(headerKeyBase64)); err == nil && len(k) > 0 {
+		rec.Key = k
+	} else if k := h.Get(headerKey); k != "" {
 		rec.Key = []byte(k)
 	}
 	if t, err := time.Parse(time.RFC3339Nano, h.Get(headerTime)); err == nil {
@@ -190,6 +197,18 @@ func eventRecord(m jetstream.Msg, stream string) Record {
 		}
 	}
 	return rec
+}
+
+// storableEventID keeps an event id that is valid text as it is. Any
+// publisher may set Nats-Msg-Id, to any bytes; one holding NUL or invalid
+// UTF-8 cannot key the event inbox (a text column), so it is replaced by
+// "bin:" and the hex of its bytes: deterministic, so redeliveries still
+// find the event's inbox row, and distinct for distinct ids.
+func storableEventID(id string) string {
+	if pgdata.ValidText(id) {
+		return id
+	}
+	return "bin:" + hex.EncodeToString([]byte(id))
 }
 
 // subjectLedger fences a JetStream lane through its cursor row (used as a

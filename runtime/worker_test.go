@@ -3,6 +3,7 @@ package runtime_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -151,8 +152,14 @@ func TestBadRecordsAreRetriedOrDeadLetteredAndLaterRecordsGoOn(t *testing.T) {
 			t.Errorf("dead letter at offset %d has no error text", d.Offset)
 		}
 	}
-	if len(dead[3].Value) != len(big) {
-		t.Errorf("oversized dead letter kept %d bytes of the value, want %d", len(dead[3].Value), len(big))
+	// An oversized dead letter keeps a 4 KiB prefix, the size and the hash.
+	bigSum := sha256.Sum256(big)
+	if over := dead[3]; !bytes.Equal(over.Value, big[:4096]) || over.ValueSize != int64(len(big)) || !bytes.Equal(over.ValueSHA256, bigSum[:]) {
+		t.Errorf("oversized dead letter kept %d bytes of the value, size %d, sha256 %x; want the first 4096, %d, %x",
+			len(over.Value), over.ValueSize, over.ValueSHA256, len(big), bigSum)
+	}
+	if small := dead[0]; !bytes.Equal(small.Value, []byte("permanent")) || small.ValueSize != 9 || small.ValueSHA256 != nil {
+		t.Errorf("dead letter of a small record: value %q size %d sha256 %x; want it whole with size 9 and no hash", small.Value, small.ValueSize, small.ValueSHA256)
 	}
 	if got := w.Stats().Retries.Load(); got != 6 {
 		t.Errorf("retries = %d, want 6 (2 for fail-2, 2 for panic, 2 for always)", got)

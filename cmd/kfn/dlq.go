@@ -1,12 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
 	"text/tabwriter"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/runtime"
@@ -60,11 +64,19 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return enc.Encode(dead)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tFUNCTION\tTOPIC\tPARTITION\tOFFSET\tREASON\tATTEMPTS\tDEAD AT\tERROR")
+	fmt.Fprintln(tw, "ID\tFUNCTION\tTOPIC\tPARTITION\tOFFSET\tREASON\tATTEMPTS\tDEAD AT\tKEY\tHEADERS\tERROR")
 	for _, d := range dead {
 		firstLine, _, _ := strings.Cut(d.Error, "\n")
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%d\t%s\t%s\n", d.ID, d.Partition.Consumer, d.Partition.Topic, d.Partition.Partition,
-			d.Offset, d.Reason, d.Attempts, d.DeadAt.Format("2006-01-02 15:04:05"), firstLine)
+		headers := make([]string, 0, len(d.Headers))
+		for i, h := range d.Headers {
+			if i == maxShownHeaders {
+				headers = append(headers, fmt.Sprintf("…(%d more)", len(d.Headers)-i))
+				break
+			}
+			headers = append(headers, printable(h.Key)+"="+printable(h.Value))
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%d\t%s\t%s\t%s\t%s\n", d.ID, d.Partition.Consumer, d.Partition.Topic, d.Partition.Partition,
+			d.Offset, d.Reason, d.Attempts, d.DeadAt.Format("2006-01-02 15:04:05"), printable(d.Key), strings.Join(headers, ","), firstLine)
 	}
 	return tw.Flush()
 }
@@ -139,4 +151,28 @@ example:
 	fmt.Fprintf(stdout, "%s/%s/%d@%d: dead-lettered as parked, %s; cursor %d -> %d; a worker resumes within a few seconds\n",
 		*function, *topic, *partition, *offset, record, res.Previous.NextOffset, res.Now.NextOffset)
 	return nil
+}
+
+// maxShownHeaders and maxShownBytes keep a table row readable; --json has
+// everything.
+const (
+	maxShownHeaders = 8
+	maxShownBytes   = 40
+)
+
+// printable shows record bytes in a table cell: as text when they are
+// printable UTF-8 (no control characters, no ',' or '=' that would blur the
+// header list), as 0x-hex otherwise, cut to maxShownBytes; "-" for null.
+func printable(b []byte) string {
+	if b == nil {
+		return "-"
+	}
+	cut := ""
+	if len(b) > maxShownBytes {
+		b, cut = b[:maxShownBytes], fmt.Sprintf("…(%d bytes)", len(b))
+	}
+	if utf8.Valid(b) && !bytes.ContainsFunc(b, func(r rune) bool { return !unicode.IsPrint(r) || r == ',' || r == '=' }) {
+		return string(b) + cut
+	}
+	return "0x" + hex.EncodeToString(b) + cut
 }

@@ -112,8 +112,8 @@ func TestLedgerBooksValidOrdersAndDeadLettersTheRest(t *testing.T) {
 		t.Errorf("ledger entries:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 
-	var subject, key string
-	var data []byte
+	var subject string
+	var key, data []byte
 	err = pg.Pool.QueryRow(ctx, `SELECT subject, event_key, data FROM kfn.outbox`).Scan(&subject, &key, &data)
 	if err != nil {
 		t.Fatalf("the outbox should hold exactly the payments.captured event: %v", err)
@@ -123,7 +123,7 @@ func TestLedgerBooksValidOrdersAndDeadLettersTheRest(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantCaptured := ledger.Captured{OrderID: "ord-1", Customer: "acme", AmountCents: 1250, Currency: "EUR", EventID: "ev-valid"}
-	if subject != ledger.CapturedSubject || key != "ord-1" || captured != wantCaptured {
+	if subject != ledger.CapturedSubject || string(key) != "ord-1" || captured != wantCaptured {
 		t.Errorf("outbox event %s key %s %+v, want %s key ord-1 %+v", subject, key, captured, ledger.CapturedSubject, wantCaptured)
 	}
 }
