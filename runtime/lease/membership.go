@@ -24,9 +24,11 @@ func (s *Store) Heartbeat(ctx context.Context, group, memberID string) error {
 	if err != nil {
 		return fmt.Errorf("heartbeat %s: encode: %w", key, err)
 	}
-	if _, err := s.kv.Put(ctx, key, data); err != nil {
+	rev, err := s.kv.Put(ctx, key, data)
+	if err != nil {
 		return fmt.Errorf("heartbeat %s: %w", key, err)
 	}
+	s.noteRevision(rev)
 	return nil
 }
 
@@ -118,6 +120,7 @@ func (s *Store) watchGroup(ctx context.Context, group string) (<-chan event, err
 			if e == nil {
 				continue
 			}
+			s.noteRevision(e.Revision())
 			ev, ok := classify(group, e)
 			if !ok {
 				continue
