@@ -165,9 +165,9 @@ func TestLostBucketIsCreatedAgainAboveEveryToken(t *testing.T) {
 	if err := s.Renew(ctx, first); err == nil {
 		t.Fatal("renewal succeeded on a deleted bucket")
 	}
-	missing, err := s.recreateIfMissing(ctx)
-	if err != nil || !missing {
-		t.Fatalf("recreateIfMissing = %v, %v; want true, nil", missing, err)
+	replaced, err := s.recreateIfMissing(ctx)
+	if err != nil || !replaced {
+		t.Fatalf("recreateIfMissing = %v, %v; want true, nil", replaced, err)
 	}
 	base, _ := s.TokenBase(ctx)
 	if want := seen + margin; base != want {

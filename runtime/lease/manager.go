@@ -470,16 +470,14 @@ func (r *run) keepMembership(ctx context.Context) {
 			// server (nats.go retries "no responders" until the deadline),
 			// so ask the server whether the bucket exists.
 			rctx, cancel := context.WithTimeout(ctx, r.cfg.RenewEvery)
-			missing, err := r.m.store.recreateIfMissing(rctx)
+			replaced, err := r.m.store.recreateIfMissing(rctx)
 			cancel()
 			switch {
-			case missing && err != nil:
-				r.log.Warn("create the lost lease bucket again", "err", err)
-			case missing:
+			case err != nil:
+				r.log.Debug("check the lease bucket", "err", err)
+			case replaced:
 				r.followBucket()
 				t.Reset(0) // beat into the new bucket at once
-			case err != nil:
-				r.log.Debug("check lease bucket", "err", err)
 			}
 			continue
 		}

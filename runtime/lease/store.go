@@ -279,16 +279,22 @@ func (s *Store) TokenBase(ctx context.Context) (uint64, error) {
 // does not exist: it was deleted, or a server restarted without its store.
 // The new bucket's revisions start above every token stored and seen (see
 // createBucket), so fencing goes on without anyone resetting epochs. It
-// reports whether the bucket was missing.
+// reports whether the bucket is another instance than the one seen before:
+// created again now, by this Store or, a moment earlier, by another.
 func (s *Store) recreateIfMissing(ctx context.Context) (bool, error) {
 	_, err := s.js.KeyValue(ctx, s.cfg.Bucket)
+	if err == nil {
+		return s.bucketReplaced(ctx)
+	}
 	if !errors.Is(err, jetstream.ErrBucketNotFound) {
 		return false, err
 	}
 	s.log.Warn("lease bucket is missing; creating it again with tokens above every token stored and seen", "max_revision_seen", s.maxSeen.Load())
 	// The KeyValue handle only names the bucket, so the existing s.kv keeps
 	// working against the new stream.
-	_, err = s.openBucket(ctx)
+	if _, err = s.openBucket(ctx); err != nil {
+		s.log.Warn("could not create the lost lease bucket again; will retry", "err", err)
+	}
 	return true, err
 }
 
