@@ -29,12 +29,14 @@ type Config struct {
 	RetryInitial   time.Duration // KFN_RETRY_INITIAL: first backoff between handler tries
 	RetryMax       time.Duration // KFN_RETRY_MAX: largest backoff between handler tries
 	HandlerTimeout time.Duration // KFN_HANDLER_TIMEOUT: a handler call running longer fails
+
 	// StatementTimeout (KFN_STATEMENT_TIMEOUT) is the longest a Postgres
 	// statement of the worker may run: the sessions' statement_timeout. A
 	// round trip not answered within 5/4 of it is taken for a frozen
 	// connection, which the worker closes. Default: 0.4 × LeaseTTL, or
-	// 0.8 × HandlerTimeout if that is less. See runtime's "Timing".
+	// 0.8 × HandlerTimeout if that is less. See the package doc, "Timing".
 	StatementTimeout time.Duration
+
 	StartFrom      string        // KFN_START_FROM: earliest|latest, where a partition with no cursor starts
 	LeaseTTL       time.Duration // KFN_LEASE_TTL: partition lease lifetime without renewal
 	LeaseRenew     time.Duration // KFN_LEASE_RENEW: how often leases and heartbeats are renewed
@@ -173,7 +175,7 @@ func (c Config) validate(needKafka bool) error {
 		bad("statement-timeout", "%s is too short: set it to the longest a Postgres statement of a handler may run, e.g. 2s", c.StatementTimeout)
 	case rt > leaseValidity(c.LeaseTTL):
 		bad("statement-timeout", "%s is too long for --lease-ttl %s: a round trip unanswered for 5/4 of it (%s) is a frozen connection, and the worker must notice one within the %s (0.7 × --lease-ttl) that a lease stays valid without renewal; lower --statement-timeout to at most %s or raise --lease-ttl to at least %s",
-			c.StatementTimeout, c.LeaseTTL, rt, leaseValidity(c.LeaseTTL), leaseValidity(c.LeaseTTL)*4/5, (c.StatementTimeout*5/4*10/7).Round(time.Millisecond))
+			c.StatementTimeout, c.LeaseTTL, rt, leaseValidity(c.LeaseTTL), leaseValidity(c.LeaseTTL)*4/5, (c.StatementTimeout * 5 / 4 * 10 / 7).Round(time.Millisecond))
 	case c.HandlerTimeout > 0 && rt > c.HandlerTimeout:
 		bad("handler-timeout", "%s is shorter than 5/4 of --statement-timeout (%s): a slow statement in a handler must be cancelled by Postgres (the record's error, retried and then dead-lettered) before the handler's deadline closes the connection (an infrastructure error, retried forever); raise --handler-timeout to at least %s or lower --statement-timeout to at most %s",
 			c.HandlerTimeout, c.StatementTimeout, rt, c.HandlerTimeout*4/5)
