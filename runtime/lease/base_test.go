@@ -80,20 +80,21 @@ func TestNewBucketTokensStartAboveTheFloor(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := testContext(t)
+	start := time.Now()
 	s := openTestStore(t, b.js, "floored", fixed(1_000_000), 1000)
+	// The floor says tokens were used before, so the bucket may replace a
+	// lost one: the store waits until the lost leases have run out.
+	if waited := time.Since(start); waited < testTTL-testMargin {
+		t.Errorf("the bucket was created %v after opening; want a wait of TTL-SafetyMargin (%v)", waited, testTTL-testMargin)
+	}
 	base, err := s.TokenBase(ctx)
 	if err != nil || base != 1_001_000 {
 		t.Fatalf("token base = %d, %v; want 1001000", base, err)
 	}
-	// The floor says tokens were used before, so the bucket may replace a
-	// lost one: acquires wait until the lost leases have run out.
-	if _, err := s.Acquire(ctx, "g", "0", "A"); !errors.Is(err, ErrBucketNew) {
-		t.Fatalf("acquire right after creating the bucket over a floor: %v; want ErrBucketNew", err)
+	l, err := s.Acquire(ctx, "g", "0", "A")
+	if err != nil {
+		t.Fatal(err)
 	}
-	if wait := time.Until(s.QuietUntil()); wait < testTTL-testMargin-100*time.Millisecond || wait > testTTL-testMargin {
-		t.Errorf("acquires wait %v; want TTL-SafetyMargin (%v)", wait, testTTL-testMargin)
-	}
-	l := acquireWhenQuiet(t, s, "g", "0", "A")
 	if l.Token != base+1 {
 		t.Errorf("first token %d; want base+1 = %d", l.Token, base+1)
 	}
@@ -169,6 +170,14 @@ func TestLostBucketIsCreatedAgainAboveEveryToken(t *testing.T) {
 	if err != nil || !replaced {
 		t.Fatalf("recreateIfMissing = %v, %v; want true, nil", replaced, err)
 	}
+	// Holders of the lost bucket may still be inside their validity:
+	// acquires wait until it has run out.
+	if _, err := s.Acquire(ctx, "g", "5", "B"); !errors.Is(err, ErrBucketNew) {
+		t.Errorf("acquire right after creating the lost bucket again: %v; want ErrBucketNew", err)
+	}
+	if wait := time.Until(s.QuietUntil()); wait < testTTL-testMargin-200*time.Millisecond || wait > testTTL-testMargin {
+		t.Errorf("acquires wait %v; want TTL-SafetyMargin (%v)", wait, testTTL-testMargin)
+	}
 	base, _ := s.TokenBase(ctx)
 	if want := seen + margin; base != want {
 		t.Errorf("new base %d; want the largest revision seen plus the margin, %d", base, want)
@@ -183,15 +192,27 @@ func TestLostBucketIsCreatedAgainAboveEveryToken(t *testing.T) {
 		t.Errorf("renewal of a term of the lost bucket: %v; want ErrLost", err)
 	}
 
-	// A store that never saw the old bucket (a fresh process) goes by the
-	// floor alone.
+	// A store that never saw the old bucket (a fresh process) first waits
+	// for the lost leases to run out (and for members that saw the bucket to
+	// create it), then goes by the floor, read after the wait.
 	if err := b.js.DeleteKeyValue(ctx, "lost"); err != nil {
 		t.Fatal(err)
 	}
 	floor.Store(l.Token + 5000)
+	go func() {
+		time.Sleep(testTTL / 4)
+		floor.Store(l.Token + 7000) // a holder of the lost bucket stores its token
+	}()
+	start := time.Now()
 	fresh := openTestStore(t, b.js, "lost", floor.Load, margin)
-	if base, _ := fresh.TokenBase(ctx); base != floor.Load()+margin {
-		t.Errorf("base from a fresh store: %d; want floor + margin = %d", base, floor.Load()+margin)
+	if waited := time.Since(start); waited < testTTL-testMargin {
+		t.Errorf("a fresh store created the lost bucket after %v; want it to wait TTL-SafetyMargin (%v)", waited, testTTL-testMargin)
+	}
+	if base, _ := fresh.TokenBase(ctx); base != l.Token+7000+margin {
+		t.Errorf("base from a fresh store: %d; want the floor read after the wait + margin = %d", base, l.Token+7000+margin)
+	}
+	if _, err := fresh.Acquire(ctx, "g", "0", "C"); err != nil {
+		t.Errorf("acquire after the fresh store's wait: %v; want no second wait", err)
 	}
 }
 

@@ -38,7 +38,8 @@ type Manager struct {
 	onRenewed func(item string, sent time.Time)
 }
 
-// openTimeout bounds NewManager's bucket creation.
+// openTimeout bounds NewManager's bucket creation, besides the TTL it may
+// wait when a lost bucket has to be created again.
 const openTimeout = 10 * time.Second
 
 // NewManager validates cfg (after WithDefaults) and creates or opens the
@@ -48,7 +49,7 @@ func NewManager(js jetstream.JetStream, cfg Config) (*Manager, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout+cfg.TTL)
 	defer cancel()
 	store, err := OpenStore(ctx, js, cfg.storeConfig())
 	if err != nil {

@@ -110,14 +110,33 @@ func (s *Store) openExisting(ctx context.Context) (jetstream.KeyValue, error) {
 // the first creation wins and the others open that bucket, whatever base it
 // has: creation is atomic on the server, and every base is safe.
 func (s *Store) createBucket(ctx context.Context) (jetstream.KeyValue, error) {
-	var floor uint64
-	if s.cfg.TokenFloor != nil {
-		var err error
-		if floor, err = s.cfg.TokenFloor(ctx); err != nil {
-			return nil, fmt.Errorf("create lease bucket %s: read the token floor (the largest token stored): %w", s.cfg.Bucket, err)
-		}
+	floor, err := s.tokenFloor(ctx)
+	if err != nil {
+		return nil, err
 	}
 	seen := s.maxSeen.Load()
+	waited := false
+	if seen == 0 && floor > 0 {
+		// Tokens were used, so a bucket was lost, and this process never
+		// saw it. Members that did see it notice the loss within two
+		// RenewEvery and create it with what they saw; let them. Meanwhile
+		// every holder of the lost bucket that is not paused stores its
+		// token or gives it up, so the floor read again covers it.
+		wait := s.cfg.TTL - s.cfg.SafetyMargin
+		s.log.Warn("lease bucket is missing and this process never saw it: waiting for members that did, and for the lost leases to run out", "wait", wait)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("create lease bucket %s: %w", s.cfg.Bucket, ctx.Err())
+		case <-time.After(wait):
+		}
+		if kv, err := s.openExisting(ctx); !errors.Is(err, jetstream.ErrBucketNotFound) {
+			return kv, err
+		}
+		if floor, err = s.tokenFloor(ctx); err != nil {
+			return nil, err
+		}
+		waited = true
+	}
 	base := max(floor, seen) + s.cfg.TokenMargin
 	if base > maxTokenBase || base < s.cfg.TokenMargin {
 		return nil, fmt.Errorf("create lease bucket %s: token base %d (floor %d, seen %d, margin %d) leaves no room for tokens in a signed 64-bit integer",
@@ -137,7 +156,7 @@ func (s *Store) createBucket(ctx context.Context) (jetstream.KeyValue, error) {
 		metaTokenFloor: strconv.FormatUint(floor, 10),
 		metaTokenSeen:  strconv.FormatUint(seen, 10),
 	}
-	_, err := s.js.CreateStream(ctx, scfg)
+	_, err = s.js.CreateStream(ctx, scfg)
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 		// Another member created it first (or it exists with another
 		// configuration): use it if its TTL is ours.
@@ -147,12 +166,24 @@ func (s *Store) createBucket(ctx context.Context) (jetstream.KeyValue, error) {
 		return nil, fmt.Errorf("create lease bucket %s: %w", s.cfg.Bucket, err)
 	}
 	s.log.Info("created lease bucket", "token_base", base, "token_floor", floor, "max_revision_seen", seen)
-	if floor > 0 || seen > 0 {
+	if (floor > 0 || seen > 0) && !waited {
 		// Tokens were used before, so this bucket replaces a lost one,
 		// whose holders may still be inside their validity.
 		s.startQuiet()
 	}
 	return s.openExisting(ctx)
+}
+
+// tokenFloor asks the TokenFloor hook, if any.
+func (s *Store) tokenFloor(ctx context.Context) (uint64, error) {
+	if s.cfg.TokenFloor == nil {
+		return 0, nil
+	}
+	floor, err := s.cfg.TokenFloor(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("create lease bucket %s: read the token floor (the largest token stored): %w", s.cfg.Bucket, err)
+	}
+	return floor, nil
 }
 
 // startQuiet makes acquires wait until every holder of a lost bucket has
