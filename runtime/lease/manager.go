@@ -110,6 +110,7 @@ func (m *Manager) Run(ctx context.Context, items func(context.Context) ([]string
 		cooldown:  map[string]time.Time{},
 		memberSet: make(chan []string, 1),
 		rewatch:   make(chan struct{}, 1),
+		beatNow:   make(chan struct{}, 1),
 		itemList:  make(chan []string, 1),
 		pollNow:   make(chan struct{}, 1),
 		events:    make(chan event, 64),
@@ -136,6 +137,7 @@ type run struct {
 
 	memberSet chan []string  // membership goroutine → loop, latest listing
 	rewatch   chan struct{}  // membership goroutine → watch: the bucket was created again
+	beatNow   chan struct{}  // loop → membership goroutine: health changed, leave or rejoin now
 	itemList  chan []string  // items poller → loop, latest list
 	pollNow   chan struct{}  // loop → items poller
 	events    chan event     // watch goroutine → loop
@@ -174,6 +176,12 @@ func (r *run) loop(ctx context.Context) error {
 	r.wake = time.NewTimer(time.Hour)
 	r.wake.Stop()
 	defer r.wake.Stop()
+	var healthC <-chan time.Time // the health hook is asked more often than the tick
+	if r.cfg.Healthy != nil {
+		ht := time.NewTicker(r.cfg.RenewEvery / 4)
+		defer ht.Stop()
+		healthC = ht.C
+	}
 	for {
 		changed := true
 		select {
@@ -195,6 +203,8 @@ func (r *run) loop(ctx context.Context) error {
 			}
 		case <-tick.C:
 		case <-r.wake.C:
+		case <-healthC:
+			changed = false
 		}
 		if r.checkHealth() {
 			changed = true
@@ -245,6 +255,12 @@ func (r *run) checkHealth() bool {
 		r.log.Info("member healthy again: rejoining")
 	}
 	r.unhealthy = err
+	if changed {
+		select {
+		case r.beatNow <- struct{}{}:
+		default:
+		}
+	}
 	return changed
 }
 
@@ -440,6 +456,8 @@ func (r *run) keepMembership(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-r.beatNow:
+			t.Stop()
 		}
 		t.Reset(r.cfg.RenewEvery)
 		if herr := r.health(); herr != nil {
