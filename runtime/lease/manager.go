@@ -449,6 +449,7 @@ func (r *run) keepMembership(ctx context.Context) {
 	defer r.helpers.Done()
 	failing, out := false, false
 	var failingSince time.Time
+	var known []string // the last listing
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -473,7 +474,7 @@ func (r *run) keepMembership(ctx context.Context) {
 			continue
 		}
 		out = false
-		list, err := r.beat(ctx)
+		list, err := r.beat(ctx, known)
 		if ctx.Err() != nil {
 			return
 		}
@@ -510,6 +511,7 @@ func (r *run) keepMembership(ctx context.Context) {
 			r.followBucket()
 		}
 		cancel()
+		known = list
 		select {
 		case <-r.memberSet:
 		default:
@@ -528,13 +530,34 @@ func (r *run) followBucket() {
 	}
 }
 
-func (r *run) beat(ctx context.Context) ([]string, error) {
+// beat writes the heartbeat and lists the members. known is the previous
+// listing: a member missing now is asked for directly, since a listing can
+// miss a heartbeat rewritten while it runs, and a member dropped by mistake
+// would move its items twice.
+func (r *run) beat(ctx context.Context, known []string) ([]string, error) {
 	bctx, cancel := context.WithTimeout(ctx, r.cfg.RenewEvery)
 	defer cancel()
 	if err := r.m.store.Heartbeat(bctx, r.cfg.Group, r.cfg.MemberID); err != nil {
 		return nil, err
 	}
-	return r.m.store.Members(bctx, r.cfg.Group)
+	list, err := r.m.store.Members(bctx, r.cfg.Group)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range known {
+		if slices.Contains(list, id) {
+			continue
+		}
+		present, err := r.m.store.memberPresent(bctx, r.cfg.Group, id)
+		if err != nil {
+			return nil, err
+		}
+		if present {
+			list = append(list, id)
+		}
+	}
+	slices.Sort(list)
+	return list, nil
 }
 
 // watch forwards membership and lease changes to the loop, re-creating the
