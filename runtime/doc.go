@@ -88,8 +88,9 @@ package runtime
 //     waits for these timeouts.
 //   - Connections use TCP keepalive on both ends (idle --lease-ttl, interval
 //     --lease-renew, 3 probes), so a vanished peer is noticed without the
-//     kernel's defaults of hours. Settings in the database URL win over
-//     these.
+//     kernel's defaults of hours. The server-side settings are sent as
+//     connection startup parameters; settings in the database URL win over
+//     them (behind PgBouncer, list them in its ignore_startup_parameters).
 //   - Health: a probe on a connection of its own asks the server every
 //     --lease-renew, with a timeout of --lease-renew, and every successful
 //     round trip of the pool counts as an answer too. Once Postgres has not
