@@ -136,7 +136,7 @@ package runtime
 //     epoch (the worker is healthy, and another owner could not read
 //     either), and its lag stays exported with its last value. Reading
 //     resumes within about a second of the broker's return (measured after
-//     a 30 s outage: 0.05–1.0 s per lane). Nothing is committed without
+//     a 30 s outage: 0.05–1.4 s per lane). Nothing is committed without
 //     records.
 //   - Replay: `kfn replay` seizes the lease (a larger token), writes it to
 //     Postgres, moves the cursor and releases the lease; the owner's next
@@ -146,4 +146,4 @@ package runtime
 //     epoch in kfn.cursors and the largest revision they saw (package lease,
 //     "Bucket lost"), wait until the lost leases have run out, and claim
 //     again with those larger tokens. No epoch is reset by hand; lanes
-//     resume about one TTL after the loss (measured with a 2 s TTL: 2.4–2.5 s).
+//     resume about one TTL after the loss (measured with a 2 s TTL: 2.3–2.5 s).

@@ -201,7 +201,7 @@
 //     no key (revisions of the new bucket are all above theirs) and end as
 //     lost. The watch is made again on the new bucket. No epoch is reset by
 //     hand, and lanes resume about one TTL after the loss (measured with a
-//     2 s TTL: 2.4–2.5 s from the delete to each lane's first commit). The
+//     2 s TTL: 2.3–2.5 s from the delete to each lane's first commit). The
 //     replay and status tools read revisions, which carry the base, so they
 //     need no base of their own.
 //   - Member unhealthy (Config.Healthy; for kfn a worker that cannot reach
