@@ -29,6 +29,14 @@ type Config struct {
 	RetryInitial   time.Duration // KFN_RETRY_INITIAL: first backoff between handler tries
 	RetryMax       time.Duration // KFN_RETRY_MAX: largest backoff between handler tries
 	HandlerTimeout time.Duration // KFN_HANDLER_TIMEOUT: a handler call running longer fails
+
+	// StatementTimeout (KFN_STATEMENT_TIMEOUT) is the longest a Postgres
+	// statement of the worker may run: the sessions' statement_timeout. A
+	// round trip not answered within 5/4 of it is taken for a frozen
+	// connection, which the worker closes. Default: 0.4 × LeaseTTL, or
+	// 0.8 × HandlerTimeout if that is less. See the package doc, "Timing".
+	StatementTimeout time.Duration
+
 	StartFrom      string        // KFN_START_FROM: earliest|latest, where a partition with no cursor starts
 	LeaseTTL       time.Duration // KFN_LEASE_TTL: partition lease lifetime without renewal
 	LeaseRenew     time.Duration // KFN_LEASE_RENEW: how often leases and heartbeats are renewed
@@ -75,6 +83,7 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.StartFrom, "earliest")
 	setDefault(&c.LeaseTTL, DefaultLeaseTTL)
 	setDefault(&c.LeaseRenew, DefaultLeaseRenew)
+	setDefault(&c.StatementTimeout, min(c.LeaseTTL*4/10, c.HandlerTimeout*8/10))
 	setDefault(&c.LeaseBucket, lease.DefaultBucket)
 	setDefault(&c.EventStream, DefaultStream)
 	setDefault(&c.EventDedup, DefaultEventDedup)
@@ -160,8 +169,32 @@ func (c Config) validate(needKafka bool) error {
 	if c.LeaseRenew <= 0 || c.LeaseTTL < 3*c.LeaseRenew {
 		bad("lease-ttl", "%s must be at least 3 × --lease-renew (%s) so a lease survives a missed renewal", c.LeaseTTL, c.LeaseRenew)
 	}
+	rt := roundTripLimit(c.StatementTimeout)
+	switch {
+	case c.StatementTimeout < 10*time.Millisecond:
+		bad("statement-timeout", "%s is too short: set it to the longest a Postgres statement of a handler may run, e.g. 2s", c.StatementTimeout)
+	case rt > leaseValidity(c.LeaseTTL):
+		bad("statement-timeout", "%s is too long for --lease-ttl %s: a round trip unanswered for 5/4 of it (%s) is a frozen connection, and the worker must notice one within the %s (0.7 × --lease-ttl) that a lease stays valid without renewal; lower --statement-timeout to at most %s or raise --lease-ttl to at least %s",
+			c.StatementTimeout, c.LeaseTTL, rt, leaseValidity(c.LeaseTTL), leaseValidity(c.LeaseTTL)*4/5, (c.StatementTimeout * 5 / 4 * 10 / 7).Round(time.Millisecond))
+	case c.HandlerTimeout > 0 && rt > c.HandlerTimeout:
+		bad("handler-timeout", "%s is shorter than 5/4 of --statement-timeout (%s): a slow statement in a handler must be cancelled by Postgres (the record's error, retried and then dead-lettered) before the handler's deadline closes the connection (an infrastructure error, retried forever); raise --handler-timeout to at least %s or lower --statement-timeout to at most %s",
+			c.HandlerTimeout, c.StatementTimeout, rt, c.HandlerTimeout*4/5)
+	}
 	return errors.Join(errs...)
 }
+
+// roundTripLimit is how long a worker waits for one Postgres round trip
+// before it takes the connection for frozen and closes it: 5/4 of the
+// statement timeout, so that a slow statement is cancelled by the server
+// first and fails as itself, with the connection intact.
+func roundTripLimit(statementTimeout time.Duration) time.Duration { return statementTimeout * 5 / 4 }
+
+// leaseValidity is how long a lease stays valid without a successful
+// renewal: TTL minus the 30% safety margin (see leaseStoreConfig).
+func leaseValidity(ttl time.Duration) time.Duration { return ttl - leaseSafetyMargin(ttl) }
+
+// leaseSafetyMargin is the lease's safety margin: 30% of the TTL.
+func leaseSafetyMargin(ttl time.Duration) time.Duration { return ttl * 3 / 10 }
 
 func isPort(s string) bool {
 	n, err := strconv.Atoi(s)
@@ -223,6 +256,12 @@ func (c *Config) Bind(fs *flag.FlagSet) {
 	dur(&c.RetryInitial, "retry-initial", DefaultRetryInitial, "first retry backoff")
 	dur(&c.RetryMax, "retry-max", DefaultRetryMax, "largest retry backoff")
 	dur(&c.HandlerTimeout, "handler-timeout", DefaultHandlerTimeout, "max duration of one handler call")
+	fs.Var(&envDuration{p: &c.StatementTimeout}, "statement-timeout", "longest a Postgres statement may run (the sessions' statement_timeout); a round trip unanswered for 5/4 of it is a frozen connection ["+envName("statement-timeout")+"] (default 0.4 × --lease-ttl, at most 0.8 × --handler-timeout)")
+	if v := os.Getenv(envName("statement-timeout")); v != "" {
+		if err := (&envDuration{p: &c.StatementTimeout}).Set(v); err != nil {
+			c.envErrs = append(c.envErrs, &ConfigError{Field: "statement-timeout", Env: envName("statement-timeout"), Msg: err.Error()})
+		}
+	}
 	str(&c.StartFrom, "start-from", "earliest", "earliest|latest: where a partition without a cursor starts")
 	dur(&c.LeaseTTL, "lease-ttl", DefaultLeaseTTL, "partition lease lifetime without renewal")
 	dur(&c.LeaseRenew, "lease-renew", DefaultLeaseRenew, "lease and heartbeat renewal interval")

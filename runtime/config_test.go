@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/internal/effects"
@@ -37,6 +38,8 @@ func TestBadConfigurationNamesTheField(t *testing.T) {
 		{"start-from", func(c *runtime.Config) { c.StartFrom = "middle" }, "--start-from", "neither earliest nor latest"},
 		{"lease ttl too short", func(c *runtime.Config) { c.LeaseTTL = c.LeaseRenew }, "--lease-ttl", "3 × --lease-renew"},
 		{"retry max below initial", func(c *runtime.Config) { c.RetryInitial = 2e9; c.RetryMax = 1e9 }, "--retry-max", "at least --retry-initial"},
+		{"statement timeout past the lease", func(c *runtime.Config) { c.StatementTimeout = 3 * time.Second }, "--statement-timeout", "raise --lease-ttl to at least 5.357s"},
+		{"handler timeout below a round trip", func(c *runtime.Config) { c.HandlerTimeout = time.Second; c.StatementTimeout = time.Second }, "--handler-timeout", "lower --statement-timeout to at most 800ms"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -54,6 +57,35 @@ func TestBadConfigurationNamesTheField(t *testing.T) {
 				t.Errorf("error %q should name %q and say %q", err, tc.field, tc.hint)
 			}
 		})
+	}
+}
+
+// The statement timeout follows the lease TTL and the handler timeout
+// unless it is set, and the defaults never contradict each other.
+func TestStatementTimeoutDefaultsFitTheLease(t *testing.T) {
+	for _, tc := range []struct {
+		ttl, handler, want time.Duration
+	}{
+		{0, 0, 2 * time.Second},                                      // 0.4 × 5s
+		{2 * time.Second, 0, 800 * time.Millisecond},                 // 0.4 × 2s
+		{30 * time.Second, 2 * time.Second, 1600 * time.Millisecond}, // 0.8 × the handler timeout
+	} {
+		cfg := validConfig()
+		cfg.LeaseTTL, cfg.HandlerTimeout = tc.ttl, tc.handler
+		if tc.ttl != 0 {
+			cfg.LeaseRenew = tc.ttl / 5
+		}
+		if got := cfg.WithDefaults().StatementTimeout; got != tc.want {
+			t.Errorf("lease TTL %v, handler timeout %v: statement timeout %v, want %v", tc.ttl, tc.handler, got, tc.want)
+		}
+		w, err := runtime.NewWorker(context.Background(), cfg, effects.Function("cfg", "topic"))
+		var cfgErr *runtime.ConfigError
+		if errors.As(err, &cfgErr) {
+			t.Errorf("lease TTL %v, handler timeout %v: defaults rejected: %v", tc.ttl, tc.handler, err)
+		}
+		if w != nil {
+			w.Close()
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
@@ -47,22 +48,43 @@ func parseLeaseItem(item string) (int32, error) {
 // safety margin is 30% of the TTL: a holder gives a lease up 0.7 × TTL after
 // its last successful renewal was sent, before the server can expire it.
 func leaseStoreConfig(cfg Config) lease.StoreConfig {
-	return lease.StoreConfig{Bucket: cfg.LeaseBucket, TTL: cfg.LeaseTTL, SafetyMargin: cfg.LeaseTTL * 3 / 10, Logger: cfg.Logger}
+	return lease.StoreConfig{Bucket: cfg.LeaseBucket, TTL: cfg.LeaseTTL, SafetyMargin: leaseSafetyMargin(cfg.LeaseTTL), Logger: cfg.Logger}
+}
+
+// leaseConfig is the configuration of every lease manager of this worker
+// (lanes and relay shards): the bucket's timing, the token floor from
+// Postgres, and the health hook, so that a worker that cannot reach
+// Postgres hands its lanes and shards to one that can.
+func (w *worker) leaseConfig(group string, log *slog.Logger) lease.Config {
+	sc := leaseStoreConfig(w.cfg)
+	return lease.Config{
+		Bucket:       sc.Bucket,
+		Group:        group,
+		MemberID:     w.cfg.WorkerID,
+		TTL:          sc.TTL,
+		SafetyMargin: sc.SafetyMargin,
+		RenewEvery:   w.cfg.LeaseRenew,
+		Logger:       log,
+		TokenFloor:   w.tokenFloor,
+		Healthy:      w.health.Healthy,
+	}
+}
+
+// tokenFloor is the largest fencing token stored in Postgres. A lease
+// bucket created (again) starts its tokens above it, so that the claims
+// that follow are not refused as stale (see package lease, "Bucket lost").
+func (w *worker) tokenFloor(ctx context.Context) (uint64, error) {
+	var epoch int64
+	if err := w.pool.QueryRow(ctx, `SELECT coalesce(max(epoch), 0) FROM kfn.cursors`).Scan(&epoch); err != nil {
+		return 0, fmt.Errorf("read the largest epoch of kfn.cursors: %w", err)
+	}
+	return uint64(max(epoch, 0)), nil
 }
 
 // newPartitionLeases makes the lease manager that decides which of fn's
 // partitions this worker owns.
 func (w *worker) newPartitionLeases(fn Function) (*lease.Manager, error) {
-	sc := leaseStoreConfig(w.cfg)
-	mgr, err := lease.NewManager(w.js, lease.Config{
-		Bucket:       sc.Bucket,
-		Group:        leaseGroup(w.installation, fn.Name, fn.source()),
-		MemberID:     w.cfg.WorkerID,
-		TTL:          sc.TTL,
-		SafetyMargin: sc.SafetyMargin,
-		RenewEvery:   w.cfg.LeaseRenew,
-		Logger:       w.cfg.Logger.With("function", fn.Name),
-	})
+	mgr, err := lease.NewManager(w.js, w.leaseConfig(leaseGroup(w.installation, fn.Name, fn.source()), w.cfg.Logger.With("function", fn.Name)))
 	if err != nil {
 		return nil, fmt.Errorf("function %s: partition leases in NATS at %s (is JetStream enabled?): %w", fn.Name, w.cfg.NATSURL, err)
 	}

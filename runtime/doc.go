@@ -49,6 +49,62 @@ package runtime
 // timeout. A clean shutdown or a rebalance moves a lane in milliseconds: the
 // old owner finishes its batch and deletes the lease.
 //
+// # Postgres round trips, handler calls and the lease
+//
+// A lease stays valid 0.7 × TTL after its last renewal (the validity
+// window: 3.5 s by default). Nothing that a worker waits for in Postgres may
+// hold a lane longer than that once another worker could take it:
+//
+//   - Every Postgres round trip of a worker (a statement, BEGIN, COMMIT, a
+//     COPY, a connect) has a deadline of 5/4 × --statement-timeout; the
+//     sessions run with statement_timeout = --statement-timeout. A slow
+//     statement is cancelled by the server first and fails as itself (in a
+//     handler: the record's error, retried, then dead-lettered). A round trip
+//     still unanswered at the deadline means a frozen or dead connection:
+//     pgx closes it and the lane retries on another. Rule: 5/4 ×
+//     --statement-timeout ≤ 0.7 × --lease-ttl (defaults: 2 s, 2.5 s, 3.5 s).
+//   - A handler call is bounded by --handler-timeout, which may be longer
+//     than the TTL: while a handler runs Go code the worker keeps renewing
+//     (it is healthy), and each statement it runs is bounded as above. Rule:
+//     --handler-timeout ≥ 5/4 × --statement-timeout, or the handler's own
+//     deadline would close the connection before the server cancels a slow
+//     statement, which would then look like an infrastructure failure,
+//     retried forever, instead of the record's error. Unless it is set,
+//     --statement-timeout is 0.4 × --lease-ttl or 0.8 × --handler-timeout,
+//     whichever is less, so the defaults always agree; a worker refuses
+//     settings that break a rule and names the flags to change.
+//   - Why not a deadline on the whole batch transaction: a batch runs up to
+//     --batch-size handler calls, so a deadline short enough to catch a
+//     frozen connection within the validity window would cut legitimate
+//     batches of slow handlers, and retry them forever. A deadline on each
+//     round trip catches a frozen connection as soon, whatever the batch.
+//   - The server ends a session idle inside a transaction for longer than
+//     --handler-timeout plus one round trip
+//     (idle_in_transaction_session_timeout), which no live worker does, so a
+//     frozen or vanished worker's transaction does not keep its locks. PostgreSQL 15 has no
+//     transaction_timeout; this and statement_timeout bound a transaction's
+//     every wait instead. A new owner's claim ends such a session at once
+//     when it holds the cursor row (inbox.TakeOver), so the takeover never
+//     waits for these timeouts.
+//   - Connections use TCP keepalive on both ends (idle --lease-ttl, interval
+//     --lease-renew, 3 probes), so a vanished peer is noticed without the
+//     kernel's defaults of hours. The server-side settings are sent as
+//     connection startup parameters; settings in the database URL win over
+//     them (behind PgBouncer, list them in its ignore_startup_parameters).
+//   - Health: a probe on a connection of its own asks the server every
+//     --lease-renew, with a timeout of --lease-renew, and every successful
+//     round trip of the pool counts as an answer too. Once Postgres has not
+//     answered for 0.7 × TTL − --lease-renew since the first unanswered
+//     probe, the worker is unhealthy: it releases every lease and leaves its
+//     lease groups (lease.Config.Healthy), so the workers that reach Postgres
+//     take its lanes and relay shards over within milliseconds, and it takes
+//     none until a probe succeeds again. A lane that cannot reach Postgres
+//     is thus given up within the validity window of losing it, while NATS
+//     still answers (measured with a 2 s TTL and a frozen proxy: 1.2–1.9 s
+//     from the freeze to the new owner's first commit). A worker paused
+//     (SIGSTOP) is not unhealthy on waking: only an unanswered probe makes it
+//     so.
+//
 // # Failures and what they do to records
 //
 //   - Worker crash (SIGKILL) between the Postgres commit and the Kafka offset
@@ -65,12 +121,29 @@ package runtime
 //     lease, so nothing is duplicated. When NATS returns, leases are
 //     acquired again with larger tokens and processing resumes.
 //   - Postgres down: batches fail and are retried with capped exponential
-//     backoff, forever; a handler's attempt budget is not spent on outages.
-//   - Kafka down: reads retry; nothing is committed without records.
+//     backoff; a handler's attempt budget is not spent on outages. Within
+//     the validity window every worker that cannot reach it steps out of its
+//     leases, so if some worker still reaches Postgres it takes the lanes
+//     over, and if none does, nobody claims and no epoch changes until
+//     Postgres answers again.
+//   - A frozen path to Postgres (sockets open, nothing answered) for one
+//     worker: its round trips time out and its probe goes unanswered, so it
+//     steps out as above while it still renews nothing; the new owners'
+//     claims end its sessions that hold cursor rows. When the path thaws,
+//     whatever it sent is refused by the fence, and it rejoins.
+//   - Kafka down: each lane waits with capped backoff (100 ms to 1 s) and
+//     reads again from its cursor with a new reader; it keeps its lease and
+//     epoch (the worker is healthy, and another owner could not read
+//     either), and its lag stays exported with its last value. Reading
+//     resumes within about a second of the broker's return (measured after
+//     a 30 s outage: 0.05–1.4 s per lane). Nothing is committed without
+//     records.
 //   - Replay: `kfn replay` seizes the lease (a larger token), writes it to
 //     Postgres, moves the cursor and releases the lease; the owner's next
 //     commit is fenced and a worker takes the lane again at the new cursor.
-//   - NATS state lost (a wiped bucket restarts revisions at 1): Postgres
-//     refuses the smaller tokens and lanes stay unowned, the safe failure. An
-//     operator resets kfn.cursors.epoch to 0 for them after checking that no
-//     old worker runs.
+//   - NATS state lost (the lease bucket deleted or wiped): the workers
+//     create it again by themselves, its tokens starting above the largest
+//     epoch in kfn.cursors and the largest revision they saw (package lease,
+//     "Bucket lost"), wait until the lost leases have run out, and claim
+//     again with those larger tokens. No epoch is reset by hand; lanes
+//     resume about one TTL after the loss (measured with a 2 s TTL: 2.3–2.5 s).

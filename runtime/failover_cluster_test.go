@@ -56,7 +56,14 @@ type cluster struct {
 
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
-	c := &cluster{t: t, pg: kfntest.Postgres(t), kafka: kfntest.Kafka(t), nats: kfntest.NATSProcess(t)}
+	return newClusterOn(t, kfntest.Kafka(t))
+}
+
+// newClusterOn is newCluster on a Kafka cluster of the caller's, for tests
+// that stop the broker.
+func newClusterOn(t *testing.T, kafka *kfntest.KafkaCluster) *cluster {
+	t.Helper()
+	c := &cluster{t: t, pg: kfntest.Postgres(t), kafka: kafka, nats: kfntest.NATSProcess(t)}
 	c.topic = c.kafka.CreateTopic(t, failoverPartitions)
 	c.fn = kfntest.Name(t, "fn")
 	return c
@@ -89,6 +96,13 @@ func (c *cluster) nextID() string {
 // startWorker starts an effects-worker process with worker id id.
 func (c *cluster) startWorker(id string) *proc {
 	c.t.Helper()
+	return c.startWorkerEnv(id)
+}
+
+// startWorkerEnv is startWorker with more environment variables, which win
+// over the cluster's ("DATABASE_URL=…" through a proxy, "KFN_METRICS_ADDR=…").
+func (c *cluster) startWorkerEnv(id string, env ...string) *proc {
+	c.t.Helper()
 	cmd := osexec.Command(kfntest.BuildBinary(c.t, effectsWorkerPkg))
 	cmd.Env = append(os.Environ(),
 		"DATABASE_URL="+c.databaseURL(id),
@@ -101,6 +115,7 @@ func (c *cluster) startWorker(id string) *proc {
 		"KFN_LEASE_RENEW="+failoverRenew.String(),
 		"KFN_LOG_LEVEL=info",
 	)
+	cmd.Env = append(cmd.Env, env...) // the last value of a name wins
 	return &proc{id: id, Process: kfntest.StartProcess(c.t, cmd)}
 }
 
@@ -260,6 +275,10 @@ type producer struct {
 	acked    atomic.Int64
 	errs     atomic.Int64
 	lastErr  atomic.Value
+	// expectErrors is set by tests that stop Kafka: failed writes are then
+	// counted in expected, not errs.
+	expectErrors atomic.Bool
+	expected     atomic.Int64
 }
 
 func (c *cluster) startProducer() *producer {
@@ -304,6 +323,10 @@ func (c *cluster) startProducer() *producer {
 			err := w.WriteMessages(ctx, msgs...)
 			cancel()
 			if err != nil {
+				if p.expectErrors.Load() {
+					p.expected.Add(1)
+					continue
+				}
 				p.errs.Add(1)
 				p.lastErr.Store(err.Error())
 				continue

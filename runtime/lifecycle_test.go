@@ -77,6 +77,9 @@ func TestMetricsExposeTheWorkersCounters(t *testing.T) {
 	produced := b.produceN(t, 2, 15)
 	w, stop := b.run(t, effects.Function(b.fn, b.topic))
 	b.waitCaughtUp(t, b.fn)
+	// The counters move once the worker has the COMMIT's reply, a moment
+	// after the cursor moved in Postgres.
+	waitFor(t, 5*time.Second, "the worker to count its commits", func() bool { return w.Stats().Applied.Load() == 30 })
 	srv := httptest.NewServer(w.Handler())
 	defer srv.Close()
 	body := func(path string) string {

@@ -60,13 +60,29 @@ func (pr *partitionRun) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer reader.Close()
+	defer func() { reader.Close() }()
 
+	outage := newKafkaOutage(pr.log)
 	for {
 		batch, err := pr.fetch(ctx, reader)
 		if err != nil {
-			return err
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			// The broker is unreachable or the reader failed. That is no
+			// reason to give the partition up: its lease stays (this
+			// worker is healthy), and another owner could not read either.
+			// Wait, then read again from the cursor with a new reader.
+			if err := outage.wait(ctx, err); err != nil {
+				return err
+			}
+			reader.Close()
+			if reader, err = pr.w.kafka.reader(pr.part.Topic, pr.part.Partition, pr.cursor.next, 2*pr.w.cfg.BatchSize); err != nil {
+				return err
+			}
+			continue
 		}
+		outage.over()
 		err = retryInfra(ctx, pr.log, "apply batch", func(ctx context.Context) error {
 			done, err := pr.apply(ctx, batch)
 			batch = uncommitted(batch[done:], pr.cursor.next)
@@ -167,13 +183,50 @@ func toRecord(m kafka.Message) Record {
 	}
 }
 
+// kafkaOutage is a lane waiting for Kafka: capped exponential backoff
+// (100 ms to 1 s, so that reading resumes within about a second of the
+// broker's return), logged once when it starts and once when it ends.
+type kafkaOutage struct {
+	log   *slog.Logger
+	bo    *backoff.ExponentialBackOff
+	since time.Time // zero when Kafka answers
+}
+
+func newKafkaOutage(log *slog.Logger) *kafkaOutage {
+	return &kafkaOutage{log: log, bo: backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(100*time.Millisecond),
+		backoff.WithMaxInterval(time.Second),
+		backoff.WithMaxElapsedTime(0),
+	)}
+}
+
+// wait sleeps before the next read after err.
+func (o *kafkaOutage) wait(ctx context.Context, err error) error {
+	if o.since.IsZero() {
+		o.since = time.Now()
+		o.bo.Reset()
+		o.log.Warn("cannot read from Kafka: waiting, keeping the partition", "err", err)
+	} else {
+		o.log.Debug("cannot read from Kafka", "for", time.Since(o.since).Round(time.Millisecond), "err", err)
+	}
+	return sleep(ctx, o.bo.NextBackOff())
+}
+
+// over notes that Kafka answered.
+func (o *kafkaOutage) over() {
+	if !o.since.IsZero() {
+		o.log.Info("reading from Kafka again", "after", time.Since(o.since).Round(time.Millisecond))
+		o.since = time.Time{}
+	}
+}
+
 // retryInfra retries op on infrastructure errors (Postgres or Kafka
 // unreachable) with capped exponential backoff, forever, until ctx ends. A
 // fencing error is final and returned at once.
 func retryInfra(ctx context.Context, log *slog.Logger, what string, op func(context.Context) error) error {
 	policy := backoff.NewExponentialBackOff()
 	policy.InitialInterval = 100 * time.Millisecond
-	policy.MaxInterval = 5 * time.Second
+	policy.MaxInterval = 2 * time.Second // a lane resumes within about 3 s of the service's return
 	policy.MaxElapsedTime = 0
 	return backoff.RetryNotify(func() error {
 		err := op(ctx)

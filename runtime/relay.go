@@ -41,12 +41,7 @@ func (w *worker) newRelay(ctx context.Context, subjects []string) (*outbox.Relay
 	if err != nil {
 		return nil, err
 	}
-	sc := leaseStoreConfig(w.cfg)
-	shards, err := lease.NewManager(w.js, lease.Config{
-		Bucket: sc.Bucket, Group: relayLeaseGroup(w.installation), MemberID: w.cfg.WorkerID,
-		TTL: sc.TTL, SafetyMargin: sc.SafetyMargin, RenewEvery: w.cfg.LeaseRenew,
-		Logger: w.cfg.Logger.With("component", "outbox-relay"),
-	})
+	shards, err := lease.NewManager(w.js, w.leaseConfig(relayLeaseGroup(w.installation), w.cfg.Logger.With("component", "outbox-relay")))
 	if err != nil {
 		return nil, fmt.Errorf("relay shard leases: %w", err)
 	}

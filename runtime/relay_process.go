@@ -58,6 +58,7 @@ func NewRelay(ctx context.Context, cfg Config, subjects []string) (*Relay, error
 // connections.
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.w.close()
+	defer r.w.runHealth(ctx)()
 	return r.w.relay.Run(ctx)
 }
 

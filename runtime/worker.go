@@ -36,6 +36,7 @@ type worker struct {
 	offsets      *offsetCommitter
 	stats        *Stats
 	ready        readiness // the last probe of the services, for /readyz
+	health       *pgHealth // whether this worker reaches Postgres; the lease managers' Healthy hook
 }
 
 // guarantee is what the record path promises. Only the benchmark runs
@@ -82,14 +83,20 @@ func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error
 		if fn.Setup == nil {
 			continue
 		}
-		err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+		// A Setup may migrate large tables: it runs without the round-trip
+		// and statement limits of the record path.
+		setupCtx := noRoundTripLimit(ctx)
+		err := pgx.BeginFunc(setupCtx, w.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(setupCtx, `SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0`); err != nil {
+				return err
+			}
 			// CREATE TABLE IF NOT EXISTS is not safe against itself: two
 			// workers starting at once could both create the table, and one
 			// would fail. The lock makes the other wait and find it.
-			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('kfn function setup: ' || $1))`, fn.Name); err != nil {
+			if _, err := tx.Exec(setupCtx, `SELECT pg_advisory_xact_lock(hashtext('kfn function setup: ' || $1))`, fn.Name); err != nil {
 				return err
 			}
-			return fn.Setup(ctx, tx)
+			return fn.Setup(setupCtx, tx)
 		})
 		if err != nil {
 			return nil, fmt.Errorf("function %s: setup: %w", fn.Name, err)
@@ -161,6 +168,9 @@ func (w *worker) connectPostgres(ctx context.Context) error {
 	if !strings.Contains(w.cfg.DatabaseURL, "pool_max_conns") {
 		pgCfg.MaxConns = 16
 	}
+	w.health = newPGHealth(w.cfg)
+	limitPostgres(pgCfg, w.cfg, w.health)
+	w.health.connCfg = pgCfg.ConnConfig.Copy()
 	w.pool, err = pgxpool.NewWithConfig(ctx, pgCfg)
 	if err != nil {
 		return fmt.Errorf("connect to Postgres: %w", err)
@@ -223,6 +233,7 @@ func (wk *Worker) RelayStats() (outbox.RelayStats, bool) {
 func (wk *Worker) Run(ctx context.Context) error {
 	w := wk.w
 	defer w.close()
+	defer w.runHealth(ctx)()
 	if w.offsets != nil {
 		// Stopped after the lanes, so the last commits are mirrored too.
 		offsetsCtx, stopOffsets := context.WithCancel(context.WithoutCancel(ctx))

@@ -132,6 +132,22 @@ func (k *Kafka) Stop() {
 	}
 }
 
+// Start starts a stopped broker again on the same port, with the state it
+// kept in KafkaOptions.DataDir (an error without one). It returns an error
+// if the broker is running.
+func (k *Kafka) Start() error {
+	if k.opts.DataDir == "" {
+		return fmt.Errorf("start in-process kafka again: KafkaOptions.DataDir is empty, so every topic is gone; set DataDir")
+	}
+	if k.Cluster() != nil {
+		return fmt.Errorf("start in-process kafka on port %d: it is running", k.port)
+	}
+	if err := k.start(); err != nil {
+		return fmt.Errorf("start in-process kafka again on port %d: %w", k.port, err)
+	}
+	return nil
+}
+
 // Restart stops the broker and starts it again on the same port. Topics,
 // records and committed offsets survive only when KafkaOptions.DataDir is
 // set; without it Restart returns an error instead of silently losing them.

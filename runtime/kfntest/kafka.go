@@ -298,13 +298,23 @@ func (k *KafkaCluster) HighWatermarks(t testing.TB, topic string) map[int]int64 
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	hw, err := k.ReadHighWatermarks(ctx, topic)
+	if err != nil {
+		t.Fatalf("kfntest: %v", err)
+	}
+	return hw
+}
+
+// ReadHighWatermarks is HighWatermarks returning its error, for tests that
+// wait for a broker to come back.
+func (k *KafkaCluster) ReadHighWatermarks(ctx context.Context, topic string) (map[int]int64, error) {
 	ids, err := k.partitions(ctx, topic)
 	if err != nil {
-		t.Fatalf("kfntest: high watermarks of %s: %v", topic, err)
+		return nil, fmt.Errorf("high watermarks of %s: %w", topic, err)
 	}
 	hw, err := k.listOffsets(ctx, topic, ids)
 	if err != nil {
-		t.Fatalf("kfntest: high watermarks of %s: %v", topic, err)
+		return nil, fmt.Errorf("high watermarks of %s: %w", topic, err)
 	}
-	return hw
+	return hw, nil
 }

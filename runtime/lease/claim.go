@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -16,14 +17,15 @@ type claim struct {
 	stopping bool
 }
 
-// stop asks the claim's work to finish; the lease is released after it does.
-func (c *claim) stop(log *slog.Logger, reason string) {
+// stop asks the claim's work to finish, with cause as its ctx's cause; the
+// lease is released after it does.
+func (c *claim) stop(log *slog.Logger, cause error) {
 	if c.stopping {
 		return
 	}
 	c.stopping = true
-	log.Info("stopping claim", "item", c.item, "token", c.token, "reason", reason)
-	c.cancel(errors.New(reason))
+	log.Info("stopping claim", "item", c.item, "token", c.token, "reason", cause)
+	c.cancel(cause)
 }
 
 // errValidityRanOut is the cause of a claim's cancellation when no renewal
@@ -88,7 +90,7 @@ func (r *run) hold(ctx context.Context, cancel context.CancelCauseFunc, l *Lease
 	sentAt := func() time.Time { return l.ValidUntil().Add(-(cfg.TTL - cfg.SafetyMargin)) }
 	next := time.NewTimer(time.Until(sentAt().Add(cfg.RenewEvery)))
 	defer next.Stop()
-	failing := false
+	failing, unhealthy := false, false
 renew:
 	for {
 		select {
@@ -96,6 +98,18 @@ renew:
 			break renew
 		case <-next.C:
 		}
+		if herr := r.health(); herr != nil {
+			// An unhealthy member renews nothing: the work is stopped, and
+			// the lease is released as soon as it returns, while still valid.
+			if !unhealthy {
+				log.Warn("member unhealthy: not renewing; stopping work", "err", herr)
+				unhealthy = true
+			}
+			cancel(fmt.Errorf("member unhealthy: %w", herr))
+			next.Reset(cfg.RenewEvery / 4)
+			continue
+		}
+		unhealthy = false
 		rctx, rcancel := context.WithDeadline(context.Background(), minTime(time.Now().Add(cfg.RenewEvery), l.ValidUntil()))
 		err := r.m.store.Renew(rctx, l)
 		rcancel()

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -31,6 +32,11 @@ const (
 	DefaultSafetyMargin = 1500 * time.Millisecond
 	// DefaultPollItemsEvery is how often the Manager asks for the item list.
 	DefaultPollItemsEvery = 3 * time.Second
+	// DefaultTokenMargin is how far above every token it knows of a newly
+	// created bucket starts its revisions. It covers the revisions a lost
+	// bucket may have issued after the last one its creator knew of; see
+	// "Bucket lost" in the package documentation.
+	DefaultTokenMargin uint64 = 1 << 32
 )
 
 // MinTTL is the smallest TTL accepted. Below it the server's expiry
@@ -55,6 +61,16 @@ type StoreConfig struct {
 	SafetyMargin time.Duration
 	// Logger receives warnings about the bucket. Default slog.Default().
 	Logger *slog.Logger
+	// TokenFloor, if set, returns the largest token the work has stored
+	// (for kfn: the largest epoch in Postgres). It is called only when the
+	// bucket has to be created, and the bucket's revisions then start above
+	// it plus TokenMargin, so that tokens stay larger than every token used
+	// before, even after the bucket was lost. An error leaves the bucket
+	// uncreated (and is retried); nil counts as 0.
+	TokenFloor func(ctx context.Context) (uint64, error)
+	// TokenMargin is added to the floor when a bucket is created. Default
+	// DefaultTokenMargin.
+	TokenMargin uint64
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -70,6 +86,9 @@ func (c StoreConfig) WithDefaults() StoreConfig {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.TokenMargin == 0 {
+		c.TokenMargin = DefaultTokenMargin
 	}
 	return c
 }
@@ -113,13 +132,29 @@ type Config struct {
 	PollItemsEvery time.Duration
 	// Logger is the structured logger. Default slog.Default().
 	Logger *slog.Logger
+	// TokenFloor and TokenMargin; see StoreConfig. Every member of a bucket
+	// should give the same TokenFloor, since whichever member notices a lost
+	// bucket first creates it again.
+	TokenFloor  func(ctx context.Context) (uint64, error)
+	TokenMargin uint64
+	// Healthy, if set, reports whether this member can do the work of its
+	// claims now (for kfn: whether it reaches Postgres); nil means always.
+	// It must be cheap and must not block: the Manager calls it every
+	// RenewEvery, before every renewal and before acquiring. While it
+	// returns an error the member steps out: it deletes its heartbeat and
+	// writes none, so that the other members take its items over; it
+	// acquires nothing; it renews no lease and cancels every claim's work
+	// (the error is the cause), then releases each lease as soon as its work
+	// returns, so that a healthy member takes the item at once rather than
+	// after TTL. Once it returns nil again the member rejoins.
+	Healthy func() error
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 // The bucket's settings take StoreConfig's defaults.
 func (c Config) WithDefaults() Config {
 	sc := c.storeConfig().WithDefaults()
-	c.Bucket, c.TTL, c.SafetyMargin, c.Logger = sc.Bucket, sc.TTL, sc.SafetyMargin, sc.Logger
+	c.Bucket, c.TTL, c.SafetyMargin, c.Logger, c.TokenMargin = sc.Bucket, sc.TTL, sc.SafetyMargin, sc.Logger, sc.TokenMargin
 	if c.MemberID == "" {
 		c.MemberID = defaultMemberID()
 	}
@@ -133,7 +168,8 @@ func (c Config) WithDefaults() Config {
 }
 
 func (c Config) storeConfig() StoreConfig {
-	return StoreConfig{Bucket: c.Bucket, TTL: c.TTL, SafetyMargin: c.SafetyMargin, Logger: c.Logger}
+	return StoreConfig{Bucket: c.Bucket, TTL: c.TTL, SafetyMargin: c.SafetyMargin, Logger: c.Logger,
+		TokenFloor: c.TokenFloor, TokenMargin: c.TokenMargin}
 }
 
 func (c Config) validate() error {

@@ -17,7 +17,19 @@
 // The bucket's MaxAge removes any key that is not rewritten within TTL.
 // That one rule expires both dead members and unrenewed leases. Every
 // member of a bucket must use the same TTL, and OpenStore refuses a bucket
-// that has another.
+// that has another. A listing of the heartbeats can miss a key that is
+// rewritten while it runs (measured: 2–5% of listings while heartbeats are
+// written every few milliseconds), so a member missing from a listing is
+// read directly before it counts as gone; a real departure (a delete or an
+// expiry marker) is also seen at once through the watch.
+//
+// The Store creates the bucket's stream itself, laid out exactly as
+// jetstream.CreateKeyValue lays out a bucket (a test compares them), because
+// that API cannot set where the stream's sequence starts: the first
+// revision of a bucket is above its token base (see "Bucket lost"), which
+// the stream's metadata records as kfn_token_base (with kfn_token_floor and
+// kfn_token_seen, where it came from). Buckets made before bases existed
+// have none, and their revisions simply go on (base 0).
 //
 // # States of a claim
 //
@@ -51,7 +63,9 @@
 // The work's ctx is also cancelled when the item is assigned to another
 // member, when items() stops listing it, or when Run's ctx ends. The lease
 // is renewed until the work returns, so that it can finish its in-flight
-// batch, and is then released.
+// batch, and is then released. And it is cancelled when the member is
+// unhealthy (see "Health"); then the lease is no longer renewed, only
+// released once the work returns.
 //
 // # The timing argument: the holder stops first
 //
@@ -78,6 +92,29 @@
 // within the margin. A pause longer than that breaks the second (GC, CPU
 // starvation, SIGSTOP, a suspended VM), and a clock step breaks the first.
 // Neither can be ruled out, and that is why the token exists.
+//
+// # Health
+//
+// A member that holds a lease but cannot do the work (for kfn: it cannot
+// reach Postgres, while NATS answers) would otherwise keep renewing and hold
+// its items for as long as the fault lasts. Config.Healthy is the work's
+// say on that. It is asked every RenewEvery/4 by Run's loop, before every
+// renewal and before acquiring; while it reports an error the member steps
+// out:
+//
+//   - it deletes its heartbeat and writes none, so the others drop it from
+//     the assignment at once (a watched delete), as if it had left;
+//   - it renews no lease, cancels every claim's work with the error as cause,
+//     and releases (deletes) each lease as soon as the work returns, while
+//     the lease is still valid. The next owner, watching the key, takes it
+//     within milliseconds instead of after TTL. If the work does not return
+//     within the validity, the lease is lost as usual and expires;
+//   - it acquires nothing.
+//
+// Once Healthy reports nil again the member writes its heartbeat, the
+// assignment counts it again, and its share comes back by clean handoffs.
+// Safety does not depend on the hook: a member that is wrongly healthy is
+// still stopped by the watchdog and the fence.
 //
 // # Tokens and fencing
 //
@@ -129,11 +166,48 @@
 //     compare-and-set, its own terms that no work is using. So the claims
 //     return within about 0.1 s of the server (tested), and not after
 //     another TTL.
-//   - Bucket lost (memory store, wiped disk). The bucket is recreated and
-//     revisions restart at 1. Postgres then refuses the smaller tokens and
-//     the claims stall, which is the safe failure. An operator must reset
-//     the stored epochs, or create the stream with a first sequence above
-//     them.
+//   - Bucket lost (deleted, a memory store, a wiped disk). Every write
+//     fails (nats.go retries "no responders" until its deadline), so each
+//     holder stops at TTL − SafetyMargin after its last renewal, and the
+//     membership loop of every member asks the server whether the bucket
+//     exists. The first member to find it missing creates it again, with
+//     its stream's first sequence at base + 1, where base is the larger of
+//     TokenFloor (the largest token the work stored; kfn: max(epoch) of
+//     kfn.cursors) and the largest revision this Store saw, plus
+//     TokenMargin (default 2^32). Why every new token is
+//     larger than every token ever stored: a stored token is a revision of
+//     some earlier bucket instance, and by induction each instance started
+//     above all the ones before it, so it is at most the lost bucket's last
+//     revision. That last revision is at most a few RenewEvery of writes
+//     past the largest revision the creating member saw (it wrote a
+//     heartbeat every RenewEvery until the loss), and 2^32 covers any
+//     write rate for far longer than that. A member that never saw the lost
+//     bucket (a process started after the loss) waits TTL − SafetyMargin
+//     first, so that members that saw it can create it, and so that every
+//     holder of the lost bucket that is not paused has stored its token or
+//     given it up; then it reads the floor and, if the bucket is still
+//     missing, creates it from the floor alone. (A holder paused across all
+//     of this with a token 2^32 revisions past every stored epoch would win
+//     its lane back on waking, and its successor's claims would be refused
+//     until revisions pass it: a liveness risk only, since the fence still
+//     orders every commit.) Creation is a single stream create, atomic on the server: when
+//     several members create at once the first wins, the others get "name
+//     in use" and open that bucket, whatever base it has, since every base
+//     they compute is safe. Every member notices that the bucket is a new
+//     instance (its stream's creation time changed) and from then on
+//     acquires nothing for TTL − SafetyMargin: the lost bucket's holders
+//     stop within that time of their last renewal, which came before the
+//     loss, so no two holders overlap. Their renewals on the new bucket find
+//     no key (revisions of the new bucket are all above theirs) and end as
+//     lost. The watch is made again on the new bucket. No epoch is reset by
+//     hand, and lanes resume about one TTL after the loss (measured with a
+//     2 s TTL: 2.3–2.5 s from the delete to each lane's first commit). The
+//     replay and status tools read revisions, which carry the base, so they
+//     need no base of their own.
+//   - Member unhealthy (Config.Healthy; for kfn a worker that cannot reach
+//     Postgres). It steps out as described in "Health": its items move
+//     within about RenewEvery/4 of the hook reporting an error (measured
+//     60 ms with RenewEvery 300 ms), not after TTL, and come back as fast.
 //   - Network partition of one worker. For the cut-off worker this looks
 //     like NATS down: it stops at TTL − SafetyMargin. For the others it
 //     looks like a crash: they take over after TTL. If the worker can still

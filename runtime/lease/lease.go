@@ -18,6 +18,11 @@ var (
 	ErrLost = errors.New("lease lost")
 	// ErrNotHeld is returned by Holder when nobody holds the lease.
 	ErrNotHeld = errors.New("lease is not held")
+	// ErrBucketNew is returned by Acquire for a while after the bucket was
+	// lost and created again: until every lease of the lost bucket has run
+	// out (TTL-SafetyMargin after it was noticed), nobody acquires, so that
+	// two holders never overlap.
+	ErrBucketNew = errors.New("lease bucket was created again recently; waiting until the leases of the lost bucket have run out")
 )
 
 // leaseValue is the JSON stored under a lease key.
@@ -91,12 +96,25 @@ func (s *Store) acquire(ctx context.Context, group, item, owner, instance string
 	if err != nil {
 		return nil, fmt.Errorf("acquire lease %s: encode: %w", key, err)
 	}
+	if err := s.checkFresh(ctx); err != nil {
+		return nil, fmt.Errorf("acquire lease %s: %w", key, err)
+	}
 	sent := time.Now()
 	rev, err := s.kv.Create(ctx, key, data)
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		return nil, fmt.Errorf("acquire lease %s: %w", key, ErrHeld)
 	}
 	if err != nil {
+		return nil, fmt.Errorf("acquire lease %s: %w", key, err)
+	}
+	s.noteRevision(rev)
+	// The bucket may have been lost and created again between the check
+	// and the Create. Then the Create landed in a new bucket while holders
+	// of the lost one may still work: undo it.
+	if err := s.checkFresh(ctx); err != nil {
+		if derr := s.kv.Delete(ctx, key, jetstream.LastRevision(rev)); derr != nil {
+			s.log.Warn("delete a lease acquired while the bucket was created again; it expires after TTL", "key", key, "err", derr)
+		}
 		return nil, fmt.Errorf("acquire lease %s: %w", key, err)
 	}
 	return s.newLease(group, item, v, rev, sent), nil
@@ -119,6 +137,7 @@ func (s *Store) reclaimOwn(ctx context.Context, group, item, instance string) (b
 	if err != nil {
 		return false, fmt.Errorf("read lease %s: %w", key, err)
 	}
+	s.noteRevision(e.Revision())
 	var v leaseValue
 	if err := json.Unmarshal(e.Value(), &v); err != nil || instance == "" || v.Instance != instance {
 		return false, nil
@@ -150,6 +169,7 @@ func (s *Store) Seize(ctx context.Context, group, item, owner string) (*Lease, e
 	if err != nil {
 		return nil, fmt.Errorf("seize lease %s: %w", key, err)
 	}
+	s.noteRevision(rev)
 	return s.newLease(group, item, v, rev, sent), nil
 }
 
@@ -187,6 +207,7 @@ func (s *Store) Renew(ctx context.Context, l *Lease) error {
 	if err != nil {
 		return fmt.Errorf("renew lease %s token %d: %w", l.key, l.Token, err)
 	}
+	s.noteRevision(rev)
 	l.revision = rev
 	l.validUntil = s.validity(sent)
 	return nil
@@ -249,6 +270,7 @@ func (s *Store) Holder(ctx context.Context, group, item string) (HolderInfo, err
 	if err != nil {
 		return HolderInfo{}, fmt.Errorf("read lease %s: %w", key, err)
 	}
+	s.noteRevision(e.Revision())
 	var v leaseValue
 	if err := json.Unmarshal(e.Value(), &v); err != nil {
 		return HolderInfo{}, fmt.Errorf("read lease %s: decode revision %d: %w", key, e.Revision(), err)

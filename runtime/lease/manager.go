@@ -38,7 +38,8 @@ type Manager struct {
 	onRenewed func(item string, sent time.Time)
 }
 
-// openTimeout bounds NewManager's bucket creation.
+// openTimeout bounds NewManager's bucket creation, besides the TTL it may
+// wait when a lost bucket has to be created again.
 const openTimeout = 10 * time.Second
 
 // NewManager validates cfg (after WithDefaults) and creates or opens the
@@ -48,7 +49,7 @@ func NewManager(js jetstream.JetStream, cfg Config) (*Manager, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout+cfg.TTL)
 	defer cancel()
 	store, err := OpenStore(ctx, js, cfg.storeConfig())
 	if err != nil {
@@ -108,6 +109,8 @@ func (m *Manager) Run(ctx context.Context, items func(context.Context) ([]string
 		uncertain: map[string]bool{},
 		cooldown:  map[string]time.Time{},
 		memberSet: make(chan []string, 1),
+		rewatch:   make(chan struct{}, 1),
+		beatNow:   make(chan struct{}, 1),
 		itemList:  make(chan []string, 1),
 		pollNow:   make(chan struct{}, 1),
 		events:    make(chan event, 64),
@@ -133,6 +136,8 @@ type run struct {
 	work     func(context.Context, Claim)
 
 	memberSet chan []string  // membership goroutine → loop, latest listing
+	rewatch   chan struct{}  // membership goroutine → watch: the bucket was created again
+	beatNow   chan struct{}  // loop → membership goroutine: health changed, leave or rejoin now
 	itemList  chan []string  // items poller → loop, latest list
 	pollNow   chan struct{}  // loop → items poller
 	events    chan event     // watch goroutine → loop
@@ -150,6 +155,8 @@ type run struct {
 	uncertain    map[string]bool // items whose acquire got no answer
 	acquireBO    *backoff.ExponentialBackOff
 	nextAcquire  time.Time
+	wake         *time.Timer // fires at nextAcquire
+	unhealthy    error       // the member's health as last checked; nil when healthy
 }
 
 type claimEnd struct {
@@ -166,6 +173,15 @@ func (r *run) loop(ctx context.Context) error {
 
 	tick := time.NewTicker(r.cfg.RenewEvery)
 	defer tick.Stop()
+	r.wake = time.NewTimer(time.Hour)
+	r.wake.Stop()
+	defer r.wake.Stop()
+	var healthC <-chan time.Time // the health hook is asked more often than the tick
+	if r.cfg.Healthy != nil {
+		ht := time.NewTicker(r.cfg.RenewEvery / 4)
+		defer ht.Stop()
+		healthC = ht.C
+	}
 	for {
 		changed := true
 		select {
@@ -186,6 +202,12 @@ func (r *run) loop(ctx context.Context) error {
 				r.cooldown[end.item] = time.Now().Add(r.cfg.RenewEvery)
 			}
 		case <-tick.C:
+		case <-r.wake.C:
+		case <-healthC:
+			changed = false
+		}
+		if r.checkHealth() {
+			changed = true
 		}
 		if changed {
 			r.reconcile(ctx)
@@ -210,6 +232,36 @@ func (r *run) shutdown() {
 		}
 	}
 	r.log.Info("lease manager stopped")
+}
+
+// health asks the Healthy hook; nil means healthy.
+func (r *run) health() error {
+	if r.cfg.Healthy == nil {
+		return nil
+	}
+	return r.cfg.Healthy()
+}
+
+// checkHealth records the member's health and reports whether it changed.
+// An unhealthy member stops every claim (reconcile also acquires nothing);
+// each lease is released once its work returns.
+func (r *run) checkHealth() bool {
+	err := r.health()
+	changed := (err == nil) != (r.unhealthy == nil)
+	switch {
+	case err != nil && r.unhealthy == nil:
+		r.log.Warn("member unhealthy: stepping out, releasing every lease and acquiring none until healthy again", "claims", len(r.claims), "err", err)
+	case err == nil && r.unhealthy != nil:
+		r.log.Info("member healthy again: rejoining")
+	}
+	r.unhealthy = err
+	if changed {
+		select {
+		case r.beatNow <- struct{}{}:
+		default:
+		}
+	}
+	return changed
 }
 
 // setMembers replaces the member set with a fresh listing and reports
@@ -270,15 +322,21 @@ func (r *run) reconcile(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
+	if r.unhealthy != nil {
+		for _, c := range r.claims {
+			c.stop(r.log, fmt.Errorf("member unhealthy: %w", r.unhealthy))
+		}
+		return
+	}
 	if !r.itemsKnown {
 		return // no claims yet either
 	}
 	owners := Assign(slices.Collect(maps.Keys(r.members)), r.itemSet)
 	for item, c := range r.claims {
 		if target, listed := owners[item]; !listed {
-			c.stop(r.log, "item no longer listed")
+			c.stop(r.log, errors.New("item no longer listed"))
 		} else if target != r.cfg.MemberID {
-			c.stop(r.log, "rebalanced to "+target)
+			c.stop(r.log, errors.New("rebalanced to "+target))
 		}
 	}
 	if !r.membersKnown || time.Now().Before(r.nextAcquire) {
@@ -309,6 +367,12 @@ func (r *run) reconcile(ctx context.Context) {
 		case errors.Is(err, ErrHeld):
 			r.acquireBO.Reset()
 			r.log.Debug("lease held elsewhere; will retry", "item", item)
+		case errors.Is(err, ErrBucketNew):
+			r.uncertain[item] = true // the Create may have landed, and its undo failed
+			r.nextAcquire = r.m.store.QuietUntil()
+			r.wakeAt(r.nextAcquire)
+			r.log.Info("not acquiring until the leases of the lost bucket have run out", "until", time.Until(r.nextAcquire).Round(time.Millisecond))
+			return
 		default:
 			r.uncertain[item] = true
 			r.backOff("acquire failed", item, err)
@@ -320,7 +384,13 @@ func (r *run) reconcile(ctx context.Context) {
 func (r *run) backOff(msg, item string, err error) {
 	wait := r.acquireBO.NextBackOff()
 	r.nextAcquire = time.Now().Add(wait)
+	r.wakeAt(r.nextAcquire)
 	r.log.Warn(msg+"; backing off", "item", item, "retry_in", wait, "err", err)
+}
+
+// wakeAt makes the loop reconcile at t (as well as every RenewEvery).
+func (r *run) wakeAt(t time.Time) {
+	r.wake.Reset(time.Until(t))
 }
 
 // acquire takes the lease on item, first deleting a term of this run that no
@@ -371,10 +441,15 @@ func (r *run) reclaim(ctx context.Context, item string) error {
 }
 
 // keepMembership writes the heartbeat and lists the members every
-// RenewEvery.
+// RenewEvery, while the member is healthy. An unhealthy member deletes its
+// heartbeat, so that the others take its items over, and writes none until
+// it is healthy again. It also notices a lost bucket, creates it again, and
+// has the watch follow a bucket created again by anyone.
 func (r *run) keepMembership(ctx context.Context) {
 	defer r.helpers.Done()
-	failing := false
+	failing, out := false, false
+	var failingSince time.Time
+	var known []string // the last listing
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -382,33 +457,61 @@ func (r *run) keepMembership(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-r.beatNow:
+			t.Stop()
 		}
-		start := time.Now()
 		t.Reset(r.cfg.RenewEvery)
-		list, err := r.beat(ctx)
+		if herr := r.health(); herr != nil {
+			if !out {
+				lctx, cancel := context.WithTimeout(ctx, r.cfg.RenewEvery)
+				err := r.m.store.Leave(lctx, r.cfg.Group, r.cfg.MemberID)
+				cancel()
+				if err != nil && ctx.Err() == nil {
+					r.log.Warn("leave the group while unhealthy (the heartbeat expires after TTL instead)", "err", err)
+				}
+				out = true
+			}
+			continue
+		}
+		out = false
+		list, err := r.beat(ctx, known)
 		if ctx.Err() != nil {
 			return
 		}
 		if err != nil {
 			if !failing {
 				r.log.Warn("membership heartbeat failing", "err", err)
+				failingSince = time.Now()
 			} else {
 				r.log.Debug("membership heartbeat failing", "err", err)
 			}
 			failing = true
-			if bucketMissing(err) {
-				rctx, cancel := context.WithTimeout(ctx, r.cfg.RenewEvery)
-				if err := r.m.store.recreateIfMissing(rctx); err != nil {
-					r.log.Debug("check lease bucket", "err", err)
-				}
-				cancel()
+			// A write to a deleted bucket fails like one to an unreachable
+			// server (nats.go retries "no responders" until the deadline),
+			// so ask the server whether the bucket exists.
+			rctx, cancel := context.WithTimeout(ctx, r.cfg.RenewEvery)
+			replaced, err := r.m.store.recreateIfMissing(rctx)
+			cancel()
+			switch {
+			case err != nil:
+				r.log.Debug("check the lease bucket", "err", err)
+			case replaced:
+				r.followBucket()
+				t.Reset(0) // beat into the new bucket at once
 			}
 			continue
 		}
 		if failing {
-			r.log.Info("membership heartbeat recovered", "after", time.Since(start))
+			r.log.Info("membership heartbeat recovered", "after", time.Since(failingSince))
 			failing = false
 		}
+		rctx, cancel := context.WithTimeout(ctx, r.cfg.RenewEvery)
+		if replaced, err := r.m.store.bucketReplaced(rctx); err == nil && replaced {
+			r.log.Warn("the lease bucket was created again by another member")
+			r.followBucket()
+		}
+		cancel()
+		known = list
 		select {
 		case <-r.memberSet:
 		default:
@@ -417,13 +520,44 @@ func (r *run) keepMembership(ctx context.Context) {
 	}
 }
 
-func (r *run) beat(ctx context.Context) ([]string, error) {
+// followBucket has the watch start again on the bucket now in the server:
+// a watch on a deleted bucket sees nothing more, even once the bucket is
+// created again.
+func (r *run) followBucket() {
+	select {
+	case r.rewatch <- struct{}{}:
+	default:
+	}
+}
+
+// beat writes the heartbeat and lists the members. known is the previous
+// listing: a member missing now is asked for directly, since a listing can
+// miss a heartbeat rewritten while it runs, and a member dropped by mistake
+// would move its items twice.
+func (r *run) beat(ctx context.Context, known []string) ([]string, error) {
 	bctx, cancel := context.WithTimeout(ctx, r.cfg.RenewEvery)
 	defer cancel()
 	if err := r.m.store.Heartbeat(bctx, r.cfg.Group, r.cfg.MemberID); err != nil {
 		return nil, err
 	}
-	return r.m.store.Members(bctx, r.cfg.Group)
+	list, err := r.m.store.Members(bctx, r.cfg.Group)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range known {
+		if slices.Contains(list, id) {
+			continue
+		}
+		present, err := r.m.store.memberPresent(bctx, r.cfg.Group, id)
+		if err != nil {
+			return nil, err
+		}
+		if present {
+			list = append(list, id)
+		}
+	}
+	slices.Sort(list)
+	return list, nil
 }
 
 // watch forwards membership and lease changes to the loop, re-creating the
@@ -440,7 +574,10 @@ func (r *run) watch(ctx context.Context) {
 		events, err := r.m.store.watchGroup(wctx, r.cfg.Group)
 		if err == nil {
 			bo.Reset()
-			r.forward(ctx, events)
+			if r.forward(ctx, events) {
+				cancel()
+				continue // at once, on the new bucket
+			}
 			if ctx.Err() == nil {
 				r.log.Debug("watch ended; re-creating")
 			}
@@ -455,12 +592,24 @@ func (r *run) watch(ctx context.Context) {
 	}
 }
 
-func (r *run) forward(ctx context.Context, events <-chan event) {
-	for ev := range events {
+// forward passes events on to the loop until the watch ends, and reports
+// whether it stopped because the bucket was created again.
+func (r *run) forward(ctx context.Context, events <-chan event) (rewatch bool) {
+	for {
 		select {
-		case r.events <- ev:
+		case ev, ok := <-events:
+			if !ok {
+				return false
+			}
+			select {
+			case r.events <- ev:
+			case <-ctx.Done():
+				return false
+			}
+		case <-r.rewatch:
+			return true
 		case <-ctx.Done():
-			return
+			return false
 		}
 	}
 }

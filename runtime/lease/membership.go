@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -24,9 +25,11 @@ func (s *Store) Heartbeat(ctx context.Context, group, memberID string) error {
 	if err != nil {
 		return fmt.Errorf("heartbeat %s: encode: %w", key, err)
 	}
-	if _, err := s.kv.Put(ctx, key, data); err != nil {
+	rev, err := s.kv.Put(ctx, key, data)
+	if err != nil {
 		return fmt.Errorf("heartbeat %s: %w", key, err)
 	}
+	s.noteRevision(rev)
 	return nil
 }
 
@@ -70,6 +73,23 @@ func (s *Store) Members(ctx context.Context, group string) ([]string, error) {
 			}
 		}
 	}
+}
+
+// memberPresent reports whether memberID's heartbeat key is in the bucket.
+// A listing can miss a key that is rewritten while it runs (it is deleted
+// from under the listing's consumer and written again past its end), so a
+// member missing from a listing is asked for directly before it counts as
+// gone.
+func (s *Store) memberPresent(ctx context.Context, group, memberID string) (bool, error) {
+	e, err := s.kv.Get(ctx, memberKey(group, memberID))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read heartbeat of %s in %s: %w", memberID, group, err)
+	}
+	s.noteRevision(e.Revision())
+	return true, nil
 }
 
 // eventKind classifies a watched change.
@@ -118,6 +138,7 @@ func (s *Store) watchGroup(ctx context.Context, group string) (<-chan event, err
 			if e == nil {
 				continue
 			}
+			s.noteRevision(e.Revision())
 			ev, ok := classify(group, e)
 			if !ok {
 				continue

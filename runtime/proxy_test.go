@@ -1,0 +1,176 @@
+package runtime_test
+
+import (
+	"bytes"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// pgProxy is a TCP proxy in front of Postgres for fault tests. It forwards
+// bytes both ways, and on request it misbehaves in two ways:
+//
+//   - CutCommits(n): the next n COMMITs are forwarded to the server, which
+//     runs them, and then the connection is cut before the reply reaches the
+//     client: the commit lands, but the client sees an error and cannot know.
+//   - Freeze/Thaw: a frozen proxy forwards nothing, in either direction, and
+//     connects no new client to the server, but it closes nothing either:
+//     every socket stays open, as on a network path that silently stalls. On
+//     Thaw it delivers what it held back and carries on.
+type pgProxy struct {
+	ln     net.Listener
+	target string
+
+	armed   atomic.Int32 // how many more commits to cut off
+	dropped atomic.Int32 // commits cut off so far
+
+	mu     sync.Mutex
+	thawed chan struct{} // nil unless frozen; closed by Thaw
+	conns  map[net.Conn]bool
+	wg     sync.WaitGroup
+}
+
+// commitMessage is the protocol message pgx sends for Tx.Commit: a simple
+// Query ('Q', length 11) with the text "commit".
+var commitMessage = []byte("Q\x00\x00\x00\x0bcommit\x00")
+
+func newPGProxy(t *testing.T, target string) *pgProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &pgProxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.close)
+	return p
+}
+
+// Addr is the proxy's host:port, to put in a database URL.
+func (p *pgProxy) Addr() string { return p.ln.Addr().String() }
+
+// CutCommits arms the proxy to cut off the replies of the next n COMMITs.
+func (p *pgProxy) CutCommits(n int) { p.armed.Store(int32(n)) }
+
+// Freeze stops all forwarding, keeping every socket open.
+func (p *pgProxy) Freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.thawed == nil {
+		p.thawed = make(chan struct{})
+	}
+}
+
+// Thaw resumes forwarding.
+func (p *pgProxy) Thaw() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.thawed != nil {
+		close(p.thawed)
+		p.thawed = nil
+	}
+}
+
+// pass blocks while the proxy is frozen.
+func (p *pgProxy) pass() {
+	p.mu.Lock()
+	ch := p.thawed
+	p.mu.Unlock()
+	if ch != nil {
+		<-ch
+	}
+}
+
+func (p *pgProxy) close() {
+	p.Thaw()
+	p.ln.Close()
+	p.mu.Lock()
+	for c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+// track registers c to be closed by close.
+func (p *pgProxy) track(c net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.conns[c] = true
+}
+
+func (p *pgProxy) accept() {
+	defer p.wg.Done()
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.track(client)
+		p.wg.Add(1)
+		go p.serve(client)
+	}
+}
+
+func (p *pgProxy) serve(client net.Conn) {
+	defer p.wg.Done()
+	p.pass() // a frozen path connects nobody, and refuses nobody
+	server, err := net.Dial("tcp", p.target)
+	if err != nil {
+		client.Close()
+		return
+	}
+	p.track(server)
+	var cut atomic.Bool // set before a COMMIT goes out: its reply must not come back
+	p.wg.Add(2)
+	go func() { // server → client
+		defer p.wg.Done()
+		defer client.Close()
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := server.Read(buf)
+			if cut.Load() {
+				return
+			}
+			if n > 0 {
+				p.pass()
+				if _, werr := client.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	go func() { // client → server, watching for COMMIT
+		defer p.wg.Done()
+		defer server.Close()
+		defer client.Close()
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := client.Read(buf)
+			if n > 0 {
+				p.pass()
+				if bytes.Contains(buf[:n], commitMessage) && p.armed.Add(-1) >= 0 {
+					cut.Store(true)
+					p.dropped.Add(1)
+					if _, werr := server.Write(buf[:n]); werr != nil {
+						return
+					}
+					time.Sleep(100 * time.Millisecond) // the server commits
+					return                             // both sides close: the reply is lost
+				}
+				if _, werr := server.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+}
