@@ -5,8 +5,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"net/url"
 	"os"
 	osexec "os/exec"
@@ -27,6 +30,7 @@ import (
 	"github.com/kfn-dev/kfn/outbox"
 
 	"github.com/kfn-dev/kfn/runtime"
+	"github.com/kfn-dev/kfn/runtime/devstack"
 	"github.com/kfn-dev/kfn/runtime/internal/effects"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
@@ -82,7 +86,8 @@ func (c *cluster) createEffectsTable() {
 
 // proc is one worker process.
 type proc struct {
-	id string
+	id      string
+	metrics string // the effects-worker's metrics address; empty for naive workers
 	*kfntest.Process
 }
 
@@ -92,9 +97,15 @@ func (c *cluster) nextID() string {
 	return "w" + strconv.Itoa(c.seq)
 }
 
-// startWorker starts an effects-worker process with worker id id.
+// startWorker starts an effects-worker process with worker id id, serving
+// its metrics on a free loopback port.
 func (c *cluster) startWorker(id string) *proc {
 	c.t.Helper()
+	port, err := devstack.FreePort()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	metrics := "127.0.0.1:" + strconv.Itoa(port)
 	cmd := osexec.Command(kfntest.BuildBinary(c.t, effectsWorkerPkg))
 	cmd.Env = append(os.Environ(),
 		"DATABASE_URL="+c.databaseURL(id),
@@ -106,8 +117,45 @@ func (c *cluster) startWorker(id string) *proc {
 		"KFN_LEASE_TTL="+failoverTTL.String(),
 		"KFN_LEASE_RENEW="+failoverRenew.String(),
 		"KFN_LOG_LEVEL=info",
+		"KFN_METRICS_ADDR="+metrics,
 	)
-	return &proc{id: id, Process: kfntest.StartProcess(c.t, cmd)}
+	return &proc{id: id, metrics: metrics, Process: kfntest.StartProcess(c.t, cmd)}
+}
+
+// duplicates reads from p's metrics how many records it skipped as handled
+// before (kfn_records_duplicate_total): what the high-water mark and the
+// inbox absorbed, which no effect shows.
+func (c *cluster) duplicates(p *proc) int64 {
+	c.t.Helper()
+	client := http.Client{Timeout: 5 * time.Second}
+	var body []byte
+	err := errors.New("no metrics address")
+	for deadline := time.Now().Add(10 * time.Second); p.metrics != "" && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		var resp *http.Response
+		if resp, err = client.Get("http://" + p.metrics + "/metrics"); err != nil {
+			continue // not serving yet
+		}
+		body, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err == nil {
+			break
+		}
+	}
+	if err != nil {
+		c.t.Fatalf("read the metrics of %s: %v", p.id, err)
+	}
+	prefix := `kfn_records_duplicate_total{worker="` + p.id + `"} `
+	for line := range strings.Lines(string(body)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
+			n, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				c.t.Fatalf("metrics of %s: %q: %v", p.id, line, err)
+			}
+			return int64(n)
+		}
+	}
+	c.t.Fatalf("the metrics of %s have no %s line", p.id, strings.TrimSpace(prefix))
+	return 0
 }
 
 // databaseURL is the test database's URL with application_name set to the
@@ -144,6 +192,27 @@ SELECT count(*) FROM pg_stat_activity a
 	return n
 }
 
+// killInTransaction SIGKILLs one of ps while it is inside a transaction that
+// has passed its fence (it holds a cursor row's lock, so it owns partitions
+// and has uncommitted work on one): it freezes a worker there with
+// pauseInTransaction, trying them in random order, and kills it frozen.
+// It returns the index of the victim and when it was frozen; it fails the
+// test if none was caught within limit.
+func (c *cluster) killInTransaction(ps []*proc, limit time.Duration) (int, time.Time) {
+	c.t.Helper()
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		for _, i := range rand.Perm(len(ps)) {
+			if frozen, ok := c.freezeInTransaction(ps[i], "kfn.cursors", 2*time.Second); ok {
+				ps[i].Kill()
+				return i, frozen
+			}
+		}
+	}
+	c.t.Fatalf("caught none of %v inside a fenced transaction within %s", ids(ps), limit)
+	return 0, time.Time{}
+}
+
 // pauseInTransaction freezes p (SIGSTOP) at the worst moment for a
 // failover: inside one of its transactions, and with table set, after it
 // wrote to table (for kfn.cursors: after the UPDATE that fences the batch,
@@ -154,21 +223,31 @@ SELECT count(*) FROM pg_stat_activity a
 // did not succeed within limit.
 func (c *cluster) pauseInTransaction(p *proc, table string, limit time.Duration) bool {
 	c.t.Helper()
+	_, ok := c.freezeInTransaction(p, table, limit)
+	return ok
+}
+
+// freezeInTransaction is pauseInTransaction that also returns when p was
+// frozen.
+func (c *cluster) freezeInTransaction(p *proc, table string, limit time.Duration) (time.Time, bool) {
+	c.t.Helper()
 	deadline := time.Now().Add(limit)
 	for attempt := 1; time.Now().Before(deadline); attempt++ {
 		if c.openTransactions(p.id, false, table) == 0 {
+			time.Sleep(time.Millisecond)
 			continue
 		}
 		p.Pause()
+		frozen := time.Now()
 		time.Sleep(20 * time.Millisecond) // let a statement it had sent finish
 		if c.openTransactions(p.id, true, table) > 0 {
 			c.t.Logf("%s frozen inside a transaction (attempt %d)", p.id, attempt)
-			return true
+			return frozen, true
 		}
 		p.Resume()
 		time.Sleep(randomDuration(0, 50*time.Millisecond))
 	}
-	return false
+	return time.Time{}, false
 }
 
 // blockedSessions describes the sessions of the test database that wait

@@ -19,7 +19,7 @@ func TestNewPartitionsArePickedUpWithoutARestart(t *testing.T) {
 	b := setup(t, 2)
 	fn := effects.Function(b.fn, b.topic)
 	produced := b.produceN(t, 2, 10)
-	_, stop := b.run(t, fn)
+	w, stop := b.run(t, fn)
 	b.waitCaughtUp(t, b.fn)
 
 	client := &kafka.Client{Addr: kafka.TCP(b.kafka.Brokers...), Timeout: 10 * time.Second}
@@ -39,6 +39,7 @@ func TestNewPartitionsArePickedUpWithoutARestart(t *testing.T) {
 	produced = append(produced, b.produce(t, 3, []byte("p3-a"))...)
 	b.waitCaughtUp(t, b.fn)
 	stop()
+	wantDuplicates(t, w, 0, "picking up new partitions re-reads none of the old ones")
 	if rep := b.check(t, b.fn, produced); rep.Applied != 23 {
 		t.Errorf("applied %d, want 23 including the new partitions' records", rep.Applied)
 	}
@@ -49,7 +50,7 @@ func TestInboxRetentionPurgesRowsButDedupStays(t *testing.T) {
 	b.cfg.InboxRetention = time.Second
 	fn := effects.Function(b.fn, b.topic)
 	produced := b.produceN(t, 1, 50)
-	_, stop := b.run(t, fn)
+	w, stop := b.run(t, fn)
 	b.waitCaughtUp(t, b.fn)
 	waitFor(t, 20*time.Second, "the inbox rows to be purged", func() bool {
 		var n int
@@ -57,10 +58,11 @@ func TestInboxRetentionPurgesRowsButDedupStays(t *testing.T) {
 		return err == nil && n == 0
 	})
 	stop()
+	wantDuplicates(t, w, 0, "the first delivery has nothing to skip")
 
 	// Read everything again: the high-water mark alone must skip it all.
 	execSQL(t, b, `UPDATE kfn.cursors SET next_offset = 0 WHERE consumer = $1`, b.fn)
-	w, stop := b.run(t, fn)
+	w, stop = b.run(t, fn)
 	b.waitCaughtUp(t, b.fn)
 	stop()
 	if got := w.Stats().Duplicates.Load(); got != 50 {
@@ -103,6 +105,7 @@ func TestMetricsExposeTheWorkersCounters(t *testing.T) {
 		t.Errorf("/healthz = %q", got)
 	}
 	stop()
+	wantDuplicates(t, w, 0, "one run reads every record once")
 	b.check(t, b.fn, produced)
 }
 
