@@ -112,7 +112,10 @@ func TestMetricsExposeTheWorkersCounters(t *testing.T) {
 // TestPostgresConnectionsDyingUnderLoad kills the worker's Postgres sessions
 // again and again while it applies records, some of them in the middle of a
 // COMMIT. Nothing may be lost or applied twice, and the worker must not
-// mistake its own landed commit for a takeover and drop its partitions.
+// mistake its own landed commit for a takeover and drop its partitions. The
+// test counts the sessions it killed, and those it caught inside a
+// transaction, and requires a minimum of each: a run where the worker's
+// sessions were never there to kill proves nothing.
 func TestPostgresConnectionsDyingUnderLoad(t *testing.T) {
 	b := setup(t, 3)
 	b.cfg.WorkerID = "victim"
@@ -128,22 +131,33 @@ func TestPostgresConnectionsDyingUnderLoad(t *testing.T) {
 
 	w, stop := b.run(t, effects.Function(b.fn, b.topic))
 	var produced []effects.Produced
-	var killed int64
-	for round := 0; round < 15; round++ {
+	var killed, inTx, rounds int64
+	const minKilled, minInTx = 30, 5
+	for round := 0; round < 60 && (round < 15 || killed < minKilled || inTx < minInTx); round++ {
 		produced = append(produced, b.produceN(t, 3, 60)...)
-		time.Sleep(time.Duration(20+round*7) * time.Millisecond)
+		time.Sleep(time.Duration(20+round%15*7) * time.Millisecond)
+		var k, x int64
 		err := b.pg.Pool.QueryRow(context.Background(), `
-SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
- WHERE datname = current_database() AND application_name = 'kfn-victim'`).Scan(&killed)
+SELECT count(pg_terminate_backend(pid)), count(*) FILTER (WHERE xact_start IS NOT NULL) FROM pg_stat_activity
+ WHERE datname = current_database() AND application_name = 'kfn-victim'`).Scan(&k, &x)
 		if err != nil {
 			t.Fatal(err)
 		}
+		killed, inTx, rounds = killed+k, inTx+x, rounds+1
+	}
+	t.Logf("killed %d of the worker's sessions in %d rounds, %d of them inside a transaction", killed, rounds, inTx)
+	if killed < minKilled || inTx < minInTx {
+		t.Errorf("killed %d sessions, %d inside a transaction, in %d rounds; want at least %d and %d", killed, inTx, rounds, minKilled, minInTx)
 	}
 	b.waitCaughtUp(t, b.fn)
 	stop()
 	if rep := b.check(t, b.fn, produced); rep.Applied != len(produced) {
 		t.Errorf("applied %d of %d", rep.Applied, len(produced))
 	}
+	// A commit whose reply was lost is recognised by the cursor being
+	// ahead, and its records are dropped from the retry without a read:
+	// nothing is skipped as a duplicate.
+	wantDuplicates(t, w, 0, "a retried batch drops what its lost commit applied before it claims again")
 	if n := w.Stats().Fenced.Load(); n != 0 {
 		t.Errorf("the worker dropped %d partitions as fenced; nobody else owned them", n)
 	}
