@@ -77,7 +77,7 @@ func TestFailoverZombie(t *testing.T) {
 	}
 	kfnExtra := ""
 	if kfn != nil {
-		kfnExtra = " stale_epochs=" + strconv.Itoa(kfn.StaleEpochs)
+		kfnExtra = fmt.Sprintf(" stale_epochs=%d unfenced=%d", kfn.StaleEpochs, kfn.Unfenced)
 	}
 	line := fmt.Sprintf("zombie (SIGSTOP inside a transaction until its partitions were taken over, %d records/s): naive consumer group (2 processes, session timeout 6s): %s; kfn (3 workers, lease TTL %s): %s",
 		produceRate, show(naive, naiveRan, ""), failoverTTL, show(kfn, kfnRan, kfnExtra))

@@ -197,13 +197,12 @@ func Events(js jetstream.JetStream, stream string) Option {
 
 // effect is one effect row.
 type effect struct {
-	id        int64
-	key       Produced
-	value     []byte
-	token     *int64
-	fenced    bool
-	lsn       int64
-	recordKey []byte
+	id     int64
+	key    Produced
+	value  []byte
+	token  *int64
+	fenced bool
+	lsn    int64
 }
 
 // claim is one claim of a partition from the audit log.
@@ -359,14 +358,14 @@ func (r *Report) checkTokens(effects []effect, claims map[int32][]claim, seen ma
 
 func readEffects(ctx context.Context, pool *pgxpool.Pool, fn, topic string) ([]effect, error) {
 	rows, err := pool.Query(ctx, `
-SELECT id, partition, "offset", value, token, fenced, (lsn - '0/0'::pg_lsn)::bigint, key
+SELECT id, partition, "offset", value, token, fenced, (lsn - '0/0'::pg_lsn)::bigint
   FROM `+table(fn)+` WHERE topic = $1 ORDER BY partition, lsn, id`, topic)
 	if err != nil {
 		return nil, fmt.Errorf("read effects: %w", err)
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (effect, error) {
 		var e effect
-		err := row.Scan(&e.id, &e.key.Partition, &e.key.Offset, &e.value, &e.token, &e.fenced, &e.lsn, &e.recordKey)
+		err := row.Scan(&e.id, &e.key.Partition, &e.key.Offset, &e.value, &e.token, &e.fenced, &e.lsn)
 		return e, err
 	})
 }
