@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"slices"
@@ -416,6 +417,7 @@ type event struct {
 	id     string
 	record Produced
 	key    string
+	keyed  bool // key is known (a stream message may carry none)
 	data   []byte
 	seq    uint64 // stream sequence; 0 if only in the outbox
 }
@@ -439,7 +441,9 @@ SELECT event_id, source_partition, source_offset, event_key, data FROM kfn.outbo
 	}
 	out.outbox, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (event, error) {
 		var e event
-		err := row.Scan(&e.id, &e.record.Partition, &e.record.Offset, &e.key, &e.data)
+		var key []byte // text or bytea, whichever the schema has
+		err := row.Scan(&e.id, &e.record.Partition, &e.record.Offset, &key, &e.data)
+		e.key, e.keyed = string(key), true
 		return e, err
 	})
 	if err != nil {
@@ -490,7 +494,8 @@ func readStream(ctx context.Context, js jetstream.JetStream, stream, fn, topic s
 			if h.Get(outbox.HeaderSource) != outbox.CloudEventsSourcePrefix+fn || h.Get(outbox.HeaderSourceTopic) != topic {
 				continue
 			}
-			e := event{id: h.Get(jetstream.MsgIDHeader), key: h.Get(outbox.HeaderKey), data: m.Data(), seq: md.Sequence.Stream}
+			e := event{id: h.Get(jetstream.MsgIDHeader), data: m.Data(), seq: md.Sequence.Stream}
+			e.key, e.keyed = streamKey(h)
 			p, err1 := strconv.ParseInt(h.Get(outbox.HeaderSourcePartition), 10, 32)
 			o, err2 := strconv.ParseInt(h.Get(outbox.HeaderSourceOffset), 10, 64)
 			if err := errors.Join(err1, err2); err != nil {
@@ -507,6 +512,21 @@ func readStream(ctx context.Context, js jetstream.JetStream, stream, fn, topic s
 		}
 	}
 	return out, nil
+}
+
+// streamKey is the event key a relayed message carries: the kfn-key
+// header, or a key that cannot travel as a header value, base64-encoded in
+// kfn-key-b64 (relays that know it).
+func streamKey(h nats.Header) (string, bool) {
+	if k := h.Values(outbox.HeaderKey); len(k) > 0 {
+		return k[0], true
+	}
+	if k := h.Get("kfn-key-b64"); k != "" {
+		if b, err := base64.StdEncoding.DecodeString(k); err == nil {
+			return string(b), true
+		}
+	}
+	return "", false
 }
 
 // checkEvents requires exactly one event per applied record, carrying the
@@ -579,6 +599,9 @@ func (r *Report) checkEvents(evs events, byRecord map[Produced][]effect, dead ma
 			continue
 		}
 		first[e.record] = true
+		if !e.keyed {
+			continue // no key to order by
+		}
 		l := lane{e.key, e.record.Partition}
 		if prev, ok := last[l]; ok && e.record.Offset < prev.Offset {
 			r.ReorderedEvents++
