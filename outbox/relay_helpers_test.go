@@ -314,6 +314,18 @@ func (f *relayFixture) requireExactlyOnceInOrder(committed []Row) []streamMsg {
 	return msgs
 }
 
+// requirePublishedOnce requires that relay published n events, each once:
+// the stream acked n as new and none as a duplicate. The stream's
+// duplicate window drops a second publish of an event without a trace in
+// the stream, so a relay that sends events twice passes every check of the
+// stream's contents; only its own counters show it.
+func requirePublishedOnce(t testing.TB, relay *Relay, n int) {
+	t.Helper()
+	if st := relay.Stats(); st.Published != uint64(n) || st.Duplicates != 0 {
+		t.Errorf("relay published %d events and %d again (acked as duplicates), want %d and none: %+v", st.Published, st.Duplicates, n, st)
+	}
+}
+
 func keyNames(prefix string, n int) []string {
 	keys := make([]string, n)
 	for i := range keys {
