@@ -21,6 +21,33 @@ INSERT INTO kfn.audit_log (actor, action, consumer, topic, partition, details) V
 	return nil
 }
 
+// ActionClaim is the audit action of a partition claim. Its details hold
+// the claim's epoch (the fencing token), its owner and lsn, the WAL insert
+// position read inside the claim's transaction after it locked the
+// partition's cursor row (see auditClaim).
+const ActionClaim = "claim"
+
+// auditClaim records, inside the claim's transaction tx, that owner claimed
+// p with token. The row is the partition's epoch history: unlike the inbox,
+// no retention deletes it, so a checker can tell at any time which token
+// was current when a transaction of the partition committed.
+//
+// The lsn detail orders the claim among the partition's transactions. It is
+// read after the claim's upsert, which holds the cursor row's lock until
+// the transaction ends; every batch of the partition takes the same lock at
+// its fence (the cursor UPDATE) before it writes anything. Two transactions
+// holding one row lock in turn do not overlap, and the earlier one's COMMIT
+// record is written before the later one can read the insert position, so a
+// position read under the lock is strictly greater in the later one: by
+// lsn, claims and fenced commits of one partition are in commit order.
+func auditClaim(ctx context.Context, tx pgx.Tx, p Partition, token int64, owner string) error {
+	var lsn string
+	if err := tx.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&lsn); err != nil {
+		return fmt.Errorf("audit claim of %s: read the WAL position: %w", p, err)
+	}
+	return writeAudit(ctx, tx, owner, ActionClaim, p, map[string]any{"epoch": token, "owner": owner, "lsn": lsn})
+}
+
 // lockOwnedCursor reads and locks the partition's cursor inside tx, and
 // checks that token is its epoch: only the holder of the partition's lease
 // may move it.

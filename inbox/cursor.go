@@ -76,16 +76,40 @@ RETURNING next_offset, high_water, generation, epoch, owner`
 // stored epoch gives a *FencedError: a newer owner exists. Claiming again
 // with the stored token and owner succeeds, so a claim whose reply was lost
 // can be retried (a token names one ownership term, never two owners).
-func ClaimPartition(ctx context.Context, db Querier, p Partition, token int64, owner string, startOffset int64) (Cursor, error) {
+//
+// Every successful claim writes a "claim" row to kfn.audit_log in the same
+// transaction (see auditClaim): the partition's epoch history, which inbox
+// retention never deletes. db is a pool, a connection or a transaction;
+// outside a transaction the claim runs in one of its own, so that the claim
+// and its audit row commit together or not at all.
+func ClaimPartition(ctx context.Context, db interface {
+	Begin(context.Context) (pgx.Tx, error)
+	Querier
+}, p Partition, token int64, owner string, startOffset int64) (Cursor, error) {
+	if tx, ok := db.(pgx.Tx); ok {
+		return claimPartition(ctx, tx, p, token, owner, startOffset)
+	}
 	var c Cursor
-	err := db.QueryRow(ctx, claimPartitionSQL, p.Consumer, p.Topic, p.Partition, startOffset, token, owner).
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) (err error) {
+		c, err = claimPartition(ctx, tx, p, token, owner, startOffset)
+		return err
+	})
+	return c, err
+}
+
+func claimPartition(ctx context.Context, tx pgx.Tx, p Partition, token int64, owner string, startOffset int64) (Cursor, error) {
+	var c Cursor
+	err := tx.QueryRow(ctx, claimPartitionSQL, p.Consumer, p.Topic, p.Partition, startOffset, token, owner).
 		Scan(&c.NextOffset, &c.HighWater, &c.Generation, &c.Epoch, &c.Owner)
 	if errors.Is(err, pgx.ErrNoRows) {
-		stored, _ := ReadCursor(ctx, db, p)
+		stored, _ := ReadCursor(ctx, tx, p)
 		return Cursor{}, &FencedError{Partition: p, Token: token, Epoch: stored.Epoch}
 	}
 	if err != nil {
 		return Cursor{}, fmt.Errorf("claim partition %s with token %d: %w", p, token, err)
+	}
+	if err := auditClaim(ctx, tx, p, token, owner); err != nil {
+		return Cursor{}, err
 	}
 	return c, nil
 }

@@ -47,6 +47,57 @@ func TestClaimPartitionOnlyAcceptsALargerToken(t *testing.T) {
 	}
 }
 
+// Every accepted claim leaves a "claim" row in the audit log, committed
+// with it: the epoch history the exactly-once checker reads. A refused
+// claim, or one whose transaction rolls back, leaves none.
+func TestClaimsAreAuditedWithTheirEpochAndWALPosition(t *testing.T) {
+	db := kfntest.Postgres(t)
+	ctx := context.Background()
+	if _, err := inbox.ClaimPartition(ctx, db.Pool, part, 10, "w1", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inbox.ClaimPartition(ctx, db.Pool, part, 9, "w0", 0); !errors.Is(err, inbox.ErrFenced) {
+		t.Fatalf("stale claim: err = %v, want fenced", err)
+	}
+	rolledBack := errors.New("roll back")
+	err := inTx(t, db, func(tx pgx.Tx) error {
+		if _, err := inbox.ClaimPartition(ctx, tx, part, 11, "w2", 0); err != nil {
+			return err
+		}
+		return rolledBack
+	})
+	if !errors.Is(err, rolledBack) {
+		t.Fatalf("claim in a rolled-back transaction: %v", err)
+	}
+	err = inTx(t, db, func(tx pgx.Tx) error {
+		_, err := inbox.ClaimPartition(ctx, tx, part, 12, "w3", 0)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type claim struct {
+		Actor, Owner string
+		Epoch        int64
+		Before       bool // its lsn is before the current WAL position
+	}
+	rows, err := db.Pool.Query(ctx, `
+SELECT actor, details->>'owner', (details->>'epoch')::bigint, (details->>'lsn')::pg_lsn < pg_current_wal_insert_lsn()
+  FROM kfn.audit_log WHERE action = $1 AND consumer = $2 AND topic = $3 AND partition = $4 ORDER BY id`,
+		inbox.ActionClaim, part.Consumer, part.Topic, part.Partition)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[claim])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []claim{{"w1", "w1", 10, true}, {"w3", "w3", 12, true}}
+	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+		t.Errorf("claim audit rows = %+v, want %+v (the refused and the rolled-back claims leave none)", got, want)
+	}
+}
+
 func TestAdvanceIsFencedByTokenAndCursor(t *testing.T) {
 	db := kfntest.Postgres(t)
 	ctx := context.Background()
@@ -178,7 +229,7 @@ func TestReplayModes(t *testing.T) {
 		t.Errorf("re-execution = %+v, %v; want cursor and high water 80, 20 inbox rows released, generation 1", res, err)
 	}
 	var actions []string
-	rows, _ := db.Pool.Query(ctx, `SELECT action || ':' || (details->>'reason') FROM kfn.audit_log ORDER BY id`)
+	rows, _ := db.Pool.Query(ctx, `SELECT action || ':' || (details->>'reason') FROM kfn.audit_log WHERE action <> 'claim' ORDER BY id`)
 	actions, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil || len(actions) != 2 || actions[0] != "replay:" || actions[1] != "reexecute:bug 7 fixed" {
 		t.Errorf("audit log = %v, %v; want the replay and the re-execution with its reason", actions, err)

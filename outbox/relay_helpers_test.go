@@ -209,21 +209,35 @@ func (f *relayFixture) readStream() []streamMsg {
 	return out
 }
 
-// waitDelivered waits until the outbox is empty and the stream holds n
-// messages.
-func (f *relayFixture) waitDelivered(n int, timeout time.Duration) {
+// deliverySettle is how long waitDelivered watches the stream after the
+// outbox emptied: longer than the fixture's poll interval, so a relay that
+// publishes a row again after deleting it (or publishes one twice) shows.
+const deliverySettle = 300 * time.Millisecond
+
+// waitDelivered waits until the outbox is empty and the stream holds at
+// least n messages, and returns how long that took. Then it lets the relay
+// settle and requires exactly n: a message more is a duplicate the
+// stream's duplicate window did not catch, or an invention.
+func (f *relayFixture) waitDelivered(n int, timeout time.Duration) time.Duration {
 	f.t.Helper()
-	deadline := time.Now().Add(timeout)
+	start := time.Now()
+	deadline := start.Add(timeout)
 	for {
 		rows, msgs := f.outboxCount(), f.streamMsgs()
 		if rows == 0 && msgs >= n {
-			return
+			break
 		}
 		if time.Now().After(deadline) {
 			f.t.Fatalf("after %v: %d rows left in the outbox, %d of %d messages in the stream", timeout, rows, msgs, n)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	took := time.Since(start)
+	time.Sleep(deliverySettle)
+	if rows, msgs := f.outboxCount(), f.streamMsgs(); rows != 0 || msgs != n {
+		f.t.Fatalf("%v after the outbox emptied: %d rows in the outbox and %d messages in the stream, want 0 and exactly %d", deliverySettle, rows, msgs, n)
+	}
+	return took
 }
 
 // deliveryReport compares what the stream holds with the rows that were
@@ -298,6 +312,18 @@ func (f *relayFixture) requireExactlyOnceInOrder(committed []Row) []streamMsg {
 			len(msgs), len(committed), rep.lost, rep.duplicated, rep.reordered, rep.unexpected, strings.Join(rep.problems, "\n"))
 	}
 	return msgs
+}
+
+// requirePublishedOnce requires that relay published n events, each once:
+// the stream acked n as new and none as a duplicate. The stream's
+// duplicate window drops a second publish of an event without a trace in
+// the stream, so a relay that sends events twice passes every check of the
+// stream's contents; only its own counters show it.
+func requirePublishedOnce(t testing.TB, relay *Relay, n int) {
+	t.Helper()
+	if st := relay.Stats(); st.Published != uint64(n) || st.Duplicates != 0 {
+		t.Errorf("relay published %d events and %d again (acked as duplicates), want %d and none: %+v", st.Published, st.Duplicates, n, st)
+	}
 }
 
 func keyNames(prefix string, n int) []string {

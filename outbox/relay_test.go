@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -36,6 +37,7 @@ func TestRelayDeliversCommittedRowsOnceWithHeaders(t *testing.T) {
 	relay, _ := f.startRelay(f.config())
 	f.waitDelivered(len(rows), 30*time.Second)
 	msgs := f.requireExactlyOnceInOrder(rows)
+	requirePublishedOnce(t, relay, len(rows))
 
 	byID := map[string]Row{}
 	for _, r := range rows {
@@ -87,7 +89,7 @@ func TestRelayDeliversCommittedRowsOnceWithHeaders(t *testing.T) {
 func TestRelayNeverPublishesRolledBackRows(t *testing.T) {
 	t.Parallel()
 	f := newRelayFixture(t, kfntest.NATSURL(t))
-	f.startRelay(f.config())
+	relay, _ := f.startRelay(f.config())
 	ctx := context.Background()
 
 	rolledBack := f.newRows(keyNames("rb", 5), 4)
@@ -111,6 +113,7 @@ func TestRelayNeverPublishesRolledBackRows(t *testing.T) {
 	f.waitDelivered(len(committed), 20*time.Second)
 	time.Sleep(500 * time.Millisecond) // more than two poll intervals
 	f.requireExactlyOnceInOrder(committed)
+	requirePublishedOnce(t, relay, len(committed))
 }
 
 // A transaction that took a lower id commits after one with a higher id that
@@ -131,7 +134,7 @@ func TestRelayOutOfOrderCommitsAreNotLost(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	f.startRelay(f.config())
+	relay, _ := f.startRelay(f.config())
 
 	// Same shard for A and B, different keys.
 	keyA, keyB := sameShardKeys(2)[0], sameShardKeys(2)[1]
@@ -157,6 +160,7 @@ func TestRelayOutOfOrderCommitsAreNotLost(t *testing.T) {
 	}
 	f.waitDelivered(len(rowsA)+len(rowsB), 10*time.Second)
 	f.requireExactlyOnceInOrder(append(append([]Row{}, rowsA...), rowsB...))
+	requirePublishedOnce(t, relay, len(rowsA)+len(rowsB))
 }
 
 // sameShardKeys returns n keys that all map to shard 0.
@@ -177,7 +181,7 @@ func TestRelayKeepsPerKeyOrderWhileRowsArrive(t *testing.T) {
 	cfg := f.config()
 	cfg.BatchSize = 64 // many batches, each cutting through keys
 	cfg.MaxInFlight = 8
-	f.startRelay(cfg)
+	relay, _ := f.startRelay(cfg)
 
 	keys := append(keyNames("k", 40), sameShardKeys(10)...) // a crowded shard too
 	var all []Row
@@ -188,6 +192,7 @@ func TestRelayKeepsPerKeyOrderWhileRowsArrive(t *testing.T) {
 	}
 	f.waitDelivered(len(all), 30*time.Second)
 	f.requireExactlyOnceInOrder(all)
+	requirePublishedOnce(t, relay, len(all))
 }
 
 // flakyJetStream fails chosen publishes the way a reconnect does: the
@@ -232,11 +237,16 @@ func TestRelayKeepsKeyOrderWhenPublishesFailMidWindow(t *testing.T) {
 	t.Parallel()
 	f := newRelayFixture(t, kfntest.NATSURL(t))
 	cfg := f.config()
-	flaky := &flakyJetStream{JetStream: f.js, fail: func(n int, _ string) (bool, bool) {
+	var mu sync.Mutex
+	storedUnacked := map[string]bool{} // events the stream stored whose ack was lost
+	flaky := &flakyJetStream{JetStream: f.js, fail: func(n int, id string) (bool, bool) {
 		switch {
 		case n%7 == 3:
 			return false, true // lost before reaching the server
 		case n%11 == 5:
+			mu.Lock()
+			storedUnacked[id] = true
+			mu.Unlock()
 			return true, true // stored, but the ack was lost
 		}
 		return false, false
@@ -250,6 +260,14 @@ func TestRelayKeepsKeyOrderWhenPublishesFailMidWindow(t *testing.T) {
 	f.requireExactlyOnceInOrder(rows)
 	if st := relay.Stats(); st.Failures == 0 || st.Duplicates == 0 {
 		t.Fatalf("stats %+v: the test meant to fail publishes and cause duplicates", st)
+	}
+	// Only the events stored with a lost ack are sent again and acked as
+	// duplicates, once each: the relay resends nothing that was acked.
+	mu.Lock()
+	defer mu.Unlock()
+	if st := relay.Stats(); st.Duplicates != uint64(len(storedUnacked)) || st.Published != uint64(len(rows)-len(storedUnacked)) {
+		t.Errorf("relay acked %d events as new and %d as duplicates; want %d and %d (one duplicate per event stored with a lost ack)",
+			st.Published, st.Duplicates, len(rows)-len(storedUnacked), len(storedUnacked))
 	}
 }
 
@@ -271,11 +289,11 @@ func TestRelayWakesOnNotifyWithoutPolling(t *testing.T) {
 		rows := f.newRows([]string{fmt.Sprintf("n%d", i)}, 1)
 		start := time.Now()
 		f.insert(rows)
-		f.waitDelivered(i+1, 5*time.Second)
-		if d := time.Since(start); d > 2*time.Second {
+		if d := time.Since(start) + f.waitDelivered(i+1, 5*time.Second); d > 2*time.Second {
 			t.Fatalf("event %d took %v to arrive: the notification did not wake the relay", i, d)
 		}
 	}
+	requirePublishedOnce(t, relay, 5)
 }
 
 func TestRelayStreamSetup(t *testing.T) {
@@ -371,6 +389,7 @@ func TestRelayParksKeyWhoseSubjectTheStreamRejects(t *testing.T) {
 	}
 	f.waitDelivered(len(good)+len(stuck), 20*time.Second)
 	f.requireExactlyOnceInOrder(append(append([]Row{}, stuck...), good...))
+	requirePublishedOnce(t, relay, len(good)+len(stuck))
 }
 
 func TestRelayConfigValidation(t *testing.T) {

@@ -63,14 +63,18 @@ func TestRecordsProducedWithKcatAreAppliedOnce(t *testing.T) {
 			return err
 		},
 	}
-	_, stop := b.run(t, fn)
+	w, stop := b.run(t, fn)
 	b.waitCaughtUp(t, b.fn)
 	stop()
-	// Deliver everything a second time: nothing may be applied twice.
+	wantDuplicates(t, w, 0, "the first delivery has nothing to skip")
+	// Deliver everything a second time: nothing may be applied twice. The
+	// rewind must really have replayed the five records (else the check
+	// below proves nothing): the inbox skipped each of them.
 	execSQL(t, b, `UPDATE kfn.cursors SET next_offset = 0, high_water = 0 WHERE consumer = $1`, b.fn)
-	_, stop = b.run(t, fn)
+	w, stop = b.run(t, fn)
 	b.waitCaughtUp(t, b.fn)
 	stop()
+	wantDuplicates(t, w, 5, "the rewind to offset 0 replays all five records, and the inbox skips them")
 
 	type row struct {
 		Offset    int64

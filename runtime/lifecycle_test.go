@@ -19,7 +19,7 @@ func TestNewPartitionsArePickedUpWithoutARestart(t *testing.T) {
 	b := setup(t, 2)
 	fn := effects.Function(b.fn, b.topic)
 	produced := b.produceN(t, 2, 10)
-	_, stop := b.run(t, fn)
+	w, stop := b.run(t, fn)
 	b.waitCaughtUp(t, b.fn)
 
 	client := &kafka.Client{Addr: kafka.TCP(b.kafka.Brokers...), Timeout: 10 * time.Second}
@@ -39,6 +39,7 @@ func TestNewPartitionsArePickedUpWithoutARestart(t *testing.T) {
 	produced = append(produced, b.produce(t, 3, []byte("p3-a"))...)
 	b.waitCaughtUp(t, b.fn)
 	stop()
+	wantDuplicates(t, w, 0, "picking up new partitions re-reads none of the old ones")
 	if rep := b.check(t, b.fn, produced); rep.Applied != 23 {
 		t.Errorf("applied %d, want 23 including the new partitions' records", rep.Applied)
 	}
@@ -49,7 +50,7 @@ func TestInboxRetentionPurgesRowsButDedupStays(t *testing.T) {
 	b.cfg.InboxRetention = time.Second
 	fn := effects.Function(b.fn, b.topic)
 	produced := b.produceN(t, 1, 50)
-	_, stop := b.run(t, fn)
+	w, stop := b.run(t, fn)
 	b.waitCaughtUp(t, b.fn)
 	waitFor(t, 20*time.Second, "the inbox rows to be purged", func() bool {
 		var n int
@@ -57,10 +58,11 @@ func TestInboxRetentionPurgesRowsButDedupStays(t *testing.T) {
 		return err == nil && n == 0
 	})
 	stop()
+	wantDuplicates(t, w, 0, "the first delivery has nothing to skip")
 
 	// Read everything again: the high-water mark alone must skip it all.
 	execSQL(t, b, `UPDATE kfn.cursors SET next_offset = 0 WHERE consumer = $1`, b.fn)
-	w, stop := b.run(t, fn)
+	w, stop = b.run(t, fn)
 	b.waitCaughtUp(t, b.fn)
 	stop()
 	if got := w.Stats().Duplicates.Load(); got != 50 {
@@ -106,13 +108,17 @@ func TestMetricsExposeTheWorkersCounters(t *testing.T) {
 		t.Errorf("/healthz = %q", got)
 	}
 	stop()
+	wantDuplicates(t, w, 0, "one run reads every record once")
 	b.check(t, b.fn, produced)
 }
 
 // TestPostgresConnectionsDyingUnderLoad kills the worker's Postgres sessions
 // again and again while it applies records, some of them in the middle of a
 // COMMIT. Nothing may be lost or applied twice, and the worker must not
-// mistake its own landed commit for a takeover and drop its partitions.
+// mistake its own landed commit for a takeover and drop its partitions. The
+// test counts the sessions it killed, and those it caught inside a
+// transaction, and requires a minimum of each: a run where the worker's
+// sessions were never there to kill proves nothing.
 func TestPostgresConnectionsDyingUnderLoad(t *testing.T) {
 	b := setup(t, 3)
 	b.cfg.WorkerID = "victim"
@@ -128,22 +134,33 @@ func TestPostgresConnectionsDyingUnderLoad(t *testing.T) {
 
 	w, stop := b.run(t, effects.Function(b.fn, b.topic))
 	var produced []effects.Produced
-	var killed int64
-	for round := 0; round < 15; round++ {
+	var killed, inTx, rounds int64
+	const minKilled, minInTx = 30, 5
+	for round := 0; round < 60 && (round < 15 || killed < minKilled || inTx < minInTx); round++ {
 		produced = append(produced, b.produceN(t, 3, 60)...)
-		time.Sleep(time.Duration(20+round*7) * time.Millisecond)
+		time.Sleep(time.Duration(20+round%15*7) * time.Millisecond)
+		var k, x int64
 		err := b.pg.Pool.QueryRow(context.Background(), `
-SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
- WHERE datname = current_database() AND application_name = 'kfn-victim'`).Scan(&killed)
+SELECT count(pg_terminate_backend(pid)), count(*) FILTER (WHERE xact_start IS NOT NULL) FROM pg_stat_activity
+ WHERE datname = current_database() AND application_name = 'kfn-victim'`).Scan(&k, &x)
 		if err != nil {
 			t.Fatal(err)
 		}
+		killed, inTx, rounds = killed+k, inTx+x, rounds+1
+	}
+	t.Logf("killed %d of the worker's sessions in %d rounds, %d of them inside a transaction", killed, rounds, inTx)
+	if killed < minKilled || inTx < minInTx {
+		t.Errorf("killed %d sessions, %d inside a transaction, in %d rounds; want at least %d and %d", killed, inTx, rounds, minKilled, minInTx)
 	}
 	b.waitCaughtUp(t, b.fn)
 	stop()
 	if rep := b.check(t, b.fn, produced); rep.Applied != len(produced) {
 		t.Errorf("applied %d of %d", rep.Applied, len(produced))
 	}
+	// A commit whose reply was lost is recognised by the cursor being
+	// ahead, and its records are dropped from the retry without a read:
+	// nothing is skipped as a duplicate.
+	wantDuplicates(t, w, 0, "a retried batch drops what its lost commit applied before it claims again")
 	if n := w.Stats().Fenced.Load(); n != 0 {
 		t.Errorf("the worker dropped %d partitions as fenced; nobody else owned them", n)
 	}

@@ -84,6 +84,7 @@ func TestMissingTopicMakesTheWorkerNotReadyUntilItIsCreated(t *testing.T) {
 	produced := b.produceN(t, 2, 10)
 	b.waitCaughtUp(t, b.fn)
 	stop()
+	wantDuplicates(t, w, 0, "waiting for the topic reads nothing twice")
 	b.check(t, b.fn, produced)
 
 	out := logs.String()

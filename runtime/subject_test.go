@@ -81,7 +81,7 @@ func TestNATSTriggeredFunctionAppliesEachEventOnce(t *testing.T) {
 			return err
 		},
 	}
-	_, stop := b.run(t, fn)
+	w, stop := b.run(t, fn)
 	waitFor(t, 30*time.Second, "every event handled", func() bool {
 		var n int
 		err := b.pg.Pool.QueryRow(ctx, `SELECT count(*) FROM kfn.event_inbox WHERE consumer = $1`, b.fn).Scan(&n)
@@ -96,6 +96,9 @@ func TestNATSTriggeredFunctionAppliesEachEventOnce(t *testing.T) {
 		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
 	})
 	stop()
+	// JetStream stored each event twice; the inbox is what kept the second
+	// copies out, so it must have skipped exactly those.
+	wantDuplicates(t, w, events, "the inbox skips the second copy of each event, the dead-lettered one's too")
 
 	var applied, distinct, retried int
 	err = b.pg.Pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT event_id), count(*) FILTER (WHERE attempt = 2) FROM `+table).Scan(&applied, &distinct, &retried)
@@ -171,12 +174,37 @@ func TestNATSTriggeredFunctionTakesOverUnackedEventsAtOnce(t *testing.T) {
 		},
 	}
 	_, stop := b.run(t, fn)
-	defer stop()
 	waitFor(t, 15*time.Second, "the 17 events after the ack floor, well before the 2-minute ack wait", func() bool {
 		var n int
 		err := b.pg.Pool.QueryRow(ctx, `SELECT count(DISTINCT event_id) FROM `+table).Scan(&n)
 		return err == nil && n == 17
 	})
+	cons, err := js.Consumer(ctx, stream, b.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, "every event acked", func() bool {
+		ci, err := cons.Info(ctx)
+		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
+	})
+	stop()
+	// Counted by row, not by distinct id: an event applied twice (the dead
+	// owner's 7 unacked ones are delivered again) must show.
+	rows, err := b.pg.Pool.Query(ctx, `SELECT event_id FROM `+table+` ORDER BY event_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for i := 3; i < 20; i++ {
+		want = append(want, fmt.Sprintf("ev-%02d", i))
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("applied events %v, want each of ev-03…ev-19 once", got)
+	}
 }
 
 // jetStream connects to NATS for the duration of the test.

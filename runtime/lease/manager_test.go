@@ -60,7 +60,7 @@ func TestManagerSpreadsItemsAndRebalances(t *testing.T) {
 
 	// A member leaving cleanly hands its items over at once.
 	stops["C"]()
-	took = waitFor(t, 3*time.Second, "C's items to move to A and B", settled([]string{"A", "B"}))
+	took = waitFor(t, livenessBound, "C's items to move to A and B", settled([]string{"A", "B"}))
 	t.Logf("items of a stopped member moved in %v", took)
 	for it, tok := range tr.tokens() {
 		if Assign([]string{"A", "B", "C"}, names("orders/", 12))[it] == "C" && tok <= tokensBefore[it] {
@@ -71,7 +71,7 @@ func TestManagerSpreadsItemsAndRebalances(t *testing.T) {
 	// A member joining takes its share.
 	d := newManager(t, connect(t, b.nats.URL), testManagerConfig("D"))
 	stops["D"] = runMember(t, d, items, tr)
-	took = waitFor(t, 5*time.Second, "D to take its share", settled([]string{"A", "B", "D"}))
+	took = waitFor(t, livenessBound, "D to take its share", settled([]string{"A", "B", "D"}))
 	t.Logf("a joining member took its share in %v", took)
 	count = map[string]int{}
 	for _, owner := range tr.owners() {
@@ -83,13 +83,13 @@ func TestManagerSpreadsItemsAndRebalances(t *testing.T) {
 
 	// A new item is picked up without restart.
 	items.set(append(names("orders/", 12), "orders/new"))
-	took = waitFor(t, 5*time.Second, "the new item to be claimed", settled([]string{"A", "B", "D"}))
+	took = waitFor(t, livenessBound, "the new item to be claimed", settled([]string{"A", "B", "D"}))
 	t.Logf("a new item was claimed in %v", took)
 
 	// An item that disappears is stopped and released.
 	items.set(names("orders/", 11))
-	waitFor(t, 5*time.Second, "the removed items to be stopped", settled([]string{"A", "B", "D"}))
-	waitFor(t, 2*time.Second, "the removed items' leases to be released", func() bool {
+	waitFor(t, livenessBound, "the removed items to be stopped", settled([]string{"A", "B", "D"}))
+	waitFor(t, livenessBound, "the removed items' leases to be released", func() bool {
 		_, err1 := b.store.Holder(ctx, "fn.orders", "orders/new")
 		_, err2 := b.store.Holder(ctx, "fn.orders", "orders/11")
 		return errors.Is(err1, ErrNotHeld) && errors.Is(err2, ErrNotHeld)
@@ -113,8 +113,10 @@ func TestManagerSpreadsItemsAndRebalances(t *testing.T) {
 }
 
 // With renewals failing (the server is gone), a holder must stop work before
-// the lease can expire on the server: within TTL-SafetyMargin of the send time
-// of its last successful renewal, never later than TTL.
+// the lease can expire on the server: when its validity (TTL-SafetyMargin
+// after the send time of its last successful renewal) runs out, not before,
+// and never as late as TTL. How soon after its validity it stopped is
+// reported, not asserted: that is the safety margin's job.
 func TestManagerStopsWorkBeforeTheLeaseCanExpire(t *testing.T) {
 	t.Parallel()
 	n, err := devstack.StartNATS("")
@@ -145,7 +147,7 @@ func TestManagerStopsWorkBeforeTheLeaseCanExpire(t *testing.T) {
 		return len(tr.owners()) == 1 && renewals >= 2
 	})
 	stopNATS.Do(n.Stop)
-	waitFor(t, testTTL+time.Second, "work to be stopped", func() bool { return len(tr.owners()) == 0 })
+	waitFor(t, testTTL+livenessBound, "work to be stopped", func() bool { return len(tr.owners()) == 0 })
 
 	mu.Lock()
 	sent := lastSent
@@ -154,28 +156,33 @@ func TestManagerStopsWorkBeforeTheLeaseCanExpire(t *testing.T) {
 	ended, cause := tr.ended["orders/0"], tr.causes["orders/0"]
 	tr.mu.Unlock()
 	held := ended.Sub(sent)
-	t.Logf("work stopped %v after the last successful renewal was sent (TTL %v, margin %v)", held, testTTL, testMargin)
+	t.Logf("work stopped %v after the last successful renewal was sent: %v after its validity ran out (TTL %v, margin %v)", held, held-(testTTL-testMargin), testTTL, testMargin)
 	if !errors.Is(cause, errValidityRanOut) {
 		t.Errorf("work cancelled with cause %v; want errValidityRanOut", cause)
 	}
 	if held < testTTL-testMargin {
 		t.Errorf("work stopped %v after the last renewal, before its validity (%v) ran out", held, testTTL-testMargin)
 	}
-	if held >= testTTL-testMargin/2 {
-		t.Errorf("work stopped %v after the last renewal; want right after the validity (%v), well before TTL %v", held, testTTL-testMargin, testTTL)
+	if held >= testTTL {
+		t.Errorf("work stopped %v after the last renewal was sent, not before TTL %v: the lease could have expired and been taken while it ran", held, testTTL)
 	}
 
 	// Run does not hang on a dead server.
 	start := time.Now()
 	stop()
-	if d := time.Since(start); d > 3*time.Second {
-		t.Errorf("Run took %v to return with NATS down", d)
+	t.Logf("Run returned %v after it was stopped, with NATS down", time.Since(start))
+	if d := time.Since(start); d > livenessBound {
+		t.Errorf("Run took %v to return with NATS down; it hangs", d)
 	}
 }
 
 // A holder that vanishes without releasing (crash, partition, closed
 // connection) is replaced after TTL, with the default timing. The holder's
-// work stops before the new owner's starts.
+// work stops before its lease can expire (less than TTL after the send time
+// of its last successful renewal), and the new owner's starts only after it
+// expired (TTL or more after that time): both strict. How long each took
+// beyond that is reported; the failover must finish within the liveness
+// bound.
 func TestManagerFailsOverAfterHolderVanishes(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -193,7 +200,9 @@ func TestManagerFailsOverAfterHolderVanishes(t *testing.T) {
 	}
 	t.Cleanup(ncA.Close)
 	jsA, _ := jetstream.New(ncA)
-	runMember(t, newManager(t, jsA, cfg("A")), items, tr)
+	mA := newManager(t, jsA, cfg("A"))
+	renewedA := watchRenewals(mA)
+	runMember(t, mA, items, tr)
 	runMember(t, newManager(t, connect(t, b.nats.URL), cfg("B")), items, tr)
 
 	list, _ := items.get(context.Background())
@@ -216,11 +225,20 @@ func TestManagerFailsOverAfterHolderVanishes(t *testing.T) {
 		}
 		return true
 	})
+	// Renewed once at least, so that the send time of its last write is known.
+	waitFor(t, 3*DefaultRenewEvery, "A to renew each of its items", func() bool {
+		for _, it := range fromA {
+			if _, ok := renewedA.last(it); !ok {
+				return false
+			}
+		}
+		return true
+	})
 	before := tr.tokens()
 
 	vanished := time.Now()
 	ncA.Close()
-	waitFor(t, DefaultTTL+3*time.Second, "B to take A's items", func() bool {
+	waitFor(t, DefaultTTL+livenessBound, "B to take A's items", func() bool {
 		got := tr.owners()
 		for _, it := range fromA {
 			if got[it] != "B" {
@@ -235,19 +253,22 @@ func TestManagerFailsOverAfterHolderVanishes(t *testing.T) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	for _, it := range fromA {
-		stoppedAfter := tr.ended[it].Sub(vanished)
-		if stoppedAfter > DefaultTTL-DefaultSafetyMargin+250*time.Millisecond {
-			t.Errorf("A stopped %s %v after vanishing; want within TTL-SafetyMargin = %v", it, stoppedAfter, DefaultTTL-DefaultSafetyMargin)
+		sent, _ := renewedA.last(it)
+		held, taken := tr.ended[it].Sub(sent), tr.started[it].Sub(sent)
+		t.Logf("%s: A stopped %v after its validity ran out, B started %v after the lease expired (%v between them)",
+			it, held-(DefaultTTL-DefaultSafetyMargin), taken-DefaultTTL, tr.started[it].Sub(tr.ended[it]))
+		if held >= DefaultTTL {
+			t.Errorf("A stopped %s %v after its last renewal was sent, not before TTL %v", it, held, DefaultTTL)
 		}
-		if gap := tr.started[it].Sub(tr.ended[it]); gap < DefaultSafetyMargin-DefaultRenewEvery {
-			t.Errorf("B started %s only %v after A stopped; want at least SafetyMargin-RenewEvery", it, gap)
+		if taken < DefaultTTL {
+			t.Errorf("B started %s %v after A's last renewal was sent, before TTL %v: the lease had not expired", it, taken, DefaultTTL)
 		}
 		if tr.token[it] <= before[it] {
 			t.Errorf("B's token %d for %s is not above A's %d", tr.token[it], it, before[it])
 		}
 	}
-	if failover < DefaultTTL || failover > DefaultTTL+2*time.Second {
-		t.Errorf("failover took %v; want between TTL and TTL+2s", failover)
+	if failover > DefaultTTL+livenessBound {
+		t.Errorf("failover took %v, over the liveness bound TTL+%v", failover, livenessBound)
 	}
 }
 
@@ -261,8 +282,11 @@ func TestManagerSurvivesNATSRestart(t *testing.T) {
 	defer tr.check(t)
 	items := &itemList{}
 	items.set(names("orders/", 4))
+	renewed := map[string]*renewals{}
 	for _, id := range []string{"A", "B"} {
-		runMember(t, newManager(t, connect(t, p.URL), testManagerConfig(id)), items, tr)
+		m := newManager(t, connect(t, p.URL), testManagerConfig(id))
+		renewed[id] = watchRenewals(m)
+		runMember(t, m, items, tr)
 	}
 	want := Assign([]string{"A", "B"}, names("orders/", 4))
 	settled := func() bool {
@@ -278,15 +302,26 @@ func TestManagerSurvivesNATSRestart(t *testing.T) {
 		return true
 	}
 	waitFor(t, 10*time.Second, "A and B to own their items", settled)
+	waitFor(t, 10*testRenew, "every item to be renewed", func() bool {
+		for it, owner := range want {
+			if _, ok := renewed[owner].last(it); !ok {
+				return false
+			}
+		}
+		return true
+	})
 	before := tr.tokens()
 
 	killed := time.Now()
 	p.Kill()
-	waitFor(t, testTTL, "every claim to stop", func() bool { return len(tr.owners()) == 0 })
+	waitFor(t, testTTL+livenessBound, "every claim to stop", func() bool { return len(tr.owners()) == 0 })
 	tr.mu.Lock()
-	for it := range want {
-		if after := tr.ended[it].Sub(killed); after > testTTL-testMargin+250*time.Millisecond {
-			t.Errorf("work on %s stopped %v after the server died; want within TTL-SafetyMargin = %v", it, after, testTTL-testMargin)
+	for it, owner := range want {
+		sent, _ := renewed[owner].last(it)
+		held := tr.ended[it].Sub(sent)
+		t.Logf("work on %s stopped %v after the server died, %v after its validity ran out", it, tr.ended[it].Sub(killed), held-(testTTL-testMargin))
+		if held >= testTTL {
+			t.Errorf("work on %s stopped %v after its last renewal was sent, not before TTL %v", it, held, testTTL)
 		}
 		if !errors.Is(tr.causes[it], errValidityRanOut) {
 			t.Errorf("work on %s stopped with cause %v; want errValidityRanOut", it, tr.causes[it])
@@ -306,6 +341,9 @@ func TestManagerSurvivesNATSRestart(t *testing.T) {
 	// (the server does not expire on recovery when expiry markers are on),
 	// and acquires sent during the outage may have been applied late; each
 	// member deletes its own abandoned terms, so it need not wait for that.
+	// This bound is what tells that feature from waiting for the expiry
+	// (which takes TTL plus a poll), so it stays an assertion; a healthy
+	// run takes a few hundred milliseconds.
 	if took >= testTTL {
 		t.Errorf("claims came back %v after the restart; want sooner than TTL (%v)", took, testTTL)
 	}

@@ -1,9 +1,14 @@
 // Package effects is the test function and the checker behind kfn's
 // exactly-once tests. The function records one row per applied record in a
-// table with no unique key, so a duplicate apply shows up as a second row,
+// table with no unique key, so a duplicate apply shows up as a second row.
+// Each row also carries what the checker needs to see through kfn's dedup
+// layers: the fencing token its transaction committed with, whether that
+// transaction held the lane's fence itself, and a commit-order value (the
+// WAL insert position). The function emits one event per applied record,
 // and it misbehaves on request (transient errors, permanent errors, panics)
-// according to the record's value. The checker compares the effects with
-// what was produced and counts lost, duplicated and reordered effects.
+// according to the record's value. The checker (Check) compares the
+// effects, the dead letters, the partitions' claim history and the emitted
+// events with what was produced.
 package effects
 
 import (
@@ -70,6 +75,12 @@ func BatchFunction(name, topic string) runtime.Function {
 
 func table(name string) string { return pgx.Identifier{"effects_" + name}.Sanitize() }
 
+// The effects table. token is the lane's epoch as the handler's
+// transaction saw it after kfn's fence; fenced says whether that
+// transaction wrote the cursor row itself (it did if the fence, an UPDATE
+// of the row under the token, ran in it); lsn is the commit-order value
+// (see apply). Writers other than the test function (the naive baseline)
+// leave token NULL and fenced false, and get lsn from the default.
 func setup(name string) func(ctx context.Context, tx pgx.Tx) error {
 	return func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table(name)+` (
@@ -77,8 +88,12 @@ func setup(name string) func(ctx context.Context, tx pgx.Tx) error {
     topic     text    NOT NULL,
     partition integer NOT NULL,
     "offset"  bigint  NOT NULL,
+    key       bytea,
     value     bytea,
-    attempt   integer NOT NULL
+    attempt   integer NOT NULL,
+    token     bigint,
+    fenced    boolean NOT NULL DEFAULT false,
+    lsn       pg_lsn  NOT NULL DEFAULT pg_current_wal_insert_lsn()
 )`)
 		return err
 	}
@@ -108,7 +123,35 @@ func apply(ctx context.Context, tx pgx.Tx, name string, rec runtime.Record) erro
 			return runtime.Permanent(fmt.Errorf("decode JSON: %w", err))
 		}
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO `+table(name)+` (topic, partition, "offset", value, attempt) VALUES ($1, $2, $3, $4, $5)`,
-		rec.Topic, rec.Partition, rec.Offset, rec.Value, rec.Attempt)
+	_, err := tx.Exec(ctx, insertSQL(name), rec.Topic, rec.Partition, rec.Offset, rec.Key, rec.Value, rec.Attempt, name)
 	return err
+}
+
+// insertSQL writes one effect row together with the lane's fencing token
+// and the commit-order value, read inside the handler's transaction.
+//
+// Token: kfn fences a batch with an UPDATE of the partition's cursor row
+// under its token (epoch = T) before it calls the handler, in the same
+// transaction. Reading the row afterwards in that transaction returns the
+// row version the transaction wrote, so epoch is this transaction's token,
+// and xmin equal to the transaction's own id proves it wrote the row (a
+// batch that skipped its fence would read the committed epoch of someone
+// else, and fenced would be false).
+//
+// Commit order: pg_current_wal_insert_lsn() is read after the fence, while
+// the transaction holds the cursor row's lock, which it keeps until it
+// ends. Every transaction of the partition takes that lock (batches at the
+// fence, claims in their upsert), so two of them never hold it at the same
+// time; the earlier one writes its COMMIT record before releasing it, so
+// the later one reads a strictly greater insert position. Within one
+// transaction each effect row's INSERT writes WAL before the next row reads
+// the position, so rows of a batch grow too. Ordering one partition's
+// effects and claims by lsn is therefore ordering them by commit. Across
+// partitions the positions say nothing: transactions there overlap.
+func insertSQL(name string) string {
+	return `INSERT INTO ` + table(name) + ` (topic, partition, "offset", key, value, attempt, token, fenced, lsn)
+SELECT $1::text, $2::integer, $3::bigint, $4::bytea, $5::bytea, $6::integer,
+       c.epoch, coalesce(c.xmin = pg_current_xact_id()::xid, false), pg_current_wal_insert_lsn()
+  FROM (VALUES (1)) AS one (x)
+  LEFT JOIN kfn.cursors c ON c.consumer = $7::text AND c.topic = $1::text AND c.partition = $2::integer`
 }
