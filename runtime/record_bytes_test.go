@@ -45,7 +45,7 @@ func TestOutboxDataErrorIsChargedToTheRecord(t *testing.T) {
 	b.waitCaughtUp(t, b.fn)
 	stop()
 
-	rep := b.check(t, b.fn, produced)
+	rep := b.check(t, b.fn, produced, produced[6])
 	if rep.Applied != 9 || rep.DeadLetters != 1 {
 		t.Errorf("applied=%d dead-lettered=%d, want 9 and 1", rep.Applied, rep.DeadLetters)
 	}
@@ -82,7 +82,7 @@ func TestDeadLetterRefusedByPostgresIsStoredRaw(t *testing.T) {
 	b.waitCaughtUp(t, b.fn)
 	stop()
 
-	rep := b.check(t, b.fn, []effects.Produced{{Offset: 0}, {Offset: 1}, {Offset: 2}})
+	rep := b.check(t, b.fn, []effects.Produced{{Offset: 0}, {Offset: 1}, {Offset: 2}}, effects.Produced{Offset: 1})
 	if rep.Applied != 2 || rep.DeadLetters != 1 {
 		t.Errorf("applied=%d dead-lettered=%d, want 2 and 1", rep.Applied, rep.DeadLetters)
 	}
