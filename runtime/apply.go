@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"strings"
 	"time"
 
@@ -37,50 +36,70 @@ type applier struct {
 // handlerFailure is a record whose handler failed; the transaction it ran in
 // was rolled back.
 type handlerFailure struct {
-	index int // position of the failing record in the slice passed to commit
+	// index is the position of the failing record in the slice passed to
+	// commit, or unknownCulprit.
+	index int
 	err   error
 }
 
+// unknownCulprit is the index of a failure that one of several records
+// caused, kfn cannot tell which (a failing BatchHandler, a data error at
+// commit): those records then go on one per transaction.
+const unknownCulprit = -1
+
 // apply commits recs (in lane order) in as few transactions as it can. When
-// a handler fails, the records before it are committed, the failing record is
-// retried alone with backoff and then dead-lettered, and the rest goes on. It
-// returns how many records were committed; an error returned is an
-// infrastructure error or an *inbox.FencedError.
+// a handler fails, the records before it are committed, the failing record
+// is retried alone with backoff and then dead-lettered, and the rest goes
+// on. When the culprit of a failed batch is unknown, that batch's records
+// go on one per transaction. A record's failure costs it one handler call
+// in the batch, then only its retries. It returns how many records were
+// committed; an error returned is an infrastructure error or an
+// *inbox.FencedError.
 func (a *applier) apply(ctx context.Context, recs []Record) (done int, err error) {
 	defer func() {
 		if err != nil && !errors.Is(err, inbox.ErrFenced) && ctx.Err() == nil {
 			a.w.stats.InfraRetries.Add(1) // the lane retries the batch (retryInfra)
 		}
 	}()
+	singly := 0       // how many of the next records go one per transaction
+	prefix := 0       // how many of the next records to commit before culprit's record
+	var culprit error // the failure of the record right after the prefix
 	for len(recs) > 0 {
-		n := len(recs)
-		for {
-			failure, err := a.commit(ctx, recs[:n], 1)
-			if err != nil {
+		if prefix == 0 && culprit != nil {
+			if err := a.retryAlone(ctx, recs[0], culprit); err != nil {
 				return done, err
 			}
-			if failure == nil {
-				break
-			}
-			if failure.index > 0 {
-				n = failure.index // commit the prefix before the failing record
-				continue
-			}
-			if err := a.retryAlone(ctx, recs[0], failure.err); err != nil {
-				return done, err
-			}
-			n = 1
-			break
+			recs, done, culprit, singly = recs[1:], done+1, nil, max(singly-1, 0)
+			continue
 		}
-		recs = recs[n:]
-		done += n
+		n := len(recs)
+		if singly > 0 {
+			n = 1
+		}
+		if prefix > 0 {
+			n = min(n, prefix)
+		}
+		failure, err := a.commit(ctx, recs[:n], 1)
+		if err != nil {
+			return done, err
+		}
+		switch {
+		case failure == nil:
+			recs, done, singly, prefix = recs[n:], done+n, max(singly-n, 0), prefix-min(prefix, n)
+		case failure.index == unknownCulprit:
+			singly = n
+		default:
+			prefix, culprit = failure.index, failure.err
+		}
 	}
 	return done, nil
 }
 
 // retryAlone retries one record in its own transactions with exponential
 // backoff until it commits, fails permanently or runs out of attempts; then
-// it dead-letters it.
+// it dead-letters it. A handler that overran --handler-timeout is not
+// retried: another attempt would hold the lane for another whole timeout
+// (and, if it ignores its ctx, leave another goroutine running).
 func (a *applier) retryAlone(ctx context.Context, rec Record, firstErr error) error {
 	cfg := a.w.cfg
 	policy := backoff.NewExponentialBackOff()
@@ -90,7 +109,7 @@ func (a *applier) retryAlone(ctx context.Context, rec Record, firstErr error) er
 	policy.Reset()
 
 	lastErr, attempt := firstErr, 1
-	for attempt < cfg.RetryAttempts && !IsPermanent(lastErr) {
+	for attempt < cfg.RetryAttempts && !IsPermanent(lastErr) && !isHandlerTimeout(lastErr) {
 		a.log.Warn("handler failed, retrying", "offset", rec.Offset, "attempt", attempt, "err", firstLine(lastErr))
 		if err := sleep(ctx, policy.NextBackOff()); err != nil {
 			return err
@@ -112,11 +131,18 @@ func (a *applier) retryAlone(ctx context.Context, rec Record, firstErr error) er
 // commit tries to apply recs in one transaction. It returns a handlerFailure
 // (transaction rolled back, nothing applied) when a handler fails.
 func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (*handlerFailure, error) {
-	tx, err := a.w.pool.Begin(ctx)
+	conn, tx, err := a.begin(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("begin transaction on %s: %w", a.part, err)
+		return nil, err
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+	abandoned := false
+	defer func() {
+		if abandoned {
+			return // the abandoned handler's goroutine still holds tx; its connection is out of the pool
+		}
+		tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+		conn.pooled.Release()
+	}()
 
 	fresh := recs
 	if a.w.guarantee == exactlyOnce {
@@ -134,9 +160,10 @@ func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (*hand
 		}
 	}
 
-	rows, emitted, failure := a.runHandlers(ctx, tx, work, recs)
+	rows, emitted, failure := a.runHandlers(ctx, conn, tx, work, recs)
 	if failure != nil {
-		if tx.Conn().IsClosed() || ctx.Err() != nil {
+		abandoned = isAbandoned(failure.err)
+		if ctx.Err() != nil || (!isHandlerTimeout(failure.err) && tx.Conn().IsClosed()) {
 			return nil, fmt.Errorf("transaction on %s broke during the handler: %w", a.part, failure.err)
 		}
 		return failure, nil
@@ -209,7 +236,7 @@ func recordsFault(recs []Record, what string, err error) *handlerFailure {
 	}
 	failure := &handlerFailure{err: cause}
 	if len(recs) > 1 {
-		failure.index = 1
+		failure.index = unknownCulprit
 	}
 	return failure
 }
@@ -240,7 +267,7 @@ func recordSize(r Record) int {
 
 // runHandlers calls the function's handler on work inside tx and returns the
 // outbox rows it emitted. On failure the index refers to recs.
-func (a *applier) runHandlers(ctx context.Context, tx pgx.Tx, work, recs []Record) ([]outbox.Row, *emitCollector, *handlerFailure) {
+func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work, recs []Record) ([]outbox.Row, *emitCollector, *handlerFailure) {
 	emitter := newEmitCollector(a.fn, a.generation)
 	indexIn := func(r Record) int {
 		for i := range recs {
@@ -254,7 +281,7 @@ func (a *applier) runHandlers(ctx context.Context, tx pgx.Tx, work, recs []Recor
 		if len(work) == 0 {
 			return nil, emitter, nil
 		}
-		err := a.call(ctx, func(ctx context.Context) error {
+		err := a.call(ctx, conn, func(ctx context.Context) error {
 			return a.fn.BatchHandler(ctx, tx, work, &BatchEvents{emit: emitter.emit})
 		})
 		if err == nil {
@@ -262,15 +289,14 @@ func (a *applier) runHandlers(ctx context.Context, tx pgx.Tx, work, recs []Recor
 		}
 		if err != nil {
 			if len(recs) > 1 {
-				// Unknown culprit: go one record at a time from the first.
-				return nil, nil, &handlerFailure{index: 1, err: err}
+				return nil, nil, &handlerFailure{index: unknownCulprit, err: err}
 			}
 			return nil, nil, &handlerFailure{index: 0, err: err}
 		}
 		return emitter.rows, emitter, nil
 	}
 	for _, r := range work {
-		err := a.call(ctx, func(ctx context.Context) error {
+		err := a.call(ctx, conn, func(ctx context.Context) error {
 			return a.fn.Handler(ctx, tx, r, &Events{emit: emitter.emit, rec: r})
 		})
 		if err == nil {
@@ -281,22 +307,6 @@ func (a *applier) runHandlers(ctx context.Context, tx pgx.Tx, work, recs []Recor
 		}
 	}
 	return emitter.rows, emitter, nil
-}
-
-// call runs a handler with the handler timeout and turns a panic into an error.
-func (a *applier) call(ctx context.Context, handler func(context.Context) error) (err error) {
-	ctx, cancel := context.WithTimeout(ctx, a.w.cfg.HandlerTimeout)
-	defer cancel()
-	defer func() {
-		if v := recover(); v != nil {
-			err = &panicError{value: v, stack: debug.Stack()}
-		}
-	}()
-	err = handler(ctx)
-	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		err = &timeoutError{limit: a.w.cfg.HandlerTimeout, err: err}
-	}
-	return err
 }
 
 // deadLetter parks rec in its own transaction and moves the lane past it.
@@ -387,12 +397,11 @@ func (a *applier) committed(last Record, applied, duplicates, deadLettered int) 
 
 func failureReason(err error) string {
 	var p *panicError
-	var t *timeoutError
 	var d *dataError
 	switch {
 	case errors.As(err, &p):
 		return "panic"
-	case errors.As(err, &t):
+	case isHandlerTimeout(err):
 		return "timeout"
 	case errors.As(err, &d):
 		return "data_error"
@@ -419,6 +428,14 @@ func (e *timeoutError) Error() string {
 	return fmt.Sprintf("handler ran over its %s timeout (--handler-timeout): %v", e.limit, e.err)
 }
 func (e *timeoutError) Unwrap() error { return e.err }
+
+// isHandlerTimeout reports whether err is a handler call that overran
+// --handler-timeout (whether it returned late or was abandoned), or a
+// statement of the handler that Postgres cancelled after statement_timeout.
+func isHandlerTimeout(err error) bool {
+	var t *timeoutError
+	return errors.As(err, &t) || isStatementTimeout(err)
+}
 
 // firstLine keeps log lines short: a panic's stack goes to the dead letter,
 // not to the log.

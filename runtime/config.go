@@ -28,7 +28,7 @@ type Config struct {
 	RetryAttempts  int           // KFN_RETRY_ATTEMPTS: handler tries per record before it is dead-lettered
 	RetryInitial   time.Duration // KFN_RETRY_INITIAL: first backoff between handler tries
 	RetryMax       time.Duration // KFN_RETRY_MAX: largest backoff between handler tries
-	HandlerTimeout time.Duration // KFN_HANDLER_TIMEOUT: a handler call running longer fails
+	HandlerTimeout time.Duration // KFN_HANDLER_TIMEOUT: a handler call running longer is dead-lettered (reason timeout)
 
 	// StatementTimeout (KFN_STATEMENT_TIMEOUT) is the longest a Postgres
 	// statement of the worker may run: the sessions' statement_timeout. A
@@ -255,7 +255,7 @@ func (c *Config) Bind(fs *flag.FlagSet) {
 	num(&c.RetryAttempts, "retry-attempts", DefaultRetryAttempts, "handler tries per record before dead-lettering")
 	dur(&c.RetryInitial, "retry-initial", DefaultRetryInitial, "first retry backoff")
 	dur(&c.RetryMax, "retry-max", DefaultRetryMax, "largest retry backoff")
-	dur(&c.HandlerTimeout, "handler-timeout", DefaultHandlerTimeout, "max duration of one handler call")
+	dur(&c.HandlerTimeout, "handler-timeout", DefaultHandlerTimeout, "max duration of one handler call: a call running longer is dead-lettered as timeout, and abandoned 1s later if it ignores its ctx")
 	fs.Var(&envDuration{p: &c.StatementTimeout}, "statement-timeout", "longest a Postgres statement may run (the sessions' statement_timeout); a round trip unanswered for 5/4 of it is a frozen connection ["+envName("statement-timeout")+"] (default 0.4 × --lease-ttl, at most 0.8 × --handler-timeout)")
 	if v := os.Getenv(envName("statement-timeout")); v != "" {
 		if err := (&envDuration{p: &c.StatementTimeout}).Set(v); err != nil {

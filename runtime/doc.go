@@ -59,13 +59,24 @@ package runtime
 //     COPY, a connect) has a deadline of 5/4 × --statement-timeout; the
 //     sessions run with statement_timeout = --statement-timeout. A slow
 //     statement is cancelled by the server first and fails as itself (in a
-//     handler: the record's error, retried, then dead-lettered). A round trip
+//     handler: the record's timeout, dead-lettered without another attempt).
+//     A round trip
 //     still unanswered at the deadline means a frozen or dead connection:
 //     pgx closes it and the lane retries on another. Rule: 5/4 ×
 //     --statement-timeout ≤ 0.7 × --lease-ttl (defaults: 2 s, 2.5 s, 3.5 s).
 //   - A handler call is bounded by --handler-timeout, which may be longer
 //     than the TTL: while a handler runs Go code the worker keeps renewing
-//     (it is healthy), and each statement it runs is bounded as above. Rule:
+//     (it is healthy), and each statement it runs is bounded as above. A
+//     handler that overruns it is a timeout, dead-lettered with reason
+//     timeout without another attempt (another would hold the lane for
+//     another whole timeout). A handler that ignores its ctx is abandoned 1 s
+//     after its deadline: kfn ends its transaction's session
+//     (pg_terminate_backend, so Postgres rolls it back and releases its
+//     locks, whatever statement it is in), closes its socket, takes the
+//     connection out of the pool, dead-letters the record in a new
+//     transaction and goes on; the handler's goroutine, which Go cannot stop,
+//     is counted in kfn_handlers_abandoned_running until it returns. The lane
+//     stands still for --handler-timeout plus about 1 s. Rule:
 //     --handler-timeout ≥ 5/4 × --statement-timeout, or the handler's own
 //     deadline would close the connection before the server cancels a slow
 //     statement, which would then look like an infrastructure failure,

@@ -55,6 +55,7 @@ func (l *partitionLedger) fence(ctx context.Context, tx pgx.Tx, rec Record) erro
 		return readErr
 	}
 	l.next, l.highWater = cur.NextOffset, cur.HighWater
+	l.w.stats.CommitRepliesLost.Add(1)
 	return errCursorAhead
 }
 

@@ -18,6 +18,7 @@ type metricsCollector struct {
 	ready, topicMissing                                         *prometheus.Desc
 	relayed, relayDuplicates, relayFailures, relayLatency       *prometheus.Desc
 	infraRetries, traceDropped                                  *prometheus.Desc
+	abandoned, abandonedRunning, commitRepliesLost              *prometheus.Desc
 }
 
 func newMetricsCollector(wk *Worker) *metricsCollector {
@@ -26,24 +27,27 @@ func newMetricsCollector(wk *Worker) *metricsCollector {
 	}
 	part := []string{"function", "source", "partition"}
 	return &metricsCollector{
-		wk:              wk,
-		applied:         d("records_applied_total", "Records whose handler transaction committed."),
-		duplicates:      d("records_duplicate_total", "Records skipped because they were handled before."),
-		deadLettered:    d("records_dead_lettered_total", "Records parked in kfn.dead_letters."),
-		retries:         d("handler_retries_total", "Handler retries."),
-		batches:         d("batches_committed_total", "Committed batch transactions."),
-		fenced:          d("lanes_fenced_total", "Partitions or subjects dropped because a newer owner claimed them."),
-		lag:             d("partition_lag", "Records behind the cursor, per owned partition.", part...),
-		cursor:          d("partition_cursor", "Next offset to apply, per owned partition.", part...),
-		epoch:           d("partition_epoch", "Fencing token the partition is owned with.", part...),
-		ready:           d("ready", "1 when Postgres (with a compatible schema), NATS JetStream and Kafka answer and every consumed topic exists, as /readyz says."),
-		topicMissing:    d("topic_missing", "1 while a consumed topic does not exist: the function waits for it.", "function", "topic"),
-		relayed:         d("outbox_published_total", "Outbox events the stream acked as new."),
-		relayDuplicates: d("outbox_duplicates_total", "Outbox events the stream reported as duplicates."),
-		relayFailures:   d("outbox_publish_failures_total", "Failed outbox publishes (retried)."),
-		relayLatency:    d("outbox_last_latency_seconds", "Commit-to-ack latency of the last relayed event."),
-		infraRetries:    d("batch_infra_retries_total", "Batches retried after an infrastructure error (never a record's fault)."),
-		traceDropped:    d("trace_context_dropped_total", "Records whose invalid W3C traceparent or tracestate was not propagated."),
+		wk:                wk,
+		applied:           d("records_applied_total", "Records whose handler transaction committed."),
+		duplicates:        d("records_duplicate_total", "Records skipped because they were handled before."),
+		deadLettered:      d("records_dead_lettered_total", "Records parked in kfn.dead_letters."),
+		retries:           d("handler_retries_total", "Handler retries."),
+		batches:           d("batches_committed_total", "Committed batch transactions."),
+		fenced:            d("lanes_fenced_total", "Partitions or subjects dropped because a newer owner claimed them."),
+		lag:               d("partition_lag", "Records behind the cursor, per owned partition.", part...),
+		cursor:            d("partition_cursor", "Next offset to apply, per owned partition.", part...),
+		epoch:             d("partition_epoch", "Fencing token the partition is owned with.", part...),
+		ready:             d("ready", "1 when Postgres (with a compatible schema), NATS JetStream and Kafka answer and every consumed topic exists, as /readyz says."),
+		topicMissing:      d("topic_missing", "1 while a consumed topic does not exist: the function waits for it.", "function", "topic"),
+		relayed:           d("outbox_published_total", "Outbox events the stream acked as new."),
+		relayDuplicates:   d("outbox_duplicates_total", "Outbox events the stream reported as duplicates."),
+		relayFailures:     d("outbox_publish_failures_total", "Failed outbox publishes (retried)."),
+		relayLatency:      d("outbox_last_latency_seconds", "Commit-to-ack latency of the last relayed event."),
+		infraRetries:      d("batch_infra_retries_total", "Batches retried after an infrastructure error (never a record's fault)."),
+		traceDropped:      d("trace_context_dropped_total", "Records whose invalid W3C traceparent or tracestate was not propagated."),
+		abandoned:         d("handlers_abandoned_total", "Handler calls that overran --handler-timeout without returning: their session was ended and the record dead-lettered (reason timeout)."),
+		abandonedRunning:  d("handlers_abandoned_running", "Abandoned handler calls still running (Go cannot stop them)."),
+		commitRepliesLost: d("commit_replies_lost_total", "Commits that landed although their reply was lost; the lane resumed from the stored cursor."),
 	}
 }
 
@@ -64,6 +68,9 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.fenced, float64(s.Fenced.Load()))
 	counter(c.infraRetries, float64(s.InfraRetries.Load()))
 	counter(c.traceDropped, float64(s.TraceContextDropped.Load()))
+	counter(c.abandoned, float64(s.AbandonedHandlers.Load()))
+	counter(c.commitRepliesLost, float64(s.CommitRepliesLost.Load()))
+	ch <- prometheus.MustNewConstMetric(c.abandonedRunning, prometheus.GaugeValue, float64(s.AbandonedHandlersRunning.Load()))
 	for _, p := range s.Partitions() {
 		labels := []string{p.Function, p.Topic, strconv.Itoa(int(p.Partition))}
 		ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(p.Lag()), labels...)

@@ -22,6 +22,16 @@ type Stats struct {
 	// header was not valid W3C Trace Context and was not propagated to the
 	// events they emitted.
 	TraceContextDropped atomic.Int64
+	// AbandonedHandlers counts handler calls that overran --handler-timeout
+	// and did not return: the lane ended their transaction's session and
+	// went on without them. AbandonedHandlersRunning is how many of those
+	// are still running (Go cannot stop them).
+	AbandonedHandlers        atomic.Int64
+	AbandonedHandlersRunning atomic.Int64
+	// CommitRepliesLost counts commits that landed although the worker saw
+	// them fail (the connection died at COMMIT): the lane found the cursor
+	// ahead under its own token and resumed from it.
+	CommitRepliesLost atomic.Int64
 
 	mu         sync.Mutex
 	partitions map[partitionKey]*PartitionStats
