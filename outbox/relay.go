@@ -23,7 +23,7 @@ import (
 // every shard in this process; RunShard works one, for a caller (such as a
 // lease manager) that spreads shards over processes.
 //
-// Guarantees (DESIGN.md, I5):
+// Guarantees:
 //   - Every committed row reaches the stream: a row is deleted only after its
 //     stream ack, and the read has no cursor a late-committing row could fall
 //     behind (see selectShardBatch). Rows of rolled-back transactions are

@@ -1,8 +1,12 @@
-package runtime
-
-// This page is the worker's side of the lease and fencing design; the lease
-// side (bucket layout, renewal, the timing margin measured on nats-server)
-// is in package lease's documentation.
+// Package runtime is kfn's public API and its worker engine. A user writes a
+// Function (a name, a source and a handler) and calls Start from main; the
+// engine owns partitions through fenced leases, reads records in batches and
+// applies each batch in one Postgres transaction together with the inbox
+// claim, the fenced cursor move and the outbox rows the handler emitted.
+//
+// The rest of this page is the worker's side of the lease and fencing
+// design; the lease side (bucket layout, renewal, the timing margin measured
+// on nats-server) is in package lease's documentation.
 //
 // # Ownership of a lane
 //
@@ -35,9 +39,10 @@ package runtime
 // business write commits if and only if the owner was still the owner at
 // commit time: Postgres row locks serialise the cursor update with the new
 // owner's claim. A worker paused for longer than the lease (a zombie) cannot
-// commit after it wakes up, whatever its clock says. That is what the Flink
-// TaskManager in the introduction lacked: its old job kept writing because
-// nothing at the sink compared ownership terms.
+// commit after it wakes up, whatever its clock says. That is what a Flink
+// TaskManager lacked when it kept running its old job after a JobManager
+// failover: the old job kept writing because nothing at the sink compared
+// ownership terms.
 //
 // # Timing
 //
@@ -158,3 +163,4 @@ package runtime
 //     "Bucket lost"), wait until the lost leases have run out, and claim
 //     again with those larger tokens. No epoch is reset by hand; lanes
 //     resume about one TTL after the loss (measured with a 2 s TTL: 2.3–2.5 s).
+package runtime

@@ -1,10 +1,3 @@
-// Package runtime is kfn's public API and its worker engine. A user writes a
-// Function (a name, a source and a handler) and calls Start from main; the
-// engine owns partitions through fenced leases, reads records in batches and
-// applies each batch in one Postgres transaction together with the inbox
-// claim, the fenced cursor move and the outbox rows the handler emitted.
-//
-// See doc.go for the lease and fencing design.
 package runtime
 
 import (

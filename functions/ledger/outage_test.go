@@ -24,7 +24,7 @@ import (
 const relayProcPkg = "github.com/kfn-dev/kfn/outbox/internal/relayproc"
 
 // With a NATS outage longer than the duplicate window, the downstream
-// function still applies each event once (DESIGN.md, I5).
+// function still applies each event once.
 //
 // The relay dies after JetStream stored a batch of orders.accepted events
 // but before it deleted their outbox rows; the ledger books them. Then NATS

@@ -68,8 +68,9 @@ CREATE TABLE kfn.dead_letters (
 -- Events emitted by functions, written in the same transaction as the
 -- business write and forwarded to NATS JetStream by the relay. event_id is
 -- deterministic (derived from the source record and the emit index) so a
--- replay emits the same ids. txid lets the relay read only rows whose
--- transactions can no longer be overtaken by an older, still-open one.
+-- replay emits the same ids. txid is the id of the writing transaction,
+-- kept for diagnosis: the relay does not read it (its reads need no cursor
+-- and no snapshot bound; see outbox/relay_store.go).
 CREATE TABLE kfn.outbox (
     id            bigserial   PRIMARY KEY,
     event_id      text        NOT NULL UNIQUE,
