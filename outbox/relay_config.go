@@ -37,6 +37,10 @@ type RelayConfig struct {
 	// the stream ack and the row delete) is dropped by JetStream inside this
 	// window, and by the downstream inbox after it. Default 2m.
 	Duplicates time.Duration
+	// MaxAge bounds the stream the relay creates: events older than this are
+	// removed. Used only when the relay creates the stream. Default 7 days
+	// (DefaultStreamMaxAge).
+	MaxAge time.Duration
 
 	// BatchSize is how many rows one shard reads per query. Default 500.
 	BatchSize int
@@ -89,7 +93,10 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 		c.Stream = "KFN_EVENTS"
 	}
 	if c.Duplicates == 0 {
-		c.Duplicates = 2 * time.Minute
+		c.Duplicates = DefaultDuplicates
+	}
+	if c.MaxAge == 0 {
+		c.MaxAge = DefaultStreamMaxAge
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = 500
@@ -146,6 +153,8 @@ func (c RelayConfig) validate() error {
 		return bad("Subjects", "is required: list the subjects the outbox events are published on, e.g. \"orders.>\"")
 	case c.Duplicates < 0:
 		return bad("Duplicates", "is %v: the duplicate window must be positive", c.Duplicates)
+	case c.MaxAge < 0:
+		return bad("MaxAge", "is %v: the stream's max age must be positive", c.MaxAge)
 	case c.BatchSize < 1 || c.BatchSize > 10000:
 		return bad("BatchSize", "is %d: use 1 to 10000", c.BatchSize)
 	case c.MaxInFlight < 1:

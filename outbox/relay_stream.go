@@ -31,20 +31,14 @@ func (r *Relay) ensureStream(ctx context.Context) ([]string, error) {
 	for attempt := 0; ; attempt++ {
 		stream, err := r.cfg.JetStream.Stream(ctx, r.cfg.Stream)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			_, err = r.cfg.JetStream.CreateStream(ctx, jetstream.StreamConfig{
-				Name:        r.cfg.Stream,
-				Description: "kfn outbox events",
-				Subjects:    r.cfg.Subjects,
-				Duplicates:  r.cfg.Duplicates,
-				Storage:     jetstream.FileStorage,
-			})
+			_, err = r.cfg.JetStream.CreateStream(ctx, streamConfig(r.cfg.Stream, r.cfg.Subjects, StreamLimits{Duplicates: r.cfg.Duplicates, MaxAge: r.cfg.MaxAge}))
 			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) && attempt == 0 {
 				continue // another relay created it just now: check its subjects
 			}
 			if err != nil {
 				return nil, fmt.Errorf("create stream %s: %w", r.cfg.Stream, err)
 			}
-			r.log.Info("created outbox stream", "stream", r.cfg.Stream, "subjects", r.cfg.Subjects, "duplicates", r.cfg.Duplicates)
+			r.log.Info("created outbox stream", "stream", r.cfg.Stream, "subjects", r.cfg.Subjects, "duplicates", r.cfg.Duplicates, "max_age", r.cfg.MaxAge)
 			return r.cfg.Subjects, nil
 		}
 		if err != nil {
@@ -128,6 +122,20 @@ type StreamLimits struct {
 	MaxAge time.Duration
 }
 
+// Defaults of the event stream's limits.
+const (
+	DefaultDuplicates   = 2 * time.Minute
+	DefaultStreamMaxAge = 7 * 24 * time.Hour
+)
+
+// streamConfig is how kfn creates an event stream, whoever creates it.
+func streamConfig(name string, subjects []string, limits StreamLimits) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name: name, Description: "kfn outbox events", Subjects: subjects,
+		Duplicates: limits.Duplicates, MaxAge: limits.MaxAge, Storage: jetstream.FileStorage,
+	}
+}
+
 // ExtendStream makes sure stream exists and captures subjects: it creates
 // the stream (file storage, with limits) or adds the subjects an existing
 // stream lacks, and returns all the subjects it captures. Each function
@@ -143,10 +151,7 @@ func ExtendStream(ctx context.Context, js jetstream.JetStream, name string, subj
 	defer unlock()
 	stream, err := js.Stream(ctx, name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		_, err = js.CreateStream(ctx, jetstream.StreamConfig{
-			Name: name, Description: "kfn outbox events", Subjects: subjects,
-			Duplicates: limits.Duplicates, MaxAge: limits.MaxAge, Storage: jetstream.FileStorage,
-		})
+		_, err = js.CreateStream(ctx, streamConfig(name, subjects, limits))
 		if err == nil {
 			return subjects, nil
 		}

@@ -326,6 +326,23 @@ func TestRelayStreamSetup(t *testing.T) {
 		}
 	})
 
+	t.Run("missing stream is created bounded", func(t *testing.T) {
+		f := newRelayFixture(t, natsURL)
+		cfg := f.config()
+		cfg.MaxAge = 90 * time.Minute
+		rows := f.newRows([]string{"a"}, 2)
+		f.insert(rows)
+		f.startRelay(cfg)
+		f.waitDelivered(len(rows), 10*time.Second)
+		s, err := f.js.Stream(ctx, f.stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.CachedInfo().Config; got.MaxAge != 90*time.Minute || got.Duplicates != DefaultDuplicates {
+			t.Fatalf("relay created the stream with max age %v and duplicate window %v, want 1h30m and %v", got.MaxAge, got.Duplicates, DefaultDuplicates)
+		}
+	})
+
 	t.Run("existing stream without the subjects is refused", func(t *testing.T) {
 		f := newRelayFixture(t, natsURL)
 		if _, err := f.js.CreateStream(ctx, jetstream.StreamConfig{Name: f.stream, Subjects: []string{"elsewhere." + f.subject}}); err != nil {

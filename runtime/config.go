@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
@@ -62,9 +63,9 @@ const (
 	DefaultHandlerTimeout = 30 * time.Second
 	DefaultLeaseTTL       = 5 * time.Second
 	DefaultLeaseRenew     = 1 * time.Second
-	DefaultEventDedup     = 2 * time.Minute
+	DefaultEventDedup     = outbox.DefaultDuplicates
 	DefaultInboxRetention = 7 * 24 * time.Hour
-	DefaultEventRetention = 7 * 24 * time.Hour
+	DefaultEventRetention = outbox.DefaultStreamMaxAge
 )
 
 // WithDefaults returns a copy with every unset field at its default.

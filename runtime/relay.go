@@ -47,6 +47,6 @@ func (w *worker) newRelay(ctx context.Context, subjects []string) (*outbox.Relay
 	}
 	return outbox.NewRelay(outbox.RelayConfig{
 		Pool: w.pool, JetStream: w.js, Stream: w.cfg.EventStream, Subjects: streamSubjects,
-		Duplicates: w.cfg.EventDedup, Leases: shards, Logger: w.cfg.Logger,
+		Duplicates: w.cfg.EventDedup, MaxAge: w.cfg.EventRetention, Leases: shards, Logger: w.cfg.Logger,
 	})
 }

@@ -161,15 +161,6 @@ func (sr *subjectRun) fetch(ctx context.Context, msgs jetstream.MessagesContext)
 	return batch, nil
 }
 
-// Headers the relay sets on every event (CloudEvents binary mode, plus kfn's
-// own), read back into the Record.
-const (
-	headerEventID   = "Nats-Msg-Id"
-	headerKey       = outbox.HeaderKey
-	headerKeyBase64 = outbox.HeaderKeyBase64
-	headerTime      = "ce-time"
-)
-
 // eventRecord turns a JetStream message into a Record. An event without a
 // Nats-Msg-Id (not published by a kfn relay) is identified by its stream
 // position, which is stable across redeliveries.
@@ -179,16 +170,16 @@ func eventRecord(m jetstream.Msg, stream string) Record {
 		seq = int64(md.Sequence.Stream)
 	}
 	h := m.Headers()
-	rec := Record{Topic: m.Subject(), Offset: seq, Value: m.Data(), EventID: storableEventID(h.Get(headerEventID))}
+	rec := Record{Topic: m.Subject(), Offset: seq, Value: m.Data(), EventID: storableEventID(h.Get(jetstream.MsgIDHeader))}
 	if rec.EventID == "" {
 		rec.EventID = "stream/" + stream + "/" + strconv.FormatInt(seq, 10)
 	}
-	if k, err := base64.StdEncoding.DecodeString(h.Get(headerKeyBase64)); err == nil && len(k) > 0 {
+	if k, err := base64.StdEncoding.DecodeString(h.Get(outbox.HeaderKeyBase64)); err == nil && len(k) > 0 {
 		rec.Key = k
-	} else if k := h.Get(headerKey); k != "" {
+	} else if k := h.Get(outbox.HeaderKey); k != "" {
 		rec.Key = []byte(k)
 	}
-	if t, err := time.Parse(time.RFC3339Nano, h.Get(headerTime)); err == nil {
+	if t, err := time.Parse(time.RFC3339Nano, h.Get(outbox.HeaderTime)); err == nil {
 		rec.Time = t
 	}
 	for k, vs := range h {
