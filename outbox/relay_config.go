@@ -171,8 +171,8 @@ func (c RelayConfig) validate() error {
 		return bad("ParkFor", "is %v: it must be positive", c.ParkFor)
 	}
 	for i, s := range c.Subjects {
-		if !validSubject(s) {
-			return bad(fmt.Sprintf("Subjects[%d]", i), "%q is not a valid NATS subject", s)
+		if err := CheckSubjectPattern(s); err != nil {
+			return bad(fmt.Sprintf("Subjects[%d]", i), "%v", err)
 		}
 	}
 	return nil

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -56,60 +55,6 @@ func (r *Relay) ensureStream(ctx context.Context) ([]string, error) {
 		}
 		return have.Subjects, nil
 	}
-}
-
-// validSubject reports whether s is a well-formed NATS subject, wildcards
-// allowed: non-empty tokens separated by dots, no whitespace, '*' and '>'
-// only as whole tokens, '>' only last.
-func validSubject(s string) bool {
-	if s == "" || strings.ContainsAny(s, " \t\r\n") {
-		return false
-	}
-	tokens := strings.Split(s, ".")
-	for i, t := range tokens {
-		switch {
-		case t == "":
-			return false
-		case t == ">" && i != len(tokens)-1:
-			return false
-		case len(t) > 1 && strings.ContainsAny(t, "*>"):
-			return false
-		}
-	}
-	return true
-}
-
-// CoversSubject reports whether one of patterns matches every subject
-// that subject (itself possibly a wildcard) matches.
-func CoversSubject(patterns []string, subject string) bool {
-	for _, p := range patterns {
-		if subjectCovers(p, subject) {
-			return true
-		}
-	}
-	return false
-}
-
-func subjectCovers(pattern, subject string) bool {
-	pt := strings.Split(pattern, ".")
-	st := strings.Split(subject, ".")
-	for i, p := range pt {
-		if p == ">" {
-			return len(st) > i // '>' needs at least one more token
-		}
-		if i >= len(st) {
-			return false
-		}
-		switch s := st[i]; {
-		case p == "*":
-			if s == ">" {
-				return false
-			}
-		case p != s:
-			return false
-		}
-	}
-	return len(pt) == len(st)
 }
 
 // StreamLimits are the settings a stream is created with.

@@ -475,8 +475,18 @@ func TestSubjectCovers(t *testing.T) {
 		}
 	}
 	for _, s := range []string{"", "a..b", "a.b*", "a.>.b", "a b"} {
-		if validSubject(s) {
-			t.Errorf("validSubject(%q) = true", s)
+		if CheckSubjectPattern(s) == nil {
+			t.Errorf("CheckSubjectPattern(%q) accepted it", s)
+		}
+	}
+	for _, s := range []string{"", "a.*", "a.>", "a\x00b", "a.\xff", "a b"} {
+		if CheckSubject(s) == nil {
+			t.Errorf("CheckSubject(%q) accepted it", s)
+		}
+	}
+	for _, s := range []string{"a", "a.b", "orders.created"} {
+		if err := CheckSubject(s); err != nil {
+			t.Errorf("CheckSubject(%q) = %v", s, err)
 		}
 	}
 }

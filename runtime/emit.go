@@ -3,7 +3,6 @@ package runtime
 import (
 	"fmt"
 	"strconv"
-	"strings"
 
 	"github.com/kfn-dev/kfn/internal/pgdata"
 	"github.com/kfn-dev/kfn/outbox"
@@ -114,7 +113,7 @@ func (c *emitCollector) traceContext(sourceID string, rec Record) traceContext {
 // validateEvent rejects events the outbox cannot store as given: a subject
 // NATS cannot publish on, and a type or header that is not valid text.
 func validateEvent(ev Event) error {
-	if err := validateSubject(ev.Subject); err != nil {
+	if err := outbox.CheckSubject(ev.Subject); err != nil {
 		return err
 	}
 	if !pgdata.ValidText(ev.Type) {
@@ -123,36 +122,6 @@ func validateEvent(ev Event) error {
 	for k, v := range ev.Headers {
 		if !pgdata.ValidText(k) || !pgdata.ValidText(v) {
 			return fmt.Errorf("event header %q: %q is not valid UTF-8 text without NUL bytes (put binary data in the event's Data)", k, v)
-		}
-	}
-	return nil
-}
-
-// validateSubject rejects subjects NATS cannot publish on, and subjects
-// that are not valid text.
-func validateSubject(s string) error {
-	if s == "" {
-		return fmt.Errorf("event has no Subject")
-	}
-	if !pgdata.ValidText(s) {
-		return fmt.Errorf("event subject %q is not valid UTF-8 text without NUL bytes", s)
-	}
-	for _, tok := range strings.Split(s, ".") {
-		if tok == "" || tok == "*" || tok == ">" || strings.ContainsAny(tok, " \t\r\n") {
-			return fmt.Errorf("event subject %q is not a valid NATS subject for publishing", s)
-		}
-	}
-	return nil
-}
-
-// validateSubjectPattern rejects Emits entries that are not subjects or
-// subject wildcards ("orders.*", "orders.>").
-func validateSubjectPattern(s string) error {
-	tokens := strings.Split(s, ".")
-	for i, tok := range tokens {
-		if tok == "" || strings.ContainsAny(tok, " \t\r\n") || (tok == ">" && i != len(tokens)-1) ||
-			(len(tok) > 1 && strings.ContainsAny(tok, "*>")) {
-			return fmt.Errorf("%q is not a valid NATS subject or wildcard", s)
 		}
 	}
 	return nil

@@ -169,7 +169,7 @@ func (f Function) validate() error {
 		return fmt.Errorf("function %s: set only one of Handler and BatchHandler", f.Name)
 	}
 	for _, s := range f.Emits {
-		if err := validateSubjectPattern(s); err != nil {
+		if err := outbox.CheckSubjectPattern(s); err != nil {
 			return fmt.Errorf("function %s: Emits: %w", f.Name, err)
 		}
 	}

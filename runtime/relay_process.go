@@ -29,7 +29,7 @@ func NewRelay(ctx context.Context, cfg Config, subjects []string) (*Relay, error
 	}
 	var errs []error
 	for _, s := range subjects {
-		if err := validateSubjectPattern(s); err != nil {
+		if err := outbox.CheckSubjectPattern(s); err != nil {
 			errs = append(errs, &ConfigError{Field: "subjects", Env: "KFN_RELAY_SUBJECTS", Msg: err.Error()})
 		}
 	}
