@@ -47,8 +47,7 @@ type Origin struct {
 	Topic     string // Kafka topic or NATS subject of the source record
 	Partition int32
 	Offset    int64
-	// SourceID is the source record's identity: "topic/partition/offset" for
-	// a Kafka record, the event id for a NATS event.
+	// SourceID is the source record's identity (see SourceID).
 	SourceID string
 	// TraceParent and TraceState are the W3C trace context of the source, if
 	// it had a valid one (ValidTraceParent, ValidTraceState); Insert adds
@@ -57,9 +56,27 @@ type Origin struct {
 	TraceState  string
 }
 
-// KafkaSourceID is the identity of a Kafka record within a consumer.
+// KafkaSourceID is the identity of a Kafka record within a consumer:
+// "topic/partition/offset".
 func KafkaSourceID(topic string, partition int32, offset int64) string {
 	return topic + "/" + strconv.Itoa(int(partition)) + "/" + strconv.FormatInt(offset, 10)
+}
+
+// SourceID is the identity of the record whose handling emits events, from
+// which their ids derive (EventID): KafkaSourceID for a Kafka record, or
+// "event/<event id>" for a NATS event (eventID non-empty). A record
+// re-executed by a replay (generation > 0) gets "#<generation>" appended,
+// so that its events get new ids and downstream inboxes apply them instead
+// of skipping them as repeats.
+func SourceID(topic string, partition int32, offset int64, eventID string, generation int) string {
+	id := KafkaSourceID(topic, partition, offset)
+	if eventID != "" {
+		id = "event/" + eventID
+	}
+	if generation > 0 {
+		id += "#" + strconv.Itoa(generation)
+	}
+	return id
 }
 
 // EventID derives the id of the index-th event emitted while handling the

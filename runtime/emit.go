@@ -2,7 +2,6 @@ package runtime
 
 import (
 	"fmt"
-	"strconv"
 
 	"github.com/kfn-dev/kfn/internal/pgdata"
 	"github.com/kfn-dev/kfn/outbox"
@@ -43,15 +42,7 @@ func (c *emitCollector) emit(rec Record, ev Event) {
 		}
 		return
 	}
-	sourceID := outbox.KafkaSourceID(rec.Topic, rec.Partition, rec.Offset)
-	if rec.EventID != "" {
-		sourceID = "event/" + rec.EventID
-	}
-	if c.generation > 0 {
-		// A re-executed record emits events with new ids, so downstream
-		// inboxes apply them instead of skipping them as repeats.
-		sourceID += "#" + strconv.Itoa(c.generation)
-	}
+	sourceID := outbox.SourceID(rec.Topic, rec.Partition, rec.Offset, rec.EventID, c.generation)
 	index := c.next[sourceID]
 	c.next[sourceID] = index + 1
 	trace := c.traceContext(sourceID, rec)
