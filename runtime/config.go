@@ -174,9 +174,9 @@ func (c Config) validate(needKafka bool) error {
 	switch {
 	case c.StatementTimeout < 10*time.Millisecond:
 		bad("statement-timeout", "%s is too short: set it to the longest a Postgres statement of a handler may run, e.g. 2s", c.StatementTimeout)
-	case rt > leaseValidity(c.LeaseTTL):
+	case rt > lease.Validity(c.LeaseTTL):
 		bad("statement-timeout", "%s is too long for --lease-ttl %s: a round trip unanswered for 5/4 of it (%s) is a frozen connection, and the worker must notice one within the %s (0.7 × --lease-ttl) that a lease stays valid without renewal; lower --statement-timeout to at most %s or raise --lease-ttl to at least %s",
-			c.StatementTimeout, c.LeaseTTL, rt, leaseValidity(c.LeaseTTL), leaseValidity(c.LeaseTTL)*4/5, (c.StatementTimeout * 5 / 4 * 10 / 7).Round(time.Millisecond))
+			c.StatementTimeout, c.LeaseTTL, rt, lease.Validity(c.LeaseTTL), lease.Validity(c.LeaseTTL)*4/5, (c.StatementTimeout * 5 / 4 * 10 / 7).Round(time.Millisecond))
 	case c.HandlerTimeout > 0 && rt > c.HandlerTimeout:
 		bad("handler-timeout", "%s is shorter than 5/4 of --statement-timeout (%s): a slow statement in a handler must be cancelled by Postgres (the record's error, retried and then dead-lettered) before the handler's deadline closes the connection (an infrastructure error, retried forever); raise --handler-timeout to at least %s or lower --statement-timeout to at most %s",
 			c.HandlerTimeout, c.StatementTimeout, rt, c.HandlerTimeout*4/5)
@@ -189,13 +189,6 @@ func (c Config) validate(needKafka bool) error {
 // statement timeout, so that a slow statement is cancelled by the server
 // first and fails as itself, with the connection intact.
 func roundTripLimit(statementTimeout time.Duration) time.Duration { return statementTimeout * 5 / 4 }
-
-// leaseValidity is how long a lease stays valid without a successful
-// renewal: TTL minus the 30% safety margin (see leaseStoreConfig).
-func leaseValidity(ttl time.Duration) time.Duration { return ttl - leaseSafetyMargin(ttl) }
-
-// leaseSafetyMargin is the lease's safety margin: 30% of the TTL.
-func leaseSafetyMargin(ttl time.Duration) time.Duration { return ttl * 3 / 10 }
 
 func isPort(s string) bool {
 	n, err := strconv.Atoi(s)

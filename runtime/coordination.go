@@ -44,11 +44,10 @@ func parseLeaseItem(item string) (int32, error) {
 	return int32(p), nil
 }
 
-// leaseStoreConfig derives the lease timing from the worker config. The
-// safety margin is 30% of the TTL: a holder gives a lease up 0.7 × TTL after
-// its last successful renewal was sent, before the server can expire it.
+// leaseStoreConfig derives the lease timing from the worker config; the
+// safety margin is lease's default for the TTL (lease.SafetyMarginFor).
 func leaseStoreConfig(cfg Config) lease.StoreConfig {
-	return lease.StoreConfig{Bucket: cfg.LeaseBucket, TTL: cfg.LeaseTTL, SafetyMargin: leaseSafetyMargin(cfg.LeaseTTL), Logger: cfg.Logger}
+	return lease.StoreConfig{Bucket: cfg.LeaseBucket, TTL: cfg.LeaseTTL, Logger: cfg.Logger}.WithDefaults()
 }
 
 // leaseConfig is the configuration of every lease manager of this worker

@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
 // This file is the worker's side of "no frozen connection can hold a lane":
@@ -174,7 +176,7 @@ func newPGHealth(cfg Config) *pgHealth {
 	return &pgHealth{
 		every:   cfg.LeaseRenew,
 		timeout: min(cfg.LeaseRenew, roundTripLimit(cfg.StatementTimeout)),
-		window:  leaseValidity(cfg.LeaseTTL) - cfg.LeaseRenew,
+		window:  lease.Validity(cfg.LeaseTTL) - cfg.LeaseRenew,
 		log:     cfg.Logger,
 		lastOK:  time.Now(),
 	}

@@ -26,10 +26,10 @@ const (
 	// DefaultRenewEvery is how often a holder renews its leases and
 	// heartbeat.
 	DefaultRenewEvery = time.Second
-	// DefaultSafetyMargin is how long before TTL a holder gives a lease up
-	// when renewals keep failing: it stops using it 3.5 s after the last
+	// DefaultSafetyMargin is SafetyMarginFor(DefaultTTL): a holder whose
+	// renewals keep failing stops using its lease 3.5 s after the last
 	// successful renewal was sent.
-	DefaultSafetyMargin = 1500 * time.Millisecond
+	DefaultSafetyMargin = DefaultTTL * safetyMarginPercent / 100
 	// DefaultPollItemsEvery is how often the Manager asks for the item list.
 	DefaultPollItemsEvery = 3 * time.Second
 	// DefaultTokenMargin is how far above every token it knows of a newly
@@ -82,7 +82,7 @@ func (c StoreConfig) WithDefaults() StoreConfig {
 		c.TTL = DefaultTTL
 	}
 	if c.SafetyMargin == 0 {
-		c.SafetyMargin = DefaultSafetyMargin
+		c.SafetyMargin = SafetyMarginFor(c.TTL)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -200,3 +200,17 @@ func defaultMemberID() string {
 	_, _ = rand.Read(b[:])
 	return host + "-" + hex.EncodeToString(b[:])
 }
+
+// The timing rule of a lease, in one place: a holder gives its lease up
+// SafetyMargin before TTL after its last successful renewal was sent, so it
+// stops before the server can expire the lease and anyone else can acquire
+// it. Unless configured otherwise, the margin is 30% of the TTL.
+const safetyMarginPercent = 30
+
+// SafetyMarginFor is the default safety margin for a TTL: 30% of it.
+func SafetyMarginFor(ttl time.Duration) time.Duration { return ttl * safetyMarginPercent / 100 }
+
+// Validity is how long a lease with this TTL and the default safety margin
+// stays usable after its last successful renewal was sent: TTL −
+// SafetyMarginFor(TTL), 0.7 × TTL.
+func Validity(ttl time.Duration) time.Duration { return ttl - SafetyMarginFor(ttl) }

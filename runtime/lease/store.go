@@ -345,7 +345,7 @@ func OpenExisting(ctx context.Context, js jetstream.JetStream, bucket string, lo
 	if err != nil {
 		return nil, fmt.Errorf("read lease bucket %s status: %w", bucket, err)
 	}
-	cfg := StoreConfig{Bucket: bucket, TTL: st.TTL(), SafetyMargin: st.TTL() * 3 / 10, Logger: log}.WithDefaults()
+	cfg := StoreConfig{Bucket: bucket, TTL: st.TTL(), SafetyMargin: SafetyMarginFor(st.TTL()), Logger: log}.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("lease bucket %s: %w", bucket, err)
 	}
