@@ -144,11 +144,9 @@ func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (*hand
 		conn.pooled.Release()
 	}()
 
-	fresh := recs
-	if a.w.guarantee == exactlyOnce {
-		if fresh, err = a.ledger.claim(ctx, tx, recs); err != nil {
-			return nil, err
-		}
+	fresh, err := a.ledger.claim(ctx, tx, recs)
+	if err != nil {
+		return nil, err
 	}
 	duplicates := len(recs) - len(fresh)
 

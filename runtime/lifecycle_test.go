@@ -82,7 +82,7 @@ func TestMetricsExposeTheWorkersCounters(t *testing.T) {
 	// The counters move once the worker has the COMMIT's reply, a moment
 	// after the cursor moved in Postgres.
 	waitFor(t, 5*time.Second, "the worker to count its commits", func() bool { return w.Stats().Applied.Load() == 30 })
-	srv := httptest.NewServer(w.Handler())
+	srv := httptest.NewServer(w.HTTPHandler())
 	defer srv.Close()
 	body := func(path string) string {
 		t.Helper()

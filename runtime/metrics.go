@@ -98,11 +98,11 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// Handler serves the worker's Prometheus metrics at /metrics, a liveness
+// HTTPHandler serves the worker's Prometheus metrics at /metrics, a liveness
 // check at /healthz (the process serves HTTP) and a readiness check at
 // /readyz (Postgres with a compatible schema, NATS JetStream and Kafka
 // answer, and every consumed topic exists; probed every 2 s).
-func (wk *Worker) Handler() http.Handler {
+func (wk *Worker) HTTPHandler() http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newMetricsCollector(wk), prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()

@@ -26,9 +26,13 @@ type partitionRun struct {
 func (w *worker) runPartition(ctx context.Context, fn Function, partition int32, token int64) {
 	part := inbox.Partition{Consumer: fn.Name, Topic: fn.Topic, Partition: partition}
 	cursor := &partitionLedger{w: w, fn: fn.Name, part: part, token: token}
+	var lane ledger = cursor
+	if w.partitionLedger != nil {
+		lane = w.partitionLedger(cursor)
+	}
 	pr := &partitionRun{
 		applier: &applier{
-			w: w, fn: fn, part: part, token: token, ledger: cursor,
+			w: w, fn: fn, part: part, token: token, ledger: lane,
 			log: w.cfg.Logger.With("function", fn.Name, "topic", fn.Topic, "partition", partition, "epoch", token),
 		},
 		cursor: cursor,

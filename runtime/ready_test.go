@@ -44,7 +44,7 @@ func TestMissingTopicMakesTheWorkerNotReadyUntilItIsCreated(t *testing.T) {
 	b.cfg.Logger = slog.New(slog.NewJSONHandler(io.MultiWriter(logs, testWriter{t}), &slog.HandlerOptions{Level: slog.LevelInfo}))
 	b.cfg.WorkerID = "ready-worker"
 	w, stop := b.run(t, effects.Function(b.fn, topic))
-	srv := httptest.NewServer(w.Handler())
+	srv := httptest.NewServer(w.HTTPHandler())
 	defer srv.Close()
 	get := func(path string) (int, string) {
 		t.Helper()

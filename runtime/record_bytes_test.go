@@ -152,7 +152,7 @@ func TestTraceContextIsValidatedBeforeTheOutbox(t *testing.T) {
 	if n := w.Stats().TraceContextDropped.Load(); n != 4 {
 		t.Errorf("trace context dropped = %d, want 4", n)
 	}
-	srv := httptest.NewServer(w.Handler())
+	srv := httptest.NewServer(w.HTTPHandler())
 	defer srv.Close()
 	resp, err := srv.Client().Get(srv.URL + "/metrics")
 	if err != nil {

@@ -76,7 +76,7 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "%s: invalid --metrics-addr (KFN_METRICS_ADDR) %q: %v\n", name, *metricsAddr, err)
 			return 2
 		}
-		srv := &http.Server{Handler: w.Handler(), ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Handler: w.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(ln)                         //nolint:errcheck // ends with Shutdown below
 		defer srv.Shutdown(context.Background()) //nolint:errcheck // best effort at exit
 	}

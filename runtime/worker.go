@@ -22,15 +22,18 @@ import (
 type Worker struct{ w *worker }
 
 type worker struct {
-	cfg       Config
-	guarantee guarantee
-	fns       []Function
-	pool      *pgxpool.Pool
-	kafka     *kafkaSource
-	nc        *nats.Conn
-	js        jetstream.JetStream
-	leases    map[string]*lease.Manager // partition leases, per function name
-	relay     *outbox.Relay             // nil with NoRelay, or when no function emits
+	cfg Config
+	// partitionLedger, when set, replaces the ledger of each partition lane:
+	// the benchmark's at-least-once baseline (atLeastOnceLedger) is the only
+	// user.
+	partitionLedger func(*partitionLedger) ledger
+	fns             []Function
+	pool            *pgxpool.Pool
+	kafka           *kafkaSource
+	nc              *nats.Conn
+	js              jetstream.JetStream
+	leases          map[string]*lease.Manager // partition leases, per function name
+	relay           *outbox.Relay             // nil with NoRelay, or when no function emits
 	// installation scopes the lease groups (kfn.installation.id).
 	installation string
 	offsets      *offsetCommitter
@@ -38,15 +41,6 @@ type worker struct {
 	ready        readiness // the last probe of the services, for /readyz
 	health       *pgHealth // whether this worker reaches Postgres; the lease managers' Healthy hook
 }
-
-// guarantee is what the record path promises. Only the benchmark runs
-// anything but exactlyOnce, to measure what exactly-once costs.
-type guarantee int
-
-const (
-	exactlyOnce guarantee = iota
-	atLeastOnce           // same batching, no inbox claim, no fenced cursor
-)
 
 // NewWorker validates cfg and fns, connects to Postgres, Kafka and NATS,
 // checks the schema version and runs each function's Setup. Every failure
