@@ -12,7 +12,8 @@ if [ ! -s "$CONTAINERS_CONF" ]; then
   printf '[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = "cgroupfs"\n' >"$CONTAINERS_CONF"
 fi
 mkdir -p deploy/.build
-CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o deploy/.build/function "./functions/$fn/cmd/$fn"
+# GOWORK=off: built from the main module alone, as deploy/Containerfile does.
+CGO_ENABLED=0 GOWORK=off go build -trimpath -ldflags="-s -w" -o deploy/.build/function "./functions/$fn/cmd/$fn"
 podman build -q -f deploy/Containerfile.scratch -t "kfn-$fn" deploy >/dev/null
 echo "built image kfn-$fn ($(podman image inspect "kfn-$fn" --format '{{.Size}}') bytes)"
 

@@ -1,0 +1,93 @@
+package modgraph
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// toolGraph holds module path prefixes that come only from the development
+// tools' graph (Task, its cloud SDKs and TUI libraries). None may appear in
+// the module graph of a module that requires kfn.
+var toolGraph = []string{
+	"github.com/go-task",
+	"github.com/aws/aws-sdk-go",
+	"cloud.google.com",
+	"charm.land",
+}
+
+// TestUserModuleDoesNotInheritToolDependencies makes a user's module that
+// requires github.com/kfn-dev/kfn (replaced by this repository's root) and
+// imports its runtime, tidies it outside any workspace, and fails if its
+// module graph holds a module of the tools' graph.
+func TestUserModuleDoesNotInheritToolDependencies(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	// GOWORK=off: a user's module is never in this repository's workspace.
+	// -mod=mod: go mod tidy and go list may fetch what the graph needs.
+	env := append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
+	run := func(dir string, args ...string) []byte {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, "go", args...)
+		cmd.Dir = dir
+		cmd.Env = env
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go %s in %s: %v\n%s%s", strings.Join(args, " "), dir, err, out, stderr.Bytes())
+		}
+		return out
+	}
+
+	gomod := strings.TrimSpace(string(run(".", "env", "GOMOD")))
+	if gomod == "" || gomod == os.DevNull {
+		t.Fatalf("go env GOMOD = %q: not inside the kfn module", gomod)
+	}
+	root := filepath.Dir(gomod)
+	var kfn struct {
+		Module struct{ Path string }
+		Go     string
+	}
+	if err := json.Unmarshal(run(root, "mod", "edit", "-json"), &kfn); err != nil {
+		t.Fatalf("go mod edit -json: %v", err)
+	}
+	if kfn.Module.Path != "github.com/kfn-dev/kfn" {
+		t.Fatalf("module at %s is %q, want github.com/kfn-dev/kfn", root, kfn.Module.Path)
+	}
+
+	user := t.TempDir()
+	write := func(name, text string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(user, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("go.mod", "module example.com/kfnuser\n\ngo "+kfn.Go+"\n\n"+
+		"require github.com/kfn-dev/kfn v0.0.0\n\n"+
+		"replace github.com/kfn-dev/kfn => "+root+"\n")
+	write("main.go", "package main\n\nimport _ \"github.com/kfn-dev/kfn/runtime\"\n\nfunc main() {}\n")
+
+	run(user, "mod", "tidy")
+	var modules, inherited []string
+	for _, line := range strings.Split(strings.TrimSpace(string(run(user, "list", "-m", "all"))), "\n") {
+		path, _, _ := strings.Cut(line, " ")
+		modules = append(modules, path)
+		for _, prefix := range toolGraph {
+			if strings.HasPrefix(path, prefix) {
+				inherited = append(inherited, line)
+			}
+		}
+	}
+	t.Logf("a module that imports github.com/kfn-dev/kfn/runtime has %d modules in its graph (go list -m all)", len(modules))
+	if len(inherited) > 0 {
+		t.Errorf("its graph holds %d modules of the development tools' graph (move tool dependencies to tools/go.mod):\n  %s",
+			len(inherited), strings.Join(inherited, "\n  "))
+	}
+}
