@@ -1,4 +1,4 @@
-package ledger_test
+package systemtest_test
 
 import (
 	"context"

@@ -1,0 +1,9 @@
+// Package systemtest holds kfn's end-to-end tests: the two example
+// functions (functions/orders and functions/ledger) deployed as real
+// processes against real Kafka, Postgres and NATS, chained through the
+// outbox relay and JetStream, and faulted (workers killed, events
+// republished after the duplicate window, lanes taken over, functions
+// started together). They check what no single package owns: that the
+// whole chain applies each order exactly once. The package has no code of
+// its own; the examples' own unit tests live next to them.
+package systemtest
