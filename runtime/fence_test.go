@@ -101,7 +101,7 @@ func TestFenceRefusesWokenZombieOnPartition(t *testing.T) {
 		t.Errorf("A passed %d fences under its stale token", got)
 	}
 	if got, want := effectTokens(t, b), map[int64]int{tB: n}; !maps.Equal(got, want) {
-		t.Errorf("effects by token: %v, want %v (all by B)", got, want)
+		t.Errorf("effects by the epoch their transaction saw after its fence: %v, want %v (all under B's)", got, want)
 	}
 	b.check(t, b.fn, produced)
 }
@@ -300,7 +300,7 @@ func TestTakeOverWaitsForAnOlderSessionItCannotEnd(t *testing.T) {
 	wantStats(t, "A", wa, stats{applied: n})
 	wantStats(t, "B", wb, stats{applied: 10})
 	if got, want := effectTokens(t, b), map[int64]int{tA: n, cur.Epoch: 10}; !maps.Equal(got, want) {
-		t.Errorf("effects by token: %v, want %v (A's batch, then B's records)", got, want)
+		t.Errorf("effects by the epoch their transaction saw after its fence: %v, want %v (A's batch, then B's records)", got, want)
 	}
 	if got := gate.count(tA, faults.FenceRefused); got != 0 {
 		t.Errorf("A's fence was refused %d times, want none: nobody claimed the partition before its commit", got)
@@ -340,8 +340,8 @@ func readCursor(t *testing.T, b *bundle, p inbox.Partition) inbox.Cursor {
 	return cur
 }
 
-// effectTokens counts the effects of the test function by the token they
-// were committed under.
+// effectTokens counts the effects of the test function by the epoch their
+// transaction read from the cursor row after its fence (see effects).
 func effectTokens(t *testing.T, b *bundle) map[int64]int {
 	t.Helper()
 	rows, err := b.pg.Pool.Query(context.Background(), `SELECT token, count(*) FROM `+effects.Table(b.fn)+` GROUP BY token`)
