@@ -182,7 +182,9 @@ var ErrOlderOwnerBlocked = errors.New("an older owner's open transaction held th
 // retry. That is safe: the caller's newer lease means the older owner's has
 // expired, and ending the session only discards work that never committed.
 // It needs the privilege to signal the workers' sessions (the same role, or
-// pg_signal_backend).
+// pg_signal_backend, which does not cover a superuser's sessions); without
+// it, it returns an error saying so, and the caller's retries wait until
+// the older session ends on its own.
 func TakeOver(ctx context.Context, db interface {
 	Begin(context.Context) (pgx.Tx, error)
 	Querier
@@ -206,6 +208,9 @@ SELECT count(pg_terminate_backend(l.pid))
   FROM kfn.cursors c
   JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = c.xmax AND l.granted AND l.pid <> pg_backend_pid()
  WHERE c.consumer = $1 AND c.topic = $2 AND c.partition = $3 AND c.epoch < $4`, p.Consumer, p.Topic, p.Partition, token).Scan(&ended)
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+		return Cursor{}, fmt.Errorf("claim %s: its cursor row stayed locked for %s by a session that could not be ended: no permission to signal it (%s); run every worker as one role, or grant pg_signal_backend (which cannot signal a superuser's sessions)", p, wait, pgErr.Message)
+	}
 	if err != nil {
 		return Cursor{}, fmt.Errorf("end the older owner's transaction on %s: %w", p, err)
 	}

@@ -101,7 +101,10 @@
 //     transaction_timeout; this and statement_timeout bound a transaction's
 //     every wait instead. A new owner's claim ends such a session at once
 //     when it holds the cursor row (inbox.TakeOver), so the takeover never
-//     waits for these timeouts.
+//     waits for these timeouts, provided the new owner's role may signal
+//     the older session (the same role, or pg_signal_backend for a role
+//     that is not a superuser); otherwise its claim is refused, saying so,
+//     and retried until the older session ends.
 //   - Connections use TCP keepalive on both ends (idle --lease-ttl, interval
 //     --lease-renew, 3 probes), so a vanished peer is noticed without the
 //     kernel's defaults of hours. The server-side settings are sent as

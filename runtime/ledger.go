@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/runtime/internal/faults"
 )
 
 // ledger is how a lane fences its commits and remembers what it handled.
@@ -43,9 +44,17 @@ type partitionLedger struct {
 var errCursorAhead = errors.New("cursor is ahead of the lane: an earlier commit landed without its reply; resuming from the stored cursor")
 
 func (l *partitionLedger) fence(ctx context.Context, tx pgx.Tx, rec Record) error {
+	faults.Lane(faults.BeforeFence, l.part, l.token)
 	err := inbox.Advance(ctx, tx, l.part, l.token, l.next, rec.Offset+1)
 	var fenced *inbox.FencedError
-	if !errors.As(err, &fenced) || fenced.Epoch != l.token {
+	switch {
+	case err == nil:
+		faults.Lane(faults.AfterFence, l.part, l.token)
+		return nil
+	case !errors.As(err, &fenced):
+		return err
+	case fenced.Epoch != l.token:
+		faults.Lane(faults.FenceRefused, l.part, l.token)
 		return err
 	}
 	// Same token, other position: only our own commit can have moved it

@@ -15,6 +15,7 @@ import (
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/pgdata"
 	"github.com/kfn-dev/kfn/outbox"
+	"github.com/kfn-dev/kfn/runtime/internal/faults"
 )
 
 // subjectRun is the single active lane of a NATS-triggered function: a
@@ -211,7 +212,21 @@ type subjectLedger struct {
 }
 
 func (l *subjectLedger) fence(ctx context.Context, tx pgx.Tx, rec Record) error {
-	return inbox.Fence(ctx, tx, l.part, l.token, rec.Offset)
+	return l.fenceAt(ctx, tx, rec.Offset)
+}
+
+// fenceAt fences tx under the lane's token and moves its progress marker
+// to seq.
+func (l *subjectLedger) fenceAt(ctx context.Context, tx pgx.Tx, seq int64) error {
+	faults.Lane(faults.BeforeFence, l.part, l.token)
+	err := inbox.Fence(ctx, tx, l.part, l.token, seq)
+	switch {
+	case err == nil:
+		faults.Lane(faults.AfterFence, l.part, l.token)
+	case errors.Is(err, inbox.ErrFenced):
+		faults.Lane(faults.FenceRefused, l.part, l.token)
+	}
+	return err
 }
 
 func (l *subjectLedger) claim(ctx context.Context, tx pgx.Tx, recs []Record) ([]Record, error) {
@@ -221,7 +236,7 @@ func (l *subjectLedger) claim(ctx context.Context, tx pgx.Tx, recs []Record) ([]
 		refs[i] = inbox.EventRef{ID: r.EventID, Subject: r.Topic, StreamSeq: r.Offset}
 		last = max(last, r.Offset)
 	}
-	if err := inbox.Fence(ctx, tx, l.part, l.token, last); err != nil {
+	if err := l.fenceAt(ctx, tx, last); err != nil {
 		return nil, err
 	}
 	freshIDs, err := inbox.ClaimEvents(ctx, tx, l.consumer, l.token, inbox.Applied, refs)

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/kfn-dev/kfn/runtime/internal/faults"
 )
 
 // claim is the loop's handle on one held lease.
@@ -81,10 +83,14 @@ func (r *run) hold(ctx context.Context, cancel context.CancelCauseFunc, l *Lease
 	mu.Unlock()
 	defer watchdog.Stop()
 
+	workCtx := ctx
+	if faults.LeaseFreezeSet() { // tests only
+		workCtx = cancelAfterFreeze(ctx, l)
+	}
 	workDone := make(chan struct{})
 	go func() {
 		defer close(workDone)
-		r.work(ctx, Claim{Item: l.Item, Token: l.Token})
+		r.work(workCtx, Claim{Item: l.Item, Token: l.Token})
 	}()
 
 	sentAt := func() time.Time { return l.ValidUntil().Add(-(cfg.TTL - cfg.SafetyMargin)) }
@@ -97,6 +103,14 @@ renew:
 		case <-workDone:
 			break renew
 		case <-next.C:
+		}
+		if thaw := faults.LeaseFrozen(l.Item, l.Token); thaw != nil {
+			// Frozen by a test: renew nothing until the freeze ends.
+			select {
+			case <-workDone:
+				break renew
+			case <-thaw:
+			}
 		}
 		if herr := r.health(); herr != nil {
 			// An unhealthy member renews nothing: the work is stopped, and
@@ -166,6 +180,20 @@ renew:
 	}
 	log.Info("released", "cause", context.Cause(ctx))
 	return early
+}
+
+// cancelAfterFreeze returns a context for the claim's work that is
+// cancelled with ctx, except that while a test freezes the claim
+// (faults.LeaseFrozen) the cancellation waits until the freeze ends.
+func cancelAfterFreeze(ctx context.Context, l *Lease) context.Context {
+	workCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	context.AfterFunc(ctx, func() {
+		if thaw := faults.LeaseFrozen(l.Item, l.Token); thaw != nil {
+			<-thaw
+		}
+		cancel(context.Cause(ctx))
+	})
+	return workCtx
 }
 
 func minTime(a, b time.Time) time.Time {
