@@ -172,7 +172,11 @@ func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (*hand
 		}
 		return nil, err
 	}
-	if err := tx.Commit(ctx); err != nil {
+	// Once COMMIT is sent, wait for its reply even if the lane is being
+	// stopped (shutdown, lease lost): otherwise a commit that lands would be
+	// counted nowhere. The wait stays bounded by the round-trip limit, and
+	// the fence makes a late commit safe: it was serialised in Postgres.
+	if err := tx.Commit(context.WithoutCancel(ctx)); err != nil {
 		if failure := recordsFault(recs, "commit", err); failure != nil { // e.g. a deferred constraint the records' writes broke
 			return failure, nil
 		}
@@ -320,7 +324,7 @@ func (a *applier) deadLetter(ctx context.Context, rec Record, cause error, attem
 	if err := a.writeDeadLetter(ctx, tx, rec, failureReason(cause), cause, attempts); err != nil {
 		return err
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := tx.Commit(context.WithoutCancel(ctx)); err != nil { // as in commit
 		return fmt.Errorf("commit dead letter %s@%d: %w", a.part, rec.Offset, err)
 	}
 	a.committed(rec, 0, 0, 1)
