@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfn-dev/kfn/runtime/internal/effects"
+	"github.com/kfn-dev/kfn/internal/effects"
 )
 
 // TestCommitWhoseReplyIsLostIsNeitherRepeatedNorMistakenForATakeover makes

@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"github.com/kfn-dev/kfn/internal/engine"
 	"io"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/runtime"
-	"github.com/kfn-dev/kfn/runtime/internal/effects"
 )
 
 func validConfig() runtime.Config {
@@ -49,9 +50,9 @@ func TestBadConfigurationNamesTheField(t *testing.T) {
 			}
 			tc.edit(&cfg)
 			_, err := runtime.NewWorker(context.Background(), cfg, fn)
-			var cfgErr *runtime.ConfigError
+			var cfgErr *engine.ConfigError
 			if !errors.As(err, &cfgErr) {
-				t.Fatalf("err = %v, want a *runtime.ConfigError", err)
+				t.Fatalf("err = %v, want a *engine.ConfigError", err)
 			}
 			if !strings.Contains(err.Error(), tc.field) || !strings.Contains(err.Error(), tc.hint) {
 				t.Errorf("error %q should name %q and say %q", err, tc.field, tc.hint)
@@ -79,7 +80,7 @@ func TestStatementTimeoutDefaultsFitTheLease(t *testing.T) {
 			t.Errorf("lease TTL %v, handler timeout %v: statement timeout %v, want %v", tc.ttl, tc.handler, got, tc.want)
 		}
 		w, err := runtime.NewWorker(context.Background(), cfg, effects.Function("cfg", "topic"))
-		var cfgErr *runtime.ConfigError
+		var cfgErr *engine.ConfigError
 		if errors.As(err, &cfgErr) {
 			t.Errorf("lease TTL %v, handler timeout %v: defaults rejected: %v", tc.ttl, tc.handler, err)
 		}

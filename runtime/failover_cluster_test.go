@@ -29,9 +29,9 @@ import (
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/outbox"
 
+	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/devstack"
-	"github.com/kfn-dev/kfn/runtime/internal/effects"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
@@ -47,8 +47,8 @@ const (
 	produceRate  = 300
 	produceLimit = 60_000
 
-	effectsWorkerPkg = "github.com/kfn-dev/kfn/runtime/internal/effects/cmd/effects-worker"
-	naiveWorkerPkg   = "github.com/kfn-dev/kfn/runtime/internal/effects/cmd/naive-worker"
+	effectsWorkerPkg = "github.com/kfn-dev/kfn/internal/effects/cmd/effects-worker"
+	naiveWorkerPkg   = "github.com/kfn-dev/kfn/internal/effects/cmd/naive-worker"
 )
 
 // cluster is what a fault test needs: Postgres, Kafka, a nats-server

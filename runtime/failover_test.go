@@ -12,7 +12,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/kfn-dev/kfn/runtime/internal/effects"
+	"github.com/kfn-dev/kfn/internal/effects"
 )
 
 // These fault tests run three (or more) effects-worker processes on a

@@ -17,9 +17,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/effects"
+	"github.com/kfn-dev/kfn/internal/faults"
 	"github.com/kfn-dev/kfn/runtime"
-	"github.com/kfn-dev/kfn/runtime/internal/effects"
-	"github.com/kfn-dev/kfn/runtime/internal/faults"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 	"github.com/kfn-dev/kfn/runtime/lease"
 )

@@ -3,6 +3,7 @@ package runtime_test
 import (
 	"context"
 	"fmt"
+	"github.com/kfn-dev/kfn/internal/engine"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -11,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/runtime"
-	"github.com/kfn-dev/kfn/runtime/internal/effects"
 )
 
 // hangs wraps the effects function: a record whose value is "hang" runs
@@ -67,7 +68,7 @@ func TestHandlerIgnoringItsContextIsAbandoned(t *testing.T) {
 	}
 	stood := dead[0].DeadAt.Sub(time.Unix(0, hungAt.Load()))
 	limit := b.cfg.HandlerTimeout + time.Second /* abandon grace */ + time.Second /* end the session, one transaction */
-	t.Logf("the lane stood still %s for the hung handler (handler timeout %s, bound %s, lease TTL %s)", stood.Round(time.Millisecond), b.cfg.HandlerTimeout, limit, runtime.DefaultLeaseTTL)
+	t.Logf("the lane stood still %s for the hung handler (handler timeout %s, bound %s, lease TTL %s)", stood.Round(time.Millisecond), b.cfg.HandlerTimeout, limit, engine.DefaultLeaseTTL)
 	if stood > limit {
 		t.Errorf("the lane stood still %s, more than the handler timeout plus the abandon grace and one transaction (%s)", stood, limit)
 	}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kfn-dev/kfn/internal/engine"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -21,9 +22,9 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/internal/pgdata"
 	"github.com/kfn-dev/kfn/runtime"
-	"github.com/kfn-dev/kfn/runtime/internal/effects"
 )
 
 // envHostileSeed replays a run of TestHostileBytesNeverStallAPartition.
@@ -59,7 +60,7 @@ func TestHostileBytesNeverStallAPartition(t *testing.T) {
 	const partitions = 3
 	b := setup(t, partitions)
 	b.cfg.NoRelay = true // keep the outbox rows to check them
-	limit := runtime.DefaultMaxRecordBytes
+	limit := engine.DefaultMaxRecordBytes
 	b.cfg.MaxRecordBytes = limit
 	chunks := g.plan(partitions, 60)
 

@@ -12,7 +12,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/kfn-dev/kfn/runtime/internal/effects"
+	"github.com/kfn-dev/kfn/internal/effects"
 )
 
 func TestNewPartitionsArePickedUpWithoutARestart(t *testing.T) {

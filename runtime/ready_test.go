@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfn-dev/kfn/runtime/internal/effects"
+	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 

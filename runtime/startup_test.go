@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/runtime"
-	"github.com/kfn-dev/kfn/runtime/internal/effects"
 	"github.com/kfn-dev/kfn/runtime/schema"
 )
 

@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/runtime"
-	"github.com/kfn-dev/kfn/runtime/internal/effects"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 

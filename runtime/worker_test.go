@@ -10,7 +10,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/inbox"
-	"github.com/kfn-dev/kfn/runtime/internal/effects"
+	"github.com/kfn-dev/kfn/internal/effects"
 )
 
 func TestDeliveringRecordsTwiceAppliesThemOnce(t *testing.T) {

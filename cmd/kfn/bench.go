@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/kfn-dev/kfn/cmd/kfn/internal/bench"
+	"github.com/kfn-dev/kfn/internal/engine"
 	"io"
 	"log/slog"
 	"strings"
@@ -24,8 +26,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	records := fs.Int64("records", 50000, "records applied by the batched modes")
 	naive := fs.Int64("naive-records", 3000, "records applied by the naive mode (it is slow)")
 	partitions := fs.Int("partitions", 4, "partitions of the benchmark topic")
-	batchSize := fs.Int("batch-size", runtime.DefaultBatchSize, "max records per transaction in the batched modes")
-	batchWait := fs.Duration("batch-wait", runtime.DefaultBatchWait, "max wait to fill a batch")
+	batchSize := fs.Int("batch-size", engine.DefaultBatchSize, "max records per transaction in the batched modes")
+	batchWait := fs.Duration("batch-wait", engine.DefaultBatchWait, "max wait to fill a batch")
 	rounds := fs.Int("rounds", 3, "run the modes this many times, interleaved, and report each mode's median")
 	relayEvents := fs.Int("relay-events", 0, "outbox backlog relayed by the relay benchmark (default: --records)")
 	relayFor := fs.Duration("relay-duration", 5*time.Second, "how long the naive relay and the relay latency run each take")
@@ -63,7 +65,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	fn := orders.Function()
 	fn.Topic = topic
-	results, err := runtime.Bench(ctx, runtime.BenchConfig{
+	results, err := bench.Run(ctx, bench.Config{
 		Worker: runtime.Config{
 			KafkaBrokers: st.Brokers, DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
 			BatchSize: *batchSize, BatchWait: *batchWait, Logger: log,
@@ -144,7 +146,7 @@ func produceOrders(ctx context.Context, brokers []string, topic string, n int64)
 	return nil
 }
 
-func printBench(w io.Writer, results []runtime.BenchResult, batchSize int, batchWait time.Duration) {
+func printBench(w io.Writer, results []bench.Result, batchSize int, batchWait time.Duration) {
 	rate := map[string]float64{}
 	for _, r := range results {
 		rate[r.Mode] = r.PerSecond

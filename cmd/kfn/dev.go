@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/operator"
 	"io"
 	"log/slog"
 	"sync/atomic"
@@ -138,7 +140,7 @@ func replayDemo(ctx context.Context, out io.Writer, pool *pgxpool.Pool, natsURL 
 	}
 	defer closeNATS()
 	fmt.Fprintf(out, "kfn dev: replaying orders/%s/0 from offset %d (idempotent, like `kfn replay`): those records are read again and skipped\n", orders.Topic, from)
-	_, err = runtime.Replay(ctx, pool, js, runtime.ReplayRequest{
+	_, err = operator.Replay(ctx, pool, js, operator.ReplayRequest{
 		Function: "orders", Topic: orders.Topic, Partition: 0, From: from, Actor: "kfn-dev",
 	})
 	return err
@@ -209,7 +211,7 @@ func validOrder(i int) (key string, value []byte) {
 	return id, v
 }
 
-func drained(g *sampleTraffic, s *runtime.Stats) bool {
+func drained(g *sampleTraffic, s *engine.Stats) bool {
 	return s.Applied.Load()+s.DeadLettered.Load() >= g.sent.Load() && s.Lag() == 0
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/kfn-dev/kfn/operator"
 	"io"
 	"strings"
 	"text/tabwriter"
@@ -13,7 +14,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/kfn-dev/kfn/inbox"
-	"github.com/kfn-dev/kfn/runtime"
 )
 
 func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -134,7 +134,7 @@ example:
 		return err
 	}
 	defer closeNATS()
-	res, err := runtime.Park(ctx, pool, js, runtime.ParkRequest{
+	res, err := operator.Park(ctx, pool, js, operator.ParkRequest{
 		Function: *function, Topic: *topic, Partition: int32(*partition), Offset: *offset, Reason: *reason,
 		Actor: actor("dlq-park"), KafkaBrokers: splitBrokers(*brokers), LeaseBucket: *bucket,
 	})

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"github.com/kfn-dev/kfn/operator"
 	"strings"
 	"testing"
 	"time"
@@ -77,7 +78,7 @@ func TestDLQParkMovesAPartitionPastARecordThatStallsIt(t *testing.T) {
 	status := []string{"status", "--database-url", db.URL, "--kafka-brokers", strings.Join(k.Brokers, ","), "--nats-url", natsURL,
 		"--lease-bucket", bucket, "--function", name}
 	code, out, stderr := kfn(t, append(status, "--json")...)
-	var parts []runtime.PartitionStatus
+	var parts []operator.PartitionStatus
 	if code != 0 || json.Unmarshal([]byte(out), &parts) != nil || len(parts) != 1 || parts[0].Cursor != 0 || parts[0].Lag != 5 {
 		t.Errorf("status during the stall: exit %d, out %q, err %q; want cursor 0 and lag 5", code, out, stderr)
 	}

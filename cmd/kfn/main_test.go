@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/kfn-dev/kfn/operator"
 	"os"
 	"os/exec"
 	"regexp"
@@ -129,7 +130,7 @@ func TestOperatorCommandsAgainstARunningWorker(t *testing.T) {
 	waitCursor(21)
 
 	code, out, stderr := kfn(t, "status", "--database-url", db.URL, "--kafka-brokers", strings.Join(k.Brokers, ","), "--nats-url", natsURL, "--lease-bucket", bucket, "--function", fn.Name, "--json")
-	var parts []runtime.PartitionStatus
+	var parts []operator.PartitionStatus
 	if code != 0 || json.Unmarshal([]byte(out), &parts) != nil || len(parts) != 1 {
 		t.Fatalf("status: exit %d, out %q, err %q", code, out, stderr)
 	}

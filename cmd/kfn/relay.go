@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kfn-dev/kfn/internal/engine"
 	"io"
 	"log/slog"
 	"os"
@@ -50,8 +51,8 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		level = slog.LevelInfo
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	relay, err := runtime.NewRelay(ctx, cfg, subjectList)
-	var cfgErr *runtime.ConfigError
+	relay, err := engine.NewRelay(ctx, cfg, subjectList)
+	var cfgErr *engine.ConfigError
 	if errors.As(err, &cfgErr) {
 		return &usageError{msg: err.Error()}
 	}

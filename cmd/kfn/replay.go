@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/kfn-dev/kfn/operator"
 	"io"
 	"os"
 	"os/user"
@@ -10,8 +11,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/kfn-dev/kfn/runtime"
 )
 
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -52,7 +51,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer closeNATS()
-	res, err := runtime.Replay(ctx, pool, js, runtime.ReplayRequest{
+	res, err := operator.Replay(ctx, pool, js, operator.ReplayRequest{
 		Function: *function, Topic: *topic, Partition: int32(*partition), From: *from,
 		Reexecute: *reexecute, Reason: *reason, Actor: actor("replay"), LeaseBucket: *bucket,
 	})

@@ -4,13 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/kfn-dev/kfn/operator"
 	"io"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/kfn-dev/kfn/runtime"
 )
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -41,7 +40,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		defer closeNATS()
 	}
-	parts, statusErr := runtime.Status(ctx, pool, splitBrokers(*brokers), js, *bucket, *function)
+	parts, statusErr := operator.Status(ctx, pool, splitBrokers(*brokers), js, *bucket, *function)
 	if parts == nil && statusErr != nil {
 		return statusErr
 	}
@@ -49,7 +48,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		if parts == nil {
-			parts = []runtime.PartitionStatus{}
+			parts = []operator.PartitionStatus{}
 		}
 		if err := enc.Encode(parts); err != nil {
 			return err

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kfn-dev/kfn/runtime/internal/faults"
+	"github.com/kfn-dev/kfn/internal/faults"
 )
 
 // claim is the loop's handle on one held lease.

@@ -1,0 +1,497 @@
+package engine
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/pgdata"
+	"github.com/kfn-dev/kfn/outbox"
+)
+
+// applier applies the records of one lane (a Kafka partition, or a JetStream
+// subject) through the function's handler: batched transactions, the prefix
+// before a failing record committed, the failing record retried alone with
+// backoff and then dead-lettered. The ledger says how the lane fences its
+// commits and remembers handled records.
+type applier struct {
+	w          *worker
+	fn         Function
+	part       inbox.Partition
+	token      int64
+	generation int // re-executions of the lane so far; part of event ids
+	ledger     ledger
+	log        *slog.Logger
+}
+
+// handlerFailure is a record whose handler failed; the transaction it ran in
+// was rolled back.
+type handlerFailure struct {
+	// index is the position of the failing record in the slice passed to
+	// commit, or unknownCulprit.
+	index int
+	err   error
+}
+
+// unknownCulprit is the index of a failure that one of several records
+// caused, kfn cannot tell which (a failing BatchHandler, a data error at
+// commit): those records then go on one per transaction.
+const unknownCulprit = -1
+
+// apply commits recs (in lane order) in as few transactions as it can. When
+// a handler fails, the records before it are committed, the failing record
+// is retried alone with backoff and then dead-lettered, and the rest goes
+// on. When the culprit of a failed batch is unknown, that batch's records
+// go on one per transaction. A record's failure costs it one handler call
+// in the batch, then only its retries. It returns how many records were
+// committed; an error returned is an infrastructure error or an
+// *inbox.FencedError.
+func (a *applier) apply(ctx context.Context, recs []Record) (done int, err error) {
+	defer func() {
+		if err != nil && !errors.Is(err, inbox.ErrFenced) && ctx.Err() == nil {
+			a.w.stats.InfraRetries.Add(1) // the lane retries the batch (retryInfra)
+		}
+	}()
+	singly := 0       // how many of the next records go one per transaction
+	prefix := 0       // how many of the next records to commit before culprit's record
+	var culprit error // the failure of the record right after the prefix
+	for len(recs) > 0 {
+		if prefix == 0 && culprit != nil {
+			if err := a.retryAlone(ctx, recs[0], culprit); err != nil {
+				return done, err
+			}
+			recs, done, culprit, singly = recs[1:], done+1, nil, max(singly-1, 0)
+			continue
+		}
+		n := len(recs)
+		if singly > 0 {
+			n = 1
+		}
+		if prefix > 0 {
+			n = min(n, prefix)
+		}
+		failure, err := a.commit(ctx, recs[:n], 1)
+		if err != nil {
+			return done, err
+		}
+		switch {
+		case failure == nil:
+			recs, done, singly, prefix = recs[n:], done+n, max(singly-n, 0), prefix-min(prefix, n)
+		case failure.index == unknownCulprit:
+			singly = n
+		default:
+			prefix, culprit = failure.index, failure.err
+		}
+	}
+	return done, nil
+}
+
+// retryAlone retries one record in its own transactions with exponential
+// backoff until it commits, fails permanently or runs out of attempts; then
+// it dead-letters it. A handler that overran --handler-timeout is not
+// retried: another attempt would hold the lane for another whole timeout
+// (and, if it ignores its ctx, leave another goroutine running).
+func (a *applier) retryAlone(ctx context.Context, rec Record, firstErr error) error {
+	cfg := a.w.cfg
+	policy := backoff.NewExponentialBackOff()
+	policy.InitialInterval = cfg.RetryInitial
+	policy.MaxInterval = cfg.RetryMax
+	policy.MaxElapsedTime = 0
+	policy.Reset()
+
+	lastErr, attempt := firstErr, 1
+	for attempt < cfg.RetryAttempts && !IsPermanent(lastErr) && !isHandlerTimeout(lastErr) {
+		a.log.Warn("handler failed, retrying", "offset", rec.Offset, "attempt", attempt, "err", firstLine(lastErr))
+		if err := sleep(ctx, policy.NextBackOff()); err != nil {
+			return err
+		}
+		attempt++
+		a.w.stats.Retries.Add(1)
+		failure, err := a.commit(ctx, []Record{rec}, attempt)
+		if err != nil {
+			return err
+		}
+		if failure == nil {
+			return nil
+		}
+		lastErr = failure.err
+	}
+	return a.deadLetter(ctx, rec, lastErr, attempt)
+}
+
+// commit tries to apply recs in one transaction. It returns a handlerFailure
+// (transaction rolled back, nothing applied) when a handler fails.
+func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (*handlerFailure, error) {
+	conn, tx, err := a.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	abandoned := false
+	defer func() {
+		if abandoned {
+			return // the abandoned handler's goroutine still holds tx; its connection is out of the pool
+		}
+		tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+		conn.pooled.Release()
+	}()
+
+	fresh, err := a.ledger.claim(ctx, tx, recs)
+	if err != nil {
+		return nil, err
+	}
+	duplicates := len(recs) - len(fresh)
+
+	work, oversized := a.selectWork(fresh, attempt)
+	for _, r := range oversized {
+		err := fmt.Errorf("record is %d bytes (key, value and headers), over the %d-byte limit (--max-record-bytes)", recordSize(r), a.w.cfg.MaxRecordBytes)
+		if err := a.writeDeadLetter(ctx, tx, r, "oversized", err, 0); err != nil {
+			return nil, err
+		}
+	}
+
+	rows, emitted, failure := a.runHandlers(ctx, conn, tx, work, recs)
+	if failure != nil {
+		abandoned = isAbandoned(failure.err)
+		if ctx.Err() != nil || (!isHandlerTimeout(failure.err) && tx.Conn().IsClosed()) {
+			return nil, fmt.Errorf("transaction on %s broke during the handler: %w", a.part, failure.err)
+		}
+		return failure, nil
+	}
+	if err := outbox.Insert(ctx, tx, rows); err != nil {
+		if failure := recordsFault(recs, "write the outbox rows", err); failure != nil {
+			return failure, nil
+		}
+		return nil, err
+	}
+	// Once COMMIT is sent, wait for its reply even if the lane is being
+	// stopped (shutdown, lease lost): otherwise a commit that lands would be
+	// counted nowhere. The wait stays bounded by the round-trip limit, and
+	// the fence makes a late commit safe: it was serialised in Postgres.
+	if err := tx.Commit(context.WithoutCancel(ctx)); err != nil {
+		if failure := recordsFault(recs, "commit", err); failure != nil { // e.g. a deferred constraint the records' writes broke
+			return failure, nil
+		}
+		return nil, fmt.Errorf("commit %d records of %s: %w", len(recs), a.part, err)
+	}
+
+	a.committed(recs[len(recs)-1], len(work), duplicates, len(oversized))
+	a.w.stats.TraceContextDropped.Add(int64(emitted.traceDropped))
+	for _, r := range oversized {
+		a.log.Warn("record dead-lettered", "offset", r.Offset, "reason", "oversized", "bytes", recordSize(r))
+	}
+	return nil, nil
+}
+
+// dataError is a Postgres data error (pgdata.IsDataError) raised by kfn's own
+// write of records' data: the records' fault, not the infrastructure's.
+type dataError struct {
+	what string
+	err  error
+}
+
+func (e *dataError) Error() string {
+	return fmt.Sprintf("Postgres refused the record's data when kfn tried to %s: %v", e.what, e.err)
+}
+func (e *dataError) Unwrap() error { return e.err }
+
+// swallowedError is a transaction a handler left aborted: one of its
+// statements failed (say, text with a NUL byte copied from the record) and
+// the handler returned nil instead of the error, so kfn's next statement or
+// the commit fails.
+type swallowedError struct {
+	what string
+	err  error
+}
+
+func (e *swallowedError) Error() string {
+	return fmt.Sprintf("kfn could not %s: a statement of the handler failed and the handler did not return its error: %v", e.what, e.err)
+}
+func (e *swallowedError) Unwrap() error { return e.err }
+
+// recordsFault returns the handler failure that charges err to the records
+// of a transaction when err is their fault: a Postgres data error
+// (pgdata.IsDataError) or a transaction the handler left aborted. Retrying
+// the same transaction can never succeed, so it must not be retried as an
+// infrastructure error. With several records the culprit is unknown: like a
+// failing BatchHandler, the batch then goes on one record at a time from the
+// first, so the culprit ends up retried alone and dead-lettered while the
+// others commit. It returns nil for any other error.
+func recordsFault(recs []Record, what string, err error) *handlerFailure {
+	var pgErr *pgconn.PgError
+	var cause error
+	switch {
+	case pgdata.IsDataError(err):
+		cause = &dataError{what: what, err: err}
+	case errors.Is(err, pgx.ErrTxCommitRollback), errors.As(err, &pgErr) && pgErr.Code == "25P02": // in_failed_sql_transaction
+		cause = &swallowedError{what: what, err: err}
+	default:
+		return nil
+	}
+	failure := &handlerFailure{err: cause}
+	if len(recs) > 1 {
+		failure.index = unknownCulprit
+	}
+	return failure
+}
+
+// selectWork splits the fresh records into those to hand to the handler and
+// those too large to hand to anyone.
+func (a *applier) selectWork(fresh []Record, attempt int) (work, oversized []Record) {
+	for _, r := range fresh {
+		if recordSize(r) > a.w.cfg.MaxRecordBytes {
+			oversized = append(oversized, r)
+			continue
+		}
+		r.Attempt = attempt
+		work = append(work, r)
+	}
+	return work, oversized
+}
+
+// recordSize is what --max-record-bytes limits: the key, the value and the
+// name and value of every header.
+func recordSize(r Record) int {
+	n := len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
+}
+
+// runHandlers calls the function's handler on work inside tx and returns the
+// outbox rows it emitted. On failure the index refers to recs.
+func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work, recs []Record) ([]outbox.Row, *emitCollector, *handlerFailure) {
+	emitter := newEmitCollector(a.fn, a.generation)
+	indexIn := func(r Record) int {
+		for i := range recs {
+			if recs[i].Offset == r.Offset {
+				return i
+			}
+		}
+		panic("record not in batch")
+	}
+	if a.fn.BatchHandler != nil {
+		if len(work) == 0 {
+			return nil, emitter, nil
+		}
+		err := a.call(ctx, conn, func(ctx context.Context) error {
+			return a.fn.BatchHandler(ctx, tx, work, &BatchEvents{emit: emitter.emit})
+		})
+		if err == nil {
+			err = emitter.err
+		}
+		if err != nil {
+			if len(recs) > 1 {
+				return nil, nil, &handlerFailure{index: unknownCulprit, err: err}
+			}
+			return nil, nil, &handlerFailure{index: 0, err: err}
+		}
+		return emitter.rows, emitter, nil
+	}
+	for _, r := range work {
+		err := a.call(ctx, conn, func(ctx context.Context) error {
+			return a.fn.Handler(ctx, tx, r, &Events{emit: emitter.emit, rec: r})
+		})
+		if err == nil {
+			err = emitter.err
+		}
+		if err != nil {
+			return nil, nil, &handlerFailure{index: indexIn(r), err: err}
+		}
+	}
+	return emitter.rows, emitter, nil
+}
+
+// deadLetter parks rec in its own transaction and moves the lane past it.
+func (a *applier) deadLetter(ctx context.Context, rec Record, cause error, attempts int) error {
+	tx, err := a.w.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin dead-letter transaction on %s: %w", a.part, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+	if err := a.ledger.fence(ctx, tx, rec); err != nil {
+		return err
+	}
+	if err := a.writeDeadLetter(ctx, tx, rec, failureReason(cause), cause, attempts); err != nil {
+		return err
+	}
+	if err := tx.Commit(context.WithoutCancel(ctx)); err != nil { // as in commit
+		return fmt.Errorf("commit dead letter %s@%d: %w", a.part, rec.Offset, err)
+	}
+	a.committed(rec, 0, 0, 1)
+	a.log.Warn("record dead-lettered", "offset", rec.Offset, "reason", failureReason(cause), "attempts", attempts, "err", firstLine(cause))
+	return nil
+}
+
+// deadLetterValuePrefix is how much of an oversized record's value its dead
+// letter keeps, besides the value's full size and SHA-256.
+const deadLetterValuePrefix = 4 << 10
+
+// writeDeadLetter records rec as dead-lettered in the lane's inbox and
+// parks it in kfn.dead_letters. The dead letter holds the record's bytes as
+// they are; if Postgres still refuses it with a data error, inbox stores the
+// record as a raw blob instead, so the write commits whatever the record
+// holds.
+func (a *applier) writeDeadLetter(ctx context.Context, tx pgx.Tx, rec Record, reason string, cause error, attempts int) error {
+	if err := a.ledger.markDeadLettered(ctx, tx, rec); err != nil {
+		return err
+	}
+	d := inbox.DeadLetter{
+		Partition: a.part, Offset: rec.Offset, Key: rec.Key, Value: rec.Value, Headers: DeadLetterHeaders(rec),
+		RecordTime: rec.Time, Reason: reason, Error: cause.Error(), Attempts: attempts,
+	}
+	if reason == "oversized" {
+		boundOversized(&d, a.w.cfg.MaxRecordBytes)
+	}
+	raw, err := inbox.WriteDeadLetter(ctx, tx, d)
+	if raw {
+		a.log.Warn("dead letter stored as a raw blob: Postgres refused it column by column", "offset", rec.Offset, "reason", reason)
+	}
+	return err
+}
+
+// boundOversized keeps an oversized record's dead letter small: the value
+// shrinks to its first deadLetterValuePrefix bytes plus its size and SHA-256;
+// the key and headers stay unless they alone are over the limit.
+func boundOversized(d *inbox.DeadLetter, limit int) {
+	if len(d.Value) > deadLetterValuePrefix {
+		sum := sha256.Sum256(d.Value)
+		d.ValueSize, d.ValueSHA256 = int64(len(d.Value)), sum[:]
+		d.Value = d.Value[:deadLetterValuePrefix]
+	}
+	headerBytes := 0
+	for _, h := range d.Headers {
+		headerBytes += len(h.Key) + len(h.Value)
+	}
+	if len(d.Key)+headerBytes > limit {
+		d.Error += fmt.Sprintf("\n(kfn: the key and the %d headers alone are %d bytes: the headers are not kept", len(d.Headers), len(d.Key)+headerBytes)
+		d.Headers = nil
+		if len(d.Key) > limit {
+			d.Error += fmt.Sprintf(", and the key is cut to its first %d of %d bytes", deadLetterValuePrefix, len(d.Key))
+			d.Key = d.Key[:deadLetterValuePrefix]
+		}
+		d.Error += ")"
+	}
+}
+
+// committed moves the lane past last after a successful commit.
+func (a *applier) committed(last Record, applied, duplicates, deadLettered int) {
+	a.ledger.committed(last)
+	st := a.w.stats
+	st.Applied.Add(int64(applied))
+	st.Duplicates.Add(int64(duplicates))
+	st.DeadLettered.Add(int64(deadLettered))
+	st.Batches.Add(1)
+	st.update(a.fn.Name, a.part.Topic, a.part.Partition, func(p *PartitionStats) {
+		p.NextOffset = last.Offset + 1
+		p.LastCommit = time.Now()
+	})
+}
+
+func failureReason(err error) string {
+	var p *panicError
+	var d *dataError
+	switch {
+	case errors.As(err, &p):
+		return "panic"
+	case isHandlerTimeout(err):
+		return "timeout"
+	case errors.As(err, &d):
+		return "data_error"
+	case IsPermanent(err):
+		return "permanent"
+	default:
+		return "handler_error"
+	}
+}
+
+type panicError struct {
+	value any
+	stack []byte
+}
+
+func (e *panicError) Error() string { return fmt.Sprintf("handler panicked: %v\n%s", e.value, e.stack) }
+
+type timeoutError struct {
+	limit time.Duration
+	err   error
+}
+
+func (e *timeoutError) Error() string {
+	return fmt.Sprintf("handler ran over its %s timeout (--handler-timeout): %v", e.limit, e.err)
+}
+func (e *timeoutError) Unwrap() error { return e.err }
+
+// isHandlerTimeout reports whether err is a handler call that overran
+// --handler-timeout (whether it returned late or was abandoned), or a
+// statement of the handler that Postgres cancelled after statement_timeout.
+func isHandlerTimeout(err error) bool {
+	var t *timeoutError
+	return errors.As(err, &t) || isStatementTimeout(err)
+}
+
+// firstLine keeps log lines short: a panic's stack goes to the dead letter,
+// not to the log.
+func firstLine(err error) string {
+	line, _, _ := strings.Cut(err.Error(), "\n")
+	return line
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// DeadLetterHeaders copies a record's headers for its dead letter.
+func DeadLetterHeaders(rec Record) []inbox.Header {
+	headers := make([]inbox.Header, len(rec.Headers))
+	for i, h := range rec.Headers {
+		headers[i] = inbox.Header{Key: []byte(h.Key), Value: h.Value}
+	}
+	return headers
+}
+
+// HandleRecord applies rec through fn's Handler inside tx, the way a lane
+// does but without the inbox, the fence or retries, and returns the outbox
+// rows of the events it emitted (validated as the worker validates them)
+// without writing them. A panic in the handler is returned as an error. It
+// is for the author's test helper and the benchmark's naive mode.
+func HandleRecord(ctx context.Context, tx pgx.Tx, fn Function, rec Record) (rows []outbox.Row, err error) {
+	if fn.Handler == nil {
+		return nil, fmt.Errorf("function %s has no Handler", fn.Name)
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			err = &panicError{value: v, stack: debug.Stack()}
+		}
+	}()
+	if rec.Attempt == 0 {
+		rec.Attempt = 1
+	}
+	emitter := newEmitCollector(fn, 0)
+	if err := fn.Handler(ctx, tx, rec, &Events{emit: emitter.emit, rec: rec}); err != nil {
+		return nil, err
+	}
+	return emitter.rows, emitter.err
+}
+
+// FailureReason is the reason a record that failed with err is
+// dead-lettered with: panic, timeout, data_error, permanent or
+// handler_error.
+func FailureReason(err error) string { return failureReason(err) }

@@ -1,0 +1,122 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kfn-dev/kfn/runtime/lease"
+)
+
+// leaseGroup is the lease group of a function's lanes: one lease per
+// (function, topic or subject, partition), contended by the function's
+// workers of one installation.
+func LeaseGroup(installation, function, source string) string {
+	return installation + "/" + function + "/" + source
+}
+
+// relayLeaseGroup is the lease group of the outbox relay shards of an
+// installation. Every worker and `kfn relay` process of the installation
+// competes for the same shards, so each shard has one relay at a time.
+func relayLeaseGroup(installation string) string { return installation + "/outbox-relay" }
+
+// installationID reads the id that scopes an installation's lease groups.
+func InstallationID(ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) (string, error) {
+	var id string
+	if err := db.QueryRow(ctx, `SELECT id::text FROM kfn.installation`).Scan(&id); err != nil {
+		return "", fmt.Errorf("read the installation id from kfn.installation: %w", err)
+	}
+	return id, nil
+}
+
+func LeaseItem(partition int32) string { return strconv.Itoa(int(partition)) }
+
+func parseLeaseItem(item string) (int32, error) {
+	p, err := strconv.ParseInt(item, 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("lease item %q is not a partition number", item)
+	}
+	return int32(p), nil
+}
+
+// leaseStoreConfig derives the lease timing from the worker config; the
+// safety margin is lease's default for the TTL (lease.SafetyMarginFor).
+func leaseStoreConfig(cfg Config) lease.StoreConfig {
+	return lease.StoreConfig{Bucket: cfg.LeaseBucket, TTL: cfg.LeaseTTL, Logger: cfg.Logger}.WithDefaults()
+}
+
+// leaseConfig is the configuration of every lease manager of this worker
+// (lanes and relay shards): the bucket's timing, the token floor from
+// Postgres, and the health hook, so that a worker that cannot reach
+// Postgres hands its lanes and shards to one that can.
+func (w *worker) leaseConfig(group string, log *slog.Logger) lease.Config {
+	sc := leaseStoreConfig(w.cfg)
+	return lease.Config{
+		Bucket:       sc.Bucket,
+		Group:        group,
+		MemberID:     w.cfg.WorkerID,
+		TTL:          sc.TTL,
+		SafetyMargin: sc.SafetyMargin,
+		RenewEvery:   w.cfg.LeaseRenew,
+		Logger:       log,
+		TokenFloor:   w.tokenFloor,
+		Healthy:      w.health.Healthy,
+	}
+}
+
+// tokenFloor is the largest fencing token stored in Postgres. A lease
+// bucket created (again) starts its tokens above it, so that the claims
+// that follow are not refused as stale (see package lease, "Bucket lost").
+func (w *worker) tokenFloor(ctx context.Context) (uint64, error) {
+	var epoch int64
+	if err := w.pool.QueryRow(ctx, `SELECT coalesce(max(epoch), 0) FROM kfn.cursors`).Scan(&epoch); err != nil {
+		return 0, fmt.Errorf("read the largest epoch of kfn.cursors: %w", err)
+	}
+	return uint64(max(epoch, 0)), nil
+}
+
+// newPartitionLeases makes the lease manager that decides which of fn's
+// partitions this worker owns.
+func (w *worker) newPartitionLeases(fn Function) (*lease.Manager, error) {
+	mgr, err := lease.NewManager(w.js, w.leaseConfig(LeaseGroup(w.installation, fn.Name, fn.source()), w.cfg.Logger.With("function", fn.Name)))
+	if err != nil {
+		return nil, fmt.Errorf("function %s: partition leases in NATS at %s (is JetStream enabled?): %w", fn.Name, w.cfg.NATSURL, err)
+	}
+	return mgr, nil
+}
+
+// own runs the lanes of fn that the lease manager hands this worker, each in
+// its own goroutine, until ctx ends: the partitions of a Kafka topic, or the
+// single lane of a JetStream subject (one active consumer keeps per-key order).
+func (w *worker) own(ctx context.Context, fn Function, leases *lease.Manager) error {
+	if fn.Subject != "" {
+		single := func(context.Context) ([]string, error) { return []string{LeaseItem(0)}, nil }
+		return leases.Run(ctx, single, func(ctx context.Context, c lease.Claim) {
+			w.runSubject(ctx, fn, int64(c.Token))
+		})
+	}
+	partitions := func(ctx context.Context) ([]string, error) {
+		parts, err := w.kafka.partitions(ctx, fn.Topic)
+		if err != nil {
+			return nil, err
+		}
+		items := make([]string, len(parts))
+		for i, p := range parts {
+			items[i] = LeaseItem(p)
+		}
+		return items, nil
+	}
+	return leases.Run(ctx, partitions, func(ctx context.Context, c lease.Claim) {
+		p, err := parseLeaseItem(c.Item)
+		if err != nil {
+			w.cfg.Logger.Error("ignoring lease", "function", fn.Name, "err", err)
+			return
+		}
+		w.runPartition(ctx, fn, p, int64(c.Token))
+	})
+}

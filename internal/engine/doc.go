@@ -1,0 +1,169 @@
+// Package runtime is kfn's public API and its worker engine. A user writes a
+// Function (a name, a source and a handler) and calls Start from main; the
+// engine owns partitions through fenced leases, reads records in batches and
+// applies each batch in one Postgres transaction together with the inbox
+// claim, the fenced cursor move and the outbox rows the handler emitted.
+//
+// The rest of this page is the worker's side of the lease and fencing
+// design; the lease side (bucket layout, renewal, the timing margin measured
+// on nats-server) is in package lease's documentation.
+//
+// # Ownership of a lane
+//
+// A lane is a Kafka partition of a function's topic, or the single lane of a
+// NATS-triggered function's subject. Each lane has one lease in the NATS KV
+// bucket kfn_leases, in the group "<function>/<topic or subject>". The
+// workers of a function heartbeat as members of that group, and the target
+// owner of each lane is chosen over the live members by rendezvous hashing
+// capped at ceil(lanes/members), so a membership change moves about 1/N of
+// the lanes. The lease revision that starts a term is its fencing token T.
+//
+// The states of a lane inside one worker:
+//
+//	leased ──claim in Postgres (epoch := T if T > epoch)──► owned ──batch──► owned …
+//	  │               │ T ≤ epoch: a newer owner exists           │
+//	  │               ▼                                            ├─ ctx cancelled (lease lost, rebalance,
+//	  │            dropped (logged at warn with both epochs)       │  shutdown): finish or roll back the
+//	  │                                                            │  in-flight batch, return, lease released
+//	  └────────────────────────────────────────────────────────────┴─ commit fenced (epoch ≠ T): roll back,
+//	                                                                   drop the lane
+//
+// # The fence is in the transaction
+//
+// Every batch transaction starts with
+//
+//	UPDATE kfn.cursors SET next_offset = $to … WHERE … AND epoch = $T AND next_offset = $from
+//
+// and rolls back when it changes no row. The same transaction claims the
+// records in the inbox, runs the handler and writes the outbox rows, so the
+// business write commits if and only if the owner was still the owner at
+// commit time: Postgres row locks serialise the cursor update with the new
+// owner's claim. A worker paused for longer than the lease (a zombie) cannot
+// commit after it wakes up, whatever its clock says. That is what a Flink
+// TaskManager lacked when it kept running its old job after a JobManager
+// failover: the old job kept writing because nothing at the sink compared
+// ownership terms.
+//
+// # Timing
+//
+// Defaults: lease TTL 5 s, renewal every 1 s, safety margin 30% of the TTL.
+// A holder stops using a lane 0.7 × TTL after its last successful renewal
+// was sent, before the server can expire the lease; a successor acquires it
+// after TTL (plus up to 0.35 s of server expiry lag). So a crashed worker's
+// lanes move in TTL + about 1 s, against 45 s for Kafka's default session
+// timeout. A clean shutdown or a rebalance moves a lane in milliseconds: the
+// old owner finishes its batch and deletes the lease.
+//
+// # Postgres round trips, handler calls and the lease
+//
+// A lease stays valid 0.7 × TTL after its last renewal (the validity
+// window: 3.5 s by default). Nothing that a worker waits for in Postgres may
+// hold a lane longer than that once another worker could take it:
+//
+//   - Every Postgres round trip of a worker (a statement, BEGIN, COMMIT, a
+//     COPY, a connect) has a deadline of 5/4 × --statement-timeout; the
+//     sessions run with statement_timeout = --statement-timeout. A slow
+//     statement is cancelled by the server first and fails as itself (in a
+//     handler: the record's timeout, dead-lettered without another attempt).
+//     A round trip
+//     still unanswered at the deadline means a frozen or dead connection:
+//     pgx closes it and the lane retries on another. Rule: 5/4 ×
+//     --statement-timeout ≤ 0.7 × --lease-ttl (defaults: 2 s, 2.5 s, 3.5 s).
+//   - A handler call is bounded by --handler-timeout, which may be longer
+//     than the TTL: while a handler runs Go code the worker keeps renewing
+//     (it is healthy), and each statement it runs is bounded as above. A
+//     handler that overruns it is a timeout, dead-lettered with reason
+//     timeout without another attempt (another would hold the lane for
+//     another whole timeout). A handler that ignores its ctx is abandoned 1 s
+//     after its deadline: kfn ends its transaction's session
+//     (pg_terminate_backend, so Postgres rolls it back and releases its
+//     locks, whatever statement it is in), closes its socket, takes the
+//     connection out of the pool, dead-letters the record in a new
+//     transaction and goes on; the handler's goroutine, which Go cannot stop,
+//     is counted in kfn_handlers_abandoned_running until it returns. The lane
+//     stands still for --handler-timeout plus about 1 s. Rule:
+//     --handler-timeout ≥ 5/4 × --statement-timeout, or the handler's own
+//     deadline would close the connection before the server cancels a slow
+//     statement, which would then look like an infrastructure failure,
+//     retried forever, instead of the record's error. Unless it is set,
+//     --statement-timeout is 0.4 × --lease-ttl or 0.8 × --handler-timeout,
+//     whichever is less, so the defaults always agree; a worker refuses
+//     settings that break a rule and names the flags to change.
+//   - Why not a deadline on the whole batch transaction: a batch runs up to
+//     --batch-size handler calls, so a deadline short enough to catch a
+//     frozen connection within the validity window would cut legitimate
+//     batches of slow handlers, and retry them forever. A deadline on each
+//     round trip catches a frozen connection as soon, whatever the batch.
+//   - The server ends a session idle inside a transaction for longer than
+//     --handler-timeout plus one round trip
+//     (idle_in_transaction_session_timeout), which no live worker does, so a
+//     frozen or vanished worker's transaction does not keep its locks. PostgreSQL 15 has no
+//     transaction_timeout; this and statement_timeout bound a transaction's
+//     every wait instead. A new owner's claim ends such a session at once
+//     when it holds the cursor row (inbox.TakeOver), so the takeover never
+//     waits for these timeouts, provided the new owner's role may signal
+//     the older session (the same role, or pg_signal_backend for a role
+//     that is not a superuser); otherwise its claim is refused, saying so,
+//     and retried until the older session ends.
+//   - Connections use TCP keepalive on both ends (idle --lease-ttl, interval
+//     --lease-renew, 3 probes), so a vanished peer is noticed without the
+//     kernel's defaults of hours. The server-side settings are sent as
+//     connection startup parameters; settings in the database URL win over
+//     them (behind PgBouncer, list them in its ignore_startup_parameters).
+//   - Health: a probe on a connection of its own asks the server every
+//     --lease-renew, with a timeout of --lease-renew, and every successful
+//     round trip of the pool counts as an answer too. Once Postgres has not
+//     answered for 0.7 × TTL − --lease-renew since the first unanswered
+//     probe, the worker is unhealthy: it releases every lease and leaves its
+//     lease groups (lease.Config.Healthy), so the workers that reach Postgres
+//     take its lanes and relay shards over within milliseconds, and it takes
+//     none until a probe succeeds again. A lane that cannot reach Postgres
+//     is thus given up within the validity window of losing it, while NATS
+//     still answers (measured with a 2 s TTL and a frozen proxy: 1.2–1.9 s
+//     from the freeze to the new owner's first commit). A worker paused
+//     (SIGSTOP) is not unhealthy on waking: only an unanswered probe makes it
+//     so.
+//
+// # Failures and what they do to records
+//
+//   - Worker crash (SIGKILL) between the Postgres commit and the Kafka offset
+//     mirror: nothing is lost or repeated. The next owner resumes at the
+//     Postgres cursor; the Kafka group offset is only for lag tools.
+//   - Worker crash inside a batch: the transaction never commits; the next
+//     owner reads the same records again and applies them once.
+//   - Zombie (SIGSTOP, GC pause, a VM suspended): its lease expires and a new
+//     owner writes a larger epoch. On waking, its next commit's cursor update
+//     matches no row and rolls back; its lease renewal fails and the lane is
+//     dropped.
+//   - NATS down: renewals fail, every worker stops its lanes 0.7 × TTL after
+//     its last renewal, and processing pauses. Nothing commits without a
+//     lease, so nothing is duplicated. When NATS returns, leases are
+//     acquired again with larger tokens and processing resumes.
+//   - Postgres down: batches fail and are retried with capped exponential
+//     backoff; a handler's attempt budget is not spent on outages. Within
+//     the validity window every worker that cannot reach it steps out of its
+//     leases, so if some worker still reaches Postgres it takes the lanes
+//     over, and if none does, nobody claims and no epoch changes until
+//     Postgres answers again.
+//   - A frozen path to Postgres (sockets open, nothing answered) for one
+//     worker: its round trips time out and its probe goes unanswered, so it
+//     steps out as above while it still renews nothing; the new owners'
+//     claims end its sessions that hold cursor rows. When the path thaws,
+//     whatever it sent is refused by the fence, and it rejoins.
+//   - Kafka down: each lane waits with capped backoff (100 ms to 1 s) and
+//     reads again from its cursor with a new reader; it keeps its lease and
+//     epoch (the worker is healthy, and another owner could not read
+//     either), and its lag stays exported with its last value. Reading
+//     resumes within about a second of the broker's return (measured after
+//     a 30 s outage: 0.05–1.4 s per lane). Nothing is committed without
+//     records.
+//   - Replay: `kfn replay` seizes the lease (a larger token), writes it to
+//     Postgres, moves the cursor and releases the lease; the owner's next
+//     commit is fenced and a worker takes the lane again at the new cursor.
+//   - NATS state lost (the lease bucket deleted or wiped): the workers
+//     create it again by themselves, its tokens starting above the largest
+//     epoch in kfn.cursors and the largest revision they saw (package lease,
+//     "Bucket lost"), wait until the lost leases have run out, and claim
+//     again with those larger tokens. No epoch is reset by hand; lanes
+//     resume about one TTL after the loss (measured with a 2 s TTL: 2.3–2.5 s).
+package engine

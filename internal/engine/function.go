@@ -1,0 +1,210 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kfn-dev/kfn/outbox"
+)
+
+// Function is one deployable unit: one function = one binary = one image.
+type Function struct {
+	// Name identifies the function. It is the consumer in the inbox and
+	// cursor tables, the Kafka consumer group that lag tools see, and the
+	// lease group. Letters, digits, '-' and '_'.
+	Name string
+	// Topic is the Kafka topic the function consumes. Exactly one of Topic
+	// and Subject is set.
+	Topic string
+	// Subject makes a NATS-triggered function: it consumes the events
+	// published on Subject (wildcards allowed) in JetStream stream Stream,
+	// through a durable consumer named after the function. Its inbox key is
+	// the event id, and it acks an event only after its transaction commits.
+	Subject string
+	// Stream is the JetStream stream holding Subject; default DefaultStream,
+	// the stream the outbox relay publishes to.
+	Stream string
+	// Emits lists the subjects the function emits events on (wildcards
+	// allowed, e.g. "orders.>"). The relay makes the event stream capture
+	// them; emitting on any other subject fails the record permanently.
+	Emits []string
+	// Handler applies one record. Exactly one of Handler and BatchHandler is set.
+	Handler Handler
+	// BatchHandler applies the fresh records of a batch at once, for bulk
+	// writes. When it fails, the records are retried one at a time so the
+	// failing one can be found and dead-lettered.
+	BatchHandler BatchHandler
+	// Setup creates the function's business tables. It runs in a transaction
+	// at every start and must be idempotent (CREATE TABLE IF NOT EXISTS …).
+	Setup func(ctx context.Context, tx pgx.Tx) error
+}
+
+// Handler applies one record inside tx. Writes on tx commit together with
+// the record's inbox row and the emitted events, or not at all: returning an
+// error rolls back everything the handler did.
+type Handler func(ctx context.Context, tx pgx.Tx, rec Record, out *Events) error
+
+// BatchHandler applies several records inside tx.
+type BatchHandler func(ctx context.Context, tx pgx.Tx, recs []Record, out *BatchEvents) error
+
+// Event is a downstream event written to the outbox and relayed to NATS
+// JetStream. Only Subject is required; Key defaults to the record's key.
+type Event = outbox.Event
+
+// DefaultStream is the JetStream stream outbox events are relayed to.
+const DefaultStream = "KFN_EVENTS"
+
+// Record is one Kafka record, or one JetStream event for a NATS-triggered
+// function (then Topic is the subject, Partition is 0, Offset is the stream
+// sequence and EventID is set).
+//
+// kafka-go reads an empty value as nil, so an empty value and a null value
+// (a tombstone) look the same.
+type Record struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	EventID   string // the event id of a JetStream event; empty for Kafka records
+	Key       []byte
+	Value     []byte // nil for a tombstone
+	Headers   []Header
+	Time      time.Time
+	// Attempt is 1 on the first try and grows on each retry of this record.
+	Attempt int
+
+	highWatermark int64 // the partition's high watermark when it was fetched
+}
+
+// Header is one record header.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Tombstone reports whether the record has a null value (a delete marker on
+// compacted topics).
+func (r Record) Tombstone() bool { return r.Value == nil }
+
+// Header returns the value of the first header named key.
+func (r Record) Header(key string) ([]byte, bool) {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return h.Value, true
+		}
+	}
+	return nil, false
+}
+
+func (r Record) String() string {
+	if r.EventID != "" {
+		return fmt.Sprintf("%s event %s (stream seq %d)", r.Topic, r.EventID, r.Offset)
+	}
+	return fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset)
+}
+
+// source is the lane name a function's records come from: its topic, or
+// its subject.
+func (f Function) source() string {
+	if f.Subject != "" {
+		return f.Subject
+	}
+	return f.Topic
+}
+
+// Events collects the events a Handler emits for its record. The zero
+// value collects them for Emitted only (a handler called directly).
+type Events struct {
+	emit    func(rec Record, ev Event) // nil outside a worker
+	rec     Record
+	emitted []Event
+}
+
+// NewEvents returns the Events a handler gets for rec, for calling a
+// Handler directly (in a test); Emitted then lists what it emitted.
+func NewEvents(rec Record) *Events { return &Events{rec: rec} }
+
+// Emit adds an event to the outbox, in the record's transaction.
+func (e *Events) Emit(ev Event) {
+	e.emitted = append(e.emitted, ev)
+	if e.emit != nil {
+		e.emit(e.rec, ev)
+	}
+}
+
+// Emitted lists the events emitted through e so far, in order.
+func (e *Events) Emitted() []Event { return e.emitted }
+
+// BatchEvents collects the events a BatchHandler emits. The zero value
+// collects them for Emitted only (a batch handler called directly).
+type BatchEvents struct {
+	emit    func(rec Record, ev Event) // nil outside a worker
+	emitted []Event
+}
+
+// Emit adds an event emitted for source record rec to the outbox.
+func (e *BatchEvents) Emit(rec Record, ev Event) {
+	e.emitted = append(e.emitted, ev)
+	if e.emit != nil {
+		e.emit(rec, ev)
+	}
+}
+
+// Emitted lists the events emitted through e so far, in order.
+func (e *BatchEvents) Emitted() []Event { return e.emitted }
+
+// PermanentError marks a failure that retrying cannot fix, such as a payload
+// that does not decode. The record is dead-lettered at once.
+type PermanentError struct{ Err error }
+
+func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent wraps err so the record is dead-lettered without retries.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+// IsPermanent reports whether err (or an error it wraps) is permanent.
+func IsPermanent(err error) bool {
+	var p *PermanentError
+	return errors.As(err, &p)
+}
+
+func (f Function) validate() error {
+	switch {
+	case f.Name == "":
+		return errors.New("function: Name is empty")
+	case !validName(f.Name):
+		return fmt.Errorf("function: Name %q may only contain letters, digits, '-' and '_'", f.Name)
+	case f.Topic == "" && f.Subject == "":
+		return fmt.Errorf("function %s: set Topic (a Kafka topic) or Subject (a JetStream subject)", f.Name)
+	case f.Topic != "" && f.Subject != "":
+		return fmt.Errorf("function %s: set only one of Topic and Subject", f.Name)
+	case f.Handler == nil && f.BatchHandler == nil:
+		return fmt.Errorf("function %s: set Handler or BatchHandler", f.Name)
+	case f.Handler != nil && f.BatchHandler != nil:
+		return fmt.Errorf("function %s: set only one of Handler and BatchHandler", f.Name)
+	}
+	for _, s := range f.Emits {
+		if err := outbox.CheckSubjectPattern(s); err != nil {
+			return fmt.Errorf("function %s: Emits: %w", f.Name, err)
+		}
+	}
+	return nil
+}
+
+func validName(s string) bool {
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}

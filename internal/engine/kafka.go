@@ -1,0 +1,211 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// kafkaSource reads a topic's partitions at explicit offsets. It never uses
+// Kafka's group coordination for ownership; NATS leases decide who reads what.
+type kafkaSource struct {
+	brokers []string
+	client  *kafka.Client
+	log     *slog.Logger
+}
+
+func newKafkaSource(brokers []string, log *slog.Logger) *kafkaSource {
+	return &kafkaSource{
+		brokers: brokers,
+		client: &kafka.Client{
+			Addr:      kafka.TCP(brokers...),
+			Timeout:   10 * time.Second,
+			Transport: &kafka.Transport{DialTimeout: 5 * time.Second, MetadataTTL: 5 * time.Second},
+		},
+		log: log,
+	}
+}
+
+// errTopicMissing means the topic does not exist (yet).
+var errTopicMissing = errors.New("topic does not exist")
+
+// partitions lists the topic's partition ids.
+func (k *kafkaSource) partitions(ctx context.Context, topic string) ([]int32, error) {
+	md, err := k.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return nil, fmt.Errorf("read metadata of topic %s from %v: %w", topic, k.brokers, err)
+	}
+	for _, t := range md.Topics {
+		if t.Name != topic {
+			continue
+		}
+		if t.Error != nil {
+			if errors.Is(t.Error, kafka.UnknownTopicOrPartition) {
+				return nil, fmt.Errorf("%w: %s", errTopicMissing, topic)
+			}
+			return nil, fmt.Errorf("read metadata of topic %s: %w", topic, t.Error)
+		}
+		ids := make([]int32, 0, len(t.Partitions))
+		for _, p := range t.Partitions {
+			ids = append(ids, int32(p.ID))
+		}
+		sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+		return ids, nil
+	}
+	return nil, fmt.Errorf("%w: %s", errTopicMissing, topic)
+}
+
+// offsetRange returns the first available offset and the high watermark
+// (the offset the next produced record will get) of a partition.
+func (k *kafkaSource) offsetRange(ctx context.Context, topic string, partition int32) (first, high int64, err error) {
+	resp, err := k.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{
+		topic: {kafka.FirstOffsetOf(int(partition)), kafka.LastOffsetOf(int(partition))},
+	}})
+	if err != nil {
+		return 0, 0, fmt.Errorf("list offsets of %s/%d: %w", topic, partition, err)
+	}
+	for _, p := range resp.Topics[topic] {
+		if p.Partition == int(partition) {
+			if p.Error != nil {
+				return 0, 0, fmt.Errorf("list offsets of %s/%d: %w", topic, partition, p.Error)
+			}
+			return p.FirstOffset, p.LastOffset, nil
+		}
+	}
+	return 0, 0, fmt.Errorf("list offsets of %s/%d: partition missing from the answer", topic, partition)
+}
+
+// reader opens a partition reader positioned at offset.
+func (k *kafkaSource) reader(topic string, partition int32, offset int64, queue int) (*kafka.Reader, error) {
+	r := kafka.NewReader(kafka.ReaderConfig{
+		Brokers:         k.brokers,
+		Topic:           topic,
+		Partition:       int(partition),
+		MinBytes:        1,
+		MaxBytes:        16 << 20,
+		MaxWait:         250 * time.Millisecond,
+		QueueCapacity:   queue,
+		ReadLagInterval: -1,
+		MaxAttempts:     3,
+		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) {
+			k.log.Debug("kafka reader: "+fmt.Sprintf(msg, args...), "topic", topic, "partition", partition)
+		}),
+	})
+	if err := r.SetOffset(offset); err != nil {
+		r.Close()
+		return nil, fmt.Errorf("position reader of %s/%d at %d: %w", topic, partition, offset, err)
+	}
+	return r, nil
+}
+
+// offsetCommitter mirrors committed cursors into the Kafka consumer group,
+// asynchronously and best effort, so standard lag tools see progress. The
+// worker never reads these offsets back: Postgres holds the truth.
+type offsetCommitter struct {
+	source *kafkaSource
+	log    *slog.Logger
+
+	mu      sync.Mutex
+	pending map[groupTopic]map[int]int64
+}
+
+// groupTopic is a consumer group (a function's name) and a topic.
+type groupTopic struct{ group, topic string }
+
+func newOffsetCommitter(source *kafkaSource, log *slog.Logger) *offsetCommitter {
+	return &offsetCommitter{source: source, log: log, pending: map[groupTopic]map[int]int64{}}
+}
+
+// note records that everything below next is committed in Postgres.
+func (c *offsetCommitter) note(group, topic string, partition int32, next int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := groupTopic{group, topic}
+	if c.pending[k] == nil {
+		c.pending[k] = map[int]int64{}
+	}
+	c.pending[k][int(partition)] = next
+}
+
+// run flushes noted offsets every interval until ctx ends, then once more.
+func (c *offsetCommitter) run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			c.flush(flushCtx)
+			cancel()
+			return
+		case <-t.C:
+			c.flush(ctx)
+		}
+	}
+}
+
+func (c *offsetCommitter) flush(ctx context.Context) {
+	c.mu.Lock()
+	batch := c.pending
+	c.pending = map[groupTopic]map[int]int64{}
+	c.mu.Unlock()
+	for k, parts := range batch {
+		commits := make([]kafka.OffsetCommit, 0, len(parts))
+		for p, off := range parts {
+			commits = append(commits, kafka.OffsetCommit{Partition: p, Offset: off})
+		}
+		_, err := c.source.client.OffsetCommit(ctx, &kafka.OffsetCommitRequest{
+			GroupID: k.group, GenerationID: -1, Topics: map[string][]kafka.OffsetCommit{k.topic: commits},
+		})
+		if err != nil && !isShutdown(ctx, err) {
+			c.log.Debug("mirror offsets to Kafka consumer group (best effort)", "group", k.group, "err", err)
+		}
+	}
+}
+
+func isShutdown(ctx context.Context, err error) bool {
+	return ctx.Err() != nil || errors.Is(err, context.Canceled)
+}
+
+// OffsetRange returns the first offset Kafka still holds in a partition and
+// its high watermark, for the operator's tools.
+func OffsetRange(ctx context.Context, brokers []string, topic string, partition int32) (first, high int64, err error) {
+	return newKafkaSource(brokers, slog.New(slog.DiscardHandler)).offsetRange(ctx, topic, partition)
+}
+
+// ReadRecord reads the record at offset from Kafka, for the operator's
+// tools: an offset Kafka no longer (or not yet) holds is an error.
+func ReadRecord(ctx context.Context, brokers []string, topic string, partition int32, offset int64) (Record, error) {
+	source := newKafkaSource(brokers, slog.New(slog.DiscardHandler))
+	first, high, err := source.offsetRange(ctx, topic, partition)
+	if err != nil {
+		return Record{}, err
+	}
+	if offset < first || offset >= high {
+		return Record{}, fmt.Errorf("offset %d is outside the records Kafka holds for %s/%d [%d, %d)", offset, topic, partition, first, high)
+	}
+	reader, err := source.reader(topic, partition, offset, 1)
+	if err != nil {
+		return Record{}, err
+	}
+	defer reader.Close()
+	readCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	msg, err := reader.FetchMessage(readCtx)
+	if err != nil {
+		return Record{}, fmt.Errorf("read %s/%d@%d: %w", topic, partition, offset, err)
+	}
+	if msg.Offset != offset {
+		return Record{}, fmt.Errorf("read %s/%d@%d: Kafka returned offset %d", topic, partition, offset, msg.Offset)
+	}
+	return toRecord(msg), nil
+}
+
+// RecordFromKafka is the Record a handler sees for a Kafka message.
+func RecordFromKafka(m kafka.Message) Record { return toRecord(m) }

@@ -1,0 +1,108 @@
+package engine
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/faults"
+)
+
+// ledger is how a lane fences its commits and remembers what it handled.
+// A Kafka partition keeps a cursor and an offset inbox; a JetStream subject
+// keeps an event-id inbox.
+type ledger interface {
+	// claim fences tx for recs and claims them in the inbox, returning the
+	// records that were not handled before, in order.
+	claim(ctx context.Context, tx pgx.Tx, recs []Record) ([]Record, error)
+	// fence fences tx for moving the lane past rec without claiming it.
+	fence(ctx context.Context, tx pgx.Tx, rec Record) error
+	// markDeadLettered records rec in the inbox as dead-lettered.
+	markDeadLettered(ctx context.Context, tx pgx.Tx, rec Record) error
+	// committed moves the in-memory position past last after a commit.
+	committed(last Record)
+}
+
+// partitionLedger keeps a Kafka partition's cursor: the next offset, moved
+// in every transaction under the fencing token, and the high-water mark
+// below which every offset was handled before.
+type partitionLedger struct {
+	w         *worker
+	fn        string
+	part      inbox.Partition
+	token     int64
+	next      int64
+	highWater int64
+}
+
+// errCursorAhead means the cursor is past where this lane thought it was,
+// under this lane's own token: an earlier commit of ours landed although its
+// reply was lost (the connection died at COMMIT). The in-memory cursor has
+// been reloaded; retrying skips what that commit applied.
+var errCursorAhead = errors.New("cursor is ahead of the lane: an earlier commit landed without its reply; resuming from the stored cursor")
+
+func (l *partitionLedger) fence(ctx context.Context, tx pgx.Tx, rec Record) error {
+	faults.Lane(faults.BeforeFence, l.part, l.token)
+	err := inbox.Advance(ctx, tx, l.part, l.token, l.next, rec.Offset+1)
+	var fenced *inbox.FencedError
+	switch {
+	case err == nil:
+		faults.Lane(faults.AfterFence, l.part, l.token)
+		return nil
+	case !errors.As(err, &fenced):
+		return err
+	case fenced.Epoch != l.token:
+		faults.Lane(faults.FenceRefused, l.part, l.token)
+		return err
+	}
+	// Same token, other position: only our own commit can have moved it
+	// (a replay or a new owner always brings a new token).
+	cur, readErr := inbox.ReadCursor(ctx, tx, l.part)
+	if readErr != nil {
+		return readErr
+	}
+	l.next, l.highWater = cur.NextOffset, cur.HighWater
+	l.w.stats.CommitRepliesLost.Add(1)
+	return errCursorAhead
+}
+
+func (l *partitionLedger) claim(ctx context.Context, tx pgx.Tx, recs []Record) ([]Record, error) {
+	if err := l.fence(ctx, tx, recs[len(recs)-1]); err != nil {
+		return nil, err
+	}
+	// Offsets below the high-water mark were handled before (their inbox
+	// rows may be purged since); the inbox claim catches the rest.
+	candidates := make([]int64, 0, len(recs))
+	for _, r := range recs {
+		if r.Offset >= l.highWater {
+			candidates = append(candidates, r.Offset)
+		}
+	}
+	freshOffsets, err := inbox.Claim(ctx, tx, l.part, l.token, inbox.Applied, candidates)
+	if err != nil {
+		return nil, err
+	}
+	isFresh := make(map[int64]bool, len(freshOffsets))
+	for _, o := range freshOffsets {
+		isFresh[o] = true
+	}
+	fresh := make([]Record, 0, len(freshOffsets))
+	for _, r := range recs {
+		if isFresh[r.Offset] {
+			fresh = append(fresh, r)
+		}
+	}
+	return fresh, nil
+}
+
+func (l *partitionLedger) markDeadLettered(ctx context.Context, tx pgx.Tx, rec Record) error {
+	return inbox.MarkDeadLettered(ctx, tx, l.part, l.token, rec.Offset)
+}
+
+func (l *partitionLedger) committed(last Record) {
+	l.next = max(l.next, last.Offset+1)
+	l.highWater = max(l.highWater, l.next)
+	l.w.offsets.note(l.fn, l.part.Topic, l.part.Partition, l.next)
+}

@@ -1,0 +1,115 @@
+package engine
+
+import (
+	"net/http"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metricsCollector exposes a worker's Stats (and its relay's) to Prometheus.
+// It reads the live counters at scrape time, so nothing is counted twice.
+type metricsCollector struct {
+	wk *Worker
+
+	applied, duplicates, deadLettered, retries, batches, fenced *prometheus.Desc
+	lag, cursor, epoch                                          *prometheus.Desc
+	ready, topicMissing                                         *prometheus.Desc
+	relayed, relayDuplicates, relayFailures, relayLatency       *prometheus.Desc
+	infraRetries, traceDropped                                  *prometheus.Desc
+	abandoned, abandonedRunning, commitRepliesLost              *prometheus.Desc
+}
+
+func newMetricsCollector(wk *Worker) *metricsCollector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("kfn_"+name, help, labels, prometheus.Labels{"worker": wk.w.cfg.WorkerID})
+	}
+	part := []string{"function", "source", "partition"}
+	return &metricsCollector{
+		wk:                wk,
+		applied:           d("records_applied_total", "Records whose handler transaction committed."),
+		duplicates:        d("records_duplicate_total", "Records skipped because they were handled before."),
+		deadLettered:      d("records_dead_lettered_total", "Records parked in kfn.dead_letters."),
+		retries:           d("handler_retries_total", "Handler retries."),
+		batches:           d("batches_committed_total", "Committed batch transactions."),
+		fenced:            d("lanes_fenced_total", "Partitions or subjects dropped because a newer owner claimed them."),
+		lag:               d("partition_lag", "Records behind the cursor, per owned partition.", part...),
+		cursor:            d("partition_cursor", "Next offset to apply, per owned partition.", part...),
+		epoch:             d("partition_epoch", "Fencing token the partition is owned with.", part...),
+		ready:             d("ready", "1 when Postgres (with a compatible schema), NATS JetStream and Kafka answer and every consumed topic exists, as /readyz says."),
+		topicMissing:      d("topic_missing", "1 while a consumed topic does not exist: the function waits for it.", "function", "topic"),
+		relayed:           d("outbox_published_total", "Outbox events the stream acked as new."),
+		relayDuplicates:   d("outbox_duplicates_total", "Outbox events the stream reported as duplicates."),
+		relayFailures:     d("outbox_publish_failures_total", "Failed outbox publishes (retried)."),
+		relayLatency:      d("outbox_last_latency_seconds", "Commit-to-ack latency of the last relayed event."),
+		infraRetries:      d("batch_infra_retries_total", "Batches retried after an infrastructure error (never a record's fault)."),
+		traceDropped:      d("trace_context_dropped_total", "Records whose invalid W3C traceparent or tracestate was not propagated."),
+		abandoned:         d("handlers_abandoned_total", "Handler calls that overran --handler-timeout without returning: their session was ended and the record dead-lettered (reason timeout)."),
+		abandonedRunning:  d("handlers_abandoned_running", "Abandoned handler calls still running (Go cannot stop them)."),
+		commitRepliesLost: d("commit_replies_lost_total", "Commits that landed although their reply was lost; the lane resumed from the stored cursor."),
+	}
+}
+
+func (c *metricsCollector) Describe(ch chan<- *prometheus.Desc) {
+	prometheus.DescribeByCollect(c, ch)
+}
+
+func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.wk.Stats()
+	counter := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
+	}
+	counter(c.applied, float64(s.Applied.Load()))
+	counter(c.duplicates, float64(s.Duplicates.Load()))
+	counter(c.deadLettered, float64(s.DeadLettered.Load()))
+	counter(c.retries, float64(s.Retries.Load()))
+	counter(c.batches, float64(s.Batches.Load()))
+	counter(c.fenced, float64(s.Fenced.Load()))
+	counter(c.infraRetries, float64(s.InfraRetries.Load()))
+	counter(c.traceDropped, float64(s.TraceContextDropped.Load()))
+	counter(c.abandoned, float64(s.AbandonedHandlers.Load()))
+	counter(c.commitRepliesLost, float64(s.CommitRepliesLost.Load()))
+	ch <- prometheus.MustNewConstMetric(c.abandonedRunning, prometheus.GaugeValue, float64(s.AbandonedHandlersRunning.Load()))
+	for _, p := range s.Partitions() {
+		labels := []string{p.Function, p.Topic, strconv.Itoa(int(p.Partition))}
+		ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(p.Lag()), labels...)
+		ch <- prometheus.MustNewConstMetric(c.cursor, prometheus.GaugeValue, float64(p.NextOffset), labels...)
+		ch <- prometheus.MustNewConstMetric(c.epoch, prometheus.GaugeValue, float64(p.Epoch), labels...)
+	}
+	problems, checked := c.wk.w.ready.state()
+	ready := 0.0
+	if checked && len(problems) == 0 {
+		ready = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.ready, prometheus.GaugeValue, ready)
+	for ft, missing := range c.wk.w.ready.topicMissing() {
+		v := 0.0
+		if missing {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.topicMissing, prometheus.GaugeValue, v, ft[0], ft[1])
+	}
+	if r, ok := c.wk.RelayStats(); ok {
+		counter(c.relayed, float64(r.Published))
+		counter(c.relayDuplicates, float64(r.Duplicates))
+		counter(c.relayFailures, float64(r.Failures))
+		ch <- prometheus.MustNewConstMetric(c.relayLatency, prometheus.GaugeValue, r.LastLatency.Seconds())
+	}
+}
+
+// HTTPHandler serves the worker's Prometheus metrics at /metrics, a liveness
+// check at /healthz (the process serves HTTP) and a readiness check at
+// /readyz (Postgres with a compatible schema, NATS JetStream and Kafka
+// answer, and every consumed topic exists; probed every 2 s).
+func (wk *Worker) HTTPHandler() http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(newMetricsCollector(wk), prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/readyz", wk.w.serveReadiness)
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Write([]byte("ok\n")) //nolint:errcheck // the client went away
+	})
+	return mux
+}

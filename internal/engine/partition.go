@@ -1,0 +1,244 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kfn-dev/kfn/inbox"
+)
+
+// partitionRun is one owned partition: claimed in Postgres with a fencing
+// token, read from Kafka at the Postgres cursor, applied batch by batch.
+type partitionRun struct {
+	*applier
+	cursor *partitionLedger
+}
+
+// runPartition owns one partition until ctx ends or a newer owner fences it.
+// It returns after the in-flight batch has committed or rolled back.
+func (w *worker) runPartition(ctx context.Context, fn Function, partition int32, token int64) {
+	part := inbox.Partition{Consumer: fn.Name, Topic: fn.Topic, Partition: partition}
+	cursor := &partitionLedger{w: w, fn: fn.Name, part: part, token: token}
+	var lane ledger = cursor
+	if w.partitionLedger != nil {
+		lane = w.partitionLedger(cursor)
+	}
+	pr := &partitionRun{
+		applier: &applier{
+			w: w, fn: fn, part: part, token: token, ledger: lane,
+			log: w.cfg.Logger.With("function", fn.Name, "topic", fn.Topic, "partition", partition, "epoch", token),
+		},
+		cursor: cursor,
+	}
+	defer w.stats.drop(fn.Name, fn.Topic, partition)
+	w.laneStopped(ctx, pr.log, token, pr.run(ctx))
+}
+
+// laneStopped logs why a lane (a partition or a subject) stopped.
+func (w *worker) laneStopped(ctx context.Context, log *slog.Logger, token int64, err error) {
+	var fenced *inbox.FencedError
+	switch {
+	case errors.As(err, &fenced):
+		w.stats.Fenced.Add(1)
+		log.Warn("fenced by a newer owner: dropping it", "old_epoch", token, "new_epoch", fenced.Epoch)
+	case err != nil && ctx.Err() == nil:
+		log.Error("stopped", "err", err)
+	default:
+		log.Debug("released")
+	}
+}
+
+func (pr *partitionRun) run(ctx context.Context) error {
+	if err := retryInfra(ctx, pr.log, "claim partition", pr.claim); err != nil {
+		return err
+	}
+	pr.log.Info("partition claimed", "next_offset", pr.cursor.next)
+	reader, err := pr.w.kafka.reader(pr.part.Topic, pr.part.Partition, pr.cursor.next, 2*pr.w.cfg.BatchSize)
+	if err != nil {
+		return err
+	}
+	defer func() { reader.Close() }()
+
+	outage := newKafkaOutage(pr.log)
+	for {
+		batch, err := pr.fetch(ctx, reader)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			// The broker is unreachable or the reader failed. That is no
+			// reason to give the partition up: its lease stays (this
+			// worker is healthy), and another owner could not read either.
+			// Wait, then read again from the cursor with a new reader.
+			if err := outage.wait(ctx, err); err != nil {
+				return err
+			}
+			reader.Close()
+			if reader, err = pr.w.kafka.reader(pr.part.Topic, pr.part.Partition, pr.cursor.next, 2*pr.w.cfg.BatchSize); err != nil {
+				return err
+			}
+			continue
+		}
+		outage.over()
+		err = retryInfra(ctx, pr.log, "apply batch", func(ctx context.Context) error {
+			done, err := pr.apply(ctx, batch)
+			batch = uncommitted(batch[done:], pr.cursor.next)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// claim records the token in Postgres and loads the cursor. A partition
+// without a cursor starts at the configured end of the topic.
+func (pr *partitionRun) claim(ctx context.Context) error {
+	first, high, err := pr.w.kafka.offsetRange(ctx, pr.part.Topic, pr.part.Partition)
+	if err != nil {
+		return err
+	}
+	start := first
+	if pr.w.cfg.StartFrom == "latest" {
+		start = high
+	}
+	cur, err := inbox.TakeOver(ctx, pr.w.pool, pr.part, pr.token, pr.w.cfg.WorkerID, start, pr.w.cfg.LeaseRenew)
+	if err != nil {
+		return err
+	}
+	pr.cursor.next, pr.cursor.highWater, pr.generation = cur.NextOffset, cur.HighWater, cur.Generation
+	if pr.cursor.next > high {
+		// Reading past the high watermark never returns; the topic was
+		// probably deleted and recreated. Moving the cursor is the
+		// operator's call (kfn replay), so wait for it.
+		return fmt.Errorf("cursor %d is past the partition's high watermark %d (was the topic recreated?): move it with kfn replay", pr.cursor.next, high)
+	}
+	if pr.cursor.next < first {
+		// Kafka deleted records (retention) before anyone handled them. They
+		// cannot be read any more; say so loudly and resume at the first one.
+		pr.log.Error("records expired from Kafka before they were handled: skipping them", "from", pr.cursor.next, "to", first, "count", first-pr.cursor.next)
+		err := pr.w.withTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			return inbox.SkipExpired(ctx, tx, pr.part, pr.token, pr.cursor.next, first)
+		})
+		if err != nil {
+			return err
+		}
+		pr.cursor.next = first
+	}
+	pr.w.stats.update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *PartitionStats) {
+		p.Epoch, p.NextOffset, p.HighWater = pr.token, pr.cursor.next, high
+	})
+	return nil
+}
+
+// fetch blocks for the first record, then gathers more until the batch is
+// full or BatchWait has passed since the first one.
+func (pr *partitionRun) fetch(ctx context.Context, reader *kafka.Reader) ([]Record, error) {
+	max := pr.w.cfg.BatchSize
+	batch := make([]Record, 0, max)
+	msg, err := reader.FetchMessage(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", pr.part, err)
+	}
+	batch = append(batch, toRecord(msg))
+	deadline := time.Now().Add(pr.w.cfg.BatchWait)
+	for len(batch) < max {
+		fctx, cancel := context.WithDeadline(ctx, deadline)
+		msg, err := reader.FetchMessage(fctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			break // deadline: the batch is as full as it gets
+		}
+		batch = append(batch, toRecord(msg))
+	}
+	hw := batch[len(batch)-1].highWatermark
+	pr.w.stats.update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *PartitionStats) { p.HighWater = hw })
+	return batch, nil
+}
+
+// uncommitted drops the records below the cursor: after a commit whose
+// reply was lost, the reloaded cursor says how far it got.
+func uncommitted(batch []Record, next int64) []Record {
+	for len(batch) > 0 && batch[0].Offset < next {
+		batch = batch[1:]
+	}
+	return batch
+}
+
+func toRecord(m kafka.Message) Record {
+	headers := make([]Header, len(m.Headers))
+	for i, h := range m.Headers {
+		headers[i] = Header{Key: h.Key, Value: h.Value}
+	}
+	return Record{
+		Topic: m.Topic, Partition: int32(m.Partition), Offset: m.Offset,
+		Key: m.Key, Value: m.Value, Headers: headers, Time: m.Time,
+		highWatermark: m.HighWaterMark,
+	}
+}
+
+// kafkaOutage is a lane waiting for Kafka: capped exponential backoff
+// (100 ms to 1 s, so that reading resumes within about a second of the
+// broker's return), logged once when it starts and once when it ends.
+type kafkaOutage struct {
+	log   *slog.Logger
+	bo    *backoff.ExponentialBackOff
+	since time.Time // zero when Kafka answers
+}
+
+func newKafkaOutage(log *slog.Logger) *kafkaOutage {
+	return &kafkaOutage{log: log, bo: backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(100*time.Millisecond),
+		backoff.WithMaxInterval(time.Second),
+		backoff.WithMaxElapsedTime(0),
+	)}
+}
+
+// wait sleeps before the next read after err.
+func (o *kafkaOutage) wait(ctx context.Context, err error) error {
+	if o.since.IsZero() {
+		o.since = time.Now()
+		o.bo.Reset()
+		o.log.Warn("cannot read from Kafka: waiting, keeping the partition", "err", err)
+	} else {
+		o.log.Debug("cannot read from Kafka", "for", time.Since(o.since).Round(time.Millisecond), "err", err)
+	}
+	return sleep(ctx, o.bo.NextBackOff())
+}
+
+// over notes that Kafka answered.
+func (o *kafkaOutage) over() {
+	if !o.since.IsZero() {
+		o.log.Info("reading from Kafka again", "after", time.Since(o.since).Round(time.Millisecond))
+		o.since = time.Time{}
+	}
+}
+
+// retryInfra retries op on infrastructure errors (Postgres or Kafka
+// unreachable) with capped exponential backoff, forever, until ctx ends. A
+// fencing error is final and returned at once.
+func retryInfra(ctx context.Context, log *slog.Logger, what string, op func(context.Context) error) error {
+	policy := backoff.NewExponentialBackOff()
+	policy.InitialInterval = 100 * time.Millisecond
+	policy.MaxInterval = 2 * time.Second // a lane resumes within about 3 s of the service's return
+	policy.MaxElapsedTime = 0
+	return backoff.RetryNotify(func() error {
+		err := op(ctx)
+		if errors.Is(err, inbox.ErrFenced) || ctx.Err() != nil {
+			return backoff.Permanent(err)
+		}
+		return err
+	}, backoff.WithContext(policy, ctx), func(err error, wait time.Duration) {
+		log.Warn(what+" failed, retrying", "err", err, "retry_in", wait)
+	})
+}

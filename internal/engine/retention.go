@@ -1,0 +1,46 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/kfn-dev/kfn/inbox"
+)
+
+// purgeBatch is how many inbox rows one DELETE removes; small batches keep
+// locks short under load.
+const purgeBatch = 1000
+
+// purgeEvery is how often the inbox is purged: often enough that one purge
+// has little to do, and never more than once a minute in production.
+func purgeEvery(retention time.Duration) time.Duration {
+	return min(time.Minute, max(retention/4, 100*time.Millisecond))
+}
+
+// purgeInboxes deletes inbox rows older than the retention until ctx ends.
+// Kafka records stay deduplicated by their cursor's high-water mark; events
+// of NATS-triggered functions are deduplicated only while their row exists,
+// so their retention must outlast any relay outage (it does by days).
+func (w *worker) purgeInboxes(ctx context.Context) {
+	t := time.NewTicker(purgeEvery(w.cfg.InboxRetention))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		records, err := inbox.Purge(ctx, w.pool, w.cfg.InboxRetention, purgeBatch)
+		if err == nil {
+			var events int64
+			events, err = inbox.PurgeEvents(ctx, w.pool, w.cfg.InboxRetention, purgeBatch)
+			records += events
+		}
+		switch {
+		case err != nil && ctx.Err() == nil:
+			w.cfg.Logger.Warn("purge inbox failed; will retry", "err", err)
+		case records > 0:
+			w.cfg.Logger.Debug("purged inbox rows", "rows", records, "retention", w.cfg.InboxRetention)
+		}
+	}
+}

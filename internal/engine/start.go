@@ -1,0 +1,90 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Start runs fn as this process's only function, the way lambda.Start does:
+// configuration comes from flags and environment variables (run the binary
+// with -h to list them), SIGINT/SIGTERM shut it down cleanly. Start does not
+// return: it exits 0 after a clean shutdown, 2 on bad configuration and 1
+// when a service cannot be used.
+func Start(fn Function) {
+	os.Exit(Main(fn, os.Args[1:], os.Stderr))
+}
+
+// Main is Start without the exit, for tests and wrappers: it parses args,
+// writes errors and logs to stderr, and returns the process exit code.
+func Main(fn Function, args []string, stderr io.Writer) int {
+	name := fn.Name
+	if name == "" {
+		name = "kfn-function"
+	}
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg Config
+	cfg.Bind(fs)
+	logLevel := fs.String("log-level", envOr("log-level", "info"), "debug|info|warn|error [KFN_LOG_LEVEL]")
+	metricsAddr := fs.String("metrics-addr", envOr("metrics-addr", ""), "serve Prometheus /metrics, /healthz and /readyz on this address, e.g. :9464 [KFN_METRICS_ADDR]")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2 // the flag package has printed the error and the usage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "%s: unexpected argument %q (all settings are --flags; see -h)\n", name, fs.Arg(0))
+		return 2
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintf(stderr, "%s: invalid --log-level %q: use debug, info, warn or error\n", name, *logLevel)
+		return 2
+	}
+	cfg.Logger = slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	w, err := NewWorker(ctx, cfg, fn)
+	if err != nil && ctx.Err() != nil {
+		return 0 // stopped (SIGTERM) while starting: nothing ran, nothing to report
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %s\n", name, strings.ReplaceAll(err.Error(), "\n", "\n  "))
+		var cfgErr *ConfigError
+		if errors.As(err, &cfgErr) {
+			return 2
+		}
+		return 1
+	}
+	if *metricsAddr != "" {
+		ln, err := net.Listen("tcp", *metricsAddr)
+		if err != nil {
+			w.Close()
+			fmt.Fprintf(stderr, "%s: invalid --metrics-addr (KFN_METRICS_ADDR) %q: %v\n", name, *metricsAddr, err)
+			return 2
+		}
+		srv := &http.Server{Handler: w.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second}
+		go srv.Serve(ln)                         //nolint:errcheck // ends with Shutdown below
+		defer srv.Shutdown(context.Background()) //nolint:errcheck // best effort at exit
+	}
+	cfg.Logger.Info("worker started", "function", fn.Name, "source", fn.source(), "worker", w.w.cfg.WorkerID)
+	if err := w.Run(ctx); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return 1
+	}
+	cfg.Logger.Info("worker stopped cleanly", "function", fn.Name)
+	return 0
+}

@@ -1,0 +1,114 @@
+package engine
+
+import (
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Stats are a worker's live counters, for progress displays and metrics.
+type Stats struct {
+	Applied      atomic.Int64 // records whose handler transaction committed
+	Duplicates   atomic.Int64 // records skipped because they were handled before
+	DeadLettered atomic.Int64 // records parked in kfn.dead_letters
+	Retries      atomic.Int64 // handler retries
+	Batches      atomic.Int64 // committed transactions
+	Fenced       atomic.Int64 // partitions dropped because a newer owner claimed them
+	// InfraRetries counts batches whose apply failed with an infrastructure
+	// error (Postgres, Kafka or NATS failing, not a record) and was retried.
+	InfraRetries atomic.Int64
+	// TraceContextDropped counts records whose traceparent or tracestate
+	// header was not valid W3C Trace Context and was not propagated to the
+	// events they emitted.
+	TraceContextDropped atomic.Int64
+	// AbandonedHandlers counts handler calls that overran --handler-timeout
+	// and did not return: the lane ended their transaction's session and
+	// went on without them. AbandonedHandlersRunning is how many of those
+	// are still running (Go cannot stop them).
+	AbandonedHandlers        atomic.Int64
+	AbandonedHandlersRunning atomic.Int64
+	// CommitRepliesLost counts commits that landed although the worker saw
+	// them fail (the connection died at COMMIT): the lane found the cursor
+	// ahead under its own token and resumed from it.
+	CommitRepliesLost atomic.Int64
+
+	mu         sync.Mutex
+	partitions map[partitionKey]*PartitionStats
+}
+
+type partitionKey struct {
+	function  string
+	topic     string
+	partition int32
+}
+
+// PartitionStats is the state of one owned partition.
+type PartitionStats struct {
+	Function   string
+	Topic      string
+	Partition  int32
+	Epoch      int64
+	NextOffset int64
+	HighWater  int64 // Kafka high watermark seen on the last fetch
+	LastCommit time.Time
+}
+
+// Lag is how many records are behind the cursor.
+func (p PartitionStats) Lag() int64 {
+	if p.HighWater < p.NextOffset {
+		return 0
+	}
+	return p.HighWater - p.NextOffset
+}
+
+func (s *Stats) update(fn, topic string, partition int32, f func(*PartitionStats)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.partitions == nil {
+		s.partitions = map[partitionKey]*PartitionStats{}
+	}
+	k := partitionKey{fn, topic, partition}
+	p := s.partitions[k]
+	if p == nil {
+		p = &PartitionStats{Function: fn, Topic: topic, Partition: partition}
+		s.partitions[k] = p
+	}
+	f(p)
+}
+
+func (s *Stats) drop(fn, topic string, partition int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.partitions, partitionKey{fn, topic, partition})
+}
+
+// Partitions returns the owned partitions, sorted.
+func (s *Stats) Partitions() []PartitionStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]PartitionStats, 0, len(s.partitions))
+	for _, p := range s.partitions {
+		out = append(out, *p)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if a.Function != b.Function {
+			return a.Function < b.Function
+		}
+		if a.Topic != b.Topic {
+			return a.Topic < b.Topic
+		}
+		return a.Partition < b.Partition
+	})
+	return out
+}
+
+// Lag sums the lag of all owned partitions.
+func (s *Stats) Lag() int64 {
+	var total int64
+	for _, p := range s.Partitions() {
+		total += p.Lag()
+	}
+	return total
+}

@@ -1,0 +1,260 @@
+package engine
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/faults"
+	"github.com/kfn-dev/kfn/internal/pgdata"
+	"github.com/kfn-dev/kfn/outbox"
+)
+
+// subjectRun is the single active lane of a NATS-triggered function: a
+// durable JetStream consumer read in batches, each applied in one fenced
+// Postgres transaction and acked only after it commits.
+type subjectRun struct {
+	*applier
+	stream string
+}
+
+// ackWait is how long JetStream waits for an ack before redelivering. It
+// covers a batch with its retries; a redelivery is skipped by the inbox.
+const ackWait = 2 * time.Minute
+
+// runSubject owns fn's subject until ctx ends or a newer owner fences it.
+func (w *worker) runSubject(ctx context.Context, fn Function, token int64) {
+	part := inbox.Partition{Consumer: fn.Name, Topic: fn.Subject, Partition: 0}
+	stream := fn.Stream
+	if stream == "" {
+		stream = DefaultStream
+	}
+	sr := &subjectRun{
+		applier: &applier{
+			w: w, fn: fn, part: part, token: token,
+			ledger: &subjectLedger{consumer: fn.Name, part: part, token: token},
+			log:    w.cfg.Logger.With("function", fn.Name, "subject", fn.Subject, "stream", stream, "epoch", token),
+		},
+		stream: stream,
+	}
+	defer w.stats.drop(fn.Name, fn.Subject, 0)
+	w.laneStopped(ctx, sr.log, token, sr.run(ctx))
+}
+
+func (sr *subjectRun) run(ctx context.Context) error {
+	var cons jetstream.Consumer
+	err := retryInfra(ctx, sr.log, "claim subject", func(ctx context.Context) error {
+		cur, err := inbox.TakeOver(ctx, sr.w.pool, sr.part, sr.token, sr.w.cfg.WorkerID, 0, sr.w.cfg.LeaseRenew)
+		if err != nil {
+			return err
+		}
+		sr.generation = cur.Generation
+		cons, err = sr.newTermConsumer(ctx)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	sr.log.Info("subject claimed")
+	msgs, err := cons.Messages(jetstream.PullMaxMessages(2 * sr.w.cfg.BatchSize))
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", sr.fn.Subject, err)
+	}
+	defer msgs.Stop()
+	for {
+		batch, err := sr.fetch(ctx, msgs)
+		if err != nil {
+			return err
+		}
+		recs := make([]Record, len(batch))
+		for i, m := range batch {
+			recs[i] = eventRecord(m, sr.stream)
+		}
+		err = retryInfra(ctx, sr.log, "apply batch", func(ctx context.Context) error {
+			done, err := sr.apply(ctx, recs)
+			recs = recs[done:]
+			return err
+		})
+		if err != nil {
+			return err // not acked: JetStream redelivers, the inbox skips what committed
+		}
+		for _, m := range batch {
+			if err := m.Ack(); err != nil {
+				sr.log.Debug("ack failed; the event will be redelivered and skipped", "err", err)
+			}
+		}
+	}
+}
+
+// newTermConsumer starts this ownership term's durable consumer where the
+// previous term's acks ended. Recreating it, rather than reusing it, hands
+// over at once the events the previous owner fetched but never acked (it
+// may have died): a reused consumer would hold them back for AckWait. Events
+// after the ack floor that were acked are delivered again and skipped by the
+// inbox; a zombie still pulling from the old consumer is fenced in Postgres.
+func (sr *subjectRun) newTermConsumer(ctx context.Context) (jetstream.Consumer, error) {
+	cfg := jetstream.ConsumerConfig{
+		Durable:       sr.fn.Name,
+		FilterSubject: sr.fn.Subject,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       ackWait,
+		MaxAckPending: 2 * sr.w.cfg.BatchSize,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+	old, err := sr.w.js.Consumer(ctx, sr.stream, sr.fn.Name)
+	switch {
+	case err == nil:
+		info, err := old.Info(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("read consumer %s on stream %s: %w", sr.fn.Name, sr.stream, err)
+		}
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = info.AckFloor.Stream + 1
+		if err := sr.w.js.DeleteConsumer(ctx, sr.stream, sr.fn.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil, fmt.Errorf("replace consumer %s on stream %s: %w", sr.fn.Name, sr.stream, err)
+		}
+	case !errors.Is(err, jetstream.ErrConsumerNotFound):
+		return nil, fmt.Errorf("look up consumer %s on stream %s: %w", sr.fn.Name, sr.stream, err)
+	}
+	cons, err := sr.w.js.CreateConsumer(ctx, sr.stream, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("durable consumer %s on stream %s: %w", sr.fn.Name, sr.stream, err)
+	}
+	return cons, nil
+}
+
+// fetch blocks for the first event, then gathers more until the batch is full
+// or BatchWait has passed since the first one.
+func (sr *subjectRun) fetch(ctx context.Context, msgs jetstream.MessagesContext) ([]jetstream.Msg, error) {
+	first, err := msgs.Next(jetstream.NextContext(ctx))
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("read %s: %w", sr.fn.Subject, err)
+	}
+	batch := []jetstream.Msg{first}
+	deadline := time.Now().Add(sr.w.cfg.BatchWait)
+	for len(batch) < sr.w.cfg.BatchSize {
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			break
+		}
+		fctx, cancel := context.WithTimeout(ctx, wait)
+		m, err := msgs.Next(jetstream.NextContext(fctx))
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			break
+		}
+		batch = append(batch, m)
+	}
+	return batch, nil
+}
+
+// eventRecord turns a JetStream message into a Record. An event without a
+// Nats-Msg-Id (not published by a kfn relay) is identified by its stream
+// position, which is stable across redeliveries.
+func eventRecord(m jetstream.Msg, stream string) Record {
+	var seq int64
+	if md, err := m.Metadata(); err == nil {
+		seq = int64(md.Sequence.Stream)
+	}
+	h := m.Headers()
+	rec := Record{Topic: m.Subject(), Offset: seq, Value: m.Data(), EventID: storableEventID(h.Get(jetstream.MsgIDHeader))}
+	if rec.EventID == "" {
+		rec.EventID = "stream/" + stream + "/" + strconv.FormatInt(seq, 10)
+	}
+	if k, err := base64.StdEncoding.DecodeString(h.Get(outbox.HeaderKeyBase64)); err == nil && len(k) > 0 {
+		rec.Key = k
+	} else if k := h.Get(outbox.HeaderKey); k != "" {
+		rec.Key = []byte(k)
+	}
+	if t, err := time.Parse(time.RFC3339Nano, h.Get(outbox.HeaderTime)); err == nil {
+		rec.Time = t
+	}
+	for k, vs := range h {
+		for _, v := range vs {
+			rec.Headers = append(rec.Headers, Header{Key: k, Value: []byte(v)})
+		}
+	}
+	return rec
+}
+
+// storableEventID keeps an event id that is valid text as it is. Any
+// publisher may set Nats-Msg-Id, to any bytes; one holding NUL or invalid
+// UTF-8 cannot key the event inbox (a text column), so it is replaced by
+// "bin:" and the hex of its bytes: deterministic, so redeliveries still
+// find the event's inbox row, and distinct for distinct ids.
+func storableEventID(id string) string {
+	if pgdata.ValidText(id) {
+		return id
+	}
+	return "bin:" + hex.EncodeToString([]byte(id))
+}
+
+// subjectLedger fences a JetStream lane through its cursor row (used as a
+// fence and a progress marker) and dedups by event id.
+type subjectLedger struct {
+	consumer string
+	part     inbox.Partition
+	token    int64
+}
+
+func (l *subjectLedger) fence(ctx context.Context, tx pgx.Tx, rec Record) error {
+	return l.fenceAt(ctx, tx, rec.Offset)
+}
+
+// fenceAt fences tx under the lane's token and moves its progress marker
+// to seq.
+func (l *subjectLedger) fenceAt(ctx context.Context, tx pgx.Tx, seq int64) error {
+	faults.Lane(faults.BeforeFence, l.part, l.token)
+	err := inbox.Fence(ctx, tx, l.part, l.token, seq)
+	switch {
+	case err == nil:
+		faults.Lane(faults.AfterFence, l.part, l.token)
+	case errors.Is(err, inbox.ErrFenced):
+		faults.Lane(faults.FenceRefused, l.part, l.token)
+	}
+	return err
+}
+
+func (l *subjectLedger) claim(ctx context.Context, tx pgx.Tx, recs []Record) ([]Record, error) {
+	last := recs[0].Offset
+	refs := make([]inbox.EventRef, len(recs))
+	for i, r := range recs {
+		refs[i] = inbox.EventRef{ID: r.EventID, Subject: r.Topic, StreamSeq: r.Offset}
+		last = max(last, r.Offset)
+	}
+	if err := l.fenceAt(ctx, tx, last); err != nil {
+		return nil, err
+	}
+	freshIDs, err := inbox.ClaimEvents(ctx, tx, l.consumer, l.token, inbox.Applied, refs)
+	if err != nil {
+		return nil, err
+	}
+	fresh := make([]Record, 0, len(freshIDs))
+	for _, r := range recs {
+		if freshIDs[r.EventID] {
+			fresh = append(fresh, r)
+			delete(freshIDs, r.EventID) // one event twice in a batch applies once
+		}
+	}
+	return fresh, nil
+}
+
+func (l *subjectLedger) markDeadLettered(ctx context.Context, tx pgx.Tx, rec Record) error {
+	return inbox.MarkEventDeadLettered(ctx, tx, l.consumer, l.token, inbox.EventRef{ID: rec.EventID, Subject: rec.Topic, StreamSeq: rec.Offset})
+}
+
+func (l *subjectLedger) committed(Record) {}

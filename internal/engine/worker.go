@@ -1,0 +1,278 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kfn-dev/kfn/outbox"
+	"github.com/kfn-dev/kfn/runtime/lease"
+	"github.com/kfn-dev/kfn/runtime/schema"
+)
+
+// Worker runs functions: it owns partitions, reads them and applies their
+// records exactly once.
+type Worker struct{ w *worker }
+
+type worker struct {
+	cfg Config
+	// partitionLedger, when set, replaces the ledger of each partition lane:
+	// the benchmark's at-least-once baseline (atLeastOnceLedger) is the only
+	// user.
+	partitionLedger func(*partitionLedger) ledger
+	fns             []Function
+	pool            *pgxpool.Pool
+	kafka           *kafkaSource
+	nc              *nats.Conn
+	js              jetstream.JetStream
+	leases          map[string]*lease.Manager // partition leases, per function name
+	relay           *outbox.Relay             // nil with NoRelay, or when no function emits
+	// installation scopes the lease groups (kfn.installation.id).
+	installation string
+	offsets      *offsetCommitter
+	stats        *Stats
+	ready        readiness // the last probe of the services, for /readyz
+	health       *pgHealth // whether this worker reaches Postgres; the lease managers' Healthy hook
+}
+
+// NewWorker validates cfg and fns, connects to Postgres, Kafka and NATS,
+// checks the schema version and runs each function's Setup. Every failure
+// says which setting or service is at fault.
+func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(kafkaTopic(fns) != ""); err != nil {
+		return nil, err
+	}
+	if len(fns) == 0 {
+		return nil, errors.New("no function to run")
+	}
+	seen := map[string]bool{}
+	for _, fn := range fns {
+		if err := fn.validate(); err != nil {
+			return nil, err
+		}
+		if seen[fn.Name] {
+			return nil, fmt.Errorf("function %s is given twice", fn.Name)
+		}
+		seen[fn.Name] = true
+	}
+	w := &worker{cfg: cfg, fns: fns, stats: &Stats{}}
+	ok := false
+	defer func() {
+		if !ok {
+			w.close()
+		}
+	}()
+	if err := w.connect(ctx); err != nil {
+		return nil, err
+	}
+	for _, fn := range fns {
+		if fn.Setup == nil {
+			continue
+		}
+		// A Setup may migrate large tables: it runs without the round-trip
+		// and statement limits of the record path.
+		setupCtx := noRoundTripLimit(ctx)
+		err := pgx.BeginFunc(setupCtx, w.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(setupCtx, `SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0`); err != nil {
+				return err
+			}
+			// CREATE TABLE IF NOT EXISTS is not safe against itself: two
+			// workers starting at once could both create the table, and one
+			// would fail. The lock makes the other wait and find it.
+			if _, err := tx.Exec(setupCtx, `SELECT pg_advisory_xact_lock(hashtext('kfn function setup: ' || $1))`, fn.Name); err != nil {
+				return err
+			}
+			return fn.Setup(setupCtx, tx)
+		})
+		if err != nil {
+			return nil, fmt.Errorf("function %s: setup: %w", fn.Name, err)
+		}
+	}
+	ok = true
+	return &Worker{w: w}, nil
+}
+
+func (w *worker) connect(ctx context.Context) error {
+	if err := w.connectPostgres(ctx); err != nil {
+		return err
+	}
+	if topic := kafkaTopic(w.fns); topic != "" {
+		w.kafka = newKafkaSource(w.cfg.KafkaBrokers, w.cfg.Logger)
+		metaCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if _, err := w.kafka.partitions(metaCtx, topic); err != nil && !errors.Is(err, errTopicMissing) {
+			return fmt.Errorf("cannot reach Kafka at %s (check --kafka-brokers / KFN_KAFKA_BROKERS): %w", strings.Join(w.cfg.KafkaBrokers, ","), err)
+		}
+		w.offsets = newOffsetCommitter(w.kafka, w.cfg.Logger)
+	}
+	if err := w.connectNATS(); err != nil {
+		return err
+	}
+	w.leases = map[string]*lease.Manager{}
+	for _, fn := range w.fns {
+		var err error
+		if w.leases[fn.Name], err = w.newPartitionLeases(fn); err != nil {
+			return err
+		}
+	}
+	subjects := emittedSubjects(w.fns)
+	switch {
+	case len(subjects) == 0:
+	case w.cfg.NoRelay:
+		// Another process relays, but the stream must still capture what
+		// these functions emit.
+		if _, err := w.extendEventStream(ctx, subjects); err != nil {
+			return err
+		}
+	default:
+		var err error
+		if w.relay, err = w.newRelay(ctx, subjects); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// kafkaTopic returns a topic one of fns consumes, or "" when none reads
+// Kafka (NATS-triggered functions only).
+func kafkaTopic(fns []Function) string {
+	for _, fn := range fns {
+		if fn.Topic != "" {
+			return fn.Topic
+		}
+	}
+	return ""
+}
+
+// connectPostgres opens the pool, checks the schema version and reads the
+// installation id.
+func (w *worker) connectPostgres(ctx context.Context) error {
+	pgCfg, err := pgxpool.ParseConfig(w.cfg.DatabaseURL)
+	if err != nil {
+		return &ConfigError{Field: "database-url", Env: "DATABASE_URL", Msg: fmt.Sprintf("cannot parse %s: %v", redactURL(w.cfg.DatabaseURL), err)}
+	}
+	if !strings.Contains(w.cfg.DatabaseURL, "pool_max_conns") {
+		pgCfg.MaxConns = 16
+	}
+	w.health = newPGHealth(w.cfg)
+	limitPostgres(pgCfg, w.cfg, w.health)
+	w.health.connCfg = pgCfg.ConnConfig.Copy()
+	w.pool, err = pgxpool.NewWithConfig(ctx, pgCfg)
+	if err != nil {
+		return fmt.Errorf("connect to Postgres: %w", err)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := w.pool.Ping(pingCtx); err != nil {
+		return fmt.Errorf("cannot reach Postgres at %s (is it running? check --database-url / DATABASE_URL): %w", redactURL(w.cfg.DatabaseURL), err)
+	}
+	if err := schema.Check(ctx, w.pool); err != nil {
+		return err
+	}
+	w.installation, err = InstallationID(ctx, w.pool)
+	return err
+}
+
+// connectNATS connects to NATS (reconnecting forever after a loss) and
+// opens JetStream.
+func (w *worker) connectNATS() error {
+	var err error
+	w.nc, err = nats.Connect(w.cfg.NATSURL, nats.Name("kfn "+w.cfg.WorkerID), nats.Timeout(5*time.Second),
+		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
+	if err != nil {
+		return fmt.Errorf("cannot reach NATS at %s (check --nats-url / KFN_NATS_URL): %w", w.cfg.NATSURL, err)
+	}
+	w.js, err = jetstream.New(w.nc)
+	if err != nil {
+		return fmt.Errorf("NATS JetStream at %s: %w", w.cfg.NATSURL, err)
+	}
+	return nil
+}
+
+func (w *worker) close() {
+	if w.nc != nil {
+		w.nc.Close()
+	}
+	if w.pool != nil {
+		w.pool.Close()
+	}
+}
+
+// Close releases the connections of a worker that will not Run. Run
+// releases them itself when it returns.
+func (wk *Worker) Close() { wk.w.close() }
+
+// Stats returns the worker's live counters.
+func (wk *Worker) Stats() *Stats { return wk.w.stats }
+
+// RelayStats returns the counters of the worker's outbox relay, and false
+// when it runs none.
+func (wk *Worker) RelayStats() (outbox.RelayStats, bool) {
+	if wk.w.relay == nil {
+		return outbox.RelayStats{}, false
+	}
+	return wk.w.relay.Stats(), true
+}
+
+// Run processes records until ctx ends, then finishes in-flight batches,
+// releases its partitions, closes its connections and returns.
+func (wk *Worker) Run(ctx context.Context) error {
+	w := wk.w
+	defer w.close()
+	defer w.runHealth(ctx)()
+	if w.offsets != nil {
+		// Stopped after the lanes, so the last commits are mirrored too.
+		offsetsCtx, stopOffsets := context.WithCancel(context.WithoutCancel(ctx))
+		offsetsDone := make(chan struct{})
+		go func() {
+			defer close(offsetsDone)
+			w.offsets.run(offsetsCtx, time.Second)
+		}()
+		defer func() {
+			stopOffsets()
+			<-offsetsDone
+		}()
+	}
+	readinessDone := make(chan struct{})
+	go func() {
+		defer close(readinessDone)
+		w.watchReadiness(ctx)
+	}()
+	defer func() { <-readinessDone }()
+	purgeDone := make(chan struct{})
+	go func() {
+		defer close(purgeDone)
+		w.purgeInboxes(ctx)
+	}()
+	defer func() { <-purgeDone }()
+
+	errs := make(chan error, len(w.fns)+1)
+	for _, fn := range w.fns {
+		go func() { errs <- w.own(ctx, fn, w.leases[fn.Name]) }()
+	}
+	running := len(w.fns)
+	if w.relay != nil {
+		running++
+		go func() { errs <- w.relay.Run(ctx) }()
+	}
+	var first error
+	for range running {
+		if err := <-errs; err != nil && first == nil && ctx.Err() == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// withTx runs f in a transaction.
+func (w *worker) withTx(ctx context.Context, f func(ctx context.Context, tx pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error { return f(ctx, tx) })
+}

@@ -1,0 +1,161 @@
+// Package runtime is what a kfn function's author imports: a Function (a
+// name, a source and a handler), the Record the handler gets, the Events it
+// emits, and Start, which runs the function as a worker.
+//
+// # Writing a function
+//
+//	var Function = runtime.Function{
+//		Name:  "orders",
+//		Topic: "orders",                      // or Subject: "orders.accepted", a NATS-triggered function
+//		Emits: []string{"orders.accepted"},
+//		Setup: func(ctx context.Context, tx pgx.Tx) error {
+//			_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS orders (…)`)
+//			return err
+//		},
+//		Handler: func(ctx context.Context, tx pgx.Tx, rec runtime.Record, out *runtime.Events) error {
+//			var o Order
+//			if err := json.Unmarshal(rec.Value, &o); err != nil {
+//				return runtime.Permanent(err) // dead-lettered at once
+//			}
+//			if _, err := tx.Exec(ctx, `INSERT INTO orders …`, …); err != nil {
+//				return err // retried with backoff, then dead-lettered
+//			}
+//			out.Emit(runtime.Event{Subject: "orders.accepted", Data: rec.Value})
+//			return nil
+//		},
+//	}
+//
+//	func main() { runtime.Start(Function) }
+//
+// # What kfn promises the handler
+//
+//   - Exactly once. The handler's writes on tx commit in one Postgres
+//     transaction together with the record's inbox row (keyed by its
+//     offset, or its event id), the fenced move of the partition's cursor
+//     and the events it emitted, or not at all. No crash, failover, zombie
+//     worker or replay applies a record twice or loses one; a worker whose
+//     lease ran out cannot commit, because the cursor's fencing token is
+//     checked in the same transaction.
+//   - Order. The records of a partition (or a subject) are applied in order,
+//     in batches; events are relayed to NATS JetStream in the order their
+//     transactions committed, per key.
+//   - Bad input never stalls a partition. A handler error is retried with
+//     backoff (--retry-attempts) and then the record is dead-lettered in
+//     kfn.dead_letters with its reason; a Permanent error, a panic, a
+//     handler that overruns --handler-timeout (abandoned if it ignores its
+//     ctx) and a record over --max-record-bytes are dead-lettered at once.
+//     Later records go on.
+//
+// The handler must do all its work on tx, and nothing a retry would repeat
+// outside it (an HTTP call, a message sent): those are what Events are for.
+//
+// # Running it
+//
+// Start reads its settings from flags and environment variables (run the
+// binary with -h), connects to Kafka, Postgres and NATS, and runs until
+// SIGTERM. A function deploys as one container image; kfn dev runs one
+// locally. To run several functions in one process, or inside a program of
+// your own, use NewWorker.
+//
+// # Testing it
+//
+// Package runtime/fntest applies records to a Function inside a test's
+// transaction and reports what the worker would do with each (applied,
+// duplicate, dead-lettered with its reason) and the events it emitted. A
+// handler can also be called directly with NewEvents.
+//
+// The worker's engine lives in internal/engine; the names here are its
+// author-facing part.
+package runtime
+
+import (
+	"context"
+	"io"
+
+	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/outbox"
+)
+
+// Function is one deployable unit: one function = one binary = one image.
+// Its fields: Name (the consumer in the inbox tables and the lease group;
+// letters, digits, '-' and '_'); Topic, the Kafka topic it consumes, or
+// Subject (wildcards allowed) and Stream for a NATS-triggered function;
+// Emits, the subjects it emits events on; Handler or BatchHandler; and
+// Setup, which creates its tables at every start (idempotently).
+type Function = engine.Function
+
+// Handler applies one record inside tx. Writes on tx commit together with
+// the record's inbox row and the emitted events, or not at all: returning
+// an error rolls back everything the handler did.
+type Handler = engine.Handler
+
+// BatchHandler applies the fresh records of a batch at once, for bulk
+// writes. When it fails, the batch's records are applied one per
+// transaction, so that the failing one is found and dead-lettered.
+type BatchHandler = engine.BatchHandler
+
+// Record is one Kafka record (Topic, Partition, Offset, Key, Value,
+// Headers, Time), or one JetStream event for a NATS-triggered function
+// (then Topic is the subject, Offset the stream sequence and EventID the
+// event's id). Value is nil for a tombstone (Tombstone); Header looks a
+// header up; Attempt is 1 on the first try of the record and grows on each
+// retry.
+type Record = engine.Record
+
+// Header is one record header: a Key and a Value.
+type Header = engine.Header
+
+// Events collects the events a Handler emits for its record: Emit adds one
+// to the outbox, in the record's transaction.
+type Events = engine.Events
+
+// BatchEvents collects the events a BatchHandler emits: Emit(rec, ev) adds
+// one emitted for source record rec.
+type BatchEvents = engine.BatchEvents
+
+// Event is a downstream event: written to the outbox in the record's
+// transaction and relayed to NATS JetStream. Only Subject is required; Key
+// (the ordering key) defaults to the record's key.
+type Event = outbox.Event
+
+// NewEvents returns the Events a handler gets for rec, for calling a
+// Handler directly (in a test); Emitted then lists what it emitted.
+func NewEvents(rec Record) *Events { return engine.NewEvents(rec) }
+
+// Permanent wraps err so that the record is dead-lettered without retries:
+// for a failure no retry can fix, such as a payload that does not decode.
+func Permanent(err error) error { return engine.Permanent(err) }
+
+// IsPermanent reports whether err (or an error it wraps) is permanent.
+func IsPermanent(err error) bool { return engine.IsPermanent(err) }
+
+// Start runs fn as this process's only function: configuration comes from
+// flags and environment variables (run the binary with -h to list them),
+// and SIGINT or SIGTERM shut it down cleanly. It does not return: it exits
+// 0 after a clean shutdown, 2 on bad configuration and 1 when a service
+// cannot be used.
+func Start(fn Function) { engine.Start(fn) }
+
+// Main is Start without the exit, for tests and wrappers: it parses args,
+// writes errors and logs to stderr, and returns the process's exit code.
+func Main(fn Function, args []string, stderr io.Writer) int { return engine.Main(fn, args, stderr) }
+
+// Config is a worker's configuration: the flags and environment variables
+// Start reads (see -h), for NewWorker. A zero field takes its default.
+type Config = engine.Config
+
+// Worker runs functions: it owns partitions through leases, reads them and
+// applies their records exactly once. Run runs it until ctx ends; Stats
+// returns its live counters; HTTPHandler serves /metrics, /healthz and
+// /readyz.
+type Worker = engine.Worker
+
+// NewWorker validates cfg and fns, connects to Postgres, Kafka and NATS,
+// checks the schema version and runs each function's Setup. Every failure
+// says which setting or service is at fault.
+func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error) {
+	return engine.NewWorker(ctx, cfg, fns...)
+}
+
+// DefaultStream is the JetStream stream outbox events are relayed to.
+const DefaultStream = engine.DefaultStream
