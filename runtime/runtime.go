@@ -69,7 +69,10 @@
 package runtime
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 
 	"github.com/kfn-dev/kfn/internal/engine"
@@ -159,3 +162,23 @@ func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error
 
 // DefaultStream is the JetStream stream outbox events are relayed to.
 const DefaultStream = engine.DefaultStream
+
+// DecodeJSON decodes a record's value as one JSON value of type T, strictly:
+// unknown fields, trailing data and an empty value are errors. A value that
+// does not decode is a Permanent error, as no retry can fix it: returned
+// from a handler, it dead-letters the record at once.
+func DecodeJSON[T any](value []byte) (T, error) {
+	var v T
+	if len(bytes.TrimSpace(value)) == 0 {
+		return v, Permanent(fmt.Errorf("decode %T JSON: the value is empty", v))
+	}
+	dec := json.NewDecoder(bytes.NewReader(value))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil {
+		return v, Permanent(fmt.Errorf("decode %T JSON: %w", v, err))
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return v, Permanent(fmt.Errorf("decode %T JSON: data after the JSON value", v))
+	}
+	return v, nil
+}

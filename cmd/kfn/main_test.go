@@ -139,7 +139,7 @@ func TestOperatorCommandsAgainstARunningWorker(t *testing.T) {
 	}
 
 	code, out, _ = kfn(t, "dlq", "--database-url", db.URL, "--function", fn.Name)
-	if code != 0 || !strings.Contains(out, "permanent") || !strings.Contains(out, "decode order JSON") || strings.Count(out, "\n") != 2 {
+	if code != 0 || !strings.Contains(out, "permanent") || !strings.Contains(out, "decode orders.Order JSON") || strings.Count(out, "\n") != 2 {
 		t.Errorf("dlq: exit %d, out %q; want one dead letter with its reason and error", code, out)
 	}
 

@@ -12,10 +12,8 @@
 package ledger
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -84,19 +82,14 @@ CREATE INDEX IF NOT EXISTS ledger_entries_order ON ledger_entries (order_id)`)
 
 // Handle books one orders.accepted event.
 func Handle(ctx context.Context, tx pgx.Tx, rec runtime.Record, out *runtime.Events) error {
-	if len(rec.Value) == 0 {
-		return runtime.Permanent(errors.New("empty event: an orders.accepted event carries an order"))
-	}
-	var o orders.Order
-	dec := json.NewDecoder(bytes.NewReader(rec.Value))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&o); err != nil {
-		return runtime.Permanent(fmt.Errorf("decode order JSON: %w", err))
+	o, err := runtime.DecodeJSON[orders.Order](rec.Value)
+	if err != nil {
+		return err
 	}
 	if err := o.Validate(); err != nil {
 		return runtime.Permanent(fmt.Errorf("invalid order: %w", err))
 	}
-	_, err := tx.Exec(ctx, `
+	_, err = tx.Exec(ctx, `
 INSERT INTO ledger_entries (account, side, amount_cents, currency, order_id, event_id)
 VALUES ($1, 'debit', $3, $4, $5, $6), ($2, 'credit', $3, $4, $5, $6)`,
 		ReceivableAccount(o.Customer), RevenueAccount, o.AmountCents, o.Currency, o.ID, rec.EventID)

@@ -5,7 +5,6 @@
 package orders
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -78,16 +77,14 @@ func Handle(ctx context.Context, tx pgx.Tx, rec runtime.Record, out *runtime.Eve
 	if rec.Tombstone() {
 		return runtime.Permanent(errors.New("tombstone: orders are never deleted"))
 	}
-	var o Order
-	dec := json.NewDecoder(bytes.NewReader(rec.Value))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&o); err != nil {
-		return runtime.Permanent(fmt.Errorf("decode order JSON: %w", err))
+	o, err := runtime.DecodeJSON[Order](rec.Value)
+	if err != nil {
+		return err
 	}
 	if err := o.Validate(); err != nil {
 		return runtime.Permanent(fmt.Errorf("invalid order: %w", err))
 	}
-	_, err := tx.Exec(ctx, `
+	_, err = tx.Exec(ctx, `
 INSERT INTO orders (order_id, customer, amount_cents, currency) VALUES ($1, $2, $3, $4)
 ON CONFLICT (order_id) DO UPDATE
    SET customer = EXCLUDED.customer, amount_cents = EXCLUDED.amount_cents, currency = EXCLUDED.currency,

@@ -110,7 +110,7 @@ func (a *applier) retryAlone(ctx context.Context, rec Record, firstErr error) er
 	policy.Reset()
 
 	lastErr, attempt := firstErr, 1
-	for attempt < cfg.RetryAttempts && !IsPermanent(lastErr) && !isHandlerTimeout(lastErr) {
+	for attempt < cfg.RetryAttempts && Retryable(lastErr) {
 		a.log.Warn("handler failed, retrying", "offset", rec.Offset, "attempt", attempt, "err", firstLine(lastErr))
 		if err := sleep(ctx, policy.NextBackOff()); err != nil {
 			return err
@@ -490,6 +490,11 @@ func HandleRecord(ctx context.Context, tx pgx.Tx, fn Function, rec Record) (rows
 	}
 	return emitter.rows, emitter.err
 }
+
+// Retryable reports whether a record whose handler failed with err is tried
+// again: unless err is Permanent or a timeout (another attempt would hold
+// the lane for another whole timeout).
+func Retryable(err error) bool { return !IsPermanent(err) && !isHandlerTimeout(err) }
 
 // FailureReason is the reason a record that failed with err is
 // dead-lettered with: panic, timeout, data_error, permanent or

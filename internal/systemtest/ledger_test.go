@@ -40,10 +40,10 @@ func TestLedgerBooksValidOrdersAndDeadLettersTheRest(t *testing.T) {
 	invalid, _ := json.Marshal(orders.Order{ID: "ord-2", Customer: "acme", AmountCents: -5, Currency: "EUR"})
 	events := []struct{ id, data, wantErr string }{
 		{"ev-valid", string(valid), ""},
-		{"ev-garbled", `{"order_id": "ord-3", "amount_cents": `, "decode order JSON"},
+		{"ev-garbled", `{"order_id": "ord-3", "amount_cents": `, "decode orders.Order JSON"},
 		{"ev-unknown-field", `{"order_id": "ord-4", "customer": "acme", "amount_cents": 1, "currency": "EUR", "coupon": "x"}`, `unknown field "coupon"`},
 		{"ev-invalid", string(invalid), "amount_cents is -5, must be positive"},
-		{"ev-empty", "", "empty event"},
+		{"ev-empty", "", "the value is empty"},
 	}
 	for _, ev := range events {
 		m := nats.NewMsg(orders.AcceptedSubject)
