@@ -32,6 +32,7 @@ var commands = map[string]command{
 	"dlq":     {"list dead letters, or park a stuck record (dlq park)", runDLQ},
 	"bench":   {"benchmark exactly-once against at-least-once and naive", runBench},
 	"relay":   {"run the outbox relay on its own (for workers started with --no-relay)", runRelay},
+	"version": {"print kfn's version, VCS revision and Go version", runVersion},
 }
 
 // usageError is a mistake in how kfn was called: exit code 2.
