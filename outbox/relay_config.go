@@ -26,7 +26,8 @@ type RelayConfig struct {
 	// stall and are retried.
 	JetStream jetstream.JetStream
 
-	// Stream is the JetStream stream the events land in. Default "KFN_EVENTS".
+	// Stream is the JetStream stream the events land in. Default
+	// DefaultStream.
 	Stream string
 	// Subjects are the subjects the stream captures; every outbox row's
 	// subject must fall under one of them. Required. When the stream already
@@ -90,7 +91,7 @@ type ShardLeaser interface {
 // WithDefaults returns a copy of c with every unset field set to its default.
 func (c RelayConfig) WithDefaults() RelayConfig {
 	if c.Stream == "" {
-		c.Stream = "KFN_EVENTS"
+		c.Stream = DefaultStream
 	}
 	if c.Duplicates == 0 {
 		c.Duplicates = DefaultDuplicates

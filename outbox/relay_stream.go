@@ -67,8 +67,9 @@ type StreamLimits struct {
 	MaxAge time.Duration
 }
 
-// Defaults of the event stream's limits.
+// Defaults of the event stream.
 const (
+	DefaultStream       = "KFN_EVENTS"
 	DefaultDuplicates   = 2 * time.Minute
 	DefaultStreamMaxAge = 7 * 24 * time.Hour
 )

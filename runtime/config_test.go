@@ -152,3 +152,115 @@ func TestMainRejectsUnknownFlagsAndArguments(t *testing.T) {
 		}
 	}
 }
+
+// bindConfig binds a Config to a fresh flag set and parses args.
+func bindConfig(t *testing.T, args ...string) runtime.Config {
+	t.Helper()
+	var cfg runtime.Config
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	cfg.Bind(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// An explicit zero from a flag or the environment is checked, not taken
+// for "unset": it is rejected naming the flag and the variable, or kept
+// when it means something (--batch-wait 0: no wait).
+func TestConfigExplicitZeroIsRejectedOrHonoured(t *testing.T) {
+	fn := effects.Function("fn", "topic")
+	for _, tc := range []struct {
+		args []string
+		env  string
+		want string
+	}{
+		{args: []string{"--batch-size", "0"}, want: "--batch-size (KFN_BATCH_SIZE): 0 is out of range 1..10000"},
+		{env: "KFN_BATCH_SIZE", want: "--batch-size (KFN_BATCH_SIZE): 0 is out of range 1..10000"},
+		{args: []string{"--retry-attempts", "0"}, want: "--retry-attempts (KFN_RETRY_ATTEMPTS): must be at least 1"},
+		{env: "KFN_RETRY_ATTEMPTS", want: "--retry-attempts (KFN_RETRY_ATTEMPTS): must be at least 1"},
+		{args: []string{"--lease-ttl", "0s"}, want: "--lease-ttl (KFN_LEASE_TTL): must be positive"},
+		{env: "KFN_HANDLER_TIMEOUT", want: "--handler-timeout (KFN_HANDLER_TIMEOUT): must be positive"},
+		{args: []string{"--max-record-bytes", "0"}, want: "--max-record-bytes (KFN_MAX_RECORD_BYTES): must be positive"},
+	} {
+		if tc.env != "" {
+			t.Setenv(tc.env, "0")
+		}
+		cfg := bindConfig(t, append([]string{"--kafka-brokers", "127.0.0.1:9092", "--database-url", "postgres://u@h:5432/d", "--nats-url", "nats://h:4222"}, tc.args...)...)
+		_, err := runtime.NewWorker(context.Background(), cfg, fn)
+		var cfgErr *engine.ConfigError
+		if !errors.As(err, &cfgErr) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q %s=0: err = %v; want a ConfigError saying %q", tc.args, tc.env, err, tc.want)
+		}
+		if tc.env != "" {
+			t.Setenv(tc.env, "")
+		}
+	}
+
+	for _, c := range []runtime.Config{bindConfig(t, "--batch-wait", "0"), func() runtime.Config { t.Setenv("KFN_BATCH_WAIT", "0"); return bindConfig(t) }()} {
+		if c.BatchWait >= 0 || c.WithDefaults().BatchWait >= 0 {
+			t.Errorf("batch wait 0 became %s (%s with defaults); want it kept as no wait (negative)", c.BatchWait, c.WithDefaults().BatchWait)
+		}
+		_, err := runtime.NewWorker(context.Background(), c, fn) // no services given: only those are reported
+		if err == nil || strings.Contains(err.Error(), "batch-wait") {
+			t.Errorf("batch wait 0: err = %v; want it accepted", err)
+		}
+	}
+	if got := (runtime.Config{}).WithDefaults(); got.BatchSize != engine.DefaultBatchSize || got.BatchWait != engine.DefaultBatchWait || got.RetryAttempts != engine.DefaultRetryAttempts {
+		t.Errorf("a Go caller's zero fields: %+v; want the defaults", got)
+	}
+}
+
+func TestEnvironmentBooleansParseLikeParseBool(t *testing.T) {
+	for text, want := range map[string]bool{"1": true, "true": true, "TRUE": true, "0": false, "false": false, "F": false} {
+		t.Setenv("KFN_NO_RELAY", text)
+		if got := bindConfig(t).NoRelay; got != want {
+			t.Errorf("KFN_NO_RELAY=%s: NoRelay %v, want %v", text, got, want)
+		}
+	}
+	t.Setenv("KFN_NO_RELAY", "yes")
+	_, err := runtime.NewWorker(context.Background(), bindConfig(t), effects.Function("fn", "topic"))
+	if err == nil || !strings.Contains(err.Error(), `--no-relay (KFN_NO_RELAY): "yes" is not a boolean`) {
+		t.Errorf("KFN_NO_RELAY=yes: err = %v; want it named", err)
+	}
+}
+
+// A function binary's -h lists every flag with its variable, and each
+// default once.
+func TestMainHelpShowsEachDefaultOnce(t *testing.T) {
+	var out strings.Builder
+	if code := runtime.Main(effects.Function("fn", "topic"), []string{"-h"}, &out); code != 0 {
+		t.Fatalf("-h: exit %d", code)
+	}
+	help := out.String()
+	for _, line := range strings.Split(help, "\n") {
+		if n := strings.Count(line, "default"); n > 1 {
+			t.Errorf("%q says default %d times", line, n)
+		}
+	}
+	for _, want := range []string{"[KFN_BATCH_SIZE] (default 500)", "[KFN_BATCH_WAIT] (default 20ms)", "[KFN_EVENT_RETENTION] (default 168h)",
+		"[DATABASE_URL]\n", "  -no-relay\n", "[KFN_LOG_LEVEL] (default \"info\")", "[KFN_METRICS_ADDR]\n", "(default host-pid)"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("-h lacks %q:\n%s", want, help)
+		}
+	}
+}
+
+func TestMainRejectsAnExplicitZeroNamingFlagAndVariable(t *testing.T) {
+	var out strings.Builder
+	code := runtime.Main(effects.Function("fn", "topic"), []string{"--batch-size", "0", "--no-relay=1"}, &out)
+	if code != 2 || !strings.Contains(out.String(), "--batch-size (KFN_BATCH_SIZE): 0 is out of range 1..10000") || strings.Contains(out.String(), "no-relay") {
+		t.Errorf("exit %d, stderr %q; want exit 2 naming --batch-size and KFN_BATCH_SIZE, and --no-relay=1 accepted", code, out.String())
+	}
+}
+
+// A rejected value is reported once, as given, not also as missing.
+func TestConfigRejectedValueIsNotAlsoMissing(t *testing.T) {
+	cfg := bindConfig(t, "--kafka-brokers", "kafka", "--database-url", "mysql://u@h/d", "--nats-url", "nats://h:4222")
+	_, err := runtime.NewWorker(context.Background(), cfg, effects.Function("fn", "topic"))
+	if err == nil || !strings.Contains(err.Error(), `"kafka" is not host:port`) || !strings.Contains(err.Error(), "not a postgres:// URL") ||
+		strings.Contains(err.Error(), "no Kafka broker given") || strings.Contains(err.Error(), "no Postgres URL given") {
+		t.Errorf("err = %v; want the given values named, not reported missing", err)
+	}
+}

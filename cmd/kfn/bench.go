@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"github.com/kfn-dev/kfn/cmd/kfn/internal/bench"
-	"github.com/kfn-dev/kfn/internal/engine"
 	"io"
 	"log/slog"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/functions/orders"
+	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
 )
@@ -26,8 +26,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	records := fs.Int64("records", 50000, "records applied by the batched modes")
 	naive := fs.Int64("naive-records", 3000, "records applied by the naive mode (it is slow)")
 	partitions := fs.Int("partitions", 4, "partitions of the benchmark topic")
-	batchSize := fs.Int("batch-size", engine.DefaultBatchSize, "max records per transaction in the batched modes")
-	batchWait := fs.Duration("batch-wait", engine.DefaultBatchWait, "max wait to fill a batch")
+	var worker runtime.Config // the batched modes' batch settings, the workers' flags
+	settings.BatchSize.Bind(fs.settings, &worker.BatchSize)
+	settings.BatchWait.Bind(fs.settings, &worker.BatchWait)
 	rounds := fs.Int("rounds", 3, "run the modes this many times, interleaved, and report each mode's median")
 	relayEvents := fs.Int("relay-events", 0, "outbox backlog relayed by the relay benchmark (default: --records)")
 	relayFor := fs.Duration("relay-duration", 5*time.Second, "how long the naive relay and the relay latency run each take")
@@ -41,7 +42,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *records < 1 || *naive < 1 || *naive > *records {
 		return &usageError{msg: fmt.Sprintf("need 1 <= --naive-records (%d) <= --records (%d)", *naive, *records)}
 	}
-	if *relayEvents == 0 {
+	if *partitions < 1 || *partitions > 256 {
+		return &usageError{msg: fmt.Sprintf("--partitions %d is out of range 1..256", *partitions)}
+	}
+	if !given(fs, "relay-events") {
 		*relayEvents = int(min(*records, 1_000_000))
 	}
 	if *relayEvents < 1 || *relayFor <= 0 || *relayRate < 1 {
@@ -68,7 +72,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	results, err := bench.Run(ctx, bench.Config{
 		Worker: runtime.Config{
 			KafkaBrokers: st.Brokers, DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
-			BatchSize: *batchSize, BatchWait: *batchWait, Logger: log,
+			BatchSize: worker.BatchSize, BatchWait: worker.BatchWait, Logger: log,
 		},
 		Function: fn, Records: *records, NaiveRecords: *naive, Rounds: *rounds,
 		Reset: func(ctx context.Context, tx pgx.Tx) error {
@@ -79,7 +83,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	printBench(stdout, results, *batchSize, *batchWait)
+	printBench(stdout, results, worker.BatchSize, worker.BatchWait)
 
 	fmt.Fprintf(stdout, "\nrelay: a backlog of %d outbox events to JetStream; the naive relay for %s; commit→ack latency for %s at %d events/s\n",
 		*relayEvents, *relayFor, *relayFor, *relayRate)
@@ -151,7 +155,11 @@ func printBench(w io.Writer, results []bench.Result, batchSize int, batchWait ti
 	for _, r := range results {
 		rate[r.Mode] = r.PerSecond
 	}
-	fmt.Fprintf(w, "\nbatch size %d, batch wait %s, handler: orders (upsert + outbox event); median of the rounds\n", batchSize, batchWait)
+	wait := batchWait.String()
+	if batchWait < 0 {
+		wait = "0 (no wait)"
+	}
+	fmt.Fprintf(w, "\nbatch size %d, batch wait %s, handler: orders (upsert + outbox event); median of the rounds\n", batchSize, wait)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MODE\tRECORDS\tSECONDS\tMSGS/S\tROUNDS (MSGS/S)")
 	for _, r := range results {

@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/settings"
 )
 
 func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -31,16 +32,16 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
        kfn dlq park [flags]        dead-letter one stuck record by hand (see kfn dlq park -h)
 
 `)
-		fs.PrintDefaults()
+		printFlags(fs.FlagSet)
 	}
-	dbURL := databaseFlag(fs)
+	dbURL := bind(fs, settings.DatabaseURL)
 	function := fs.String("function", "", "only this function (default: all)")
 	limit := fs.Int("limit", 100, "at most this many records")
 	asJSON := fs.Bool("json", false, "print JSON (with payloads) for scripts")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := required("database-url", *dbURL); err != nil {
+	if err := requiredSetting(settings.DatabaseURL, *dbURL); err != nil {
 		return err
 	}
 	if *limit < 1 {
@@ -86,10 +87,10 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 // workers' lease-and-fence path, audited.
 func runDLQPark(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("dlq park", stderr)
-	dbURL := databaseFlag(fs)
-	natsURL := natsFlag(fs)
-	brokers := brokersFlag(fs)
-	bucket := leaseBucketFlag(fs)
+	dbURL := bind(fs, settings.DatabaseURL)
+	natsURL := bind(fs, settings.NATSURL)
+	brokers := bind(fs, settings.KafkaBrokers)
+	bucket := bind(fs, settings.LeaseBucket)
 	function := fs.String("function", "", "the function the record is stuck in (required)")
 	topic := fs.String("topic", "", "the source topic (required)")
 	partition := fs.Int("partition", -1, "the partition (required)")
@@ -108,12 +109,17 @@ example:
       --reason "INC-42: record crashes the decoder; parked until fixed"
 
 `)
-		fs.PrintDefaults()
+		printFlags(fs.FlagSet)
 	}
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	for _, f := range []struct{ name, value string }{{"database-url", *dbURL}, {"nats-url", *natsURL}, {"function", *function}, {"topic", *topic}, {"reason", *reason}} {
+	for _, err := range []error{requiredSetting(settings.DatabaseURL, *dbURL), requiredSetting(settings.NATSURL, *natsURL)} {
+		if err != nil {
+			return err
+		}
+	}
+	for _, f := range []struct{ name, value string }{{"function", *function}, {"topic", *topic}, {"reason", *reason}} {
 		if err := required(f.name, f.value); err != nil {
 			return err
 		}
@@ -136,7 +142,7 @@ example:
 	defer closeNATS()
 	res, err := operator.Park(ctx, pool, js, operator.ParkRequest{
 		Function: *function, Topic: *topic, Partition: int32(*partition), Offset: *offset, Reason: *reason,
-		Actor: actor("dlq-park"), KafkaBrokers: splitBrokers(*brokers), LeaseBucket: *bucket,
+		Actor: actor("dlq-park"), KafkaBrokers: *brokers, LeaseBucket: *bucket,
 	})
 	if err != nil {
 		return err

@@ -15,7 +15,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/kfn-dev/kfn/runtime/lease"
+	"github.com/kfn-dev/kfn/internal/settings"
 )
 
 // command is one kfn subcommand.
@@ -32,6 +32,7 @@ var commands = map[string]command{
 	"dlq":     {"list dead letters, or park a stuck record (dlq park)", runDLQ},
 	"bench":   {"benchmark exactly-once against at-least-once and naive", runBench},
 	"relay":   {"run the outbox relay on its own (for workers started with --no-relay)", runRelay},
+	"version": {"print kfn's version, VCS revision and Go version", runVersion},
 }
 
 // usageError is a mistake in how kfn was called: exit code 2.
@@ -89,16 +90,49 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "\nrun `kfn <command> -h` for its flags")
 }
 
-// newFlags makes a flag set that reports errors instead of exiting, with
-// output to stderr.
-func newFlags(name string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("kfn "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	return fs
+// flagSet is a subcommand's flag set. Its shared settings (connections,
+// lease bucket, worker and relay tuning) are declared in internal/settings,
+// each with its environment variable; its own flags are plain flags.
+type flagSet struct {
+	*flag.FlagSet
+	settings *settings.Binder
 }
 
-// parse parses args and rejects stray positional arguments.
-func parse(fs *flag.FlagSet, args []string) error {
+// newFlags makes a flag set that reports errors instead of exiting, with
+// output to stderr.
+func newFlags(name string, stderr io.Writer) *flagSet {
+	fs := flag.NewFlagSet("kfn "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: kfn %s [flags]\n\n", name)
+		printFlags(fs)
+	}
+	return &flagSet{FlagSet: fs, settings: settings.NewBinder(fs)}
+}
+
+// printFlags lists the flags of fs, with the environment variable of each
+// shared setting in brackets.
+func printFlags(fs *flag.FlagSet) {
+	n := 0
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	if n == 0 {
+		fmt.Fprintln(fs.Output(), "no flags")
+		return
+	}
+	fmt.Fprintln(fs.Output(), "flags (a variable in brackets sets the flag from the environment):")
+	settings.PrintDefaults(fs)
+}
+
+// bind adds setting s to fs and returns where its value will be.
+func bind[T any](fs *flagSet, s settings.Setting[T]) *T {
+	p := new(T)
+	s.Bind(fs.settings, p)
+	return p
+}
+
+// parse parses args and rejects stray positional arguments and the shared
+// settings' bad values.
+func parse(fs *flagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -108,38 +142,36 @@ func parse(fs *flag.FlagSet, args []string) error {
 	if fs.NArg() > 0 {
 		return &usageError{msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
 	}
+	if errs := fs.settings.Errors(); len(errs) > 0 {
+		msgs := make([]string, len(errs))
+		for i, e := range errs {
+			msgs[i] = e.Error()
+		}
+		return &usageError{msg: strings.Join(msgs, "\n")}
+	}
 	return nil
 }
 
-// env returns the first set environment variable of names, or def.
-func env(def string, names ...string) string {
-	for _, n := range names {
-		if v := os.Getenv(n); v != "" {
-			return v
-		}
-	}
-	return def
+// given reports whether the flag name was on the command line.
+func given(fs *flagSet, name string) bool {
+	found := false
+	fs.Visit(func(f *flag.Flag) { found = found || f.Name == name })
+	return found
 }
 
-func databaseFlag(fs *flag.FlagSet) *string {
-	return fs.String("database-url", env("", "DATABASE_URL", "KFN_DATABASE_URL"), "Postgres URL [DATABASE_URL]")
-}
-
-func brokersFlag(fs *flag.FlagSet) *string {
-	return fs.String("kafka-brokers", env("", "KFN_KAFKA_BROKERS"), "Kafka brokers host:port[,…] [KFN_KAFKA_BROKERS]")
-}
-
-func natsFlag(fs *flag.FlagSet) *string {
-	return fs.String("nats-url", env("", "KFN_NATS_URL"), "NATS URL [KFN_NATS_URL]")
-}
-
-func leaseBucketFlag(fs *flag.FlagSet) *string {
-	return fs.String("lease-bucket", env(lease.DefaultBucket, "KFN_LEASE_BUCKET"), "the workers' NATS KV lease bucket [KFN_LEASE_BUCKET]")
-}
-
+// required says that a flag the command needs is missing.
 func required(name, value string) error {
 	if strings.TrimSpace(value) == "" {
 		return &usageError{msg: fmt.Sprintf("--%s is required", name)}
+	}
+	return nil
+}
+
+// requiredSetting says that a shared setting the command needs is missing,
+// naming its environment variable too.
+func requiredSetting(s settings.Setting[string], value string) error {
+	if strings.TrimSpace(value) == "" {
+		return &usageError{msg: fmt.Sprintf("--%s is required (or set %s)", s.Flag, s.Env)}
 	}
 	return nil
 }

@@ -9,16 +9,17 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/runtime/schema"
 )
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("migrate", stderr)
-	dbURL := databaseFlag(fs)
+	dbURL := bind(fs, settings.DatabaseURL)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := required("database-url", *dbURL); err != nil {
+	if err := requiredSetting(settings.DatabaseURL, *dbURL); err != nil {
 		return err
 	}
 	pool, err := connectPostgres(ctx, *dbURL)

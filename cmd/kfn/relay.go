@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
 )
@@ -21,21 +22,20 @@ import (
 // to them.
 func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("relay", stderr)
-	var cfg runtime.Config
-	cfg.Bind(fs) // the workers' flags and variables: lease, stream, database, NATS
-	subjects := fs.String("subjects", env("", "KFN_RELAY_SUBJECTS"), "comma-separated subjects the functions emit on (wildcards allowed); the event stream is created or extended to capture them [KFN_RELAY_SUBJECTS]")
+	cfg := bindRelayConfig(fs)
+	subjects := bind(fs, settings.RelaySubjects)
 	every := fs.Duration("stats-every", 5*time.Second, "how often to print the relay's counters")
 	verbose := fs.Bool("v", false, "show the relay's logs")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := required("database-url", cfg.DatabaseURL); err != nil {
+	if err := requiredSetting(settings.DatabaseURL, cfg.DatabaseURL); err != nil {
 		return err
 	}
-	if err := required("nats-url", cfg.NATSURL); err != nil {
+	if err := requiredSetting(settings.NATSURL, cfg.NATSURL); err != nil {
 		return err
 	}
-	subjectList := splitBrokers(*subjects) // a comma-separated list, like --kafka-brokers
+	subjectList := *subjects
 	if len(subjectList) == 0 {
 		return &usageError{msg: "--subjects is required: list the subjects the functions emit on, e.g. orders.accepted,payments.>"}
 	}
@@ -51,7 +51,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		level = slog.LevelInfo
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	relay, err := engine.NewRelay(ctx, cfg, subjectList)
+	relay, err := engine.NewRelay(ctx, *cfg, subjectList)
 	var cfgErr *engine.ConfigError
 	if errors.As(err, &cfgErr) {
 		return &usageError{msg: err.Error()}
@@ -84,6 +84,29 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			last, lastAt = s, time.Now()
 		}
 	}
+}
+
+// bindRelayConfig binds the worker settings a relay uses (connections,
+// worker id, statement timeout, leases, event stream) to the fields of the
+// Config it returns; the batch, retry and handler settings are not its.
+func bindRelayConfig(fs *flagSet) *runtime.Config {
+	var cfg runtime.Config
+	b := fs.settings
+	settings.DatabaseURL.Bind(b, &cfg.DatabaseURL)
+	settings.NATSURL.Bind(b, &cfg.NATSURL)
+	id := settings.WorkerID
+	id.DefaultText = "kfn-relay-host-pid"
+	id.Bind(b, &cfg.WorkerID)
+	st := settings.StatementTimeout
+	st.DefaultText = fmt.Sprintf("0.4 × --lease-ttl, at most %s", settings.DefaultHandlerTimeout*8/10)
+	st.Bind(b, &cfg.StatementTimeout)
+	settings.LeaseBucket.Bind(b, &cfg.LeaseBucket)
+	settings.LeaseTTL.Bind(b, &cfg.LeaseTTL)
+	settings.LeaseRenew.Bind(b, &cfg.LeaseRenew)
+	settings.EventStream.Bind(b, &cfg.EventStream)
+	settings.EventDedup.Bind(b, &cfg.EventDedup)
+	settings.EventRetention.Bind(b, &cfg.EventRetention)
+	return &cfg
 }
 
 // printRelayStats prints one line of relay counters; the rate is over the

@@ -11,23 +11,30 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kfn-dev/kfn/internal/settings"
 )
 
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("replay", stderr)
-	dbURL := databaseFlag(fs)
-	natsURL := natsFlag(fs)
+	dbURL := bind(fs, settings.DatabaseURL)
+	natsURL := bind(fs, settings.NATSURL)
 	function := fs.String("function", "", "the function whose cursor moves (required)")
 	topic := fs.String("topic", "", "the source topic (required)")
 	partition := fs.Int("partition", -1, "the partition (required)")
 	from := fs.Int64("from-offset", -1, "resume at this offset (required)")
 	reexecute := fs.Bool("reexecute", false, "apply already handled records again (audited; needs --reason)")
 	reason := fs.String("reason", "", "why, for the audit log")
-	bucket := leaseBucketFlag(fs)
+	bucket := bind(fs, settings.LeaseBucket)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	for name, v := range map[string]string{"database-url": *dbURL, "nats-url": *natsURL, "function": *function, "topic": *topic} {
+	for _, err := range []error{requiredSetting(settings.DatabaseURL, *dbURL), requiredSetting(settings.NATSURL, *natsURL)} {
+		if err != nil {
+			return err
+		}
+	}
+	for name, v := range map[string]string{"function": *function, "topic": *topic} {
 		if err := required(name, v); err != nil {
 			return err
 		}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/runtime/devstack"
 	"github.com/kfn-dev/kfn/runtime/schema"
 )
@@ -27,10 +27,17 @@ type stack struct {
 
 // serviceFlags are the flags of the commands that run a stack (dev, bench):
 // the services they name are used, the others are started in this process.
-type serviceFlags struct{ databaseURL, brokers, natsURL *string }
+type serviceFlags struct {
+	databaseURL, natsURL *string
+	brokers              *[]string
+}
 
-func addServiceFlags(fs *flag.FlagSet) serviceFlags {
-	return serviceFlags{databaseURL: databaseFlag(fs), brokers: brokersFlag(fs), natsURL: natsFlag(fs)}
+func addServiceFlags(fs *flagSet) serviceFlags {
+	db, nats, kafka := settings.DatabaseURL, settings.NATSURL, settings.KafkaBrokers
+	db.DefaultText = "a throwaway cluster started here"
+	nats.DefaultText = "an embedded server"
+	kafka.DefaultText = "an embedded broker"
+	return serviceFlags{databaseURL: bind(fs, db), natsURL: bind(fs, nats), brokers: bind(fs, kafka)}
 }
 
 // start starts the stack and migrates its database. The caller stops the
@@ -55,8 +62,8 @@ func (f serviceFlags) start(ctx context.Context, out io.Writer, log *slog.Logger
 
 // startStack starts whatever the given URLs leave out. out receives one line
 // per service saying where it is.
-func startStack(ctx context.Context, dbURL, natsURL, brokers string, out io.Writer, log *slog.Logger) (*stack, error) {
-	s := &stack{DatabaseURL: dbURL, NATSURL: natsURL, Brokers: splitBrokers(brokers)}
+func startStack(ctx context.Context, dbURL, natsURL string, brokers []string, out io.Writer, log *slog.Logger) (*stack, error) {
+	s := &stack{DatabaseURL: dbURL, NATSURL: natsURL, Brokers: brokers}
 	ok := false
 	defer func() {
 		if !ok {

@@ -6,24 +6,27 @@ import (
 	"fmt"
 	"github.com/kfn-dev/kfn/operator"
 	"io"
-	"strings"
 	"text/tabwriter"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kfn-dev/kfn/internal/settings"
 )
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("status", stderr)
-	dbURL := databaseFlag(fs)
-	brokers := brokersFlag(fs)
-	natsURL := natsFlag(fs)
-	bucket := leaseBucketFlag(fs)
+	dbURL := bind(fs, settings.DatabaseURL)
+	brokers := bind(fs, settings.KafkaBrokers)
+	nats := settings.NATSURL
+	nats.Usage += "; with it, the live lease holders are shown"
+	natsURL := bind(fs, nats)
+	bucket := bind(fs, settings.LeaseBucket)
 	function := fs.String("function", "", "only this function (default: all)")
 	asJSON := fs.Bool("json", false, "print JSON for scripts")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := required("database-url", *dbURL); err != nil {
+	if err := requiredSetting(settings.DatabaseURL, *dbURL); err != nil {
 		return err
 	}
 	pool, err := connectPostgres(ctx, *dbURL)
@@ -40,7 +43,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		defer closeNATS()
 	}
-	parts, statusErr := operator.Status(ctx, pool, splitBrokers(*brokers), js, *bucket, *function)
+	parts, statusErr := operator.Status(ctx, pool, *brokers, js, *bucket, *function)
 	if parts == nil && statusErr != nil {
 		return statusErr
 	}
@@ -82,14 +85,4 @@ func unknownIfNegative(n int64) string {
 		return "?"
 	}
 	return fmt.Sprint(n)
-}
-
-func splitBrokers(s string) []string {
-	var out []string
-	for _, b := range strings.Split(s, ",") {
-		if b = strings.TrimSpace(b); b != "" {
-			out = append(out, b)
-		}
-	}
-	return out
 }

@@ -7,24 +7,25 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
-	"strconv"
-	"strings"
 	"time"
 
-	"github.com/kfn-dev/kfn/outbox"
+	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
-// Config is how a worker connects and behaves. Every field can be set by a
-// flag or an environment variable (see Bind); zero values take the defaults
-// from WithDefaults.
+// Config is how a worker connects and behaves. Bind makes every field but
+// Logger a flag and an environment variable (run a function binary with -h
+// to list them); a flag or variable set to zero is checked like any other
+// value, and is either honoured (--batch-wait 0) or rejected with an error
+// naming both (--batch-size 0). For a Go caller, a zero field means the
+// default (see WithDefaults).
 type Config struct {
 	KafkaBrokers   []string      // KFN_KAFKA_BROKERS: comma-separated host:port list
 	DatabaseURL    string        // DATABASE_URL: Postgres connection URL
 	NATSURL        string        // KFN_NATS_URL: NATS server URL
 	WorkerID       string        // KFN_WORKER_ID: unique per process; default host-pid
 	BatchSize      int           // KFN_BATCH_SIZE: max records per transaction
-	BatchWait      time.Duration // KFN_BATCH_WAIT: max time to wait to fill a batch
+	BatchWait      time.Duration // KFN_BATCH_WAIT: max time to wait to fill a batch; negative: no wait (the flag's 0)
 	MaxRecordBytes int           // KFN_MAX_RECORD_BYTES: larger records (key, value and headers) are dead-lettered as oversized
 	RetryAttempts  int           // KFN_RETRY_ATTEMPTS: handler tries per record before it is dead-lettered
 	RetryInitial   time.Duration // KFN_RETRY_INITIAL: first backoff between handler tries
@@ -42,33 +43,34 @@ type Config struct {
 	LeaseTTL       time.Duration // KFN_LEASE_TTL: partition lease lifetime without renewal
 	LeaseRenew     time.Duration // KFN_LEASE_RENEW: how often leases and heartbeats are renewed
 	LeaseBucket    string        // KFN_LEASE_BUCKET: the NATS KV bucket of the leases; all workers of a function share it
-	NoRelay        bool          // KFN_NO_RELAY: do not run the outbox relay in this process (run `kfn relay` instead)
+	NoRelay        bool          // KFN_NO_RELAY (true/false, 1/0): do not run the outbox relay in this process (run `kfn relay` instead)
 	EventStream    string        // KFN_EVENT_STREAM: the JetStream stream outbox events are relayed to
 	EventDedup     time.Duration // KFN_EVENT_DEDUP: the stream's duplicate window, when the relay creates it
 	EventRetention time.Duration // KFN_EVENT_RETENTION: the event stream's max age, when the relay creates it
 	InboxRetention time.Duration // KFN_INBOX_RETENTION: inbox rows older than this are purged (dedup of Kafka records stays permanent)
 	Logger         *slog.Logger  // not bindable; defaults to slog.Default()
 
-	envErrs []error // environment values Bind could not parse
+	bound *settings.Binder // the flags and variables of Bind, whose bad values validate reports
 }
 
-// Defaults, chosen from the benchmark in the README (`kfn bench`).
+// Defaults, chosen from the benchmark in the README (`kfn bench`). The
+// README's Configuration table and a function binary's -h show their values.
 const (
-	DefaultBatchSize      = 500
-	DefaultBatchWait      = 20 * time.Millisecond
-	DefaultMaxRecordBytes = 512 << 10
-	DefaultRetryAttempts  = 5
-	DefaultRetryInitial   = 100 * time.Millisecond
-	DefaultRetryMax       = 5 * time.Second
-	DefaultHandlerTimeout = 30 * time.Second
-	DefaultLeaseTTL       = 5 * time.Second
-	DefaultLeaseRenew     = 1 * time.Second
-	DefaultEventDedup     = outbox.DefaultDuplicates
-	DefaultInboxRetention = 7 * 24 * time.Hour
-	DefaultEventRetention = outbox.DefaultStreamMaxAge
+	DefaultBatchSize      = settings.DefaultBatchSize
+	DefaultBatchWait      = settings.DefaultBatchWait
+	DefaultMaxRecordBytes = settings.DefaultMaxRecordBytes
+	DefaultRetryAttempts  = settings.DefaultRetryAttempts
+	DefaultRetryInitial   = settings.DefaultRetryInitial
+	DefaultRetryMax       = settings.DefaultRetryMax
+	DefaultHandlerTimeout = settings.DefaultHandlerTimeout
+	DefaultLeaseTTL       = settings.DefaultLeaseTTL
+	DefaultLeaseRenew     = settings.DefaultLeaseRenew
+	DefaultEventDedup     = settings.DefaultEventDedup
+	DefaultInboxRetention = settings.DefaultInboxRetention
+	DefaultEventRetention = settings.DefaultEventRetention
 )
 
-// WithDefaults returns a copy with every unset field at its default.
+// WithDefaults returns a copy with every unset (zero) field at its default.
 func (c Config) WithDefaults() Config {
 	if c.WorkerID == "" {
 		host, _ := os.Hostname()
@@ -81,11 +83,11 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.RetryInitial, DefaultRetryInitial)
 	setDefault(&c.RetryMax, DefaultRetryMax)
 	setDefault(&c.HandlerTimeout, DefaultHandlerTimeout)
-	setDefault(&c.StartFrom, "earliest")
+	setDefault(&c.StartFrom, settings.StartFrom.Default)
 	setDefault(&c.LeaseTTL, DefaultLeaseTTL)
 	setDefault(&c.LeaseRenew, DefaultLeaseRenew)
 	setDefault(&c.StatementTimeout, min(c.LeaseTTL*4/10, c.HandlerTimeout*8/10))
-	setDefault(&c.LeaseBucket, lease.DefaultBucket)
+	setDefault(&c.LeaseBucket, settings.LeaseBucket.Default)
 	setDefault(&c.EventStream, DefaultStream)
 	setDefault(&c.EventDedup, DefaultEventDedup)
 	setDefault(&c.InboxRetention, DefaultInboxRetention)
@@ -114,72 +116,70 @@ func (e *ConfigError) Error() string {
 	return fmt.Sprintf("invalid configuration: --%s (%s): %s", e.Field, e.Env, e.Msg)
 }
 
+// configError is a ConfigError about setting s.
+func configError[T any](s settings.Setting[T], msg string, args ...any) *ConfigError {
+	return &ConfigError{Field: s.Flag, Env: s.Env, Msg: fmt.Sprintf(msg, args...)}
+}
+
 // validate checks every setting; Kafka brokers are required only when a
-// function reads Kafka (needKafka).
+// function reads Kafka (needKafka). A value given to Bind that was rejected
+// is reported as given, and not again as missing: its field kept the default.
 func (c Config) validate(needKafka bool) error {
-	errs := append([]error(nil), c.envErrs...)
-	bad := func(field, msg string, args ...any) {
-		errs = append(errs, &ConfigError{Field: field, Env: envName(field), Msg: fmt.Sprintf(msg, args...)})
-	}
-	if needKafka && len(c.KafkaBrokers) == 0 {
-		bad("kafka-brokers", "no Kafka broker given: set it to host:port[,host:port…]")
-	}
-	for _, b := range c.KafkaBrokers {
-		if host, port, ok := strings.Cut(b, ":"); !ok || host == "" || !isPort(port) {
-			bad("kafka-brokers", "%q is not host:port", b)
+	var errs []error
+	add := func(problems []*settings.Error) {
+		for _, e := range problems {
+			errs = append(errs, &ConfigError{Field: e.Flag, Env: e.Env, Msg: e.Msg})
 		}
 	}
-	if c.DatabaseURL == "" {
-		bad("database-url", "no Postgres URL given: set it to postgres://user@host:port/db")
-	} else if u, err := url.Parse(c.DatabaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		bad("database-url", "%q is not a postgres:// URL", redactURL(c.DatabaseURL))
+	bad := func(err *ConfigError) { errs = append(errs, err) }
+	rejected := map[string]bool{}
+	if c.bound != nil {
+		given := c.bound.Errors()
+		for _, e := range given {
+			rejected[e.Flag] = true
+		}
+		add(given)
 	}
+	if needKafka && len(c.KafkaBrokers) == 0 && !rejected[settings.KafkaBrokers.Flag] {
+		bad(configError(settings.KafkaBrokers, "no Kafka broker given: set it to host:port[,host:port…]"))
+	}
+	add(settings.KafkaBrokers.Problems(c.KafkaBrokers))
+	if c.DatabaseURL == "" && !rejected[settings.DatabaseURL.Flag] {
+		bad(configError(settings.DatabaseURL, "no Postgres URL given: set it to postgres://user@host:port/db"))
+	}
+	add(settings.DatabaseURL.Problems(c.DatabaseURL))
 	if c.NATSURL == "" {
-		bad("nats-url", "no NATS URL given: set it to nats://host:port")
+		bad(configError(settings.NATSURL, "no NATS URL given: set it to nats://host:port"))
 	}
-	if c.BatchSize < 1 || c.BatchSize > 10000 {
-		bad("batch-size", "%d is out of range 1..10000", c.BatchSize)
+	// BatchWait: any value goes, a negative one is no wait.
+	add(settings.BatchSize.Problems(c.BatchSize))
+	add(settings.MaxRecordBytes.Problems(c.MaxRecordBytes))
+	add(settings.RetryAttempts.Problems(c.RetryAttempts))
+	add(settings.RetryInitial.Problems(c.RetryInitial))
+	if c.RetryInitial > 0 && c.RetryMax < c.RetryInitial {
+		bad(configError(settings.RetryMax, "must be at least --retry-initial (%s)", c.RetryInitial))
 	}
-	if c.BatchWait < 0 {
-		bad("batch-wait", "must not be negative")
-	}
-	if c.MaxRecordBytes < 1 {
-		bad("max-record-bytes", "must be positive")
-	}
-	if c.RetryAttempts < 1 {
-		bad("retry-attempts", "must be at least 1")
-	}
-	if c.RetryInitial <= 0 || c.RetryMax < c.RetryInitial {
-		bad("retry-max", "must be at least --retry-initial (%s)", c.RetryInitial)
-	}
-	if c.HandlerTimeout <= 0 {
-		bad("handler-timeout", "must be positive")
-	}
-	if c.StartFrom != "earliest" && c.StartFrom != "latest" {
-		bad("start-from", "%q is neither earliest nor latest", c.StartFrom)
-	}
-	if c.EventDedup <= 0 {
-		bad("event-dedup", "must be positive")
-	}
+	add(settings.HandlerTimeout.Problems(c.HandlerTimeout))
+	add(settings.StartFrom.Problems(c.StartFrom))
+	add(settings.EventDedup.Problems(c.EventDedup))
 	if c.EventRetention < c.EventDedup {
-		bad("event-retention", "%s is shorter than --event-dedup (%s)", c.EventRetention, c.EventDedup)
+		bad(configError(settings.EventRetention, "%s is shorter than --event-dedup (%s)", c.EventRetention, c.EventDedup))
 	}
-	if c.InboxRetention < time.Second {
-		bad("inbox-retention", "%s is too short: events republished after it would be applied again", c.InboxRetention)
-	}
-	if c.LeaseRenew <= 0 || c.LeaseTTL < 3*c.LeaseRenew {
-		bad("lease-ttl", "%s must be at least 3 × --lease-renew (%s) so a lease survives a missed renewal", c.LeaseTTL, c.LeaseRenew)
+	add(settings.InboxRetention.Problems(c.InboxRetention))
+	add(settings.LeaseRenew.Problems(c.LeaseRenew))
+	if c.LeaseRenew > 0 && c.LeaseTTL < 3*c.LeaseRenew {
+		bad(configError(settings.LeaseTTL, "%s must be at least 3 × --lease-renew (%s) so a lease survives a missed renewal", c.LeaseTTL, c.LeaseRenew))
 	}
 	rt := roundTripLimit(c.StatementTimeout)
-	switch {
-	case c.StatementTimeout < 10*time.Millisecond:
-		bad("statement-timeout", "%s is too short: set it to the longest a Postgres statement of a handler may run, e.g. 2s", c.StatementTimeout)
+	switch tooShort := settings.StatementTimeout.Problems(c.StatementTimeout); {
+	case len(tooShort) > 0:
+		add(tooShort)
 	case rt > lease.Validity(c.LeaseTTL):
-		bad("statement-timeout", "%s is too long for --lease-ttl %s: a round trip unanswered for 5/4 of it (%s) is a frozen connection, and the worker must notice one within the %s (0.7 × --lease-ttl) that a lease stays valid without renewal; lower --statement-timeout to at most %s or raise --lease-ttl to at least %s",
-			c.StatementTimeout, c.LeaseTTL, rt, lease.Validity(c.LeaseTTL), lease.Validity(c.LeaseTTL)*4/5, (c.StatementTimeout * 5 / 4 * 10 / 7).Round(time.Millisecond))
+		bad(configError(settings.StatementTimeout, "%s is too long for --lease-ttl %s: a round trip unanswered for 5/4 of it (%s) is a frozen connection, and the worker must notice one within the %s (0.7 × --lease-ttl) that a lease stays valid without renewal; lower --statement-timeout to at most %s or raise --lease-ttl to at least %s",
+			c.StatementTimeout, c.LeaseTTL, rt, lease.Validity(c.LeaseTTL), lease.Validity(c.LeaseTTL)*4/5, (c.StatementTimeout * 5 / 4 * 10 / 7).Round(time.Millisecond)))
 	case c.HandlerTimeout > 0 && rt > c.HandlerTimeout:
-		bad("handler-timeout", "%s is shorter than 5/4 of --statement-timeout (%s): a slow statement in a handler must be cancelled by Postgres (the record's error, retried and then dead-lettered) before the handler's deadline closes the connection (an infrastructure error, retried forever); raise --handler-timeout to at least %s or lower --statement-timeout to at most %s",
-			c.HandlerTimeout, c.StatementTimeout, rt, c.HandlerTimeout*4/5)
+		bad(configError(settings.HandlerTimeout, "%s is shorter than 5/4 of --statement-timeout (%s): a slow statement in a handler must be cancelled by Postgres (the record's error, retried and then dead-lettered) before the handler's deadline closes the connection (an infrastructure error, retried forever); raise --handler-timeout to at least %s or lower --statement-timeout to at most %s",
+			c.HandlerTimeout, c.StatementTimeout, rt, c.HandlerTimeout*4/5))
 	}
 	return errors.Join(errs...)
 }
@@ -190,11 +190,6 @@ func (c Config) validate(needKafka bool) error {
 // first and fails as itself, with the connection intact.
 func roundTripLimit(statementTimeout time.Duration) time.Duration { return statementTimeout * 5 / 4 }
 
-func isPort(s string) bool {
-	n, err := strconv.Atoi(s)
-	return err == nil && n > 0 && n < 65536
-}
-
 // redactURL hides a password in a URL before it is printed.
 func redactURL(s string) string {
 	u, err := url.Parse(s)
@@ -204,123 +199,36 @@ func redactURL(s string) string {
 	return u.Redacted()
 }
 
-// envName maps a flag name to its environment variable.
-func envName(field string) string {
-	if field == "database-url" {
-		return "DATABASE_URL"
-	}
-	return "KFN_" + strings.ToUpper(strings.ReplaceAll(field, "-", "_"))
-}
+// Bind registers a flag for every Config field but Logger on fs, each with
+// its environment variable, and sets each field to its default, or to its
+// variable's value if the variable is set; fs.Parse then writes the flags
+// given (flags win over the environment). A given value that does not parse
+// or cannot be used, zero included, is reported naming the flag and the
+// variable by the NewWorker or NewRelay that c is passed to.
+func (c *Config) Bind(fs *flag.FlagSet) { c.bind(settings.NewBinder(fs)) }
 
-// Bind registers a flag for every Config field on fs, with the environment
-// variable as the default value, so flags win over the environment. Values
-// are written into c when fs is parsed.
-func (c *Config) Bind(fs *flag.FlagSet) {
-	str := func(p *string, name, def, usage string) {
-		fs.StringVar(p, name, envOr(name, def), usage+" ["+envName(name)+"]")
-	}
-	dur := func(p *time.Duration, name string, def time.Duration, usage string) {
-		fs.Var(&envDuration{p: p}, name, usage+" ["+envName(name)+"] (default "+def.String()+")")
-		if v := os.Getenv(envName(name)); v != "" {
-			if err := (&envDuration{p: p}).Set(v); err != nil {
-				c.envErrs = append(c.envErrs, &ConfigError{Field: name, Env: envName(name), Msg: err.Error()})
-			}
-		}
-	}
-	num := func(p *int, name string, def int, usage string) {
-		fs.Var(&envInt{p: p}, name, usage+" ["+envName(name)+"] (default "+strconv.Itoa(def)+")")
-		if v := os.Getenv(envName(name)); v != "" {
-			if err := (&envInt{p: p}).Set(v); err != nil {
-				c.envErrs = append(c.envErrs, &ConfigError{Field: name, Env: envName(name), Msg: err.Error()})
-			}
-		}
-	}
-	fs.Func("kafka-brokers", "Kafka bootstrap brokers, host:port[,host:port…] ["+envName("kafka-brokers")+"]", func(s string) error {
-		c.KafkaBrokers = splitList(s)
-		return nil
-	})
-	c.KafkaBrokers = splitList(os.Getenv(envName("kafka-brokers")))
-	str(&c.DatabaseURL, "database-url", "", "Postgres connection URL")
-	str(&c.NATSURL, "nats-url", "", "NATS server URL")
-	str(&c.WorkerID, "worker-id", "", "unique worker id (default host-pid)")
-	num(&c.BatchSize, "batch-size", DefaultBatchSize, "max records per transaction")
-	dur(&c.BatchWait, "batch-wait", DefaultBatchWait, "max wait to fill a batch")
-	num(&c.MaxRecordBytes, "max-record-bytes", DefaultMaxRecordBytes, "records larger than this (key, value and headers) are dead-lettered")
-	num(&c.RetryAttempts, "retry-attempts", DefaultRetryAttempts, "handler tries per record before dead-lettering")
-	dur(&c.RetryInitial, "retry-initial", DefaultRetryInitial, "first retry backoff")
-	dur(&c.RetryMax, "retry-max", DefaultRetryMax, "largest retry backoff")
-	dur(&c.HandlerTimeout, "handler-timeout", DefaultHandlerTimeout, "max duration of one handler call: a call running longer is dead-lettered as timeout, and abandoned 1s later if it ignores its ctx")
-	fs.Var(&envDuration{p: &c.StatementTimeout}, "statement-timeout", "longest a Postgres statement may run (the sessions' statement_timeout); a round trip unanswered for 5/4 of it is a frozen connection ["+envName("statement-timeout")+"] (default 0.4 × --lease-ttl, at most 0.8 × --handler-timeout)")
-	if v := os.Getenv(envName("statement-timeout")); v != "" {
-		if err := (&envDuration{p: &c.StatementTimeout}).Set(v); err != nil {
-			c.envErrs = append(c.envErrs, &ConfigError{Field: "statement-timeout", Env: envName("statement-timeout"), Msg: err.Error()})
-		}
-	}
-	str(&c.StartFrom, "start-from", "earliest", "earliest|latest: where a partition without a cursor starts")
-	dur(&c.LeaseTTL, "lease-ttl", DefaultLeaseTTL, "partition lease lifetime without renewal")
-	dur(&c.LeaseRenew, "lease-renew", DefaultLeaseRenew, "lease and heartbeat renewal interval")
-	str(&c.LeaseBucket, "lease-bucket", lease.DefaultBucket, "NATS KV bucket holding the leases")
-	fs.BoolVar(&c.NoRelay, "no-relay", os.Getenv(envName("no-relay")) == "true", "do not run the outbox relay in this process ["+envName("no-relay")+"=true]")
-	str(&c.EventStream, "event-stream", DefaultStream, "JetStream stream the outbox events are relayed to")
-	dur(&c.EventDedup, "event-dedup", DefaultEventDedup, "duplicate window of the event stream when the relay creates it")
-	dur(&c.InboxRetention, "inbox-retention", DefaultInboxRetention, "purge inbox rows older than this")
-	dur(&c.EventRetention, "event-retention", DefaultEventRetention, "max age of events in the event stream when the relay creates it")
-}
-
-func envOr(field, def string) string {
-	if v := os.Getenv(envName(field)); v != "" {
-		return v
-	}
-	if field == "database-url" {
-		if v := os.Getenv("KFN_DATABASE_URL"); v != "" {
-			return v
-		}
-	}
-	return def
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, part := range strings.Split(s, ",") {
-		if part = strings.TrimSpace(part); part != "" {
-			out = append(out, part)
-		}
-	}
-	return out
-}
-
-type envDuration struct{ p *time.Duration }
-
-func (d *envDuration) String() string {
-	if d.p == nil {
-		return ""
-	}
-	return d.p.String()
-}
-
-func (d *envDuration) Set(s string) error {
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("%q is not a duration like 500ms or 5s", s)
-	}
-	*d.p = v
-	return nil
-}
-
-type envInt struct{ p *int }
-
-func (n *envInt) String() string {
-	if n.p == nil {
-		return ""
-	}
-	return strconv.Itoa(*n.p)
-}
-
-func (n *envInt) Set(s string) error {
-	v, err := strconv.Atoi(s)
-	if err != nil {
-		return fmt.Errorf("%q is not a whole number", s)
-	}
-	*n.p = v
-	return nil
+// bind binds every setting of Config to its field; b's errors are c's.
+func (c *Config) bind(b *settings.Binder) {
+	c.bound = b
+	settings.KafkaBrokers.Bind(b, &c.KafkaBrokers)
+	settings.DatabaseURL.Bind(b, &c.DatabaseURL)
+	settings.NATSURL.Bind(b, &c.NATSURL)
+	settings.WorkerID.Bind(b, &c.WorkerID)
+	settings.BatchSize.Bind(b, &c.BatchSize)
+	settings.BatchWait.Bind(b, &c.BatchWait)
+	settings.MaxRecordBytes.Bind(b, &c.MaxRecordBytes)
+	settings.RetryAttempts.Bind(b, &c.RetryAttempts)
+	settings.RetryInitial.Bind(b, &c.RetryInitial)
+	settings.RetryMax.Bind(b, &c.RetryMax)
+	settings.HandlerTimeout.Bind(b, &c.HandlerTimeout)
+	settings.StatementTimeout.Bind(b, &c.StatementTimeout)
+	settings.StartFrom.Bind(b, &c.StartFrom)
+	settings.LeaseTTL.Bind(b, &c.LeaseTTL)
+	settings.LeaseRenew.Bind(b, &c.LeaseRenew)
+	settings.LeaseBucket.Bind(b, &c.LeaseBucket)
+	settings.NoRelay.Bind(b, &c.NoRelay)
+	settings.EventStream.Bind(b, &c.EventStream)
+	settings.EventDedup.Bind(b, &c.EventDedup)
+	settings.InboxRetention.Bind(b, &c.InboxRetention)
+	settings.EventRetention.Bind(b, &c.EventRetention)
 }

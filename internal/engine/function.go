@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 )
 
@@ -56,7 +57,7 @@ type BatchHandler func(ctx context.Context, tx pgx.Tx, recs []Record, out *Batch
 type Event = outbox.Event
 
 // DefaultStream is the JetStream stream outbox events are relayed to.
-const DefaultStream = "KFN_EVENTS"
+const DefaultStream = settings.DefaultEventStream
 
 // Record is one Kafka record, or one JetStream event for a NATS-triggered
 // function (then Topic is the subject, Partition is 0, Offset is the stream

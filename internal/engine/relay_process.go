@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 )
 
@@ -25,12 +26,12 @@ func NewRelay(ctx context.Context, cfg Config, subjects []string) (*Relay, error
 		return nil, err
 	}
 	if len(subjects) == 0 {
-		return nil, &ConfigError{Field: "subjects", Env: "KFN_RELAY_SUBJECTS", Msg: "list the subjects the functions emit on, e.g. orders.accepted,payments.>"}
+		return nil, configError(settings.RelaySubjects, "list the subjects the functions emit on, e.g. orders.accepted,payments.>")
 	}
 	var errs []error
 	for _, s := range subjects {
 		if err := outbox.CheckSubjectPattern(s); err != nil {
-			errs = append(errs, &ConfigError{Field: "subjects", Env: "KFN_RELAY_SUBJECTS", Msg: err.Error()})
+			errs = append(errs, configError(settings.RelaySubjects, "%s", err))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kfn-dev/kfn/internal/settings"
 )
 
 // Start runs fn as this process's only function, the way lambda.Start does:
@@ -34,10 +36,16 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage of %s (every flag can also be set by the environment variable in brackets):\n", name)
+		settings.PrintDefaults(fs)
+	}
 	var cfg Config
-	cfg.Bind(fs)
-	logLevel := fs.String("log-level", envOr("log-level", "info"), "debug|info|warn|error [KFN_LOG_LEVEL]")
-	metricsAddr := fs.String("metrics-addr", envOr("metrics-addr", ""), "serve Prometheus /metrics, /healthz and /readyz on this address, e.g. :9464 [KFN_METRICS_ADDR]")
+	var logLevel, metricsAddr string
+	b := settings.NewBinder(fs)
+	cfg.bind(b) // b's errors, the log level's and metrics address's too, are reported by NewWorker
+	settings.LogLevel.Bind(b, &logLevel)
+	settings.MetricsAddr.Bind(b, &metricsAddr)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -49,10 +57,7 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 		return 2
 	}
 	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		fmt.Fprintf(stderr, "%s: invalid --log-level %q: use debug, info, warn or error\n", name, *logLevel)
-		return 2
-	}
+	_ = level.UnmarshalText([]byte(logLevel)) // checked by settings.LogLevel; a rejected value left "info"
 	cfg.Logger = slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -69,11 +74,11 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 		}
 		return 1
 	}
-	if *metricsAddr != "" {
-		ln, err := net.Listen("tcp", *metricsAddr)
+	if metricsAddr != "" {
+		ln, err := net.Listen("tcp", metricsAddr)
 		if err != nil {
 			w.Close()
-			fmt.Fprintf(stderr, "%s: invalid --metrics-addr (KFN_METRICS_ADDR) %q: %v\n", name, *metricsAddr, err)
+			fmt.Fprintf(stderr, "%s: invalid --%s (%s) %q: %v\n", name, settings.MetricsAddr.Flag, settings.MetricsAddr.Env, metricsAddr, err)
 			return 2
 		}
 		srv := &http.Server{Handler: w.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second}

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime/lease"
 	"github.com/kfn-dev/kfn/runtime/schema"
@@ -157,7 +158,7 @@ func kafkaTopic(fns []Function) string {
 func (w *worker) connectPostgres(ctx context.Context) error {
 	pgCfg, err := pgxpool.ParseConfig(w.cfg.DatabaseURL)
 	if err != nil {
-		return &ConfigError{Field: "database-url", Env: "DATABASE_URL", Msg: fmt.Sprintf("cannot parse %s: %v", redactURL(w.cfg.DatabaseURL), err)}
+		return configError(settings.DatabaseURL, "cannot parse %s: %v", redactURL(w.cfg.DatabaseURL), err)
 	}
 	if !strings.Contains(w.cfg.DatabaseURL, "pool_max_conns") {
 		pgCfg.MaxConns = 16

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	goruntime "runtime"
+	"runtime/debug"
+	"strings"
+)
+
+// runVersion prints the version of kfn's module this binary was built from,
+// its VCS revision and time when the build recorded them, and the Go
+// version.
+func runVersion(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("version", stderr)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	bi, _ := debug.ReadBuildInfo()
+	_, err := io.WriteString(stdout, versionText(bi))
+	return err
+}
+
+// versionText formats bi (nil when the binary has no build information).
+func versionText(bi *debug.BuildInfo) string {
+	version, goVersion := "", goruntime.Version()
+	var revision, at string
+	modified := false
+	if bi != nil {
+		version = bi.Main.Version
+		if bi.GoVersion != "" {
+			goVersion = bi.GoVersion
+		}
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				revision = s.Value
+			case "vcs.time":
+				at = s.Value
+			case "vcs.modified":
+				modified = s.Value == "true"
+			}
+		}
+	}
+	if version == "" {
+		version = "(devel)"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "kfn %s\n", version)
+	if revision != "" {
+		if modified {
+			revision += " (with uncommitted changes)"
+		}
+		fmt.Fprintf(&b, "revision %s\n", revision)
+	}
+	if at != "" {
+		fmt.Fprintf(&b, "time     %s\n", at)
+	}
+	fmt.Fprintf(&b, "go       %s %s/%s\n", goVersion, goruntime.GOOS, goruntime.GOARCH)
+	return b.String()
+}

@@ -1,0 +1,237 @@
+package settings
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/kfn-dev/kfn/outbox"
+	"github.com/kfn-dev/kfn/runtime/lease"
+)
+
+// Defaults of the worker's settings, chosen from the benchmark in the README
+// (`kfn bench`); package runtime exports them under the same names.
+const (
+	DefaultBatchSize      = 500
+	DefaultBatchWait      = 20 * time.Millisecond
+	DefaultMaxRecordBytes = 512 << 10
+	DefaultRetryAttempts  = 5
+	DefaultRetryInitial   = 100 * time.Millisecond
+	DefaultRetryMax       = 5 * time.Second
+	DefaultHandlerTimeout = 30 * time.Second
+	DefaultLeaseTTL       = lease.DefaultTTL
+	DefaultLeaseRenew     = lease.DefaultRenewEvery
+	DefaultEventStream    = outbox.DefaultStream
+	DefaultEventDedup     = outbox.DefaultDuplicates
+	DefaultEventRetention = outbox.DefaultStreamMaxAge
+	DefaultInboxRetention = 7 * 24 * time.Hour
+)
+
+// Connections: the workers' and most kfn commands'.
+var (
+	DatabaseURL = Setting[string]{
+		Flag: "database-url", Env: "DATABASE_URL", OldEnv: "KFN_DATABASE_URL",
+		Usage: "Postgres connection URL", Check: postgresURL,
+	}
+	NATSURL = Setting[string]{
+		Flag: "nats-url", Env: "KFN_NATS_URL",
+		Usage: "NATS server URL (JetStream enabled)",
+	}
+	KafkaBrokers = Setting[[]string]{
+		Flag: "kafka-brokers", Env: "KFN_KAFKA_BROKERS",
+		Usage: "Kafka bootstrap brokers, host:port[,host:port…]", Check: hostPorts,
+	}
+	LeaseBucket = Setting[string]{
+		Flag: "lease-bucket", Env: "KFN_LEASE_BUCKET", Default: lease.DefaultBucket,
+		Usage: "NATS KV bucket of the workers' leases; all workers of a function share it", Check: notEmpty,
+	}
+	EventStream = Setting[string]{
+		Flag: "event-stream", Env: "KFN_EVENT_STREAM", Default: DefaultEventStream,
+		Usage: "JetStream stream the outbox events are relayed to", Check: notEmpty,
+	}
+)
+
+// The worker's.
+var (
+	WorkerID = Setting[string]{
+		Flag: "worker-id", Env: "KFN_WORKER_ID", DefaultText: "host-pid",
+		Usage: "unique per process: the lease owner",
+	}
+	BatchSize = Setting[int]{
+		Flag: "batch-size", Env: "KFN_BATCH_SIZE", Default: DefaultBatchSize,
+		Usage: "max records per transaction", Check: between(1, 10000),
+	}
+	BatchWait = Setting[time.Duration]{
+		Flag: "batch-wait", Env: "KFN_BATCH_WAIT", Default: DefaultBatchWait,
+		Usage: "max wait to fill a batch after its first record; 0: no wait",
+		Check: func(d time.Duration) error {
+			if d < 0 {
+				return errors.New("must not be negative (0: no wait)")
+			}
+			return nil
+		},
+		ZeroAs: -1, // runtime.Config's BatchWait: zero is the default, negative is no wait
+	}
+	MaxRecordBytes = Setting[int]{
+		Flag: "max-record-bytes", Env: "KFN_MAX_RECORD_BYTES", Default: DefaultMaxRecordBytes,
+		Usage: "records larger than this (key, value and headers) are dead-lettered as oversized", Check: positive[int],
+	}
+	RetryAttempts = Setting[int]{
+		Flag: "retry-attempts", Env: "KFN_RETRY_ATTEMPTS", Default: DefaultRetryAttempts,
+		Usage: "handler tries per record before it is dead-lettered", Check: atLeast(1),
+	}
+	RetryInitial = Setting[time.Duration]{
+		Flag: "retry-initial", Env: "KFN_RETRY_INITIAL", Default: DefaultRetryInitial,
+		Usage: "first backoff between handler tries", Check: positive[time.Duration],
+	}
+	RetryMax = Setting[time.Duration]{
+		Flag: "retry-max", Env: "KFN_RETRY_MAX", Default: DefaultRetryMax,
+		Usage: "largest backoff between handler tries", Check: positive[time.Duration],
+	}
+	HandlerTimeout = Setting[time.Duration]{
+		Flag: "handler-timeout", Env: "KFN_HANDLER_TIMEOUT", Default: DefaultHandlerTimeout,
+		Usage: "max duration of one handler call: a call running longer is dead-lettered as timeout, and abandoned 1s later if it ignores its ctx",
+		Check: positive[time.Duration],
+	}
+	StatementTimeout = Setting[time.Duration]{
+		Flag: "statement-timeout", Env: "KFN_STATEMENT_TIMEOUT", DefaultText: "0.4 × --lease-ttl, at most 0.8 × --handler-timeout",
+		Usage: "longest a Postgres statement may run (the sessions' statement_timeout); a round trip unanswered for 5/4 of it is a frozen connection",
+		Check: func(d time.Duration) error {
+			if d < 10*time.Millisecond {
+				return fmt.Errorf("%s is too short: set it to the longest a Postgres statement of a handler may run, e.g. 2s", d)
+			}
+			return nil
+		},
+	}
+	StartFrom = Setting[string]{
+		Flag: "start-from", Env: "KFN_START_FROM", Default: "earliest",
+		Usage: "earliest|latest: where a partition without a cursor starts",
+		Check: func(s string) error {
+			if s != "earliest" && s != "latest" {
+				return fmt.Errorf("%q is neither earliest nor latest", s)
+			}
+			return nil
+		},
+	}
+	LeaseTTL = Setting[time.Duration]{
+		Flag: "lease-ttl", Env: "KFN_LEASE_TTL", Default: DefaultLeaseTTL,
+		Usage: "partition lease lifetime without renewal", Check: positive[time.Duration],
+	}
+	LeaseRenew = Setting[time.Duration]{
+		Flag: "lease-renew", Env: "KFN_LEASE_RENEW", Default: DefaultLeaseRenew,
+		Usage: "lease and heartbeat renewal period", Check: positive[time.Duration],
+	}
+	NoRelay = Setting[bool]{
+		Flag: "no-relay", Env: "KFN_NO_RELAY",
+		Usage: "do not run the outbox relay in this process (run kfn relay instead)",
+	}
+	EventDedup = Setting[time.Duration]{
+		Flag: "event-dedup", Env: "KFN_EVENT_DEDUP", Default: DefaultEventDedup,
+		Usage: "duplicate window of the event stream, when the relay creates it", Check: positive[time.Duration],
+	}
+	EventRetention = Setting[time.Duration]{
+		Flag: "event-retention", Env: "KFN_EVENT_RETENTION", Default: DefaultEventRetention,
+		Usage: "max age of events in the event stream, when the relay creates it", Check: positive[time.Duration],
+	}
+	InboxRetention = Setting[time.Duration]{
+		Flag: "inbox-retention", Env: "KFN_INBOX_RETENTION", Default: DefaultInboxRetention,
+		Usage: "inbox rows older than this are purged (the dedup of Kafka records stays)",
+		Check: func(d time.Duration) error {
+			if d < time.Second {
+				return fmt.Errorf("%s is too short: events republished after it would be applied again", d)
+			}
+			return nil
+		},
+	}
+	LogLevel = Setting[string]{
+		Flag: "log-level", Env: "KFN_LOG_LEVEL", Default: "info",
+		Usage: "debug|info|warn|error",
+		Check: func(s string) error {
+			var l slog.Level
+			if l.UnmarshalText([]byte(s)) != nil {
+				return fmt.Errorf("%q is not a log level: use debug, info, warn or error", s)
+			}
+			return nil
+		},
+	}
+	MetricsAddr = Setting[string]{
+		Flag: "metrics-addr", Env: "KFN_METRICS_ADDR",
+		Usage: "serve Prometheus /metrics, /healthz and /readyz on this address, e.g. :9464",
+	}
+)
+
+// The relay's (`kfn relay`); it also takes the connections, the worker id,
+// the lease timing and the event stream settings.
+var RelaySubjects = Setting[[]string]{
+	Flag: "subjects", Env: "KFN_RELAY_SUBJECTS",
+	Usage: "comma-separated subjects the functions emit on (wildcards allowed); the event stream is created or extended to capture them",
+}
+
+func between(lo, hi int) func(int) error {
+	return func(n int) error {
+		if n < lo || n > hi {
+			return fmt.Errorf("%d is out of range %d..%d", n, lo, hi)
+		}
+		return nil
+	}
+}
+
+func atLeast(lo int) func(int) error {
+	return func(n int) error {
+		if n < lo {
+			return fmt.Errorf("must be at least %d", lo)
+		}
+		return nil
+	}
+}
+
+func positive[T int | time.Duration](v T) error {
+	if v <= 0 {
+		return errors.New("must be positive")
+	}
+	return nil
+}
+
+func notEmpty(s string) error {
+	if s == "" {
+		return errors.New("must not be empty")
+	}
+	return nil
+}
+
+// postgresURL accepts a postgres:// URL, or nothing (the command or the
+// worker says what is missing).
+func postgresURL(s string) error {
+	if s == "" {
+		return nil
+	}
+	if u, err := url.Parse(s); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return fmt.Errorf("%q is not a postgres:// URL", redactURL(s))
+	}
+	return nil
+}
+
+// hostPorts checks each broker: one error per broker that is not host:port.
+func hostPorts(brokers []string) error {
+	var errs []error
+	for _, b := range brokers {
+		host, port, err := net.SplitHostPort(b)
+		if n, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || n < 1 || n > 65535 {
+			errs = append(errs, fmt.Errorf("%q is not host:port", b))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// redactURL hides a password in a URL before it is printed.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "<unparseable URL>"
+	}
+	return u.Redacted()
+}
