@@ -144,18 +144,42 @@ UPDATE kfn.cursors
 
 // Advance moves the cursor from `from` to `to` inside tx, and is the fence of
 // every commit: it succeeds only while the stored epoch equals token and the
-// cursor is still at from. Otherwise the partition changed hands (or was
-// replayed) and a *FencedError is returned; the caller must roll back.
+// cursor is still at from. Otherwise the caller must roll back, and the
+// error says why: a *FencedError when the partition changed hands (or was
+// replayed: a newer token is stored), a *CursorMovedError when the token is
+// still the caller's but the cursor is elsewhere (the caller's own earlier
+// commit landed although it never saw the reply).
 func Advance(ctx context.Context, tx pgx.Tx, p Partition, token, from, to int64) error {
 	tag, err := tx.Exec(ctx, advanceSQL, p.Consumer, p.Topic, p.Partition, token, from, to)
 	if err != nil {
 		return fmt.Errorf("advance cursor of %s to %d: %w", p, to, err)
 	}
 	if tag.RowsAffected() == 0 {
-		stored, _ := ReadCursor(ctx, tx, p)
+		stored, err := ReadCursor(ctx, tx, p)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("advance cursor of %s to %d: it did not move; reading it: %w", p, to, err)
+		}
+		if err == nil && stored.Epoch == token {
+			return &CursorMovedError{Partition: p, Token: token, From: from, Cursor: stored}
+		}
 		return &FencedError{Partition: p, Token: token, Epoch: stored.Epoch}
 	}
 	return nil
+}
+
+// CursorMovedError means the cursor is not where the caller moved it from,
+// although the caller's token is still the partition's epoch: only the
+// caller's own commit can have moved it (a new owner or a replay always
+// brings a new token). Cursor is the stored cursor, to resume from.
+type CursorMovedError struct {
+	Partition Partition
+	Token     int64
+	From      int64 // where the caller thought the cursor was
+	Cursor    Cursor
+}
+
+func (e *CursorMovedError) Error() string {
+	return fmt.Sprintf("cursor of %s is at %d, not %d, under the same token %d: an earlier commit of this owner landed", e.Partition, e.Cursor.NextOffset, e.From, e.Token)
 }
 
 // SkipExpired moves the cursor from `from` to `to` over records Kafka deleted

@@ -114,9 +114,12 @@ func TestAdvanceIsFencedByTokenAndCursor(t *testing.T) {
 	if !errors.Is(err, inbox.ErrFenced) {
 		t.Errorf("old owner advance after takeover: err = %v, want fenced", err)
 	}
+	// Same token, wrong position: not fenced, the cursor moved (the
+	// owner's own earlier commit landed), and the error carries it.
 	err = inTx(t, db, func(tx pgx.Tx) error { return inbox.Advance(ctx, tx, part, 6, 7, 20) })
-	if !errors.Is(err, inbox.ErrFenced) {
-		t.Errorf("advance from a position that is not the cursor: err = %v, want fenced", err)
+	var moved *inbox.CursorMovedError
+	if errors.Is(err, inbox.ErrFenced) || !errors.As(err, &moved) || moved.Cursor.NextOffset != 10 || moved.Cursor.Epoch != 6 {
+		t.Errorf("advance from a position that is not the cursor, same token: err = %v, want a CursorMovedError at 10 (not fenced)", err)
 	}
 	cur, err := inbox.ReadCursor(ctx, db.Pool, part)
 	if err != nil || cur.NextOffset != 10 || cur.HighWater != 10 {

@@ -22,7 +22,7 @@ import (
 // applier applies the records of one lane (a Kafka partition, or a JetStream
 // subject) through the function's handler: batched transactions, the prefix
 // before a failing record committed, the failing record retried alone with
-// backoff and then dead-lettered. The ledger says how the lane fences its
+// backoff and then dead-lettered. The tracker says how the lane fences its
 // commits and remembers handled records.
 type applier struct {
 	w          *worker
@@ -30,7 +30,7 @@ type applier struct {
 	part       inbox.Partition
 	token      int64
 	generation int // re-executions of the lane so far; part of event ids
-	ledger     ledger
+	tracker    tracker
 	log        *slog.Logger
 }
 
@@ -145,7 +145,7 @@ func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (*hand
 		conn.pooled.Release()
 	}()
 
-	fresh, err := a.ledger.claim(ctx, tx, recs)
+	fresh, err := a.tracker.claim(ctx, tx, recs)
 	if err != nil {
 		return nil, err
 	}
@@ -319,7 +319,7 @@ func (a *applier) deadLetter(ctx context.Context, rec Record, cause error, attem
 		return fmt.Errorf("begin dead-letter transaction on %s: %w", a.part, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
-	if err := a.ledger.fence(ctx, tx, rec); err != nil {
+	if err := a.tracker.fence(ctx, tx, rec); err != nil {
 		return err
 	}
 	if err := a.writeDeadLetter(ctx, tx, rec, failureReason(cause), cause, attempts); err != nil {
@@ -343,7 +343,7 @@ const deadLetterValuePrefix = 4 << 10
 // record as a raw blob instead, so the write commits whatever the record
 // holds.
 func (a *applier) writeDeadLetter(ctx context.Context, tx pgx.Tx, rec Record, reason string, cause error, attempts int) error {
-	if err := a.ledger.markDeadLettered(ctx, tx, rec); err != nil {
+	if err := a.tracker.markDeadLettered(ctx, tx, rec); err != nil {
 		return err
 	}
 	d := inbox.DeadLetter{
@@ -386,7 +386,7 @@ func boundOversized(d *inbox.DeadLetter, limit int) {
 
 // committed moves the lane past last after a successful commit.
 func (a *applier) committed(last Record, applied, duplicates, deadLettered int) {
-	a.ledger.committed(last)
+	a.tracker.committed(last)
 	st := a.w.stats
 	st.Applied.Add(int64(applied))
 	st.Duplicates.Add(int64(duplicates))

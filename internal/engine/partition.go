@@ -18,21 +18,21 @@ import (
 // token, read from Kafka at the Postgres cursor, applied batch by batch.
 type partitionRun struct {
 	*applier
-	cursor *partitionLedger
+	cursor *partitionTracker
 }
 
 // runPartition owns one partition until ctx ends or a newer owner fences it.
 // It returns after the in-flight batch has committed or rolled back.
 func (w *worker) runPartition(ctx context.Context, fn Function, partition int32, token int64) {
 	part := inbox.Partition{Consumer: fn.Name, Topic: fn.Topic, Partition: partition}
-	cursor := &partitionLedger{w: w, fn: fn.Name, part: part, token: token}
-	var lane ledger = cursor
-	if w.partitionLedger != nil {
-		lane = w.partitionLedger(cursor)
+	cursor := &partitionTracker{w: w, fn: fn.Name, part: part, token: token}
+	var lane tracker = cursor
+	if w.partitionTracker != nil {
+		lane = w.partitionTracker(cursor)
 	}
 	pr := &partitionRun{
 		applier: &applier{
-			w: w, fn: fn, part: part, token: token, ledger: lane,
+			w: w, fn: fn, part: part, token: token, tracker: lane,
 			log: w.cfg.Logger.With("function", fn.Name, "topic", fn.Topic, "partition", partition, "epoch", token),
 		},
 		cursor: cursor,

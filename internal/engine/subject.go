@@ -40,8 +40,8 @@ func (w *worker) runSubject(ctx context.Context, fn Function, token int64) {
 	sr := &subjectRun{
 		applier: &applier{
 			w: w, fn: fn, part: part, token: token,
-			ledger: &subjectLedger{consumer: fn.Name, part: part, token: token},
-			log:    w.cfg.Logger.With("function", fn.Name, "subject", fn.Subject, "stream", stream, "epoch", token),
+			tracker: &subjectTracker{consumer: fn.Name, part: part, token: token},
+			log:     w.cfg.Logger.With("function", fn.Name, "subject", fn.Subject, "stream", stream, "epoch", token),
 		},
 		stream: stream,
 	}
@@ -203,21 +203,21 @@ func storableEventID(id string) string {
 	return "bin:" + hex.EncodeToString([]byte(id))
 }
 
-// subjectLedger fences a JetStream lane through its cursor row (used as a
+// subjectTracker fences a JetStream lane through its cursor row (used as a
 // fence and a progress marker) and dedups by event id.
-type subjectLedger struct {
+type subjectTracker struct {
 	consumer string
 	part     inbox.Partition
 	token    int64
 }
 
-func (l *subjectLedger) fence(ctx context.Context, tx pgx.Tx, rec Record) error {
+func (l *subjectTracker) fence(ctx context.Context, tx pgx.Tx, rec Record) error {
 	return l.fenceAt(ctx, tx, rec.Offset)
 }
 
 // fenceAt fences tx under the lane's token and moves its progress marker
 // to seq.
-func (l *subjectLedger) fenceAt(ctx context.Context, tx pgx.Tx, seq int64) error {
+func (l *subjectTracker) fenceAt(ctx context.Context, tx pgx.Tx, seq int64) error {
 	faults.Lane(faults.BeforeFence, l.part, l.token)
 	err := inbox.Fence(ctx, tx, l.part, l.token, seq)
 	switch {
@@ -229,7 +229,7 @@ func (l *subjectLedger) fenceAt(ctx context.Context, tx pgx.Tx, seq int64) error
 	return err
 }
 
-func (l *subjectLedger) claim(ctx context.Context, tx pgx.Tx, recs []Record) ([]Record, error) {
+func (l *subjectTracker) claim(ctx context.Context, tx pgx.Tx, recs []Record) ([]Record, error) {
 	last := recs[0].Offset
 	refs := make([]inbox.EventRef, len(recs))
 	for i, r := range recs {
@@ -253,8 +253,8 @@ func (l *subjectLedger) claim(ctx context.Context, tx pgx.Tx, recs []Record) ([]
 	return fresh, nil
 }
 
-func (l *subjectLedger) markDeadLettered(ctx context.Context, tx pgx.Tx, rec Record) error {
+func (l *subjectTracker) markDeadLettered(ctx context.Context, tx pgx.Tx, rec Record) error {
 	return inbox.MarkEventDeadLettered(ctx, tx, l.consumer, l.token, inbox.EventRef{ID: rec.EventID, Subject: rec.Topic, StreamSeq: rec.Offset})
 }
 
-func (l *subjectLedger) committed(Record) {}
+func (l *subjectTracker) committed(Record) {}

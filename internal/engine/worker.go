@@ -24,17 +24,17 @@ type Worker struct{ w *worker }
 
 type worker struct {
 	cfg Config
-	// partitionLedger, when set, replaces the ledger of each partition lane:
-	// the benchmark's at-least-once baseline (atLeastOnceLedger) is the only
+	// partitionTracker, when set, replaces the tracker of each partition lane:
+	// the benchmark's at-least-once baseline (atLeastOnceTracker) is the only
 	// user.
-	partitionLedger func(*partitionLedger) ledger
-	fns             []Function
-	pool            *pgxpool.Pool
-	kafka           *kafkaSource
-	nc              *nats.Conn
-	js              jetstream.JetStream
-	leases          map[string]*lease.Manager // partition leases, per function name
-	relay           *outbox.Relay             // nil with NoRelay, or when no function emits
+	partitionTracker func(*partitionTracker) tracker
+	fns              []Function
+	pool             *pgxpool.Pool
+	kafka            *kafkaSource
+	nc               *nats.Conn
+	js               jetstream.JetStream
+	leases           map[string]*lease.Manager // partition leases, per function name
+	relay            *outbox.Relay             // nil with NoRelay, or when no function emits
 	// installation scopes the lease groups (kfn.installation.id).
 	installation string
 	offsets      *offsetCommitter

@@ -38,7 +38,7 @@ func (p LanePoint) String() string {
 	return "unknown"
 }
 
-// LaneHook is called by a lane's ledger (a Kafka partition's or a JetStream
+// LaneHook is called by a lane's tracker (a Kafka partition's or a JetStream
 // subject's) at each LanePoint of its fence, with the lane (lane.Consumer is
 // the function) and the lane's fencing token. It runs on the lane's
 // goroutine: a hook that blocks freezes the lane at that point, with its

@@ -10,10 +10,10 @@ import (
 	"github.com/kfn-dev/kfn/internal/faults"
 )
 
-// ledger is how a lane fences its commits and remembers what it handled.
+// tracker is how a lane fences its commits and remembers what it handled.
 // A Kafka partition keeps a cursor and an offset inbox; a JetStream subject
 // keeps an event-id inbox.
-type ledger interface {
+type tracker interface {
 	// claim fences tx for recs and claims them in the inbox, returning the
 	// records that were not handled before, in order.
 	claim(ctx context.Context, tx pgx.Tx, recs []Record) ([]Record, error)
@@ -25,10 +25,10 @@ type ledger interface {
 	committed(last Record)
 }
 
-// partitionLedger keeps a Kafka partition's cursor: the next offset, moved
+// partitionTracker keeps a Kafka partition's cursor: the next offset, moved
 // in every transaction under the fencing token, and the high-water mark
 // below which every offset was handled before.
-type partitionLedger struct {
+type partitionTracker struct {
 	w         *worker
 	fn        string
 	part      inbox.Partition
@@ -43,32 +43,27 @@ type partitionLedger struct {
 // been reloaded; retrying skips what that commit applied.
 var errCursorAhead = errors.New("cursor is ahead of the lane: an earlier commit landed without its reply; resuming from the stored cursor")
 
-func (l *partitionLedger) fence(ctx context.Context, tx pgx.Tx, rec Record) error {
+func (l *partitionTracker) fence(ctx context.Context, tx pgx.Tx, rec Record) error {
 	faults.Lane(faults.BeforeFence, l.part, l.token)
 	err := inbox.Advance(ctx, tx, l.part, l.token, l.next, rec.Offset+1)
-	var fenced *inbox.FencedError
+	var moved *inbox.CursorMovedError
 	switch {
 	case err == nil:
 		faults.Lane(faults.AfterFence, l.part, l.token)
 		return nil
-	case !errors.As(err, &fenced):
-		return err
-	case fenced.Epoch != l.token:
+	case errors.Is(err, inbox.ErrFenced):
 		faults.Lane(faults.FenceRefused, l.part, l.token)
 		return err
+	case errors.As(err, &moved):
+		l.next, l.highWater = moved.Cursor.NextOffset, moved.Cursor.HighWater
+		l.w.stats.CommitRepliesLost.Add(1)
+		return errCursorAhead
+	default:
+		return err
 	}
-	// Same token, other position: only our own commit can have moved it
-	// (a replay or a new owner always brings a new token).
-	cur, readErr := inbox.ReadCursor(ctx, tx, l.part)
-	if readErr != nil {
-		return readErr
-	}
-	l.next, l.highWater = cur.NextOffset, cur.HighWater
-	l.w.stats.CommitRepliesLost.Add(1)
-	return errCursorAhead
 }
 
-func (l *partitionLedger) claim(ctx context.Context, tx pgx.Tx, recs []Record) ([]Record, error) {
+func (l *partitionTracker) claim(ctx context.Context, tx pgx.Tx, recs []Record) ([]Record, error) {
 	if err := l.fence(ctx, tx, recs[len(recs)-1]); err != nil {
 		return nil, err
 	}
@@ -97,11 +92,11 @@ func (l *partitionLedger) claim(ctx context.Context, tx pgx.Tx, recs []Record) (
 	return fresh, nil
 }
 
-func (l *partitionLedger) markDeadLettered(ctx context.Context, tx pgx.Tx, rec Record) error {
+func (l *partitionTracker) markDeadLettered(ctx context.Context, tx pgx.Tx, rec Record) error {
 	return inbox.MarkDeadLettered(ctx, tx, l.part, l.token, rec.Offset)
 }
 
-func (l *partitionLedger) committed(last Record) {
+func (l *partitionTracker) committed(last Record) {
 	l.next = max(l.next, last.Offset+1)
 	l.highWater = max(l.highWater, l.next)
 	l.w.offsets.note(l.fn, l.part.Topic, l.part.Partition, l.next)
