@@ -5,14 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
-
-	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
 // Relay forwards committed outbox rows to a JetStream stream and deletes each
@@ -69,7 +65,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 }
 
 // Run relays until ctx ends: every shard in this process, or, with
-// RelayConfig.Leases, the shards this process holds leases on. It wakes
+// RelayConfig.Scheduler, the shards it hands out. It wakes
 // shards on Postgres notifications and polls as a fallback. It returns nil
 // when ctx ends, and an error only for a problem retrying cannot fix (a
 // *StreamMismatchError).
@@ -89,8 +85,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		defer wg.Done()
 		r.Listen(ctx)
 	}()
-	if r.cfg.Leases != nil {
-		return r.runLeased(ctx)
+	if r.cfg.Scheduler != nil {
+		return r.runScheduled(ctx)
 	}
 	errs := make(chan error, Shards)
 	for shard := range Shards {
@@ -110,23 +106,17 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
-// runLeased works the shards this process holds leases on.
-func (r *Relay) runLeased(ctx context.Context) error {
-	items := func(context.Context) ([]string, error) { return ShardItems(), nil }
-	work := func(ctx context.Context, c lease.Claim) {
-		shard, err := ParseShardItem(c.Item)
-		if err != nil {
-			r.log.Error("lease manager handed out an item that is not a relay shard", "item", c.Item, "err", err)
-			return
-		}
-		r.log.Info("relaying shard", "shard", shard, "token", c.Token)
+// runScheduled works the shards the scheduler hands out.
+func (r *Relay) runScheduled(ctx context.Context) error {
+	work := func(ctx context.Context, shard int) {
+		r.log.Info("relaying shard", "shard", shard)
 		if err := r.RunShard(ctx, shard); err != nil {
 			r.log.Error("relay shard stopped", "shard", shard, "err", err)
 		}
 		r.log.Info("stopped relaying shard", "shard", shard)
 	}
-	if err := r.cfg.Leases.Run(ctx, items, work); err != nil {
-		return fmt.Errorf("relay shard leases: %w", err)
+	if err := r.cfg.Scheduler.Run(ctx, work); err != nil {
+		return fmt.Errorf("relay shard scheduler: %w", err)
 	}
 	return nil
 }
@@ -148,29 +138,6 @@ func (r *Relay) RunShard(ctx context.Context, shard int) error {
 	defer r.counters.activeShards.Add(-1)
 	newShardLoop(r, shard).run(ctx)
 	return nil
-}
-
-// ShardItem is the lease item name of a relay shard: "shard-07".
-func ShardItem(shard int) string {
-	return fmt.Sprintf("shard-%02d", shard)
-}
-
-// ParseShardItem is the inverse of ShardItem.
-func ParseShardItem(item string) (int, error) {
-	n, err := strconv.Atoi(strings.TrimPrefix(item, "shard-"))
-	if err != nil || !strings.HasPrefix(item, "shard-") || n < 0 || n >= Shards {
-		return 0, fmt.Errorf("%q is not a relay shard item (shard-00 to shard-%02d)", item, Shards-1)
-	}
-	return n, nil
-}
-
-// ShardItems lists the lease items of all relay shards.
-func ShardItems() []string {
-	items := make([]string, Shards)
-	for i := range items {
-		items[i] = ShardItem(i)
-	}
-	return items
 }
 
 // streamReady makes sure the stream exists, retrying outages with backoff,

@@ -9,8 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
 // RelayConfig configures a Relay. Zero fields take the defaults listed on
@@ -70,22 +68,23 @@ type RelayConfig struct {
 	// Logger receives the relay's logs. Default slog.Default().
 	Logger *slog.Logger
 
-	// Leases, when set, decides which shards this process relays: Run hands
-	// it the items ShardItems() and works each claimed shard until its claim
-	// ends, so N relay processes split the shards. *lease.Manager (with a
-	// Group such as "relay") is one. When nil, Run works all shards.
-	Leases ShardLeaser
+	// Scheduler, when set, decides which shards this process relays: Run
+	// hands it a function that works one shard until its ctx ends, so that N
+	// relay processes can split the shards (kfn's workers do it with NATS
+	// leases). When nil, Run works all shards.
+	Scheduler ShardScheduler
 
 	// afterAck, when set, is called by a shard loop for every event acked by
 	// the stream (tests and benchmarks measure latency with it).
 	afterAck func(eventID string, ackedAt time.Time)
 }
 
-// ShardLeaser hands out relay shards to this process; *lease.Manager is one.
-// Run calls work once per claimed item, in its own goroutine, and cancels the
-// ctx it passes when the claim must stop.
-type ShardLeaser interface {
-	Run(ctx context.Context, items func(context.Context) ([]string, error), work func(ctx context.Context, c lease.Claim)) error
+// ShardScheduler hands out relay shards (0 to Shards-1) to this process.
+// Run calls work once per shard it hands out, in its own goroutine, and
+// cancels the ctx it passes when the shard must stop; it returns when ctx
+// ends.
+type ShardScheduler interface {
+	Run(ctx context.Context, work func(ctx context.Context, shard int)) error
 }
 
 // WithDefaults returns a copy of c with every unset field set to its default.

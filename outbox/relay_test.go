@@ -491,21 +491,6 @@ func TestSubjectCovers(t *testing.T) {
 	}
 }
 
-func TestShardItems(t *testing.T) {
-	t.Parallel()
-	for _, item := range ShardItems() {
-		n, err := ParseShardItem(item)
-		if err != nil || ShardItem(n) != item {
-			t.Fatalf("round trip of %q: %d, %v", item, n, err)
-		}
-	}
-	for _, bad := range []string{"shard-32", "shard--1", "07", "shard-x"} {
-		if _, err := ParseShardItem(bad); err == nil {
-			t.Errorf("ParseShardItem(%q) accepted", bad)
-		}
-	}
-}
-
 func TestBuildMessageHeaders(t *testing.T) {
 	t.Parallel()
 	row := &relayRow{

@@ -3,6 +3,9 @@ package engine
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
 
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime/lease"
@@ -47,6 +50,57 @@ func (w *worker) newRelay(ctx context.Context, subjects []string) (*outbox.Relay
 	}
 	return outbox.NewRelay(outbox.RelayConfig{
 		Pool: w.pool, JetStream: w.js, Stream: w.cfg.EventStream, Subjects: streamSubjects,
-		Duplicates: w.cfg.EventDedup, MaxAge: w.cfg.EventRetention, Leases: shards, Logger: w.cfg.Logger,
+		Duplicates: w.cfg.EventDedup, MaxAge: w.cfg.EventRetention, Logger: w.cfg.Logger,
+		Scheduler: LeasedShards(shards, w.cfg.Logger.With("component", "outbox-relay")),
 	})
+}
+
+// leasedShards hands this process the relay shards it holds NATS leases
+// on, one lease per shard in the installation's relay group, so that the
+// relays of all workers (and kfn relay processes) split the shards and
+// each shard has one relay at a time.
+type leasedShards struct {
+	leases *lease.Manager
+	log    *slog.Logger
+}
+
+// LeasedShards is the relay shard scheduler of kfn's workers: leases is a
+// lease manager of the installation's relay group (or any group all the
+// relays of one outbox share).
+func LeasedShards(leases *lease.Manager, log *slog.Logger) outbox.ShardScheduler {
+	return leasedShards{leases: leases, log: log}
+}
+
+func (s leasedShards) Run(ctx context.Context, work func(ctx context.Context, shard int)) error {
+	items := func(context.Context) ([]string, error) { return shardItems(), nil }
+	return s.leases.Run(ctx, items, func(ctx context.Context, c lease.Claim) {
+		shard, err := parseShardItem(c.Item)
+		if err != nil {
+			s.log.Error("lease manager handed out an item that is not a relay shard", "item", c.Item, "err", err)
+			return
+		}
+		s.log.Debug("relay shard leased", "shard", shard, "token", c.Token)
+		work(ctx, shard)
+	})
+}
+
+// shardItem is the lease item of a relay shard: "shard-07".
+func shardItem(shard int) string { return fmt.Sprintf("shard-%02d", shard) }
+
+// parseShardItem is the inverse of shardItem.
+func parseShardItem(item string) (int, error) {
+	n, err := strconv.Atoi(strings.TrimPrefix(item, "shard-"))
+	if err != nil || !strings.HasPrefix(item, "shard-") || n < 0 || n >= outbox.Shards {
+		return 0, fmt.Errorf("%q is not a relay shard item (shard-00 to shard-%02d)", item, outbox.Shards-1)
+	}
+	return n, nil
+}
+
+// shardItems lists the lease items of all relay shards.
+func shardItems() []string {
+	items := make([]string, outbox.Shards)
+	for i := range items {
+		items[i] = shardItem(i)
+	}
+	return items
 }

@@ -38,6 +38,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime/lease"
 )
@@ -97,7 +98,7 @@ func run() error {
 		if err != nil {
 			return err
 		}
-		cfg.Leases = mgr
+		cfg.Scheduler = engine.LeasedShards(mgr, log)
 	}
 	relay, err := outbox.NewRelay(cfg)
 	if err != nil {
