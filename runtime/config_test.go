@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"github.com/kfn-dev/kfn/internal/engine"
 	"io"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kfn-dev/kfn/internal/engine"
 
 	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/runtime"

@@ -3,11 +3,12 @@ package runtime_test
 import (
 	"context"
 	"fmt"
-	"github.com/kfn-dev/kfn/internal/engine"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kfn-dev/kfn/internal/engine"
 
 	"github.com/jackc/pgx/v5"
 

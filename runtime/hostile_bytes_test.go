@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/kfn-dev/kfn/internal/engine"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -17,6 +16,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kfn-dev/kfn/internal/engine"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"

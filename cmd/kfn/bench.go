@@ -3,12 +3,13 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/kfn-dev/kfn/cmd/kfn/internal/bench"
 	"io"
 	"log/slog"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/kfn-dev/kfn/cmd/kfn/internal/bench"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"

@@ -5,12 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/kfn-dev/kfn/internal/engine"
-	"github.com/kfn-dev/kfn/operator"
 	"io"
 	"log/slog"
 	"sync/atomic"
 	"time"
+
+	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/operator"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"

@@ -6,12 +6,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"github.com/kfn-dev/kfn/operator"
 	"io"
 	"strings"
 	"text/tabwriter"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/kfn-dev/kfn/operator"
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/settings"

@@ -3,10 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"github.com/kfn-dev/kfn/operator"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kfn-dev/kfn/operator"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/kfn-dev/kfn/operator"
 	"os"
 	"os/exec"
 	"regexp"
@@ -13,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kfn-dev/kfn/operator"
 
 	"github.com/segmentio/kafka-go"
 

@@ -2,13 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
-	"net/url"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/runtime/schema"
 )
@@ -39,21 +39,13 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return nil
 }
 
-// connectPostgres opens a pool and checks that the server answers.
+// connectPostgres opens a pool and checks that the server answers; a URL
+// that does not parse is a usage error.
 func connectPostgres(ctx context.Context, dbURL string) (*pgxpool.Pool, error) {
-	redacted := "<unparseable URL>"
-	if u, err := url.Parse(dbURL); err == nil {
-		redacted = u.Redacted()
+	pool, err := connect.Postgres(ctx, dbURL, nil)
+	var urlErr *connect.URLError
+	if errors.As(err, &urlErr) {
+		return nil, &usageError{msg: urlErr.Error()}
 	}
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		return nil, &usageError{msg: fmt.Sprintf("--database-url %s: %v", redacted, err)}
-	}
-	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := pool.Ping(pingCtx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("cannot reach Postgres at %s (is it running? check --database-url): %w", redacted, err)
-	}
-	return pool, nil
+	return pool, err
 }

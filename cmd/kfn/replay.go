@@ -3,15 +3,15 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/kfn-dev/kfn/operator"
 	"io"
 	"os"
 	"os/user"
-	"time"
 
-	"github.com/nats-io/nats.go"
+	"github.com/kfn-dev/kfn/operator"
+
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/settings"
 )
 
@@ -87,13 +87,8 @@ func actor(command string) string {
 // connectJetStream connects to NATS and returns its JetStream API and a
 // function that closes the connection.
 func connectJetStream(url, name string) (jetstream.JetStream, func(), error) {
-	nc, err := nats.Connect(url, nats.Name(name), nats.Timeout(5*time.Second))
+	nc, js, err := connect.NATS(url, name)
 	if err != nil {
-		return nil, nil, fmt.Errorf("cannot reach NATS at %s (check --nats-url): %w", url, err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
 		return nil, nil, err
 	}
 	return js, nc.Close, nil

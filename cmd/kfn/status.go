@@ -4,9 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/kfn-dev/kfn/operator"
 	"io"
 	"text/tabwriter"
+
+	"github.com/kfn-dev/kfn/operator"
 
 	"github.com/nats-io/nats.go/jetstream"
 

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime/lease"
@@ -156,24 +157,21 @@ func kafkaTopic(fns []Function) string {
 // connectPostgres opens the pool, checks the schema version and reads the
 // installation id.
 func (w *worker) connectPostgres(ctx context.Context) error {
-	pgCfg, err := pgxpool.ParseConfig(w.cfg.DatabaseURL)
-	if err != nil {
-		return configError(settings.DatabaseURL, "cannot parse %s: %v", redactURL(w.cfg.DatabaseURL), err)
-	}
-	if !strings.Contains(w.cfg.DatabaseURL, "pool_max_conns") {
-		pgCfg.MaxConns = 16
-	}
 	w.health = newPGHealth(w.cfg)
-	limitPostgres(pgCfg, w.cfg, w.health)
-	w.health.connCfg = pgCfg.ConnConfig.Copy()
-	w.pool, err = pgxpool.NewWithConfig(ctx, pgCfg)
-	if err != nil {
-		return fmt.Errorf("connect to Postgres: %w", err)
+	var err error
+	w.pool, err = connect.Postgres(ctx, w.cfg.DatabaseURL, func(pgCfg *pgxpool.Config) {
+		if !strings.Contains(w.cfg.DatabaseURL, "pool_max_conns") {
+			pgCfg.MaxConns = 16
+		}
+		limitPostgres(pgCfg, w.cfg, w.health)
+		w.health.connCfg = pgCfg.ConnConfig.Copy()
+	})
+	var urlErr *connect.URLError
+	if errors.As(err, &urlErr) {
+		return configError(settings.DatabaseURL, "cannot parse %s: %v", urlErr.URL, urlErr.Err)
 	}
-	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := w.pool.Ping(pingCtx); err != nil {
-		return fmt.Errorf("cannot reach Postgres at %s (is it running? check --database-url / DATABASE_URL): %w", redactURL(w.cfg.DatabaseURL), err)
+	if err != nil {
+		return err
 	}
 	if err := schema.Check(ctx, w.pool); err != nil {
 		return err
@@ -186,16 +184,8 @@ func (w *worker) connectPostgres(ctx context.Context) error {
 // opens JetStream.
 func (w *worker) connectNATS() error {
 	var err error
-	w.nc, err = nats.Connect(w.cfg.NATSURL, nats.Name("kfn "+w.cfg.WorkerID), nats.Timeout(5*time.Second),
-		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
-	if err != nil {
-		return fmt.Errorf("cannot reach NATS at %s (check --nats-url / KFN_NATS_URL): %w", w.cfg.NATSURL, err)
-	}
-	w.js, err = jetstream.New(w.nc)
-	if err != nil {
-		return fmt.Errorf("NATS JetStream at %s: %w", w.cfg.NATSURL, err)
-	}
-	return nil
+	w.nc, w.js, err = connect.NATS(w.cfg.NATSURL, "kfn "+w.cfg.WorkerID)
+	return err
 }
 
 func (w *worker) close() {

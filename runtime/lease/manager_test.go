@@ -7,10 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfn-dev/kfn/runtime/devstack"
-	"github.com/kfn-dev/kfn/runtime/kfntest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kfn-dev/kfn/runtime/devstack"
+	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
 func TestManagerSpreadsItemsAndRebalances(t *testing.T) {

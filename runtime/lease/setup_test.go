@@ -9,9 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfn-dev/kfn/runtime/devstack"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kfn-dev/kfn/runtime/devstack"
 )
 
 // Test timing: short, but with the same proportions as the defaults.
