@@ -1,8 +1,13 @@
-// Package runtime is kfn's public API and its worker engine. A user writes a
-// Function (a name, a source and a handler) and calls Start from main; the
-// engine owns partitions through fenced leases, reads records in batches and
-// applies each batch in one Postgres transaction together with the inbox
-// claim, the fenced cursor move and the outbox rows the handler emitted.
+// Package engine is kfn's worker engine, behind the author's API in package
+// runtime (which re-exports the author-facing names). It owns a worker's
+// lanes (Kafka partitions and JetStream subjects) through fenced NATS
+// leases, reads records in batches and applies each batch in one Postgres
+// transaction together with the inbox claim, the fenced cursor move and the
+// outbox rows the handler emitted; it runs the outbox relay's shards, the
+// health probe, readiness, metrics and inbox retention. Its dependencies
+// are explicit: inbox (cursors, fencing, dead letters), outbox (rows, event
+// identity, the relay), runtime/lease (leases and their timing),
+// internal/settings (configuration) and internal/connect (connections).
 //
 // The rest of this page is the worker's side of the lease and fencing
 // design; the lease side (bucket layout, renewal, the timing margin measured
