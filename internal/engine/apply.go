@@ -13,6 +13,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/pgdata"
@@ -25,13 +26,21 @@ import (
 // backoff and then dead-lettered. The tracker says how the lane fences its
 // commits and remembers handled records.
 type applier struct {
-	w          *worker
+	pool       *pgxpool.Pool
+	cfg        *Config
+	stats      *Stats
 	fn         Function
 	part       inbox.Partition
 	token      int64
 	generation int // re-executions of the lane so far; part of event ids
 	tracker    tracker
 	log        *slog.Logger
+}
+
+// newApplier returns the applier of one lane of fn, committing through
+// tracker with the worker's pool, settings and counters.
+func (w *worker) newApplier(fn Function, part inbox.Partition, token int64, tracker tracker, log *slog.Logger) *applier {
+	return &applier{pool: w.pool, cfg: &w.cfg, stats: w.stats, fn: fn, part: part, token: token, tracker: tracker, log: log}
 }
 
 // handlerFailure is a record whose handler failed; the transaction it ran in
@@ -59,7 +68,7 @@ const unknownCulprit = -1
 func (a *applier) apply(ctx context.Context, recs []Record) (done int, err error) {
 	defer func() {
 		if err != nil && !errors.Is(err, inbox.ErrFenced) && ctx.Err() == nil {
-			a.w.stats.InfraRetries.Add(1) // the lane retries the batch (retryInfra)
+			a.stats.InfraRetries.Add(1) // the lane retries the batch (retryInfra)
 		}
 	}()
 	singly := 0       // how many of the next records go one per transaction
@@ -102,7 +111,7 @@ func (a *applier) apply(ctx context.Context, recs []Record) (done int, err error
 // retried: another attempt would hold the lane for another whole timeout
 // (and, if it ignores its ctx, leave another goroutine running).
 func (a *applier) retryAlone(ctx context.Context, rec Record, firstErr error) error {
-	cfg := a.w.cfg
+	cfg := a.cfg
 	policy := backoff.NewExponentialBackOff()
 	policy.InitialInterval = cfg.RetryInitial
 	policy.MaxInterval = cfg.RetryMax
@@ -116,7 +125,7 @@ func (a *applier) retryAlone(ctx context.Context, rec Record, firstErr error) er
 			return err
 		}
 		attempt++
-		a.w.stats.Retries.Add(1)
+		a.stats.Retries.Add(1)
 		failure, err := a.commit(ctx, []Record{rec}, attempt)
 		if err != nil {
 			return err
@@ -153,7 +162,7 @@ func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (*hand
 
 	work, oversized := a.selectWork(fresh, attempt)
 	for _, r := range oversized {
-		err := fmt.Errorf("record is %d bytes (key, value and headers), over the %d-byte limit (--max-record-bytes)", recordSize(r), a.w.cfg.MaxRecordBytes)
+		err := fmt.Errorf("record is %d bytes (key, value and headers), over the %d-byte limit (--max-record-bytes)", recordSize(r), a.cfg.MaxRecordBytes)
 		if err := a.writeDeadLetter(ctx, tx, r, "oversized", err, 0); err != nil {
 			return nil, err
 		}
@@ -185,7 +194,7 @@ func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (*hand
 	}
 
 	a.committed(recs[len(recs)-1], len(work), duplicates, len(oversized))
-	a.w.stats.TraceContextDropped.Add(int64(emitted.traceDropped))
+	a.stats.TraceContextDropped.Add(int64(emitted.traceDropped))
 	for _, r := range oversized {
 		a.log.Warn("record dead-lettered", "offset", r.Offset, "reason", "oversized", "bytes", recordSize(r))
 	}
@@ -248,7 +257,7 @@ func recordsFault(recs []Record, what string, err error) *handlerFailure {
 // those too large to hand to anyone.
 func (a *applier) selectWork(fresh []Record, attempt int) (work, oversized []Record) {
 	for _, r := range fresh {
-		if recordSize(r) > a.w.cfg.MaxRecordBytes {
+		if recordSize(r) > a.cfg.MaxRecordBytes {
 			oversized = append(oversized, r)
 			continue
 		}
@@ -314,7 +323,7 @@ func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work
 
 // deadLetter parks rec in its own transaction and moves the lane past it.
 func (a *applier) deadLetter(ctx context.Context, rec Record, cause error, attempts int) error {
-	tx, err := a.w.pool.Begin(ctx)
+	tx, err := a.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin dead-letter transaction on %s: %w", a.part, err)
 	}
@@ -351,7 +360,7 @@ func (a *applier) writeDeadLetter(ctx context.Context, tx pgx.Tx, rec Record, re
 		RecordTime: rec.Time, Reason: reason, Error: cause.Error(), Attempts: attempts,
 	}
 	if reason == "oversized" {
-		boundOversized(&d, a.w.cfg.MaxRecordBytes)
+		boundOversized(&d, a.cfg.MaxRecordBytes)
 	}
 	raw, err := inbox.WriteDeadLetter(ctx, tx, d)
 	if raw {
@@ -387,7 +396,7 @@ func boundOversized(d *inbox.DeadLetter, limit int) {
 // committed moves the lane past last after a successful commit.
 func (a *applier) committed(last Record, applied, duplicates, deadLettered int) {
 	a.tracker.committed(last)
-	st := a.w.stats
+	st := a.stats
 	st.Applied.Add(int64(applied))
 	st.Duplicates.Add(int64(duplicates))
 	st.DeadLettered.Add(int64(deadLettered))

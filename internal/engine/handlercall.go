@@ -68,7 +68,7 @@ func isAbandoned(err error) bool {
 // its deadline (or after ctx ended), call abandons it and returns an
 // *abandonedError.
 func (a *applier) call(ctx context.Context, conn *txConn, handler func(context.Context) error) error {
-	limit := a.w.cfg.HandlerTimeout
+	limit := a.cfg.HandlerTimeout
 	hctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	started := time.Now()
@@ -115,19 +115,19 @@ func (a *applier) call(ctx context.Context, conn *txConn, handler func(context.C
 // abandon ends the session of a handler that overran its deadline and
 // leaves its goroutine to finish alone.
 func (a *applier) abandon(conn *txConn, done <-chan error, started time.Time) {
-	st := a.w.stats
+	st := a.stats
 	st.AbandonedHandlers.Add(1)
 	st.AbandonedHandlersRunning.Add(1)
 	a.log.Error("handler overran --handler-timeout and ignored its ctx: abandoning it; its transaction's session is ended, and the handler keeps running until it returns",
-		"handler_timeout", a.w.cfg.HandlerTimeout, "session_pid", conn.pid, "abandoned_handlers_running", st.AbandonedHandlersRunning.Load())
+		"handler_timeout", a.cfg.HandlerTimeout, "session_pid", conn.pid, "abandoned_handlers_running", st.AbandonedHandlersRunning.Load())
 
 	// Ending the session rolls the transaction back and releases its locks
 	// even if it is inside a long statement; closing the socket makes every
 	// later call of the handler on the transaction fail at once. The pool
 	// forgets the connection, so its slot is free again.
-	endCtx, cancel := context.WithTimeout(context.Background(), roundTripLimit(a.w.cfg.StatementTimeout))
+	endCtx, cancel := context.WithTimeout(context.Background(), roundTripLimit(a.cfg.StatementTimeout))
 	defer cancel()
-	if _, err := a.w.pool.Exec(endCtx, `SELECT pg_terminate_backend($1)`, conn.pid); err != nil {
+	if _, err := a.pool.Exec(endCtx, `SELECT pg_terminate_backend($1)`, conn.pid); err != nil {
 		a.log.Warn("could not end the abandoned handler's session; closing its connection (Postgres rolls its transaction back once it notices)", "session_pid", conn.pid, "err", err)
 	}
 	conn.socket.Close()
@@ -144,7 +144,7 @@ func (a *applier) abandon(conn *txConn, done <-chan error, started time.Time) {
 
 // begin starts a batch transaction on a connection of its own.
 func (a *applier) begin(ctx context.Context) (*txConn, pgx.Tx, error) {
-	conn, err := acquireTxConn(ctx, a.w.pool)
+	conn, err := acquireTxConn(ctx, a.pool)
 	if err != nil {
 		return nil, nil, fmt.Errorf("begin transaction on %s: %w", a.part, err)
 	}

@@ -18,6 +18,7 @@ import (
 // token, read from Kafka at the Postgres cursor, applied batch by batch.
 type partitionRun struct {
 	*applier
+	w      *worker
 	cursor *partitionTracker
 }
 
@@ -25,18 +26,15 @@ type partitionRun struct {
 // It returns after the in-flight batch has committed or rolled back.
 func (w *worker) runPartition(ctx context.Context, fn Function, partition int32, token int64) {
 	part := inbox.Partition{Consumer: fn.Name, Topic: fn.Topic, Partition: partition}
-	cursor := &partitionTracker{w: w, fn: fn.Name, part: part, token: token}
+	cursor := &partitionTracker{part: part, token: token, stats: w.stats, onCommit: func(next int64) {
+		w.offsets.note(fn.Name, part.Topic, part.Partition, next)
+	}}
 	var lane tracker = cursor
 	if w.partitionTracker != nil {
 		lane = w.partitionTracker(cursor)
 	}
-	pr := &partitionRun{
-		applier: &applier{
-			w: w, fn: fn, part: part, token: token, tracker: lane,
-			log: w.cfg.Logger.With("function", fn.Name, "topic", fn.Topic, "partition", partition, "epoch", token),
-		},
-		cursor: cursor,
-	}
+	log := w.cfg.Logger.With("function", fn.Name, "topic", fn.Topic, "partition", partition, "epoch", token)
+	pr := &partitionRun{applier: w.newApplier(fn, part, token, lane, log), w: w, cursor: cursor}
 	defer w.stats.drop(fn.Name, fn.Topic, partition)
 	w.laneStopped(ctx, pr.log, token, pr.run(ctx))
 }

@@ -23,6 +23,7 @@ import (
 // Postgres transaction and acked only after it commits.
 type subjectRun struct {
 	*applier
+	w      *worker
 	stream string
 }
 
@@ -37,13 +38,11 @@ func (w *worker) runSubject(ctx context.Context, fn Function, token int64) {
 	if stream == "" {
 		stream = DefaultStream
 	}
+	log := w.cfg.Logger.With("function", fn.Name, "subject", fn.Subject, "stream", stream, "epoch", token)
 	sr := &subjectRun{
-		applier: &applier{
-			w: w, fn: fn, part: part, token: token,
-			tracker: &subjectTracker{consumer: fn.Name, part: part, token: token},
-			log:     w.cfg.Logger.With("function", fn.Name, "subject", fn.Subject, "stream", stream, "epoch", token),
-		},
-		stream: stream,
+		applier: w.newApplier(fn, part, token, &subjectTracker{consumer: fn.Name, part: part, token: token}, log),
+		w:       w,
+		stream:  stream,
 	}
 	defer w.stats.drop(fn.Name, fn.Subject, 0)
 	w.laneStopped(ctx, sr.log, token, sr.run(ctx))

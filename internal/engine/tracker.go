@@ -29,8 +29,8 @@ type tracker interface {
 // in every transaction under the fencing token, and the high-water mark
 // below which every offset was handled before.
 type partitionTracker struct {
-	w         *worker
-	fn        string
+	stats     *Stats
+	onCommit  func(next int64) // after each commit, with the new cursor (Kafka's group offsets mirror it)
 	part      inbox.Partition
 	token     int64
 	next      int64
@@ -56,7 +56,7 @@ func (l *partitionTracker) fence(ctx context.Context, tx pgx.Tx, rec Record) err
 		return err
 	case errors.As(err, &moved):
 		l.next, l.highWater = moved.Cursor.NextOffset, moved.Cursor.HighWater
-		l.w.stats.CommitRepliesLost.Add(1)
+		l.stats.CommitRepliesLost.Add(1)
 		return errCursorAhead
 	default:
 		return err
@@ -99,5 +99,5 @@ func (l *partitionTracker) markDeadLettered(ctx context.Context, tx pgx.Tx, rec 
 func (l *partitionTracker) committed(last Record) {
 	l.next = max(l.next, last.Offset+1)
 	l.highWater = max(l.highWater, l.next)
-	l.w.offsets.note(l.fn, l.part.Topic, l.part.Partition, l.next)
+	l.onCommit(l.next)
 }
