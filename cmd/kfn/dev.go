@@ -53,6 +53,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	defer st.stop()
 	defer pool.Close()
+	printExports(stdout, st)
 	if err := ensureTopic(ctx, st.Brokers, orders.Topic, *partitions); err != nil {
 		return err
 	}
@@ -78,7 +79,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fmt.Fprintf(stdout, "kfn dev: function orders consumes topic %q; producing %d orders/s (some invalid on purpose). Ctrl-C stops.\n", orders.Topic, *rate)
 	gen := &sampleTraffic{}
 	produceDone := make(chan error, 1)
-	go func() { produceDone <- gen.produce(runCtx, st.Brokers, *rate) }()
+	go func() { produceDone <- gen.produce(runCtx, st.Brokers, orders.Topic, *rate) }()
 
 	ticker := time.NewTicker(time.Second)
 	defer ticker.Stop()
@@ -153,24 +154,32 @@ type sampleTraffic struct {
 	valid, invalid, sent atomic.Int64
 }
 
-func (g *sampleTraffic) produce(ctx context.Context, brokers []string, rate int) error {
+func (g *sampleTraffic) produce(ctx context.Context, brokers []string, topic string, rate int) error {
+	// A transport of its own: kafka-go's default one caches metadata across
+	// writers, and would not know a topic created after its last refresh.
+	transport := &kafka.Transport{}
+	defer transport.CloseIdleConnections()
 	w := &kafka.Writer{
-		Addr: kafka.TCP(brokers...), Topic: orders.Topic, Balancer: &kafka.Hash{},
-		BatchTimeout: 5 * time.Millisecond, RequiredAcks: kafka.RequireAll,
+		Addr: kafka.TCP(brokers...), Topic: topic, Balancer: &kafka.Hash{},
+		BatchTimeout: 5 * time.Millisecond, RequiredAcks: kafka.RequireAll, Transport: transport,
 	}
 	defer w.Close()
-	tick := 50 * time.Millisecond
-	perTick := max(1, rate/int(time.Second/tick))
-	t := time.NewTicker(tick)
+	pace := newPacer(float64(rate), time.Now())
+	t := time.NewTicker(pace.tick())
 	defer t.Stop()
 	i := 0
 	for {
+		var now time.Time
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-t.C:
+		case now = <-t.C:
 		}
-		msgs := make([]kafka.Message, perTick)
+		n := pace.due(now)
+		if n == 0 {
+			continue
+		}
+		msgs := make([]kafka.Message, n)
 		var valid, invalid int64
 		for j := range msgs {
 			i++

@@ -33,6 +33,7 @@ var commands = map[string]command{
 	"bench":   {"benchmark exactly-once against at-least-once and naive", runBench},
 	"relay":   {"run the outbox relay on its own (for workers started with --no-relay)", runRelay},
 	"version": {"print kfn's version, VCS revision and Go version", runVersion},
+	"topic":   {"create, list and describe Kafka topics", runTopic},
 }
 
 // usageError is a mistake in how kfn was called: exit code 2.
@@ -133,23 +134,8 @@ func bind[T any](fs *flagSet, s settings.Setting[T]) *T {
 // parse parses args and rejects stray positional arguments and the shared
 // settings' bad values.
 func parse(fs *flagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return &usageError{msg: err.Error()}
-	}
-	if fs.NArg() > 0 {
-		return &usageError{msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
-	}
-	if errs := fs.settings.Errors(); len(errs) > 0 {
-		msgs := make([]string, len(errs))
-		for i, e := range errs {
-			msgs[i] = e.Error()
-		}
-		return &usageError{msg: strings.Join(msgs, "\n")}
-	}
-	return nil
+	_, err := parsePositional(fs, args, 0, 0, "no arguments")
+	return err
 }
 
 // given reports whether the flag name was on the command line.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -106,6 +107,19 @@ func startStack(ctx context.Context, dbURL, natsURL string, brokers []string, ou
 	ok = true
 	return s, nil
 }
+
+// printExports prints the stack's addresses as shell export lines, so that
+// another terminal (kfn produce, kfn tail, kfn status, a function binary)
+// reaches the same stack.
+func printExports(out io.Writer, s *stack) {
+	fmt.Fprintln(out, "# in another terminal, to use this stack:")
+	fmt.Fprintf(out, "export %s=%s\n", settings.DatabaseURL.Env, shellQuote(s.DatabaseURL))
+	fmt.Fprintf(out, "export %s=%s\n", settings.NATSURL.Env, shellQuote(s.NATSURL))
+	fmt.Fprintf(out, "export %s=%s\n", settings.KafkaBrokers.Env, shellQuote(strings.Join(s.Brokers, ",")))
+}
+
+// shellQuote quotes s for a POSIX shell.
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 func (s *stack) stop() {
 	for i := len(s.stops) - 1; i >= 0; i-- {

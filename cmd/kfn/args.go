@@ -1,0 +1,42 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+)
+
+// parsePositional parses args like parse, but also takes positional
+// arguments anywhere among the flags (`kfn tail orders.accepted --json`):
+// between min and max of them, named by what in errors.
+func parsePositional(fs *flagSet, args []string, min, max int, what string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, &usageError{msg: err.Error()}
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	switch {
+	case len(positional) < min:
+		return nil, &usageError{msg: fmt.Sprintf("missing %s", what)}
+	case len(positional) > max:
+		return nil, &usageError{msg: fmt.Sprintf("unexpected argument %q (takes %s)", positional[max], what)}
+	}
+	if errs := fs.settings.Errors(); len(errs) > 0 {
+		msgs := make([]string, len(errs))
+		for i, e := range errs {
+			msgs[i] = e.Error()
+		}
+		return nil, &usageError{msg: strings.Join(msgs, "\n")}
+	}
+	return positional, nil
+}

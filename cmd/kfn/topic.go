@@ -1,0 +1,209 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"text/tabwriter"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/settings"
+)
+
+const topicUsage = `usage: kfn topic create NAME [--partitions N] [--replication-factor R]
+       kfn topic list [--json]
+       kfn topic describe NAME [--json]
+
+Creates, lists and describes Kafka topics, on the kfn dev stack or a real
+cluster (--kafka-brokers / KFN_KAFKA_BROKERS). A function waits for its
+topic to exist; create it first.
+
+examples:
+  kfn topic create payments --partitions 4
+  kfn topic describe payments
+  kfn topic list --json      # with the export lines kfn dev prints, in another terminal
+`
+
+func runTopic(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
+		fmt.Fprint(stderr, topicUsage)
+		if len(args) == 0 {
+			return &usageError{msg: "missing subcommand: create, list or describe"}
+		}
+		return flag.ErrHelp
+	}
+	switch args[0] {
+	case "create":
+		return runTopicCreate(ctx, args[1:], stdout, stderr)
+	case "list":
+		return runTopicList(ctx, args[1:], stdout, stderr)
+	case "describe":
+		return runTopicDescribe(ctx, args[1:], stdout, stderr)
+	default:
+		return &usageError{msg: fmt.Sprintf("unknown subcommand %q: use create, list or describe", args[0])}
+	}
+}
+
+func topicFlags(name string, stderr io.Writer) (*flagSet, *[]string) {
+	fs := newFlags("topic "+name, stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), topicUsage+"\n")
+		printFlags(fs.FlagSet)
+	}
+	return fs, bind(fs, settings.KafkaBrokers)
+}
+
+func kafkaClient(brokers []string) *kafka.Client {
+	return &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+}
+
+func runTopicCreate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, brokers := topicFlags("create", stderr)
+	partitions := fs.Int("partitions", 1, "partitions of the new topic")
+	replication := fs.Int("replication-factor", 1, "replicas of each partition (at most the number of brokers)")
+	pos, err := parsePositional(fs, args, 1, 1, "the topic's name")
+	if err != nil {
+		return err
+	}
+	if *partitions < 1 || *replication < 1 {
+		return &usageError{msg: "--partitions and --replication-factor must be at least 1"}
+	}
+	if err := requireBrokers(*brokers); err != nil {
+		return err
+	}
+	topic := pos[0]
+	resp, err := kafkaClient(*brokers).CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
+		Topic: topic, NumPartitions: *partitions, ReplicationFactor: *replication,
+	}}})
+	if err != nil {
+		return fmt.Errorf("create topic %s on %v: %w", topic, *brokers, err)
+	}
+	if err := resp.Errors[topic]; err != nil {
+		if errors.Is(err, kafka.TopicAlreadyExists) {
+			return fmt.Errorf("topic %s already exists (kfn topic describe %s shows it)", topic, topic)
+		}
+		return fmt.Errorf("create topic %s: %w", topic, err)
+	}
+	if err := ensureTopic(ctx, *brokers, topic, *partitions); err != nil { // waits for the partitions' leaders
+		return err
+	}
+	fmt.Fprintf(stdout, "created topic %s with %d partitions (replication factor %d)\n", topic, *partitions, *replication)
+	return nil
+}
+
+// topicInfo is what list and describe print for a topic.
+type topicInfo struct {
+	Topic      string          `json:"topic"`
+	Partitions []partitionInfo `json:"partitions"`
+}
+
+type partitionInfo struct {
+	Partition int    `json:"partition"`
+	Leader    string `json:"leader"`
+	Replicas  int    `json:"replicas"`
+	First     int64  `json:"first_offset"`
+	High      int64  `json:"high_watermark"`
+}
+
+func readTopics(ctx context.Context, brokers []string, names []string, offsets bool) ([]topicInfo, error) {
+	md, err := kafkaClient(brokers).Metadata(ctx, &kafka.MetadataRequest{Topics: names})
+	if err != nil {
+		return nil, fmt.Errorf("read topics from %v: %w", brokers, err)
+	}
+	var out []topicInfo
+	for _, t := range md.Topics {
+		if t.Error != nil {
+			if errors.Is(t.Error, kafka.UnknownTopicOrPartition) {
+				return nil, fmt.Errorf("topic %s does not exist (kfn topic create %s)", t.Name, t.Name)
+			}
+			return nil, fmt.Errorf("topic %s: %w", t.Name, t.Error)
+		}
+		if t.Internal {
+			continue
+		}
+		info := topicInfo{Topic: t.Name}
+		for _, p := range t.Partitions {
+			pi := partitionInfo{Partition: p.ID, Leader: fmt.Sprintf("%s:%d", p.Leader.Host, p.Leader.Port), Replicas: len(p.Replicas), First: -1, High: -1}
+			if offsets {
+				if pi.First, pi.High, err = engine.OffsetRange(ctx, brokers, t.Name, int32(p.ID)); err != nil {
+					return nil, err
+				}
+			}
+			info.Partitions = append(info.Partitions, pi)
+		}
+		sort.Slice(info.Partitions, func(i, j int) bool { return info.Partitions[i].Partition < info.Partitions[j].Partition })
+		out = append(out, info)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Topic < out[j].Topic })
+	return out, nil
+}
+
+func runTopicList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, brokers := topicFlags("list", stderr)
+	asJSON := fs.Bool("json", false, "print JSON for scripts")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := requireBrokers(*brokers); err != nil {
+		return err
+	}
+	topics, err := readTopics(ctx, *brokers, nil, false)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(stdout, topics)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TOPIC\tPARTITIONS")
+	for _, t := range topics {
+		fmt.Fprintf(tw, "%s\t%d\n", t.Topic, len(t.Partitions))
+	}
+	return tw.Flush()
+}
+
+func runTopicDescribe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, brokers := topicFlags("describe", stderr)
+	asJSON := fs.Bool("json", false, "print JSON for scripts")
+	pos, err := parsePositional(fs, args, 1, 1, "the topic's name")
+	if err != nil {
+		return err
+	}
+	if err := requireBrokers(*brokers); err != nil {
+		return err
+	}
+	topics, err := readTopics(ctx, *brokers, pos, true)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(stdout, topics[0])
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PARTITION\tLEADER\tREPLICAS\tFIRST\tHIGH WATERMARK")
+	for _, p := range topics[0].Partitions {
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\n", p.Partition, p.Leader, p.Replicas, p.First, p.High)
+	}
+	return tw.Flush()
+}
+
+// requireBrokers says that the command needs Kafka's address.
+func requireBrokers(brokers []string) error {
+	if len(brokers) == 0 {
+		return &usageError{msg: fmt.Sprintf("--%s is required (or set %s; kfn dev prints it)", settings.KafkaBrokers.Flag, settings.KafkaBrokers.Env)}
+	}
+	return nil
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
