@@ -34,6 +34,8 @@ var commands = map[string]command{
 	"relay":   {"run the outbox relay on its own (for workers started with --no-relay)", runRelay},
 	"version": {"print kfn's version, VCS revision and Go version", runVersion},
 	"topic":   {"create, list and describe Kafka topics", runTopic},
+	"produce": {"send records to a topic, from flags or JSON lines", runProduce},
+	"tail":    {"print the events functions emit on a subject, as they arrive", runTail},
 }
 
 // usageError is a mistake in how kfn was called: exit code 2.

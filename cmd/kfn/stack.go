@@ -130,7 +130,8 @@ func (s *stack) stop() {
 
 // ensureTopic creates topic with the given partitions unless it exists.
 func ensureTopic(ctx context.Context, brokers []string, topic string, partitions int) error {
-	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+	client, closeClient := kafkaClient(brokers)
+	defer closeClient()
 	resp, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
 		Topic: topic, NumPartitions: partitions, ReplicationFactor: 1,
 	}}})

@@ -60,8 +60,12 @@ func topicFlags(name string, stderr io.Writer) (*flagSet, *[]string) {
 	return fs, bind(fs, settings.KafkaBrokers)
 }
 
-func kafkaClient(brokers []string) *kafka.Client {
-	return &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+// kafkaClient returns a Kafka client with a transport of its own (kafka-go's
+// default one caches metadata across clients, and would not know a topic
+// created after its last refresh), and a function that closes it.
+func kafkaClient(brokers []string) (*kafka.Client, func()) {
+	transport := &kafka.Transport{DialTimeout: 5 * time.Second}
+	return &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: transport}, transport.CloseIdleConnections
 }
 
 func runTopicCreate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -79,7 +83,9 @@ func runTopicCreate(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	topic := pos[0]
-	resp, err := kafkaClient(*brokers).CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
+	client, closeClient := kafkaClient(*brokers)
+	defer closeClient()
+	resp, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
 		Topic: topic, NumPartitions: *partitions, ReplicationFactor: *replication,
 	}}})
 	if err != nil {
@@ -113,7 +119,9 @@ type partitionInfo struct {
 }
 
 func readTopics(ctx context.Context, brokers []string, names []string, offsets bool) ([]topicInfo, error) {
-	md, err := kafkaClient(brokers).Metadata(ctx, &kafka.MetadataRequest{Topics: names})
+	client, closeClient := kafkaClient(brokers)
+	defer closeClient()
+	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: names})
 	if err != nil {
 		return nil, fmt.Errorf("read topics from %v: %w", brokers, err)
 	}
