@@ -3,7 +3,6 @@ package inbox_test
 import (
 	"bytes"
 	"context"
-
 	"math/rand/v2"
 	"testing"
 

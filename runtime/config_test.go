@@ -9,9 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfn-dev/kfn/internal/engine"
-
 	"github.com/kfn-dev/kfn/internal/effects"
+	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/runtime"
 )
 

@@ -27,9 +27,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/inbox"
-	"github.com/kfn-dev/kfn/outbox"
-
 	"github.com/kfn-dev/kfn/internal/effects"
+	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/devstack"
 	"github.com/kfn-dev/kfn/runtime/kfntest"

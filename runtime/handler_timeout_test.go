@@ -8,12 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfn-dev/kfn/internal/engine"
-
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/effects"
+	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/runtime"
 )
 

@@ -17,13 +17,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfn-dev/kfn/internal/engine"
-
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/effects"
+	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/pgdata"
 	"github.com/kfn-dev/kfn/runtime"
 )

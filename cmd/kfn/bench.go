@@ -9,12 +9,11 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kfn-dev/kfn/cmd/kfn/internal/bench"
-
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kfn-dev/kfn/cmd/kfn/internal/bench"
 	"github.com/kfn-dev/kfn/functions/orders"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"

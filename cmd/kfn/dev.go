@@ -10,14 +10,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kfn-dev/kfn/internal/engine"
-	"github.com/kfn-dev/kfn/operator"
-
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/functions/orders"
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/runtime"
 )
 

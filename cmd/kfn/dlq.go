@@ -12,10 +12,9 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/kfn-dev/kfn/operator"
-
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/settings"
+	"github.com/kfn-dev/kfn/operator"
 )
 
 func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -7,11 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfn-dev/kfn/operator"
-
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )

@@ -13,11 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfn-dev/kfn/operator"
-
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/functions/orders"
+	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 	"github.com/kfn-dev/kfn/runtime/schema"

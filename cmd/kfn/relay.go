@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/kfn-dev/kfn/internal/engine"
-
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"

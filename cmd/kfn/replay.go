@@ -7,12 +7,11 @@ import (
 	"os"
 	"os/user"
 
-	"github.com/kfn-dev/kfn/operator"
-
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/settings"
+	"github.com/kfn-dev/kfn/operator"
 )
 
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {

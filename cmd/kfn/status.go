@@ -7,11 +7,10 @@ import (
 	"io"
 	"text/tabwriter"
 
-	"github.com/kfn-dev/kfn/operator"
-
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/internal/settings"
+	"github.com/kfn-dev/kfn/operator"
 )
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
