@@ -36,6 +36,7 @@ var commands = map[string]command{
 	"topic":   {"create, list and describe Kafka topics", runTopic},
 	"produce": {"send records to a topic, from flags or JSON lines", runProduce},
 	"tail":    {"print the events functions emit on a subject, as they arrive", runTail},
+	"new":     {"scaffold a function: handler, unit test, main, Containerfile, deploy/", runNew},
 }
 
 // usageError is a mistake in how kfn was called: exit code 2.
