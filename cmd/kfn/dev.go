@@ -20,14 +20,36 @@ import (
 	"github.com/kfn-dev/kfn/runtime"
 )
 
+const devUsage = `usage: kfn dev [PKG...] [flags]
+
+Starts a local stack (a throwaway Postgres, an embedded NATS server and
+Kafka broker, unless flags point at running ones) and prints export lines
+for other terminals. Without packages it runs the bundled orders example
+with sample traffic and checks the end state. With packages (directories of
+Go main packages calling runtime.Start, such as the cmd/NAME of a function
+made by kfn new) it builds each, creates its topic (or its stream), runs it
+against the stack, shows its counters every second, and rebuilds and
+restarts it when a source file of its module changes.
+
+examples:
+  kfn dev                          # the demo
+  kfn dev ./payments/cmd/payments  # your function; feed it with kfn produce
+  kfn dev --duration 20s           # the demo as an end-to-end check
+`
+
 func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("dev", stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), devUsage+"\n")
+		printFlags(fs.FlagSet)
+	}
 	services := addServiceFlags(fs)
 	duration := fs.Duration("duration", 0, "stop after this long (default: run until Ctrl-C)")
 	rate := fs.Int("rate", 200, "sample orders produced per second")
 	partitions := fs.Int("partitions", 4, "partitions of the orders topic when it is created")
 	verbose := fs.Bool("v", false, "show the workers' logs")
-	if err := parse(fs, args); err != nil {
+	pkgs, err := parsePositional(fs, args, 0, 64, "function packages")
+	if err != nil {
 		return err
 	}
 	if *rate < 1 || *rate > 100000 {
@@ -53,6 +75,15 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	defer st.stop()
 	defer pool.Close()
 	printExports(stdout, st)
+	if len(pkgs) > 0 {
+		runCtx := ctx
+		if *duration > 0 {
+			var cancel context.CancelFunc
+			runCtx, cancel = context.WithTimeout(ctx, *duration)
+			defer cancel()
+		}
+		return runDevFunctions(runCtx, pkgs, st, *partitions, *verbose, stdout, stderr)
+	}
 	if err := ensureTopic(ctx, st.Brokers, orders.Topic, *partitions); err != nil {
 		return err
 	}

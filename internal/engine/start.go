@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -46,6 +47,7 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 	cfg.bind(b) // b's errors, the log level's and metrics address's too, are reported by NewWorker
 	settings.LogLevel.Bind(b, &logLevel)
 	settings.MetricsAddr.Bind(b, &metricsAddr)
+	describe := fs.Bool("describe", false, "print the function's name, source and emitted subjects as JSON on stdout, and exit (kfn dev reads it)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -55,6 +57,13 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "%s: unexpected argument %q (all settings are --flags; see -h)\n", name, fs.Arg(0))
 		return 2
+	}
+	if *describe {
+		if err := json.NewEncoder(os.Stdout).Encode(Describe(fn)); err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", name, err)
+			return 1
+		}
+		return 0
 	}
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(logLevel)) // checked by settings.LogLevel; a rejected value left "info"
@@ -92,4 +101,26 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 	}
 	cfg.Logger.Info("worker stopped cleanly", "function", fn.Name)
 	return 0
+}
+
+// Description is what a function binary's --describe prints: enough for a
+// tool (kfn dev) to prepare what the function needs.
+type Description struct {
+	Name    string   `json:"name"`
+	Topic   string   `json:"topic,omitempty"`
+	Subject string   `json:"subject,omitempty"`
+	Stream  string   `json:"stream,omitempty"`
+	Emits   []string `json:"emits,omitempty"`
+}
+
+// Describe returns fn's Description.
+func Describe(fn Function) Description {
+	d := Description{Name: fn.Name, Topic: fn.Topic, Subject: fn.Subject, Emits: fn.Emits}
+	if fn.Subject != "" {
+		d.Stream = fn.Stream
+		if d.Stream == "" {
+			d.Stream = DefaultStream
+		}
+	}
+	return d
 }
