@@ -227,3 +227,25 @@ func streamEventIDs(t *testing.T, js jetstream.JetStream, subject string) map[in
 	}
 	return out
 }
+
+func TestDLQRetryBadInvocationsAreUsageErrors(t *testing.T) {
+	db := []string{"dlq", "retry", "--database-url", "postgres://x@y/z"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"dlq", "retry", "--database-url", "", "--id", "1", "--reason", "r"}, "--database-url is required"},
+		{append(db, "--function", "f"), "--reason is required"},
+		{append(db, "--reason", "r"), "say which dead letters to retry"},
+		{append(db, "--id", "0", "--reason", "r"), `"0" is not a dead letter id`},
+		{append(db, "--id", "1,x", "--reason", "r"), `"x" is not a dead letter id`},
+		{append(db, "--function", "f", "--partition", "-2", "--reason", "r"), "--partition must be 0 or more"},
+		{append(db, "--function", "f", "--limit", "0", "--reason", "r"), "--limit must be at least 1"},
+		{append(db, "--function", "f", "--wait", "--timeout", "0s", "--reason", "r"), "--timeout must be positive"},
+	} {
+		code, _, stderr := kfn(t, tc.args...)
+		if code != 2 || !strings.Contains(stderr, tc.want) {
+			t.Errorf("kfn %q = exit %d, stderr %q; want exit 2 and %q", tc.args, code, stderr, tc.want)
+		}
+	}
+}
