@@ -22,6 +22,8 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		switch args[0] {
 		case "park":
 			return runDLQPark(ctx, args[1:], stdout, stderr)
+		case "retry":
+			return runDLQRetry(ctx, args[1:], stdout, stderr)
 		case "list":
 			args = args[1:]
 		}
@@ -30,6 +32,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: kfn dlq [list] [flags]      list dead-lettered records
        kfn dlq park [flags]        dead-letter one stuck record by hand (see kfn dlq park -h)
+       kfn dlq retry [flags]       run dead letters through their function again, once (see kfn dlq retry -h)
 
 `)
 		printFlags(fs.FlagSet)

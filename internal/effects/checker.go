@@ -54,6 +54,12 @@ type Report struct {
 	// DeadLetters counts dead-lettered records; DeadLettered lists them.
 	DeadLetters  int
 	DeadLettered []Produced
+	// Retried counts records applied by a dead letter retry (kfn dlq
+	// retry, audited as dlq_retry_applied). A retry applies a record after
+	// the records that followed it, on purpose, so the order checks
+	// (Reordered, ReorderedEvents) leave these records out; every other
+	// check applies to them.
+	Retried int
 	// StaleEpochs counts stale-token commits: effects committed, in the
 	// partition's commit order, after a claim of the partition with a
 	// larger epoch (invariant I4). It counts them whether or not the
@@ -153,6 +159,9 @@ func short(list []string) string {
 func (r Report) String() string {
 	s := fmt.Sprintf("expected=%d applied=%d dead_lettered=%d lost=%d duplicated=%d reordered=%d unexpected=%d stale_epochs=%d unfenced=%d",
 		r.Expected, r.Applied, r.DeadLetters, r.Lost, r.Duplicated, r.Reordered, r.Unexpected, r.StaleEpochs, r.Unfenced)
+	if r.Retried > 0 {
+		s += fmt.Sprintf(" retried=%d", r.Retried)
+	}
 	if r.EventsChecked {
 		s += fmt.Sprintf(" events=%d missing_events=%d duplicated_events=%d extra_events=%d wrong_events=%d reordered_events=%d",
 			r.Events, r.MissingEvents, r.DuplicatedEvents, r.ExtraEvents, r.WrongEvents, r.ReorderedEvents)
@@ -232,7 +241,11 @@ func Check(ctx context.Context, pool *pgxpool.Pool, fn, topic string, produced [
 	if err != nil {
 		return Report{}, err
 	}
-	rep := Report{}
+	retried, err := readRetried(ctx, pool, fn, topic)
+	if err != nil {
+		return Report{}, err
+	}
+	rep := Report{Retried: len(retried)}
 	seen := map[string]int{}
 	byRecord := map[Produced][]effect{}
 	for _, e := range effects {
@@ -272,14 +285,14 @@ func Check(ctx context.Context, pool *pgxpool.Pool, fn, topic string, produced [
 			rep.example("unexpected", seen, "%s was never produced but applied %d times", k, len(byRecord[k]))
 		}
 	}
-	rep.checkOrder(effects, seen)
+	rep.checkOrder(effects, retried, seen)
 	rep.checkTokens(effects, claims, seen)
 	if o.js != nil {
 		events, err := readEvents(ctx, pool, o.js, o.stream, fn, topic)
 		if err != nil {
 			return Report{}, err
 		}
-		rep.checkEvents(events, byRecord, dead, seen)
+		rep.checkEvents(events, byRecord, dead, retried, seen)
 	}
 	return rep, nil
 }
@@ -311,12 +324,13 @@ func tokens(es []effect) string {
 
 // checkOrder counts, per partition in commit order, the records whose
 // first effect committed after the first effect of a higher offset. Later
-// effects of a record are counted as duplicates, not again here.
-func (r *Report) checkOrder(effects []effect, seen map[string]int) {
+// effects of a record are counted as duplicates, not again here; retried
+// records are applied late on purpose and left out.
+func (r *Report) checkOrder(effects []effect, retried map[Produced]bool, seen map[string]int) {
 	first := map[Produced]bool{}
 	highest := map[int32]effect{}
 	for _, e := range effects { // sorted by partition, lsn, id
-		if first[e.key] {
+		if first[e.key] || retried[e.key] {
 			continue
 		}
 		first[e.key] = true
@@ -408,6 +422,26 @@ SELECT partition, (details->>'epoch')::bigint, ((details->>'lsn')::pg_lsn - '0/0
 	}
 	for _, cs := range out {
 		slices.SortFunc(cs, func(a, b claim) int { return cmp.Compare(a.lsn, b.lsn) })
+	}
+	return out, nil
+}
+
+// readRetried reads which records of fn's partitions of topic a dead
+// letter retry applied (inbox.ActionRetryApplied in the audit log).
+func readRetried(ctx context.Context, pool *pgxpool.Pool, fn, topic string) (map[Produced]bool, error) {
+	rows, err := pool.Query(ctx, `
+SELECT partition, (details->>'offset')::bigint FROM kfn.audit_log WHERE action = $1 AND consumer = $2 AND topic = $3`,
+		inbox.ActionRetryApplied, fn, topic)
+	if err != nil {
+		return nil, fmt.Errorf("read the retried records: %w", err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Produced])
+	if err != nil {
+		return nil, fmt.Errorf("read the retried records: %w", err)
+	}
+	out := map[Produced]bool{}
+	for _, k := range keys {
+		out[k] = true
 	}
 	return out, nil
 }
@@ -531,8 +565,9 @@ func streamKey(h nats.Header) (string, bool) {
 
 // checkEvents requires exactly one event per applied record, carrying the
 // record's value, and none for records that were not applied; and per key
-// and source partition, stream order following offset order.
-func (r *Report) checkEvents(evs events, byRecord map[Produced][]effect, dead map[Produced]bool, seen map[string]int) {
+// and source partition, stream order following offset order (but for
+// retried records, emitted late on purpose).
+func (r *Report) checkEvents(evs events, byRecord map[Produced][]effect, dead, retried map[Produced]bool, seen map[string]int) {
 	r.EventsChecked = true
 	ids := map[Produced]map[string]bool{} // record → its distinct event ids
 	data := map[string][]byte{}
@@ -599,7 +634,7 @@ func (r *Report) checkEvents(evs events, byRecord map[Produced][]effect, dead ma
 			continue
 		}
 		first[e.record] = true
-		if !e.keyed {
+		if !e.keyed || retried[e.record] {
 			continue // no key to order by
 		}
 		l := lane{e.key, e.record.Partition}

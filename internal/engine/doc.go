@@ -165,6 +165,13 @@
 //   - Replay: `kfn replay` seizes the lease (a larger token), writes it to
 //     Postgres, moves the cursor and releases the lease; the owner's next
 //     commit is fenced and a worker takes the lane again at the new cursor.
+//   - Dead letter retry: `kfn dlq retry` only marks letters. The lane that
+//     owns a letter's partition (or subject) applies it between two batches,
+//     in a transaction fenced like a batch (inbox.FenceLane writes the
+//     cursor row under the lane's token without moving it) that deletes the
+//     letter only while it is still marked, before it runs the handler: a
+//     zombie's retry is refused by the fence, and a letter is applied once
+//     however often it is retried (retry.go).
 //   - NATS state lost (the lease bucket deleted or wiped): the workers
 //     create it again by themselves, its tokens starting above the largest
 //     epoch in kfn.cursors and the largest revision they saw (package lease,

@@ -19,6 +19,7 @@ type metricsCollector struct {
 	relayed, relayDuplicates, relayFailures, relayLatency       *prometheus.Desc
 	infraRetries, traceDropped                                  *prometheus.Desc
 	abandoned, abandonedRunning, commitRepliesLost              *prometheus.Desc
+	deadLetterRetries                                           *prometheus.Desc
 }
 
 func newMetricsCollector(wk *Worker) *metricsCollector {
@@ -48,6 +49,7 @@ func newMetricsCollector(wk *Worker) *metricsCollector {
 		abandoned:         d("handlers_abandoned_total", "Handler calls that overran --handler-timeout without returning: their session was ended and the record dead-lettered (reason timeout)."),
 		abandonedRunning:  d("handlers_abandoned_running", "Abandoned handler calls still running (Go cannot stop them)."),
 		commitRepliesLost: d("commit_replies_lost_total", "Commits that landed although their reply was lost; the lane resumed from the stored cursor."),
+		deadLetterRetries: d("dead_letter_retries_total", "Dead letters marked for retry (kfn dlq retry) that this worker applied (outcome applied) or whose retry failed again (outcome failed: the letter stays).", "outcome"),
 	}
 }
 
@@ -70,6 +72,8 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.traceDropped, float64(s.TraceContextDropped.Load()))
 	counter(c.abandoned, float64(s.AbandonedHandlers.Load()))
 	counter(c.commitRepliesLost, float64(s.CommitRepliesLost.Load()))
+	ch <- prometheus.MustNewConstMetric(c.deadLetterRetries, prometheus.CounterValue, float64(s.DeadLetterRetriesApplied.Load()), "applied")
+	ch <- prometheus.MustNewConstMetric(c.deadLetterRetries, prometheus.CounterValue, float64(s.DeadLetterRetriesFailed.Load()), "failed")
 	ch <- prometheus.MustNewConstMetric(c.abandonedRunning, prometheus.GaugeValue, float64(s.AbandonedHandlersRunning.Load()))
 	for _, p := range s.Partitions() {
 		labels := []string{p.Function, p.Topic, strconv.Itoa(int(p.Partition))}

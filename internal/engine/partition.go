@@ -20,6 +20,7 @@ type partitionRun struct {
 	*applier
 	w      *worker
 	cursor *partitionTracker
+	retry  *retryLane // dead letters marked for retry (retry.go)
 }
 
 // runPartition owns one partition until ctx ends or a newer owner fences it.
@@ -35,6 +36,8 @@ func (w *worker) runPartition(ctx context.Context, fn Function, partition int32,
 	}
 	log := w.cfg.Logger.With("function", fn.Name, "topic", fn.Topic, "partition", partition, "epoch", token)
 	pr := &partitionRun{applier: w.newApplier(fn, part, token, lane, log), w: w, cursor: cursor}
+	pr.retry = w.retries.register(pr.applier, "")
+	defer w.retries.unregister(pr.retry)
 	defer w.stats.drop(fn.Name, fn.Topic, partition)
 	w.laneStopped(ctx, pr.log, token, pr.run(ctx))
 }
@@ -66,10 +69,16 @@ func (pr *partitionRun) run(ctx context.Context) error {
 
 	outage := newKafkaOutage(pr.log)
 	for {
+		if err := pr.retry.applyPending(ctx); err != nil {
+			return err
+		}
 		batch, err := pr.fetch(ctx, reader)
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
+			}
+			if errors.Is(err, errRetryWake) {
+				continue
 			}
 			// The broker is unreachable or the reader failed. That is no
 			// reason to give the partition up: its lease stays (this
@@ -141,8 +150,13 @@ func (pr *partitionRun) claim(ctx context.Context) error {
 func (pr *partitionRun) fetch(ctx context.Context, reader *kafka.Reader) ([]Record, error) {
 	max := pr.w.cfg.BatchSize
 	batch := make([]Record, 0, max)
-	msg, err := reader.FetchMessage(ctx)
+	wctx, stop := pr.retry.waitContext(ctx)
+	msg, err := reader.FetchMessage(wctx)
+	stop()
 	if err != nil {
+		if ctx.Err() == nil && wokenForRetry(wctx) {
+			return nil, errRetryWake
+		}
 		return nil, fmt.Errorf("read %s: %w", pr.part, err)
 	}
 	batch = append(batch, toRecord(msg))

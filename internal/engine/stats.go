@@ -32,6 +32,12 @@ type Stats struct {
 	// them fail (the connection died at COMMIT): the lane found the cursor
 	// ahead under its own token and resumed from it.
 	CommitRepliesLost atomic.Int64
+	// DeadLetterRetriesApplied counts dead letters marked for retry (kfn dlq
+	// retry) that this worker's lanes applied; DeadLetterRetriesFailed those
+	// whose retry failed again (the letter stays). Neither is in Applied or
+	// DeadLettered.
+	DeadLetterRetriesApplied atomic.Int64
+	DeadLetterRetriesFailed  atomic.Int64
 
 	mu         sync.Mutex
 	partitions map[partitionKey]*PartitionStats

@@ -25,6 +25,7 @@ type subjectRun struct {
 	*applier
 	w      *worker
 	stream string
+	retry  *retryLane // dead letters marked for retry (retry.go)
 }
 
 // ackWait is how long JetStream waits for an ack before redelivering. It
@@ -44,6 +45,8 @@ func (w *worker) runSubject(ctx context.Context, fn Function, token int64) {
 		w:       w,
 		stream:  stream,
 	}
+	sr.retry = w.retries.register(sr.applier, stream)
+	defer w.retries.unregister(sr.retry)
 	defer w.stats.drop(fn.Name, fn.Subject, 0)
 	w.laneStopped(ctx, sr.log, token, sr.run(ctx))
 }
@@ -69,7 +72,13 @@ func (sr *subjectRun) run(ctx context.Context) error {
 	}
 	defer msgs.Stop()
 	for {
+		if err := sr.retry.applyPending(ctx); err != nil {
+			return err
+		}
 		batch, err := sr.fetch(ctx, msgs)
+		if errors.Is(err, errRetryWake) {
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -133,10 +142,15 @@ func (sr *subjectRun) newTermConsumer(ctx context.Context) (jetstream.Consumer, 
 // fetch blocks for the first event, then gathers more until the batch is full
 // or BatchWait has passed since the first one.
 func (sr *subjectRun) fetch(ctx context.Context, msgs jetstream.MessagesContext) ([]jetstream.Msg, error) {
-	first, err := msgs.Next(jetstream.NextContext(ctx))
+	wctx, stop := sr.retry.waitContext(ctx)
+	first, err := msgs.Next(jetstream.NextContext(wctx))
+	stop()
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
+		}
+		if wokenForRetry(wctx) {
+			return nil, errRetryWake
 		}
 		return nil, fmt.Errorf("read %s: %w", sr.fn.Subject, err)
 	}

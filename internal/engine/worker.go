@@ -42,6 +42,10 @@ type worker struct {
 	stats        *Stats
 	ready        readiness // the last probe of the services, for /readyz
 	health       *pgHealth // whether this worker reaches Postgres; the lease managers' Healthy hook
+
+	// retries are the running lanes, woken for dead letters marked for
+	// retry (retry.go).
+	retries *retryLanes
 }
 
 // NewWorker validates cfg and fns, connects to Postgres, Kafka and NATS,
@@ -65,7 +69,7 @@ func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error
 		}
 		seen[fn.Name] = true
 	}
-	w := &worker{cfg: cfg, fns: fns, stats: &Stats{}}
+	w := &worker{cfg: cfg, fns: fns, stats: &Stats{}, retries: newRetryLanes()}
 	ok := false
 	defer func() {
 		if !ok {
@@ -244,6 +248,12 @@ func (wk *Worker) Run(ctx context.Context) error {
 		w.purgeInboxes(ctx)
 	}()
 	defer func() { <-purgeDone }()
+	retriesDone := make(chan struct{})
+	go func() {
+		defer close(retriesDone)
+		w.watchRetries(ctx)
+	}()
+	defer func() { <-retriesDone }()
 
 	errs := make(chan error, len(w.fns)+1)
 	for _, fn := range w.fns {
