@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -14,6 +15,9 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kfn-dev/kfn/internal/settings"
 )
@@ -40,6 +44,40 @@ type usageError struct{ msg string }
 
 func (e *usageError) Error() string { return e.msg }
 
+// commandError is the error of a subcommand with a name of more than one
+// word ("dlq discard"), so that its messages name it.
+type commandError struct {
+	command string
+	err     error
+}
+
+func (e *commandError) Error() string { return e.err.Error() }
+func (e *commandError) Unwrap() error { return e.err }
+
+// inCommand names the command err comes from; nil stays nil.
+func inCommand(command string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &commandError{command: command, err: err}
+}
+
+// errSchemaMissing replaces Postgres's error about a kfn table or the kfn
+// schema that does not exist.
+var errSchemaMissing = errors.New("the kfn schema is missing in this database: run `kfn migrate`")
+
+// explain turns errors an operator cannot act on as they are into ones that
+// say what to do: a missing kfn schema (SQLSTATE 42P01 undefined_table or
+// 3F000 invalid_schema_name on kfn's own tables) asks for kfn migrate.
+func explain(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") &&
+		(strings.Contains(pgErr.Message, `"kfn.`) || strings.Contains(pgErr.Message, `"kfn"`)) {
+		return errSchemaMissing
+	}
+	return err
+}
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
@@ -62,6 +100,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	err := cmd.run(ctx, args[1:], stdout, stderr)
+	name := args[0]
+	var cerr *commandError
+	if errors.As(err, &cerr) {
+		name = cerr.command
+	}
 	var uerr *usageError
 	switch {
 	case err == nil:
@@ -69,10 +112,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.As(err, &uerr):
-		fmt.Fprintf(stderr, "kfn %s: %s (see kfn %s -h)\n", args[0], uerr.msg, args[0])
+		fmt.Fprintf(stderr, "kfn %s: %s (see kfn %s -h)\n", name, uerr.msg, name)
 		return 2
 	default:
-		fmt.Fprintf(stderr, "kfn %s: %v\n", args[0], err)
+		fmt.Fprintf(stderr, "kfn %s: %v\n", name, explain(err))
 		return 1
 	}
 }
@@ -142,6 +185,31 @@ func parse(fs *flagSet, args []string) error {
 	if fs.NArg() > 0 {
 		return &usageError{msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
 	}
+	return settingErrors(fs)
+}
+
+// parseWithArgs is parse for a command that takes positional arguments (ids)
+// before, between or after its flags; it returns them in order.
+func parseWithArgs(fs *flagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, &usageError{msg: err.Error()}
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	return positional, settingErrors(fs)
+}
+
+// settingErrors reports the shared settings' bad values, once fs is parsed.
+func settingErrors(fs *flagSet) error {
 	if errs := fs.settings.Errors(); len(errs) > 0 {
 		msgs := make([]string, len(errs))
 		for i, e := range errs {
@@ -165,6 +233,31 @@ func required(name, value string) error {
 		return &usageError{msg: fmt.Sprintf("--%s is required", name)}
 	}
 	return nil
+}
+
+// parseTime reads the value of a time flag: an RFC 3339 time, or a
+// duration meaning that long before now ("2h": two hours ago). "" is the
+// zero time (no bound).
+func parseTime(flagName, value string, now time.Time) (time.Time, error) {
+	value = strings.TrimSpace(value)
+	if value == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, value); err == nil {
+		return t, nil
+	}
+	d, err := time.ParseDuration(value)
+	if err != nil || d < 0 {
+		return time.Time{}, &usageError{msg: fmt.Sprintf("--%s %q is neither an RFC 3339 time (2026-03-01T09:00:00Z) nor a duration before now (90m, 2h, 168h for a week)", flagName, value)}
+	}
+	return now.Add(-d), nil
+}
+
+// writeJSON prints v as indented JSON, for scripts.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
 
 // requiredSetting says that a shared setting the command needs is missing,
