@@ -1,6 +1,6 @@
 // Command kfn is the operator's tool: it runs the local development stack,
-// migrates the schema, shows who owns what, replays partitions, inspects dead
-// letters and benchmarks the record path.
+// migrates the schema, shows who owns what, replays partitions, inspects and
+// discards dead letters and benchmarks the record path.
 package main
 
 import (
@@ -33,7 +33,7 @@ var commands = map[string]command{
 	"migrate": {"apply kfn's schema migrations to a database", runMigrate},
 	"status":  {"show partitions: owner, epoch, cursor, lag", runStatus},
 	"replay":  {"move a partition's cursor back to an offset", runReplay},
-	"dlq":     {"list dead letters, or park a stuck record (dlq park)", runDLQ},
+	"dlq":     {"dead letters: list, show, discard, purge; park a stuck record", runDLQ},
 	"bench":   {"benchmark exactly-once against at-least-once and naive", runBench},
 	"relay":   {"run the outbox relay on its own (for workers started with --no-relay)", runRelay},
 	"version": {"print kfn's version, VCS revision and Go version", runVersion},
