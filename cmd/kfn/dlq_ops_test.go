@@ -407,7 +407,7 @@ func TestDLQPurgeDeletesTheOlderOnesAuditedAsOneRow(t *testing.T) {
 func TestAMissingSchemaAsksForMigrate(t *testing.T) {
 	db := kfntest.PostgresEmpty(t)
 	for _, args := range [][]string{
-		{"dlq"}, {"dlq", "show", "1"}, {"dlq", "discard", "1", "--reason", "x"}, {"dlq", "purge", "--older-than", "1h"}, {"status"},
+		{"dlq"}, {"dlq", "show", "1"}, {"dlq", "discard", "1", "--reason", "x"}, {"dlq", "purge", "--older-than", "1h"}, {"audit"}, {"status"},
 	} {
 		code, _, stderr := kfn(t, append(args, "--database-url", db.URL)...)
 		if code != 1 || !strings.HasSuffix(stderr, ": the kfn schema is missing in this database: run `kfn migrate`\n") {
@@ -422,7 +422,7 @@ func TestAMissingSchemaAsksForMigrate(t *testing.T) {
 	}
 }
 
-func TestDLQExitCodes(t *testing.T) {
+func TestDLQAndAuditExitCodes(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
 		code int
@@ -433,8 +433,10 @@ func TestDLQExitCodes(t *testing.T) {
 		{[]string{"dlq", "show", "-h"}, 0, "examples:"},
 		{[]string{"dlq", "discard", "-h"}, 0, "examples:"},
 		{[]string{"dlq", "purge", "-h"}, 0, "examples:"},
+		{[]string{"audit", "-h"}, 0, "shown only with --action claim"},
 		{[]string{"dlq", "bogus"}, 2, `kfn dlq: unknown dlq command "bogus": use list, show, discard, purge or park`},
 		{[]string{"dlq", "show", "1"}, 2, "kfn dlq show: --database-url is required (or set DATABASE_URL)"},
+		{[]string{"audit", "--database-url", "postgres://postgres@127.0.0.1:1/x?connect_timeout=2"}, 1, "kfn audit: cannot reach Postgres"},
 		{[]string{"dlq", "purge", "--older-than", "1h", "--database-url", "postgres://postgres@127.0.0.1:1/x?connect_timeout=2"}, 1, "kfn dlq purge: cannot reach Postgres"},
 	} {
 		t.Setenv("DATABASE_URL", "")

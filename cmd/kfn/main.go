@@ -1,6 +1,6 @@
 // Command kfn is the operator's tool: it runs the local development stack,
 // migrates the schema, shows who owns what, replays partitions, inspects and
-// discards dead letters and benchmarks the record path.
+// discards dead letters, reads the audit log and benchmarks the record path.
 package main
 
 import (
@@ -34,6 +34,7 @@ var commands = map[string]command{
 	"status":  {"show partitions: owner, epoch, cursor, lag", runStatus},
 	"replay":  {"move a partition's cursor back to an offset", runReplay},
 	"dlq":     {"dead letters: list, show, discard, purge; park a stuck record", runDLQ},
+	"audit":   {"list the audit log: replays, parks, discards, purges, …", runAudit},
 	"bench":   {"benchmark exactly-once against at-least-once and naive", runBench},
 	"relay":   {"run the outbox relay on its own (for workers started with --no-relay)", runRelay},
 	"version": {"print kfn's version, VCS revision and Go version", runVersion},
