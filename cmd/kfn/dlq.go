@@ -559,11 +559,11 @@ examples:
 	}
 	switch {
 	case res.DryRun:
-		fmt.Fprintf(stdout, "dry run: %s dead-lettered before %s would be purged; nothing changed\n", plural64(res.Count, "dead letter"), res.Before.Format(time.RFC3339))
+		fmt.Fprintf(stdout, "dry run: %s would be purged (dead-lettered before %s); nothing changed\n", plural64(res.Count, "dead letter"), res.Before.Format(time.RFC3339))
 	case res.Count == 0:
-		fmt.Fprintf(stdout, "no dead letter dead-lettered before %s: nothing purged\n", res.Before.Format(time.RFC3339))
+		fmt.Fprintf(stdout, "no dead letter is older than %s (dead-lettered before %s): nothing purged\n", *olderThan, res.Before.Format(time.RFC3339))
 	default:
-		fmt.Fprintf(stdout, "purged %s dead-lettered before %s, audited as %s\n", plural64(res.Count, "dead letter"), res.Before.Format(time.RFC3339), who)
+		fmt.Fprintf(stdout, "purged %s (dead-lettered before %s), audited as %s\n", plural64(res.Count, "dead letter"), res.Before.Format(time.RFC3339), who)
 	}
 	return nil
 }

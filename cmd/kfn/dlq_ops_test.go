@@ -370,12 +370,12 @@ func TestDLQPurgeDeletesTheOlderOnesAuditedAsOneRow(t *testing.T) {
 		}
 	}
 	code, out, stderr := kfn(t, append(base, "--older-than", "720h", "--dry-run")...)
-	if code != 0 || !strings.HasPrefix(out, "dry run: 2 dead letters dead-lettered before ") || len(listedIDs(t, db)) != 4 || len(auditRows(t, db, "purge")) != 0 {
+	if code != 0 || !strings.HasPrefix(out, "dry run: 2 dead letters would be purged (dead-lettered before ") || len(listedIDs(t, db)) != 4 || len(auditRows(t, db, "purge")) != 0 {
 		t.Errorf("purge --dry-run: exit %d, out %q, err %q; want a count and no change", code, out, stderr)
 	}
 	code, out, stderr = kfn(t, append(base, "--older-than", "720h", "--actor", "ops-bot")...)
 	t.Logf("$ kfn dlq purge --older-than 720h --actor ops-bot\n%s", out)
-	if code != 0 || !strings.HasPrefix(out, "purged 2 dead letters dead-lettered before ") || !strings.HasSuffix(out, ", audited as ops-bot\n") {
+	if code != 0 || !strings.HasPrefix(out, "purged 2 dead letters (dead-lettered before ") || !strings.HasSuffix(out, ", audited as ops-bot\n") {
 		t.Fatalf("purge: exit %d, out %q, err %q", code, out, stderr)
 	}
 	if got := listedIDs(t, db); !slices.Equal(got, id[2:]) {
