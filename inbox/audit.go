@@ -2,8 +2,13 @@ package inbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -66,4 +71,80 @@ func lockOwnedCursor(ctx context.Context, tx pgx.Tx, p Partition, token int64) (
 		return Cursor{}, &FencedError{Partition: p, Token: token, Epoch: c.Epoch}
 	}
 	return c, nil
+}
+
+// AuditEntry is one row of kfn.audit_log.
+type AuditEntry struct {
+	ID        int64
+	At        time.Time
+	Actor     string
+	Action    string
+	Partition Partition // an action on no single partition (a purge) has an empty consumer and topic and partition -1
+	Details   json.RawMessage
+}
+
+// AuditFilter selects audit rows. Every field set narrows the selection.
+type AuditFilter struct {
+	Consumer      string
+	Action        string
+	NotAction     string // leave this action out (the claims, which would drown the rest)
+	ActorContains string
+	Since         time.Time // at or after
+	Until         time.Time // before
+	Limit         int       // the newest this many; 0: no limit
+}
+
+// ReadAudit returns the audit rows f selects, oldest first; with a limit,
+// the newest f.Limit of them.
+func ReadAudit(ctx context.Context, db Querier, f AuditFilter) ([]AuditEntry, error) {
+	var conds []string
+	var args []any
+	add := func(cond string, arg any) {
+		args = append(args, arg)
+		conds = append(conds, fmt.Sprintf(cond, len(args)))
+	}
+	if f.Consumer != "" {
+		add("consumer = $%d", f.Consumer)
+	}
+	if f.Action != "" {
+		add("action = $%d", f.Action)
+	}
+	if f.NotAction != "" {
+		add("action <> $%d", f.NotAction)
+	}
+	if f.ActorContains != "" {
+		add("strpos(actor, $%d) > 0", f.ActorContains)
+	}
+	if !f.Since.IsZero() {
+		add("at >= $%d", f.Since)
+	}
+	if !f.Until.IsZero() {
+		add("at < $%d", f.Until)
+	}
+	where := "true"
+	if len(conds) > 0 {
+		where = strings.Join(conds, " AND ")
+	}
+	limit := ""
+	if f.Limit > 0 {
+		limit = " LIMIT " + strconv.Itoa(f.Limit)
+	}
+	rows, err := db.Query(ctx, `
+SELECT id, at, actor, action, consumer, topic, partition, details::text FROM kfn.audit_log
+ WHERE `+where+` ORDER BY id DESC`+limit, args...)
+	if err != nil {
+		return nil, fmt.Errorf("read the audit log: %w", err)
+	}
+	entries, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (AuditEntry, error) {
+		var e AuditEntry
+		var details string
+		err := r.Scan(&e.ID, &e.At, &e.Actor, &e.Action, &e.Partition.Consumer, &e.Partition.Topic, &e.Partition.Partition, &details)
+		e.Details = json.RawMessage(details)
+		return e, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the audit log: %w", err)
+	}
+	slices.Reverse(entries)
+	return entries, nil
 }

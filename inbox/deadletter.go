@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -122,17 +124,102 @@ func nonNil(b []byte) []byte {
 	return b
 }
 
-// ListDeadLetters returns the dead letters of a consumer, oldest first. A
-// dead letter stored as a raw blob comes back decoded, with StoredRaw set.
+// ListDeadLetters returns the dead letters of a consumer (every consumer's
+// when consumer is ""), oldest first, at most limit of them. A dead letter
+// stored as a raw blob comes back decoded, with StoredRaw set.
 func ListDeadLetters(ctx context.Context, db Querier, consumer string, limit int) ([]DeadLetter, error) {
+	return FindDeadLetters(ctx, db, DeadLetterFilter{Consumer: consumer, Limit: limit})
+}
+
+// DeadLetterFilter selects dead letters. Every field set narrows the
+// selection; the zero filter selects them all.
+type DeadLetterFilter struct {
+	IDs           []int64   // only these ids
+	Consumer      string    // only this consumer (function)
+	Topic         string    // only this source topic
+	Partition     *int32    // only this partition
+	Reason        string    // only this reason (handler_error, permanent, parked, …)
+	ErrorContains string    // only those whose error text contains this (case-sensitive)
+	Since         time.Time // only those dead-lettered at or after this time
+	Until         time.Time // only those dead-lettered before this time
+	Limit         int       // at most this many, the oldest first; 0: no limit
+	// WithoutValue leaves Value out of what is read (for a summary of many
+	// dead letters); ValueSize still says how long it was.
+	WithoutValue bool
+}
+
+// Narrows reports whether f selects fewer than every dead letter (its limit
+// aside).
+func (f DeadLetterFilter) Narrows() bool {
+	return len(f.IDs) > 0 || f.Consumer != "" || f.Topic != "" || f.Partition != nil || f.Reason != "" ||
+		f.ErrorContains != "" || !f.Since.IsZero() || !f.Until.IsZero()
+}
+
+// where is f's WHERE clause (without the keyword; "true" for no filter)
+// and its arguments, numbered from 1.
+func (f DeadLetterFilter) where() (string, []any) {
+	var conds []string
+	var args []any
+	add := func(cond string, arg any) {
+		args = append(args, arg)
+		conds = append(conds, strings.ReplaceAll(cond, "$?", "$"+strconv.Itoa(len(args))))
+	}
+	if len(f.IDs) > 0 {
+		add("id = ANY($?::bigint[])", f.IDs)
+	}
+	if f.Consumer != "" {
+		add("consumer = $?", f.Consumer)
+	}
+	if f.Topic != "" {
+		add("topic = $?", f.Topic)
+	}
+	if f.Partition != nil {
+		add("partition = $?", *f.Partition)
+	}
+	if f.Reason != "" {
+		add("reason = $?", f.Reason)
+	}
+	if f.ErrorContains != "" {
+		add("strpos(error, $?) > 0", f.ErrorContains)
+	}
+	if !f.Since.IsZero() {
+		add("dead_at >= $?", f.Since)
+	}
+	if !f.Until.IsZero() {
+		add("dead_at < $?", f.Until)
+	}
+	if len(conds) == 0 {
+		return "true", nil
+	}
+	return strings.Join(conds, " AND "), args
+}
+
+// FindDeadLetters returns the dead letters f selects, oldest (lowest id)
+// first. A dead letter stored as a raw blob comes back decoded, with
+// StoredRaw set.
+func FindDeadLetters(ctx context.Context, db Querier, f DeadLetterFilter) ([]DeadLetter, error) {
+	return findDeadLetters(ctx, db, f, "")
+}
+
+// findDeadLetters is FindDeadLetters with a locking clause (FOR UPDATE).
+func findDeadLetters(ctx context.Context, db Querier, f DeadLetterFilter, locking string) ([]DeadLetter, error) {
+	where, args := f.where()
+	value := "value"
+	if f.WithoutValue {
+		value = "NULL::bytea"
+	}
+	limit := ""
+	if f.Limit > 0 {
+		limit = " LIMIT " + strconv.Itoa(f.Limit)
+	}
 	rows, err := db.Query(ctx, `
-SELECT id, consumer, topic, partition, "offset", record_key, value, header_keys, header_values,
+SELECT id, consumer, topic, partition, "offset", record_key, `+value+`, header_keys, header_values,
        coalesce(value_size, 0), value_sha256, raw, coalesce(record_time, 'epoch'), reason, error, attempts, dead_at
-  FROM kfn.dead_letters WHERE consumer = $1 OR $1 = '' ORDER BY id LIMIT $2`, consumer, limit)
+  FROM kfn.dead_letters WHERE `+where+` ORDER BY id`+limit+" "+locking, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetter, error) {
+	dead, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetter, error) {
 		var d DeadLetter
 		var headerKeys, headerValues [][]byte
 		var raw []byte
@@ -147,6 +234,9 @@ SELECT id, consumer, topic, partition, "offset", record_key, value, header_keys,
 			if err != nil {
 				return d, fmt.Errorf("dead letter %d: %w", d.ID, err)
 			}
+			if f.WithoutValue {
+				d.Value = nil
+			}
 			return d, nil
 		}
 		if len(headerKeys) != len(headerValues) {
@@ -157,6 +247,112 @@ SELECT id, consumer, topic, partition, "offset", record_key, value, header_keys,
 		}
 		return d, nil
 	})
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	return dead, nil
+}
+
+// Audit actions of the dead letter operations.
+const (
+	ActionDiscard = "discard" // one dead letter deleted by an operator
+	ActionPurge   = "purge"   // the dead letters older than a time deleted, by an operator or the worker's retention
+)
+
+// DiscardDeadLetters deletes the dead letters f selects for good, inside
+// tx, and writes one audit row (action "discard") per dead letter with the
+// actor and the reason. It returns what it deleted, without the values.
+// The records' inbox rows stay: they are still handled (dead-lettered), so
+// neither a worker nor an idempotent replay applies them.
+func DiscardDeadLetters(ctx context.Context, tx pgx.Tx, f DeadLetterFilter, actor, reason string) ([]DeadLetter, error) {
+	if reason == "" {
+		return nil, errors.New("discarding dead letters needs a reason for the audit log")
+	}
+	f.WithoutValue = true
+	dead, err := findDeadLetters(ctx, tx, f, "FOR UPDATE")
+	if err != nil || len(dead) == 0 {
+		return nil, err
+	}
+	ids := make([]int64, len(dead))
+	for i, d := range dead {
+		ids[i] = d.ID
+	}
+	_, err = tx.Exec(ctx, `
+INSERT INTO kfn.audit_log (actor, action, consumer, topic, partition, details)
+SELECT $1, $2, consumer, topic, partition,
+       jsonb_build_object('dead_letter_id', id, 'offset', "offset", 'dead_letter_reason', reason, 'attempts', attempts,
+                          'dead_at', dead_at, 'error', left(error, 200), 'reason', $3::text)
+  FROM kfn.dead_letters WHERE id = ANY($4::bigint[]) ORDER BY id`, actor, ActionDiscard, reason, ids)
+	if err != nil {
+		return nil, fmt.Errorf("audit the discard of %d dead letters: %w", len(ids), err)
+	}
+	tag, err := tx.Exec(ctx, `DELETE FROM kfn.dead_letters WHERE id = ANY($1::bigint[])`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("discard %d dead letters: %w", len(ids), err)
+	}
+	if tag.RowsAffected() != int64(len(ids)) {
+		return nil, fmt.Errorf("discard dead letters: deleted %d rows of the %d locked", tag.RowsAffected(), len(ids))
+	}
+	return dead, nil
+}
+
+// CountDeadLetters counts the dead letters f selects (its limit aside).
+func CountDeadLetters(ctx context.Context, db Querier, f DeadLetterFilter) (int64, error) {
+	where, args := f.where()
+	var n int64
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM kfn.dead_letters WHERE `+where, args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count dead letters: %w", err)
+	}
+	return n, nil
+}
+
+// purgeDeadLettersBatch is how many dead letters one DELETE of
+// PurgeDeadLetters removes.
+const purgeDeadLettersBatch = 1000
+
+// PurgeDeadLetters deletes, in one transaction, every dead letter
+// dead-lettered more than olderThan ago by the database's clock, and writes
+// one audit row (action "purge", no partition: function and topic empty,
+// partition -1) with their count, the cut-off time, the actor and the
+// reason; none when there was nothing to delete. It returns the cut-off and
+// the count. Like DiscardDeadLetters, it leaves the inbox alone.
+func PurgeDeadLetters(ctx context.Context, db TxStarter, olderThan time.Duration, actor, reason string) (before time.Time, n int64, err error) {
+	if olderThan <= 0 {
+		return time.Time{}, 0, fmt.Errorf("purge dead letters: the age must be positive, not %s", olderThan)
+	}
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `SELECT now() - $1::interval`, olderThan).Scan(&before); err != nil {
+			return err
+		}
+		for {
+			// In batches: each statement stays short (a worker's sessions
+			// have a statement timeout), the oldest rows first found.
+			tag, err := tx.Exec(ctx, `
+DELETE FROM kfn.dead_letters WHERE id IN (SELECT id FROM kfn.dead_letters WHERE dead_at < $1 LIMIT $2)`, before, purgeDeadLettersBatch)
+			if err != nil {
+				return err
+			}
+			n += tag.RowsAffected()
+			if tag.RowsAffected() < purgeDeadLettersBatch {
+				break
+			}
+		}
+		if n == 0 {
+			return nil
+		}
+		return writeAudit(ctx, tx, actor, ActionPurge, Partition{Partition: -1}, map[string]any{
+			"count": n, "before": before, "older_than": olderThan.String(), "reason": reason,
+		})
+	})
+	if err != nil {
+		return time.Time{}, 0, fmt.Errorf("purge dead letters older than %s: %w", olderThan, err)
+	}
+	return before, n, nil
+}
+
+// TxStarter begins transactions: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+type TxStarter interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
 // rawMagic starts every raw record blob; the digit is the format version.

@@ -3,6 +3,11 @@
 // cursor back (Replay) and dead-letter a record that keeps a lane from
 // moving (Park). Each change goes through the workers' own lease and fence
 // (a new, larger token), so a worker that owns the partition is fenced, not
-// raced, and each is written to kfn.audit_log in the same transaction. The
-// kfn CLI (kfn status, kfn replay, kfn dlq park) is built on it.
+// raced, and each is written to kfn.audit_log in the same transaction.
+//
+// It also reads and deletes dead letters (ListDeadLetters, ShowDeadLetter,
+// DiscardDeadLetters, PurgeDeadLetters): a deletion needs no fence, since
+// the records stay handled in the inbox, and is audited in the deletion's
+// transaction. AuditLog reads kfn.audit_log. The kfn CLI (kfn status, kfn
+// replay, kfn dlq, kfn audit) is built on it.
 package operator

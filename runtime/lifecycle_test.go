@@ -73,6 +73,33 @@ func TestInboxRetentionPurgesRowsButDedupStays(t *testing.T) {
 	}
 }
 
+func TestDeadLetterRetentionPurgesOldDeadLetters(t *testing.T) {
+	b := setup(t, 1)
+	b.cfg.InboxRetention = time.Second // the retention loop then runs 4 times a second
+	b.cfg.DeadLetterRetention = time.Hour
+	b.cfg.WorkerID = "retention-worker"
+	execSQL(t, b, `INSERT INTO kfn.dead_letters (consumer, topic, partition, "offset", reason, error, attempts, dead_at)
+VALUES ($1, $2, 0, 1, 'permanent', 'old', 1, now() - interval '2 hours'), ($1, $2, 0, 2, 'permanent', 'new', 1, now())`, b.fn, b.topic)
+	_, stop := b.run(t, effects.Function(b.fn, b.topic))
+	defer stop()
+	count := func(sql string) int {
+		var n int
+		if err := b.pg.Pool.QueryRow(context.Background(), sql, b.fn).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	waitFor(t, 20*time.Second, "the old dead letter to be purged", func() bool {
+		return count(`SELECT count(*) FROM kfn.dead_letters WHERE consumer = $1 AND "offset" = 1`) == 0
+	})
+	if n := count(`SELECT count(*) FROM kfn.dead_letters WHERE consumer = $1 AND "offset" = 2`); n != 1 {
+		t.Errorf("the new dead letter was purged too")
+	}
+	if n := count(`SELECT count(*) FROM kfn.audit_log WHERE action = 'purge' AND actor = 'retention-worker' AND details->>'count' = '1' AND $1 <> ''`); n != 1 {
+		t.Errorf("%d purge audit rows by the worker with a count of 1, want 1", n)
+	}
+}
+
 func TestMetricsExposeTheWorkersCounters(t *testing.T) {
 	b := setup(t, 2)
 	b.cfg.WorkerID = "metrics-worker"

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"strings"
 )
 
 // parsePositional parses args like parse, but also takes positional
@@ -31,12 +30,8 @@ func parsePositional(fs *flagSet, args []string, min, max int, what string) ([]s
 	case len(positional) > max:
 		return nil, &usageError{msg: fmt.Sprintf("unexpected argument %q (takes %s)", positional[max], what)}
 	}
-	if errs := fs.settings.Errors(); len(errs) > 0 {
-		msgs := make([]string, len(errs))
-		for i, e := range errs {
-			msgs[i] = e.Error()
-		}
-		return nil, &usageError{msg: strings.Join(msgs, "\n")}
+	if err := settingErrors(fs); err != nil {
+		return nil, err
 	}
 	return positional, nil
 }

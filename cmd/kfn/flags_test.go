@@ -8,7 +8,7 @@ import (
 // Every command's -h shows each default once, and the shared settings with
 // their variables.
 func TestHelpShowsEachDefaultOnce(t *testing.T) {
-	for _, args := range [][]string{{"dev"}, {"migrate"}, {"status"}, {"replay"}, {"dlq"}, {"dlq", "park"}, {"bench"}, {"relay"}} {
+	for _, args := range [][]string{{"dev"}, {"migrate"}, {"status"}, {"replay"}, {"dlq"}, {"dlq", "list"}, {"dlq", "show"}, {"dlq", "discard"}, {"dlq", "purge"}, {"dlq", "park"}, {"audit"}, {"bench"}, {"relay"}} {
 		code, _, stderr := kfn(t, append(args, "-h")...)
 		if code != 0 {
 			t.Errorf("kfn %s -h: exit %d", strings.Join(args, " "), code)

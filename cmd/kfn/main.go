@@ -1,19 +1,24 @@
 // Command kfn is the operator's tool: it runs the local development stack,
-// migrates the schema, shows who owns what, replays partitions, inspects dead
-// letters and benchmarks the record path.
+// migrates the schema, shows who owns what, replays partitions, inspects and
+// discards dead letters, reads the audit log and benchmarks the record path.
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"sort"
 	"strings"
 	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kfn-dev/kfn/internal/settings"
 )
@@ -29,7 +34,8 @@ var commands = map[string]command{
 	"migrate": {"apply kfn's schema migrations to a database", runMigrate},
 	"status":  {"show partitions: owner, epoch, cursor, lag", runStatus},
 	"replay":  {"move a partition's cursor back to an offset", runReplay},
-	"dlq":     {"list dead letters, or park a stuck record (dlq park)", runDLQ},
+	"dlq":     {"dead letters: list, show, discard, purge; park a stuck record", runDLQ},
+	"audit":   {"list the audit log: replays, parks, discards, purges, …", runAudit},
 	"bench":   {"benchmark exactly-once against at-least-once and naive", runBench},
 	"relay":   {"run the outbox relay on its own (for workers started with --no-relay)", runRelay},
 	"version": {"print kfn's version, VCS revision and Go version", runVersion},
@@ -43,6 +49,40 @@ var commands = map[string]command{
 type usageError struct{ msg string }
 
 func (e *usageError) Error() string { return e.msg }
+
+// commandError is the error of a subcommand with a name of more than one
+// word ("dlq discard"), so that its messages name it.
+type commandError struct {
+	command string
+	err     error
+}
+
+func (e *commandError) Error() string { return e.err.Error() }
+func (e *commandError) Unwrap() error { return e.err }
+
+// inCommand names the command err comes from; nil stays nil.
+func inCommand(command string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &commandError{command: command, err: err}
+}
+
+// errSchemaMissing replaces Postgres's error about a kfn table or the kfn
+// schema that does not exist.
+var errSchemaMissing = errors.New("the kfn schema is missing in this database: run `kfn migrate`")
+
+// explain turns errors an operator cannot act on as they are into ones that
+// say what to do: a missing kfn schema (SQLSTATE 42P01 undefined_table or
+// 3F000 invalid_schema_name on kfn's own tables) asks for kfn migrate.
+func explain(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") &&
+		(strings.Contains(pgErr.Message, `"kfn.`) || strings.Contains(pgErr.Message, `"kfn"`)) {
+		return errSchemaMissing
+	}
+	return err
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -66,6 +106,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	err := cmd.run(ctx, args[1:], stdout, stderr)
+	name := args[0]
+	var cerr *commandError
+	if errors.As(err, &cerr) {
+		name = cerr.command
+	}
 	var uerr *usageError
 	switch {
 	case err == nil:
@@ -73,10 +118,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.As(err, &uerr):
-		fmt.Fprintf(stderr, "kfn %s: %s (see kfn %s -h)\n", args[0], uerr.msg, args[0])
+		fmt.Fprintf(stderr, "kfn %s: %s (see kfn %s -h)\n", name, uerr.msg, name)
 		return 2
 	default:
-		fmt.Fprintf(stderr, "kfn %s: %v\n", args[0], err)
+		fmt.Fprintf(stderr, "kfn %s: %v\n", name, explain(err))
 		return 1
 	}
 }
@@ -141,6 +186,25 @@ func parse(fs *flagSet, args []string) error {
 	return err
 }
 
+// parseWithArgs is parse for a command that takes any number of positional
+// arguments (ids) before, between or after its flags; it returns them in
+// order.
+func parseWithArgs(fs *flagSet, args []string) ([]string, error) {
+	return parsePositional(fs, args, 0, math.MaxInt, "ids")
+}
+
+// settingErrors reports the shared settings' bad values, once fs is parsed.
+func settingErrors(fs *flagSet) error {
+	if errs := fs.settings.Errors(); len(errs) > 0 {
+		msgs := make([]string, len(errs))
+		for i, e := range errs {
+			msgs[i] = e.Error()
+		}
+		return &usageError{msg: strings.Join(msgs, "\n")}
+	}
+	return nil
+}
+
 // given reports whether the flag name was on the command line.
 func given(fs *flagSet, name string) bool {
 	found := false
@@ -154,6 +218,31 @@ func required(name, value string) error {
 		return &usageError{msg: fmt.Sprintf("--%s is required", name)}
 	}
 	return nil
+}
+
+// parseTime reads the value of a time flag: an RFC 3339 time, or a
+// duration meaning that long before now ("2h": two hours ago). "" is the
+// zero time (no bound).
+func parseTime(flagName, value string, now time.Time) (time.Time, error) {
+	value = strings.TrimSpace(value)
+	if value == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, value); err == nil {
+		return t, nil
+	}
+	d, err := time.ParseDuration(value)
+	if err != nil || d < 0 {
+		return time.Time{}, &usageError{msg: fmt.Sprintf("--%s %q is neither an RFC 3339 time (2026-03-01T09:00:00Z) nor a duration before now (90m, 2h, 168h for a week)", flagName, value)}
+	}
+	return now.Add(-d), nil
+}
+
+// writeJSON prints v as indented JSON, for scripts.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
 
 // requiredSetting says that a shared setting the command needs is missing,

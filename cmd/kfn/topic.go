@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -208,10 +207,4 @@ func requireBrokers(brokers []string) error {
 		return &usageError{msg: fmt.Sprintf("--%s is required (or set %s; kfn dev prints it)", settings.KafkaBrokers.Flag, settings.KafkaBrokers.Env)}
 	}
 	return nil
-}
-
-func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }

@@ -50,6 +50,11 @@ type Config struct {
 	InboxRetention time.Duration // KFN_INBOX_RETENTION: inbox rows older than this are purged (dedup of Kafka records stays permanent)
 	Logger         *slog.Logger  // not bindable; defaults to slog.Default()
 
+	// DeadLetterRetention (KFN_DEAD_LETTER_RETENTION): dead letters older
+	// than this are deleted, each purge audited; negative: they are kept
+	// (the flag's 0).
+	DeadLetterRetention time.Duration
+
 	bound *settings.Binder // the flags and variables of Bind, whose bad values validate reports
 }
 
@@ -68,6 +73,8 @@ const (
 	DefaultEventDedup     = settings.DefaultEventDedup
 	DefaultInboxRetention = settings.DefaultInboxRetention
 	DefaultEventRetention = settings.DefaultEventRetention
+
+	DefaultDeadLetterRetention = settings.DefaultDeadLetterRetention
 )
 
 // WithDefaults returns a copy with every unset (zero) field at its default.
@@ -92,6 +99,7 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.EventDedup, DefaultEventDedup)
 	setDefault(&c.InboxRetention, DefaultInboxRetention)
 	setDefault(&c.EventRetention, DefaultEventRetention)
+	setDefault(&c.DeadLetterRetention, DefaultDeadLetterRetention)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -231,4 +239,5 @@ func (c *Config) bind(b *settings.Binder) {
 	settings.EventDedup.Bind(b, &c.EventDedup)
 	settings.InboxRetention.Bind(b, &c.InboxRetention)
 	settings.EventRetention.Bind(b, &c.EventRetention)
+	settings.DeadLetterRetention.Bind(b, &c.DeadLetterRetention)
 }

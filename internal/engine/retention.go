@@ -17,13 +17,15 @@ func purgeEvery(retention time.Duration) time.Duration {
 	return min(time.Minute, max(retention/4, 100*time.Millisecond))
 }
 
-// purgeInboxes deletes inbox rows older than the retention until ctx ends.
+// purgeInboxes deletes inbox rows older than the retention, and dead
+// letters older than theirs, until ctx ends.
 // Kafka records stay deduplicated by their cursor's high-water mark; events
 // of NATS-triggered functions are deduplicated only while their row exists,
 // so their retention must outlast any relay outage (it does by days).
 func (w *worker) purgeInboxes(ctx context.Context) {
 	t := time.NewTicker(purgeEvery(w.cfg.InboxRetention))
 	defer t.Stop()
+	var deadLettersPurged time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -41,6 +43,15 @@ func (w *worker) purgeInboxes(ctx context.Context) {
 			w.cfg.Logger.Warn("purge inbox failed; will retry", "err", err)
 		case records > 0:
 			w.cfg.Logger.Debug("purged inbox rows", "rows", records, "retention", w.cfg.InboxRetention)
+		}
+		if keep := w.cfg.DeadLetterRetention; keep > 0 && time.Since(deadLettersPurged) >= min(time.Hour, keep/4) {
+			deadLettersPurged = time.Now() // at most hourly: each purge that deletes writes an audit row
+			_, n, err := inbox.PurgeDeadLetters(ctx, w.pool, keep, w.cfg.WorkerID, "--dead-letter-retention "+keep.String())
+			if err != nil && ctx.Err() == nil {
+				w.cfg.Logger.Warn("purge dead letters failed; will retry", "err", err)
+			} else if n > 0 {
+				w.cfg.Logger.Info("purged dead letters", "rows", n, "retention", keep)
+			}
 		}
 	}
 }

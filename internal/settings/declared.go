@@ -29,6 +29,8 @@ const (
 	DefaultEventDedup     = outbox.DefaultDuplicates
 	DefaultEventRetention = outbox.DefaultStreamMaxAge
 	DefaultInboxRetention = 7 * 24 * time.Hour
+
+	DefaultDeadLetterRetention = 30 * 24 * time.Hour
 )
 
 // Connections: the workers' and most kfn commands'.
@@ -146,6 +148,17 @@ var (
 			}
 			return nil
 		},
+	}
+	DeadLetterRetention = Setting[time.Duration]{
+		Flag: "dead-letter-retention", Env: "KFN_DEAD_LETTER_RETENTION", Default: DefaultDeadLetterRetention,
+		Usage: "dead letters older than this are deleted (audited); 0: keep them",
+		Check: func(d time.Duration) error {
+			if d < 0 {
+				return errors.New("must not be negative (0: keep dead letters until kfn dlq discard or purge)")
+			}
+			return nil
+		},
+		ZeroAs: -1, // runtime.Config's DeadLetterRetention: zero is the default, negative is keep
 	}
 	LogLevel = Setting[string]{
 		Flag: "log-level", Env: "KFN_LOG_LEVEL", Default: "info",

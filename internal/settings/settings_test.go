@@ -57,6 +57,7 @@ func TestExplicitZeroIsHonouredOrRejectedNeverDefaulted(t *testing.T) {
 		zeroOf(EventDedup, "", "must be positive"),
 		zeroOf(EventRetention, "", "must be positive"),
 		zeroOf(InboxRetention, "", "0s is too short"),
+		zeroOf(DeadLetterRetention, "-1ns", ""), // keep: runtime.Config's negative DeadLetterRetention
 		zeroOf(NoRelay, "false", ""),
 	}
 	for _, tc := range cases {
@@ -100,6 +101,20 @@ func TestUnsetSettingsTakeTheirDefaults(t *testing.T) {
 	}
 	if _, errs := try(t, LeaseBucket, "--lease-bucket="); len(errs) != 1 || !strings.Contains(errs[0].Error(), "must not be empty") {
 		t.Errorf("an empty --lease-bucket: %v; want it rejected", errs)
+	}
+}
+
+func TestDeadLetterRetentionDefaultsTo30DaysAndRefusesANegativeOne(t *testing.T) {
+	if v, errs := try(t, DeadLetterRetention); v != 30*24*time.Hour || errs != nil {
+		t.Errorf("default: %s, %v", v, errs)
+	}
+	t.Setenv("KFN_DEAD_LETTER_RETENTION", "168h")
+	if v, errs := try(t, DeadLetterRetention); v != 168*time.Hour || errs != nil {
+		t.Errorf("KFN_DEAD_LETTER_RETENTION=168h: %s, %v", v, errs)
+	}
+	_, errs := try(t, DeadLetterRetention, "--dead-letter-retention", "-1h")
+	if len(errs) != 1 || !strings.Contains(errs[0].Error(), "--dead-letter-retention (KFN_DEAD_LETTER_RETENTION): must not be negative (0: keep dead letters") {
+		t.Errorf("--dead-letter-retention -1h: %v; want it rejected", errs)
 	}
 }
 

@@ -1,0 +1,177 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/settings"
+	"github.com/kfn-dev/kfn/operator"
+)
+
+func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("audit", stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `usage: kfn audit [flags]
+
+Lists kfn.audit_log: when, who (actor), what (action), on which function,
+topic and partition, the details and the reason. The newest --limit rows
+are shown, oldest first. The actions: replay and reexecute (kfn replay),
+park (kfn dlq park), discard and purge (kfn dlq discard, kfn dlq purge and
+the workers' --dead-letter-retention), skip_expired (a worker skipping
+offsets Kafka deleted before they were handled), and claim: a worker's
+partition claim, written on every lease claim. Claims would drown the rest,
+so they are shown only with --action claim.
+
+examples:
+  kfn audit --since 24h
+  kfn audit --function orders --action reexecute
+  kfn audit --actor alice --limit 20 --json
+  kfn audit --action claim --function orders --since 10m
+
+`)
+		printFlags(fs.FlagSet)
+	}
+	dbURL := bind(fs, settings.DatabaseURL)
+	function := fs.String("function", "", "only this function (default: all)")
+	action := fs.String("action", "", "only this action: replay, reexecute, park, discard, purge, skip_expired or claim (default: all but claim)")
+	actorText := fs.String("actor", "", "only rows whose actor contains this (case-sensitive)")
+	since := fs.String("since", "", "only rows at or after this time: RFC 3339, or a duration meaning that long ago (24h)")
+	until := fs.String("until", "", "only rows before this time: RFC 3339, or a duration meaning that long ago")
+	limit := fs.Int("limit", 100, "at most this many rows, the newest")
+	asJSON := fs.Bool("json", false, "print JSON for scripts")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := requiredSetting(settings.DatabaseURL, *dbURL); err != nil {
+		return err
+	}
+	if *limit < 1 {
+		return &usageError{msg: "--limit must be at least 1"}
+	}
+	now := time.Now()
+	f := operator.AuditFilter{Consumer: *function, Action: *action, ActorContains: *actorText, Limit: *limit + 1}
+	var err error
+	if f.Since, err = parseTime("since", *since, now); err != nil {
+		return err
+	}
+	if f.Until, err = parseTime("until", *until, now); err != nil {
+		return err
+	}
+	pool, err := connectPostgres(ctx, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	entries, err := operator.AuditLog(ctx, pool, f)
+	if err != nil {
+		return err
+	}
+	if len(entries) > *limit {
+		entries = entries[1:] // the oldest of limit+1
+		defer fmt.Fprintf(stderr, "kfn audit: only the newest %d shown; more match: narrow the filters (--since) or raise --limit\n", *limit)
+	}
+	rows := make([]auditJSON, len(entries))
+	for i, e := range entries {
+		if rows[i], err = auditRow(e); err != nil {
+			return err
+		}
+	}
+	if *asJSON {
+		return writeJSON(stdout, rows)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "AT\tACTOR\tACTION\tFUNCTION\tTOPIC\tPARTITION\tREASON\tDETAILS")
+	for _, r := range rows {
+		partition := "-"
+		if r.Partition != nil {
+			partition = fmt.Sprint(*r.Partition)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.At.Format("2006-01-02 15:04:05"), safeText(r.Actor), r.Action,
+			dash(r.Function), dash(r.Topic), partition, dash(safeText(oneLine(r.Reason))), safeText(details(r.Details)))
+	}
+	return tw.Flush()
+}
+
+// auditJSON is one audit row in kfn's JSON output.
+type auditJSON struct {
+	ID        int64          `json:"id"`
+	At        time.Time      `json:"at"`
+	Actor     string         `json:"actor"`
+	Action    string         `json:"action"`
+	Function  string         `json:"function"`
+	Topic     string         `json:"topic"`
+	Partition *int32         `json:"partition"` // null for an action on no single partition (a purge)
+	Reason    string         `json:"reason"`    // the details' reason, if any
+	Details   map[string]any `json:"details"`
+}
+
+func auditRow(e inbox.AuditEntry) (auditJSON, error) {
+	r := auditJSON{ID: e.ID, At: e.At, Actor: e.Actor, Action: e.Action, Function: e.Partition.Consumer, Topic: e.Partition.Topic}
+	if e.Partition.Partition >= 0 {
+		p := e.Partition.Partition
+		r.Partition = &p
+	}
+	dec := json.NewDecoder(bytes.NewReader(e.Details))
+	dec.UseNumber() // offsets and epochs print as they are
+	if err := dec.Decode(&r.Details); err != nil {
+		return r, fmt.Errorf("audit row %d: details: %w", e.ID, err)
+	}
+	if reason, ok := r.Details["reason"].(string); ok {
+		r.Reason = reason
+	}
+	return r, nil
+}
+
+// details prints an audit row's details but its reason as key=value, in key
+// order.
+func details(d map[string]any) string {
+	keys := make([]string, 0, len(d))
+	for k := range d {
+		if k != "reason" {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		v := d[k]
+		var s string
+		switch v := v.(type) {
+		case string:
+			s = oneLine(v)
+			if s == "" || strings.ContainsAny(s, " =\"") {
+				s = fmt.Sprintf("%q", s)
+			}
+		case json.Number:
+			s = v.String()
+		default:
+			b, _ := json.Marshal(v)
+			s = string(b)
+		}
+		parts[i] = k + "=" + s
+	}
+	return strings.Join(parts, " ")
+}
+
+// oneLine is the first line of s, marked when there is more.
+func oneLine(s string) string {
+	if first, _, more := strings.Cut(s, "\n"); more {
+		return first + " …"
+	}
+	return s
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
