@@ -434,7 +434,7 @@ func TestDLQAndAuditExitCodes(t *testing.T) {
 		{[]string{"dlq", "discard", "-h"}, 0, "examples:"},
 		{[]string{"dlq", "purge", "-h"}, 0, "examples:"},
 		{[]string{"audit", "-h"}, 0, "shown only with --action claim"},
-		{[]string{"dlq", "bogus"}, 2, `kfn dlq: unknown dlq command "bogus": use list, show, discard, purge or park`},
+		{[]string{"dlq", "bogus"}, 2, `kfn dlq: unknown dlq command "bogus": use list, show, discard, purge, park or retry`},
 		{[]string{"dlq", "show", "1"}, 2, "kfn dlq show: --database-url is required (or set DATABASE_URL)"},
 		{[]string{"audit", "--database-url", "postgres://postgres@127.0.0.1:1/x?connect_timeout=2"}, 1, "kfn audit: cannot reach Postgres"},
 		{[]string{"dlq", "purge", "--older-than", "1h", "--database-url", "postgres://postgres@127.0.0.1:1/x?connect_timeout=2"}, 1, "kfn dlq purge: cannot reach Postgres"},
