@@ -223,9 +223,9 @@ SELECT details FROM kfn.audit_log
 		return fmt.Errorf("read the re-executions of %s: %w", p, err)
 	}
 	var last struct {
-		From             int64  `json:"from"`
-		To               *int64 `json:"to"`
-		PreviousHighWater int64 `json:"previous_high_water"`
+		From              int64  `json:"from"`
+		To                *int64 `json:"to"`
+		PreviousHighWater int64  `json:"previous_high_water"`
 	}
 	if err := json.Unmarshal(details, &last); err != nil {
 		return fmt.Errorf("read the last re-execution of %s: %w", p, err)
