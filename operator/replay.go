@@ -142,6 +142,7 @@ func ReplayPartitions(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetS
 			return plans[:i], err
 		}
 		pr.Result = &res
+		pr.Plan = res.Plan // as checked under the lock: the cursor may have moved on since
 	}
 	return plans, nil
 }
