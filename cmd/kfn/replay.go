@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/user"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -57,10 +60,11 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	bucket := bind(fs, settings.LeaseBucket)
 	function := fs.String("function", "", "the function whose cursor moves (required)")
 	topic := fs.String("topic", "", "the source topic (required)")
-	partition := fs.Int("partition", -1, "the partition (default: every partition of the topic that has a cursor for the function)")
-	from := fs.Int64("from-offset", -1, "resume at this offset (this or --from-time is required)")
+	var partition, from, to optionalInt
+	fs.Var(&partition, "partition", "the `number` of the partition (default: every partition of the topic that has a cursor for the function)")
+	fs.Var(&from, "from-offset", "resume at this `offset` (this or --from-time is required)")
 	fromTime := fs.String("from-time", "", "resume in each partition at the first record whose timestamp is at or after this RFC3339 time (Kafka's offsets-for-times); a partition whose cursor is there already is left alone")
-	to := fs.Int64("to-offset", -1, "end of the re-executed range, exclusive (default: the high-water mark); the handled records from it on are skipped, not applied again")
+	fs.Var(&to, "to-offset", "end of the re-executed range, an `offset`, exclusive (default: the high-water mark); the handled records from it on are skipped, not applied again")
 	reexecute := fs.Bool("reexecute", false, "apply already handled records again (audited; needs --reason)")
 	reason := fs.String("reason", "", "why, for the audit log")
 	keepIDs := fs.Bool("keep-event-ids", false, "with --reexecute: the re-executed records emit their original event ids, so downstream drops what it handled (default: new ids, downstream applies them again)")
@@ -81,17 +85,17 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 	}
 	spec := operator.ReplaySpec{
-		Function: *function, Topic: *topic, From: *from, Reexecute: *reexecute, KeepEventIDs: *keepIDs,
+		Function: *function, Topic: *topic, From: from.n, Reexecute: *reexecute, KeepEventIDs: *keepIDs,
 		Reason: *reason, Actor: actor("replay"), LeaseBucket: *bucket, KafkaBrokers: *brokers, DryRun: *dryRun,
 	}
-	if given(fs, "partition") {
-		if *partition < 0 {
+	if partition.set {
+		if partition.n < 0 || partition.n > math.MaxInt32 {
 			return &usageError{msg: "--partition must be 0 or more (leave it out for every partition)"}
 		}
-		spec.Partitions = []int32{int32(*partition)}
+		spec.Partitions = []int32{int32(partition.n)}
 	}
 	switch {
-	case *fromTime != "" && given(fs, "from-offset"):
+	case *fromTime != "" && from.set:
 		return &usageError{msg: "--from-offset and --from-time exclude each other"}
 	case *fromTime != "":
 		t, err := time.Parse(time.RFC3339Nano, *fromTime)
@@ -99,17 +103,19 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return &usageError{msg: fmt.Sprintf("--from-time %q is not an RFC3339 time like 2026-05-01T12:00:00Z", *fromTime)}
 		}
 		spec.FromTime = t
-	case *from < 0:
+	case !from.set:
 		return &usageError{msg: "--from-offset is required (0 or more), or --from-time"}
+	case from.n < 0:
+		return &usageError{msg: "--from-offset must be 0 or more"}
 	}
-	if given(fs, "to-offset") {
-		if *to < 0 {
+	if to.set {
+		if to.n < 0 {
 			return &usageError{msg: "--to-offset must be 0 or more"}
 		}
-		if *to == 0 {
+		if to.n == 0 {
 			return &usageError{msg: "--to-offset 0 leaves nothing to replay: it is exclusive"}
 		}
-		spec.To = *to
+		spec.To = to.n
 	}
 	if *reexecute && *reason == "" {
 		return &usageError{msg: "--reexecute applies records a second time; say why with --reason"}
@@ -150,6 +156,29 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *wait {
 		return waitForReplay(ctx, stdout, pool, spec, replays, *waitTimeout)
 	}
+	return nil
+}
+
+// optionalInt is an integer flag that knows whether it was given, and
+// shows no default in -h.
+type optionalInt struct {
+	n   int64
+	set bool
+}
+
+func (o *optionalInt) String() string {
+	if o == nil || !o.set {
+		return ""
+	}
+	return strconv.FormatInt(o.n, 10)
+}
+
+func (o *optionalInt) Set(s string) error {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return errors.New("not an integer")
+	}
+	o.n, o.set = n, true
 	return nil
 }
 
