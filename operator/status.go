@@ -5,48 +5,111 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
-// PartitionStatus is what `kfn status` shows for one partition of one function.
+// Lane kinds of PartitionStatus.Kind.
+const (
+	KindKafka   = "kafka" // a partition of a Kafka topic
+	KindSubject = "nats"  // the single lane of a NATS-triggered function (its Subject)
+)
+
+// PartitionStatus is what `kfn status` shows for one lane of one function:
+// a Kafka partition, or the lane of a NATS-triggered function, whose cursor
+// row has the subject as its topic and partition 0.
 type PartitionStatus struct {
 	Function      string    `json:"function"`
-	Topic         string    `json:"topic"`
+	Kind          string    `json:"kind"`  // KindKafka or KindSubject
+	Topic         string    `json:"topic"` // the Kafka topic, or the subject of a NATS-triggered function
 	Partition     int32     `json:"partition"`
 	Owner         string    `json:"owner"`        // the worker that last claimed it in Postgres
 	LeaseHolder   string    `json:"lease_holder"` // who holds its NATS lease now ("" when free or unknown)
 	LeaseToken    uint64    `json:"lease_token"`
 	Epoch         int64     `json:"epoch"`
-	Cursor        int64     `json:"cursor"`
+	Cursor        int64     `json:"cursor"` // Kafka: the next offset; NATS: the stream sequence after the last applied event
 	HighWater     int64     `json:"high_water"`
-	KafkaHighMark int64     `json:"kafka_high_watermark"` // -1 when Kafka could not be asked
-	Lag           int64     `json:"lag"`                  // -1 when unknown
+	Generation    int       `json:"generation"`           // re-executions that gave its events new ids
+	KafkaHighMark int64     `json:"kafka_high_watermark"` // -1 when Kafka could not be asked, and for a NATS lane
+	Lag           int64     `json:"lag"`                  // -1 when unknown; NATS: events not delivered yet plus delivered and not acked
 	LastCommit    time.Time `json:"last_commit"`
 	LastCommitAge string    `json:"last_commit_age"`
+	// The durable JetStream consumer of a NATS lane (named after the
+	// function), when NATS could be asked.
+	Stream     string `json:"stream,omitempty"`
+	Pending    *int64 `json:"pending,omitempty"`     // events matching the subject not delivered yet
+	AckPending *int64 `json:"ack_pending,omitempty"` // events delivered and not acked yet
+	AckFloor   *int64 `json:"ack_floor,omitempty"`   // stream sequence below which every event is acked
+	// Problem says why a part of this lane's status is unknown.
+	Problem string `json:"problem,omitempty"`
 }
 
 // Status reads every cursor (of one function, or all when function is empty)
-// from Postgres, the lease holders from NATS (when js is not nil) and the
-// partitions' high watermarks from Kafka (when brokers are given). When NATS
-// or Kafka cannot be asked, the Postgres side is still returned, with the
-// error.
+// from Postgres, the lease holders from NATS (when js is not nil), the
+// partitions' high watermarks from Kafka (when brokers are given) and the
+// JetStream consumers of NATS-triggered functions (when js is not nil).
+// When NATS or Kafka cannot be asked, the Postgres side is still returned,
+// with the error.
 func Status(ctx context.Context, pool *pgxpool.Pool, brokers []string, js jetstream.JetStream, leaseBucket, function string) ([]PartitionStatus, error) {
-	rows, err := pool.Query(ctx, `
-SELECT consumer, topic, partition, owner, epoch, next_offset, high_water, updated_at
-  FROM kfn.cursors WHERE consumer = $1 OR $1 = '' ORDER BY consumer, topic, partition`, function)
+	r := NewStatusReader(pool, brokers, js, leaseBucket)
+	defer r.Close()
+	return r.Read(ctx, function)
+}
+
+// StatusReader reads the status of every lane again and again (kfn status
+// --watch) over the same connections.
+type StatusReader struct {
+	pool   *pgxpool.Pool
+	js     jetstream.JetStream
+	bucket string
+	kafka  *kafkaClient // nil without brokers
+}
+
+// NewStatusReader makes a StatusReader; brokers and js may be empty.
+func NewStatusReader(pool *pgxpool.Pool, brokers []string, js jetstream.JetStream, leaseBucket string) *StatusReader {
+	if leaseBucket == "" {
+		leaseBucket = lease.DefaultBucket
+	}
+	r := &StatusReader{pool: pool, js: js, bucket: leaseBucket}
+	if len(brokers) > 0 {
+		r.kafka = newKafkaClient(brokers)
+	}
+	return r
+}
+
+// Close closes the Kafka connections.
+func (r *StatusReader) Close() {
+	if r.kafka != nil {
+		r.kafka.close()
+	}
+}
+
+// Read returns the status of function's lanes (every function's when it is
+// empty), in function, topic and partition order.
+func (r *StatusReader) Read(ctx context.Context, function string) ([]PartitionStatus, error) {
+	rows, err := r.pool.Query(ctx, `
+SELECT c.consumer, c.topic, c.partition, c.owner, c.epoch, c.next_offset, c.high_water, c.generation, c.updated_at,
+       EXISTS (SELECT 1 FROM kfn.event_inbox e WHERE e.consumer = c.consumer)
+  FROM kfn.cursors c WHERE c.consumer = $1 OR $1 = '' ORDER BY c.consumer, c.topic, c.partition`, function)
 	if err != nil {
 		return nil, fmt.Errorf("read cursors: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (PartitionStatus, error) {
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (PartitionStatus, error) {
 		var s PartitionStatus
-		err := r.Scan(&s.Function, &s.Topic, &s.Partition, &s.Owner, &s.Epoch, &s.Cursor, &s.HighWater, &s.LastCommit)
+		var handledEvents bool
+		err := row.Scan(&s.Function, &s.Topic, &s.Partition, &s.Owner, &s.Epoch, &s.Cursor, &s.HighWater, &s.Generation, &s.LastCommit, &handledEvents)
+		s.Kind = KindKafka
+		if handledEvents {
+			s.Kind = KindSubject // a function consumes a topic or a subject, never both
+		}
 		s.KafkaHighMark, s.Lag = -1, -1
 		s.LastCommitAge = time.Since(s.LastCommit).Round(time.Second).String()
 		return s, err
@@ -54,35 +117,219 @@ SELECT consumer, topic, partition, owner, epoch, next_offset, high_water, update
 	if err != nil {
 		return nil, fmt.Errorf("read cursors: %w", err)
 	}
-	if js != nil {
-		store, err := lease.OpenExisting(ctx, js, leaseBucket, slog.New(slog.DiscardHandler))
-		if err != nil {
-			return out, fmt.Errorf("read leases from NATS: %w", err)
-		}
-		installation, err := engine.InstallationID(ctx, pool)
-		if err != nil {
-			return out, err
-		}
-		for i := range out {
-			s := &out[i]
-			h, err := store.Holder(ctx, engine.LeaseGroup(installation, s.Function, s.Topic), engine.LeaseItem(s.Partition))
-			if err != nil && !errors.Is(err, lease.ErrNotHeld) {
-				return out, fmt.Errorf("read leases from NATS: %w", err)
-			}
-			s.LeaseHolder, s.LeaseToken = h.Owner, h.Token
+	var errs []error
+	if r.js != nil {
+		if err := r.readNATS(ctx, out); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	if len(brokers) == 0 {
-		return out, nil
+	if r.kafka != nil {
+		if err := r.readKafka(ctx, out); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// readNATS fills in the lease holders and the JetStream consumers of the
+// NATS lanes. A lane whose function's durable consumer on the stream of
+// its topic filters that subject is a NATS lane, whether or not it has
+// handled an event yet.
+func (r *StatusReader) readNATS(ctx context.Context, out []PartitionStatus) error {
+	for i := range out {
+		s := &out[i]
+		if s.Partition != 0 {
+			continue
+		}
+		lane, err := findSubjectLane(ctx, r.js, s.Function, s.Topic)
+		if err != nil {
+			return fmt.Errorf("read JetStream consumers: %w", err)
+		}
+		if lane == nil {
+			if s.Kind == KindSubject {
+				s.Problem = fmt.Sprintf("no durable JetStream consumer %q filters %s", s.Function, s.Topic)
+			}
+			continue
+		}
+		s.Kind, s.Stream = KindSubject, lane.Stream
+		pending, ackPending, floor := int64(lane.NumPending), int64(lane.NumAckPending), int64(lane.AckFloor.Stream)
+		s.Pending, s.AckPending, s.AckFloor = &pending, &ackPending, &floor
+		s.Lag = pending + ackPending
+	}
+	store, err := lease.OpenExisting(ctx, r.js, r.bucket, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return fmt.Errorf("read leases from NATS: %w", err)
+	}
+	installation, err := engine.InstallationID(ctx, r.pool)
+	if err != nil {
+		return err
 	}
 	for i := range out {
 		s := &out[i]
-		_, high, err := engine.OffsetRange(ctx, brokers, s.Topic, s.Partition)
-		if err != nil {
-			return out, fmt.Errorf("cannot read high watermarks from Kafka at %v: %w", brokers, err)
+		h, err := store.Holder(ctx, engine.LeaseGroup(installation, s.Function, s.Topic), engine.LeaseItem(s.Partition))
+		if err != nil && !errors.Is(err, lease.ErrNotHeld) {
+			return fmt.Errorf("read leases from NATS: %w", err)
 		}
-		s.KafkaHighMark = high
-		s.Lag = max(0, high-s.Cursor)
+		s.LeaseHolder, s.LeaseToken = h.Owner, h.Token
+	}
+	return nil
+}
+
+// readKafka fills in the high watermarks and lags of the Kafka lanes, with
+// one ListOffsets round per topic. A topic Kafka does not know is that
+// lane's problem, not an error: it may be a subject whose function has not
+// handled an event yet, read without --nats-url.
+func (r *StatusReader) readKafka(ctx context.Context, out []PartitionStatus) error {
+	byTopic := map[string][]int{}
+	for i, s := range out {
+		if s.Kind == KindKafka {
+			byTopic[s.Topic] = append(byTopic[s.Topic], i)
+		}
+	}
+	topics := make([]string, 0, len(byTopic))
+	for t := range byTopic {
+		topics = append(topics, t)
+	}
+	slices.Sort(topics)
+	for _, topic := range topics {
+		idx := byTopic[topic]
+		parts := make([]int32, len(idx))
+		for j, i := range idx {
+			parts[j] = out[i].Partition
+		}
+		ranges, err := r.kafka.offsetRanges(ctx, topic, parts)
+		if err != nil {
+			if errors.Is(err, kafka.UnknownTopicOrPartition) {
+				for _, i := range idx {
+					out[i].Problem = fmt.Sprintf("Kafka has no topic %s (a NATS subject? pass --nats-url)", topic)
+				}
+				continue
+			}
+			return fmt.Errorf("cannot read high watermarks from Kafka at %v: %w", r.kafka.brokers, err)
+		}
+		for _, i := range idx {
+			s := &out[i]
+			rg, ok := ranges[s.Partition]
+			if !ok {
+				s.Problem = fmt.Sprintf("Kafka has no partition %d of %s", s.Partition, topic)
+				continue
+			}
+			s.KafkaHighMark = rg.high
+			s.Lag = max(0, rg.high-s.Cursor)
+		}
+	}
+	return nil
+}
+
+// subjectLane is the durable JetStream consumer of a NATS-triggered
+// function, as JetStream reports it.
+type subjectLane struct {
+	Stream string
+	*jetstream.ConsumerInfo
+}
+
+// findSubjectLane returns the consumer through which function reads
+// subject, or nil when there is none: the durable consumer named after the
+// function (see internal/engine/subject.go) on the stream that captures
+// the subject, filtering it.
+func findSubjectLane(ctx context.Context, js jetstream.JetStream, function, subject string) (*subjectLane, error) {
+	if js == nil {
+		return nil, nil
+	}
+	stream, err := js.StreamNameBySubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrInvalidSubject) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("find the stream of %s: %w", subject, err)
+	}
+	cons, err := js.Consumer(ctx, stream, function)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrInvalidConsumerName) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read consumer %s of stream %s: %w", function, stream, err)
+	}
+	info, err := cons.Info(ctx)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read consumer %s of stream %s: %w", function, stream, err)
+	}
+	if info.Config.FilterSubject != subject && !slices.Contains(info.Config.FilterSubjects, subject) {
+		return nil, nil
+	}
+	return &subjectLane{Stream: stream, ConsumerInfo: info}, nil
+}
+
+// kafkaClient asks Kafka for the offsets the operator's tools need, over
+// one transport that Close releases.
+type kafkaClient struct {
+	brokers   []string
+	client    *kafka.Client
+	transport *kafka.Transport
+}
+
+func newKafkaClient(brokers []string) *kafkaClient {
+	t := &kafka.Transport{DialTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second, MetadataTTL: 5 * time.Second}
+	return &kafkaClient{brokers: brokers, transport: t, client: &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: t}}
+}
+
+func (k *kafkaClient) close() { k.transport.CloseIdleConnections() }
+
+// offsetRange is a partition's first offset Kafka still holds and its
+// high watermark (the offset of the next record).
+type offsetRange struct{ first, high int64 }
+
+// offsetRanges lists the offset ranges of a topic's partitions. A topic
+// Kafka does not know is kafka.UnknownTopicOrPartition.
+func (k *kafkaClient) offsetRanges(ctx context.Context, topic string, partitions []int32) (map[int32]offsetRange, error) {
+	reqs := make([]kafka.OffsetRequest, 0, 2*len(partitions))
+	for _, p := range partitions {
+		reqs = append(reqs, kafka.FirstOffsetOf(int(p)), kafka.LastOffsetOf(int(p)))
+	}
+	resp, err := k.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
+	if err != nil {
+		return nil, fmt.Errorf("list offsets of %s: %w", topic, err)
+	}
+	out := make(map[int32]offsetRange, len(partitions))
+	for _, po := range resp.Topics[topic] {
+		if po.Error != nil {
+			return nil, fmt.Errorf("list offsets of %s/%d: %w", topic, po.Partition, po.Error)
+		}
+		out[int32(po.Partition)] = offsetRange{first: po.FirstOffset, high: po.LastOffset}
+	}
+	return out, nil
+}
+
+// offsetsForTime resolves a time to an offset in each partition through
+// Kafka's offsets-for-times (ListOffsets with a timestamp): the first
+// offset whose record's timestamp is at or after at, or -1 when no record
+// is that recent.
+func (k *kafkaClient) offsetsForTime(ctx context.Context, topic string, partitions []int32, at time.Time) (map[int32]int64, error) {
+	reqs := make([]kafka.OffsetRequest, len(partitions))
+	for i, p := range partitions {
+		reqs[i] = kafka.TimeOffsetOf(int(p), at)
+	}
+	resp, err := k.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
+	if err != nil {
+		return nil, fmt.Errorf("offsets of %s at %s: %w", topic, at.Format(time.RFC3339Nano), err)
+	}
+	out := make(map[int32]int64, len(partitions))
+	for _, po := range resp.Topics[topic] {
+		if po.Error != nil {
+			return nil, fmt.Errorf("offset of %s/%d at %s: %w", topic, po.Partition, at.Format(time.RFC3339Nano), po.Error)
+		}
+		out[int32(po.Partition)] = -1
+		for off := range po.Offsets { // one answer: the requested timestamp's
+			out[int32(po.Partition)] = off
+		}
+	}
+	for _, p := range partitions {
+		if _, ok := out[p]; !ok {
+			return nil, fmt.Errorf("offset of %s/%d at %s: partition missing from Kafka's answer", topic, p, at.Format(time.RFC3339Nano))
+		}
 	}
 	return out, nil
 }

@@ -150,8 +150,8 @@ func TestOperatorCommandsAgainstARunningWorker(t *testing.T) {
 		}
 		return rows, total
 	}
-	replay := []string{"replay", "--database-url", db.URL, "--nats-url", natsURL, "--lease-bucket", bucket, "--function", fn.Name, "--topic", topic,
-		"--partition", "0", "--from-offset", "5"}
+	replay := []string{"replay", "--database-url", db.URL, "--nats-url", natsURL, "--lease-bucket", bucket, "--kafka-brokers", strings.Join(k.Brokers, ","),
+		"--function", fn.Name, "--topic", topic, "--partition", "0", "--from-offset", "5"}
 	code, out, stderr = kfn(t, replay...)
 	if code != 0 || !strings.Contains(out, "cursor 21 -> 5 (idempotent") {
 		t.Fatalf("replay: exit %d, out %q, err %q", code, out, stderr)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"text/tabwriter"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -18,16 +19,20 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	dbURL := bind(fs, settings.DatabaseURL)
 	brokers := bind(fs, settings.KafkaBrokers)
 	nats := settings.NATSURL
-	nats.Usage += "; with it, the live lease holders are shown"
+	nats.Usage += "; with it, the live lease holders and the JetStream consumers of NATS-triggered functions are shown"
 	natsURL := bind(fs, nats)
 	bucket := bind(fs, settings.LeaseBucket)
 	function := fs.String("function", "", "only this function (default: all)")
 	asJSON := fs.Bool("json", false, "print JSON for scripts")
+	watch := fs.Duration("watch", 0, "print the status again every DURATION until Ctrl-C (the screen is cleared first on a terminal)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if err := requiredSetting(settings.DatabaseURL, *dbURL); err != nil {
 		return err
+	}
+	if *watch < 0 || given(fs, "watch") && *watch < 100*time.Millisecond {
+		return &usageError{msg: fmt.Sprintf("--watch %s is too short: 100ms or more", *watch)}
 	}
 	pool, err := connectPostgres(ctx, *dbURL)
 	if err != nil {
@@ -43,11 +48,47 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		defer closeNATS()
 	}
-	parts, statusErr := operator.Status(ctx, pool, *brokers, js, *bucket, *function)
+	reader := operator.NewStatusReader(pool, *brokers, js, *bucket)
+	defer reader.Close()
+	if *watch == 0 {
+		return printStatus(ctx, stdout, reader, *function, *asJSON, js != nil, len(*brokers) > 0)
+	}
+	tty := isTerminal(stdout)
+	tick := time.NewTicker(*watch)
+	defer tick.Stop()
+	for {
+		if tty {
+			fmt.Fprint(stdout, "\033[H\033[2J")
+		}
+		if !*asJSON {
+			fmt.Fprintf(stdout, "kfn status every %s, at %s (Ctrl-C to stop)\n", *watch, time.Now().Format(time.TimeOnly))
+		}
+		if err := printStatus(ctx, stdout, reader, *function, *asJSON, js != nil, len(*brokers) > 0); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			fmt.Fprintf(stderr, "kfn status: %v\n", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		if !tty && !*asJSON {
+			fmt.Fprintln(stdout)
+		}
+	}
+}
+
+// printStatus reads the status of every lane once and prints it as a
+// table or as JSON. When NATS or Kafka could not be asked it prints what
+// it has, then returns the error.
+func printStatus(ctx context.Context, stdout io.Writer, reader *operator.StatusReader, function string, asJSON, withNATS, withKafka bool) error {
+	parts, statusErr := reader.Read(ctx, function)
 	if parts == nil && statusErr != nil {
 		return statusErr
 	}
-	if *asJSON {
+	if asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		if parts == nil {
@@ -59,23 +100,44 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return statusErr
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "FUNCTION\tTOPIC\tPARTITION\tOWNER\tEPOCH\tLEASE\tCURSOR\tKAFKA HIGH\tLAG\tLAST COMMIT")
+	fmt.Fprintln(tw, "FUNCTION\tKIND\tTOPIC / SUBJECT\tPARTITION\tOWNER\tEPOCH\tLEASE\tCURSOR\tKAFKA HIGH\tACK FLOOR\tLAG\tLAST COMMIT")
 	for _, p := range parts {
 		leaseCol := "?"
 		switch {
-		case js != nil && p.LeaseHolder == "":
+		case withNATS && p.LeaseHolder == "":
 			leaseCol = "free"
-		case js != nil:
+		case withNATS:
 			leaseCol = fmt.Sprintf("%s (token %d)", p.LeaseHolder, p.LeaseToken)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%d\t%s\t%s\t%s ago\n", p.Function, p.Topic, p.Partition, p.Owner, p.Epoch, leaseCol, p.Cursor,
-			unknownIfNegative(p.KafkaHighMark), unknownIfNegative(p.Lag), p.LastCommitAge)
+		high, floor := unknownIfNegative(p.KafkaHighMark), "-"
+		if p.Kind == operator.KindSubject {
+			high, floor = "-", "?"
+			if p.AckFloor != nil {
+				floor = fmt.Sprint(*p.AckFloor)
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s ago\n", p.Function, p.Kind, p.Topic, p.Partition, p.Owner, p.Epoch, leaseCol, p.Cursor,
+			high, floor, unknownIfNegative(p.Lag), p.LastCommitAge)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	if len(parts) == 0 {
 		fmt.Fprintln(stdout, "no partitions have been claimed yet")
+	}
+	switch {
+	case len(parts) == 0:
+	case !withNATS && !withKafka:
+		fmt.Fprintln(stdout, "(LEASE and the NATS lanes' ACK FLOOR and LAG need --nats-url; KAFKA HIGH and the Kafka lanes' LAG need --kafka-brokers)")
+	case !withNATS:
+		fmt.Fprintln(stdout, "(LEASE and the NATS lanes' ACK FLOOR and LAG need --nats-url)")
+	case !withKafka:
+		fmt.Fprintln(stdout, "(KAFKA HIGH and the Kafka lanes' LAG need --kafka-brokers)")
+	}
+	for _, p := range parts {
+		if p.Problem != "" {
+			fmt.Fprintf(stdout, "note: %s/%s/%d: %s\n", p.Function, p.Topic, p.Partition, p.Problem)
+		}
 	}
 	return statusErr
 }
