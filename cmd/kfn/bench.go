@@ -22,6 +22,9 @@ import (
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("bench", stderr)
+	fs.describe("usage: kfn bench [flags]\n\nMeasures exactly-once against at-least-once and a naive consumer on the same records, and the relay against a naive relay, on a throwaway stack (or the services the flags name); prints msgs/s and ratios.",
+		"kfn bench",
+		"kfn bench --batch-size 100 --records 20000 --rounds 5")
 	services := addServiceFlags(fs)
 	records := fs.Int64("records", 50000, "records applied by the batched modes")
 	naive := fs.Int64("naive-records", 3000, "records applied by the naive mode (it is slow)")

@@ -33,7 +33,7 @@ var commands = map[string]command{
 	"dev":     {"run the whole stack locally with sample traffic", runDev},
 	"migrate": {"apply kfn's schema migrations to a database", runMigrate},
 	"status":  {"show partitions: owner, epoch, cursor, lag", runStatus},
-	"replay":  {"move a partition's cursor back to an offset", runReplay},
+	"replay":  {"move cursors back, from an offset or a time, with --dry-run", runReplay},
 	"dlq":     {"dead letters: list, show, discard, purge; park a stuck record", runDLQ},
 	"audit":   {"list the audit log: replays, parks, discards, purges, …", runAudit},
 	"bench":   {"benchmark exactly-once against at-least-once and naive", runBench},
@@ -157,6 +157,22 @@ func newFlags(name string, stderr io.Writer) *flagSet {
 		printFlags(fs)
 	}
 	return &flagSet{FlagSet: fs, settings: settings.NewBinder(fs)}
+}
+
+// describe sets a command's -h: its usage line and text, then its
+// examples, then its flags.
+func (fs *flagSet) describe(text string, examples ...string) {
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), strings.TrimRight(text, "\n")+"\n")
+		if len(examples) > 0 {
+			fmt.Fprintln(fs.Output(), "\nexamples:")
+			for _, e := range examples {
+				fmt.Fprintln(fs.Output(), "  "+e)
+			}
+		}
+		fmt.Fprintln(fs.Output())
+		printFlags(fs.FlagSet)
+	}
 }
 
 // printFlags lists the flags of fs, with the environment variable of each

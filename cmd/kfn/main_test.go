@@ -243,3 +243,14 @@ func TestDevStopsCleanlyOnCtrlC(t *testing.T) {
 		t.Errorf("kfn dev after Ctrl-C: %v\n%s", err, p.LogTail(30))
 	}
 }
+
+// TestEveryCommandHasExamples: kfn CMD -h exits 0 and shows examples, for
+// every command kfn lists.
+func TestEveryCommandHasExamples(t *testing.T) {
+	for name := range commands {
+		code, _, errOut := kfn(t, name, "-h")
+		if code != 0 || !strings.Contains(errOut, "examples:") {
+			t.Errorf("kfn %s -h: exit %d, examples shown: %v", name, code, strings.Contains(errOut, "examples:"))
+		}
+	}
+}

@@ -15,6 +15,9 @@ import (
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("migrate", stderr)
+	fs.describe("usage: kfn migrate --database-url URL\n\nApplies kfn's embedded, numbered schema migrations; safe to run again (it says the schema is up to date). Workers refuse to start on a missing or newer schema.",
+		"kfn migrate --database-url postgres://kfn@db:5432/kfn",
+		"DATABASE_URL=postgres://kfn@db:5432/kfn kfn migrate")
 	dbURL := bind(fs, settings.DatabaseURL)
 	if err := parse(fs, args); err != nil {
 		return err

@@ -44,6 +44,11 @@ window and the downstream inboxes drop the events they already handled.
 --dry-run prints, per partition, the range, how much of it was handled, what
 would be re-executed and what downstream would see, and changes nothing.
 
+examples:
+  kfn replay --function orders --topic orders --from-time 2026-03-01T09:00:00Z --dry-run
+  kfn replay --function orders --topic orders --partition 2 --from-offset 200 --to-offset 400 \
+    --reexecute --keep-event-ids --reason "INC-42: tax bug fixed" --wait
+
 `
 
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -14,6 +14,8 @@ import (
 // version.
 func runVersion(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("version", stderr)
+	fs.describe("usage: kfn version\n\nPrints the kfn module version this binary was built from, its VCS revision and time when the build recorded them, and the Go version.",
+		"kfn version")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
