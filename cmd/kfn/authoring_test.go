@@ -47,6 +47,9 @@ func TestTopicCommands(t *testing.T) {
 	if code, _, errOut := kfn(t, "topic", "create", topic, brokers); code != 1 || !strings.Contains(errOut, "already exists") {
 		t.Errorf("creating it again: exit %d, %q; want 1 saying it exists", code, errOut)
 	}
+	if code, out, errOut := kfn(t, "topic", "create", topic, "--if-not-exists", brokers); code != 0 || !strings.Contains(out, "exists already") {
+		t.Errorf("creating it again with --if-not-exists: exit %d, %q %q; want 0", code, out, errOut)
+	}
 	code, out, errOut := kfn(t, "topic", "list", "--json", brokers)
 	var topics []topicInfo
 	if code != 0 || json.Unmarshal([]byte(out), &topics) != nil {

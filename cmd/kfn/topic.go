@@ -16,7 +16,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/settings"
 )
 
-const topicUsage = `usage: kfn topic create NAME [--partitions N] [--replication-factor R]
+const topicUsage = `usage: kfn topic create NAME [--partitions N] [--replication-factor R] [--if-not-exists]
        kfn topic list [--json]
        kfn topic describe NAME [--json]
 
@@ -71,6 +71,7 @@ func runTopicCreate(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs, brokers := topicFlags("create", stderr)
 	partitions := fs.Int("partitions", 1, "partitions of the new topic")
 	replication := fs.Int("replication-factor", 1, "replicas of each partition (at most the number of brokers)")
+	ifMissing := fs.Bool("if-not-exists", false, "succeed when the topic exists already (for init steps)")
 	pos, err := parsePositional(fs, args, 1, 1, "the topic's name")
 	if err != nil {
 		return err
@@ -92,7 +93,11 @@ func runTopicCreate(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	if err := resp.Errors[topic]; err != nil {
 		if errors.Is(err, kafka.TopicAlreadyExists) {
-			return fmt.Errorf("topic %s already exists (kfn topic describe %s shows it)", topic, topic)
+			if *ifMissing {
+				fmt.Fprintf(stdout, "topic %s exists already\n", topic)
+				return nil
+			}
+			return fmt.Errorf("topic %s already exists (kfn topic describe %s shows it; --if-not-exists accepts it)", topic, topic)
 		}
 		return fmt.Errorf("create topic %s: %w", topic, err)
 	}
