@@ -498,7 +498,7 @@ func TestDLQDiscardedRecordIsNotAppliedAgain(t *testing.T) {
 
 	duplicates := w.Stats().Duplicates.Load()
 	code, out, stderr = kfn(t, "replay", "--database-url", db.URL, "--nats-url", natsURL, "--lease-bucket", bucket, "--function", fn.Name,
-		"--topic", topic, "--partition", "0", "--from-offset", "0")
+		"--topic", topic, "--partition", "0", "--from-offset", "0", "--kafka-brokers", strings.Join(k.Brokers, ","))
 	if code != 0 || !strings.Contains(out, "cursor 5 -> 0 (idempotent") {
 		t.Fatalf("replay: exit %d, out %q, err %q", code, out, stderr)
 	}
