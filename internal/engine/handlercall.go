@@ -72,6 +72,7 @@ func (a *applier) call(ctx context.Context, conn *txConn, handler func(context.C
 	hctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	started := time.Now()
+	defer func() { a.stats.observeHandler(a.fn.Name, time.Since(started)) }()
 	done := make(chan error, 1)
 	go func() {
 		defer func() {
