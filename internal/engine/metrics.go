@@ -58,9 +58,10 @@ func newMetricsCollector(wk *Worker) *metricsCollector {
 	}
 }
 
-func (c *metricsCollector) Describe(ch chan<- *prometheus.Desc) {
-	prometheus.DescribeByCollect(c, ch)
-}
+// Describe describes nothing: the collector is unchecked, so registering it
+// does not Collect (which would sample the outbox at registration and serve
+// that sample to the first scrapes).
+func (c *metricsCollector) Describe(chan<- *prometheus.Desc) {}
 
 func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.wk.Stats()
