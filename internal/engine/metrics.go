@@ -49,11 +49,11 @@ func newMetricsCollector(wk *Worker) *metricsCollector {
 		relayFailures:     d("outbox_publish_failures_total", "Failed outbox publishes (retried)."),
 		relayLatency:      d("outbox_last_latency_seconds", "Commit-to-ack latency of the last relayed event."),
 		infraRetries:      d("batch_infra_retries_total", "Batches retried after an infrastructure error (never a record's fault).", "function"),
-		traceDropped:      d("trace_context_dropped_total", "Records whose invalid W3C traceparent or tracestate was not propagated."),
-		abandoned:         d("handlers_abandoned_total", "Handler calls that overran --handler-timeout without returning: their session was ended and the record dead-lettered (reason timeout)."),
-		abandonedRunning:  d("handlers_abandoned_running", "Abandoned handler calls still running (Go cannot stop them)."),
-		commitRepliesLost: d("commit_replies_lost_total", "Commits that landed although their reply was lost; the lane resumed from the stored cursor."),
-		deadLetterRetries: d("dead_letter_retries_total", "Dead letters marked for retry (kfn dlq retry) that this worker applied (outcome applied) or whose retry failed again (outcome failed: the letter stays).", "outcome"),
+		traceDropped:      d("trace_context_dropped_total", "Records whose invalid W3C traceparent or tracestate was not propagated.", "function"),
+		abandoned:         d("handlers_abandoned_total", "Handler calls that overran --handler-timeout without returning: their session was ended and the record dead-lettered (reason timeout).", "function"),
+		abandonedRunning:  d("handlers_abandoned_running", "Abandoned handler calls still running (Go cannot stop them).", "function"),
+		commitRepliesLost: d("commit_replies_lost_total", "Commits that landed although their reply was lost; the lane resumed from the stored cursor.", "function"),
+		deadLetterRetries: d("dead_letter_retries_total", "Dead letters marked for retry (kfn dlq retry) that this worker applied (outcome applied) or whose retry failed again (outcome failed: the letter stays).", "function", "outcome"),
 		ops:               newOpsMetrics(wk.w),
 	}
 }
@@ -86,6 +86,12 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		fc(c.batches, f.Batches)
 		fc(c.fenced, f.Fenced)
 		fc(c.infraRetries, f.InfraRetries)
+		fc(c.traceDropped, f.TraceContextDropped)
+		fc(c.abandoned, f.AbandonedHandlers)
+		fc(c.commitRepliesLost, f.CommitRepliesLost)
+		ch <- prometheus.MustNewConstMetric(c.abandonedRunning, prometheus.GaugeValue, float64(f.AbandonedHandlersRunning), name)
+		ch <- prometheus.MustNewConstMetric(c.deadLetterRetries, prometheus.CounterValue, float64(f.DeadLetterRetriesApplied), name, "applied")
+		ch <- prometheus.MustNewConstMetric(c.deadLetterRetries, prometheus.CounterValue, float64(f.DeadLetterRetriesFailed), name, "failed")
 		for _, reason := range deadLetterReasons {
 			ch <- prometheus.MustNewConstMetric(c.deadLettered, prometheus.CounterValue, float64(f.DeadLettered[reason]), name, reason)
 		}
@@ -96,12 +102,6 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	c.ops.collect(ch, s, fns)
-	counter(c.traceDropped, float64(s.TraceContextDropped.Load()))
-	counter(c.abandoned, float64(s.AbandonedHandlers.Load()))
-	counter(c.commitRepliesLost, float64(s.CommitRepliesLost.Load()))
-	ch <- prometheus.MustNewConstMetric(c.deadLetterRetries, prometheus.CounterValue, float64(s.DeadLetterRetriesApplied.Load()), "applied")
-	ch <- prometheus.MustNewConstMetric(c.deadLetterRetries, prometheus.CounterValue, float64(s.DeadLetterRetriesFailed.Load()), "failed")
-	ch <- prometheus.MustNewConstMetric(c.abandonedRunning, prometheus.GaugeValue, float64(s.AbandonedHandlersRunning.Load()))
 	for _, p := range s.Partitions() {
 		labels := []string{p.Function, p.Topic, strconv.Itoa(int(p.Partition))}
 		ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(p.Lag()), labels...)

@@ -17,7 +17,9 @@ type FunctionCounters struct {
 	Applied, Duplicates, Retries, Batches, InfraRetries, Fenced int64
 	// DeadLettered is per reason (panic, timeout, data_error, permanent,
 	// handler_error, oversized).
-	DeadLettered map[string]int64
+	DeadLettered                                                                        map[string]int64
+	TraceContextDropped, AbandonedHandlers, AbandonedHandlersRunning, CommitRepliesLost int64
+	DeadLetterRetriesApplied, DeadLetterRetriesFailed                                   int64
 	// Leases is how many lanes (partitions or subjects) of the function this
 	// worker holds now.
 	Leases int64
