@@ -188,6 +188,34 @@ func TestMetricsAgreeWithTheDatabase(t *testing.T) {
 		}
 	}
 	requireAlertMetricsExist(t, sc)
+	requireMetricsDocumented(t, sc)
+}
+
+// requireMetricsDocumented checks that the README's metrics table has a row
+// for every kfn metric a running worker exposes.
+func requireMetricsDocumented(t *testing.T, sc scrape) {
+	t.Helper()
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, s := range sc {
+		if !strings.HasPrefix(s.name, "kfn_") {
+			continue
+		}
+		name := s.name
+		if _, isHistogram := s.labels["le"]; isHistogram || strings.HasSuffix(name, "_sum") || strings.HasSuffix(name, "_count") {
+			name = strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_sum"), "_count")
+		}
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		if !strings.Contains(string(readme), "| `"+name+"` |") {
+			t.Errorf("README's metrics table has no row for %s", name)
+		}
+	}
 }
 
 // requireAlertMetricsExist checks that every kfn metric the example alert
