@@ -328,3 +328,30 @@ func TestMetricsLagStaysDuringKafkaOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestMetricsCountAStalledLane holds a partition on a record that keeps
+// failing (long retries): the lane has lag and no commit, so after
+// --stall-after it counts in kfn_lanes_stalled.
+func TestMetricsCountAStalledLane(t *testing.T) {
+	b := setup(t, 1)
+	b.cfg.WorkerID = "metrics-stall"
+	b.cfg.StallAfter = time.Second
+	b.cfg.RetryAttempts, b.cfg.RetryInitial, b.cfg.RetryMax = 1000, 200*time.Millisecond, 200*time.Millisecond
+	b.produce(t, 0, []byte(effects.Always), []byte("a"), []byte("b"))
+	w, stop := b.run(t, effects.Function(b.fn, b.topic))
+	defer stop()
+	srv := httptest.NewServer(w.HTTPHandler())
+	defer srv.Close()
+	var sc scrape
+	waitFor(t, 20*time.Second, "the lane to count as stalled", func() bool {
+		sc = scrapeMetrics(t, srv.URL+"/metrics")
+		v, _ := sc.get("kfn_lanes_stalled", "function", b.fn)
+		return v == 1
+	})
+	if lag, ok := sc.get("kfn_partition_lag", "function", b.fn, "partition", "0"); !ok || lag != 3 {
+		t.Errorf("kfn_partition_lag = %v (present %v), want 3", lag, ok)
+	}
+	if r, ok := sc.get("kfn_handler_retries_total", "function", b.fn); !ok || r < 1 {
+		t.Errorf("kfn_handler_retries_total = %v (present %v), want retries", r, ok)
+	}
+}

@@ -197,7 +197,7 @@ func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (*hand
 	}
 
 	a.committed(recs[len(recs)-1], len(work), duplicates, len(oversized), "oversized")
-	a.stats.observeCommit(a.fn.Name, recs, began)
+	a.stats.observeCommit(a.fn.Name, len(recs), work, began)
 	a.stats.TraceContextDropped.Add(int64(emitted.traceDropped))
 	a.stats.countFn(a.fn.Name, func(c *FunctionCounters) { c.TraceContextDropped += int64(emitted.traceDropped) })
 	for _, r := range oversized {

@@ -85,7 +85,7 @@ func newHistograms() *histograms {
 		batchSize:       h("batch_records", "Records per committed batch transaction (applied, duplicates and oversized dead letters).", batchSizeBuckets),
 		batchDuration:   h("batch_duration_seconds", "Duration of a committed batch transaction, from BEGIN to the COMMIT's reply.", durationBuckets),
 		handlerDuration: h("handler_duration_seconds", "Duration of one handler call (a record's Handler or a batch's BatchHandler), whatever its outcome.", durationBuckets),
-		recordAge:       h("record_age_at_commit_seconds", "Now minus the Kafka record's timestamp when its transaction committed (records with a timestamp only).", ageBuckets),
+		recordAge:       h("record_age_at_commit_seconds", "Now minus the Kafka record's timestamp when its transaction committed (applied records with a timestamp only).", ageBuckets),
 	}
 }
 
@@ -98,14 +98,16 @@ func (h *histograms) collectors() []prometheus.Collector {
 	return []prometheus.Collector{h.batchSize, h.batchDuration, h.handlerDuration, h.recordAge}
 }
 
-// observeCommit records a committed batch of recs of fn that began at start.
-func (s *Stats) observeCommit(fn string, recs []Record, start time.Time) {
+// observeCommit records a committed batch of n records of fn that began at
+// start, of which applied went through the handler (duplicates are not
+// aged: a redelivery would skew the age).
+func (s *Stats) observeCommit(fn string, n int, applied []Record, start time.Time) {
 	h := s.hist()
 	now := time.Now()
-	h.batchSize.WithLabelValues(fn).Observe(float64(len(recs)))
+	h.batchSize.WithLabelValues(fn).Observe(float64(n))
 	h.batchDuration.WithLabelValues(fn).Observe(now.Sub(start).Seconds())
 	age := h.recordAge.WithLabelValues(fn)
-	for _, r := range recs {
+	for _, r := range applied {
 		if r.Time.IsZero() || r.EventID != "" { // Kafka records only
 			continue
 		}
