@@ -27,6 +27,46 @@ type RelayStats struct {
 	// Listening reports whether the LISTEN connection is up (when it is down
 	// the relay only polls).
 	Listening bool
+	// AckLatency is the distribution of LastLatency over every ack.
+	AckLatency LatencyHistogram
+}
+
+// AckLatencyBuckets are the upper bounds, in seconds, of the relay's
+// commit-to-ack latency histogram.
+var AckLatencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}
+
+// LatencyHistogram is a cumulative histogram in seconds, as Prometheus has it.
+type LatencyHistogram struct {
+	Count   uint64
+	Sum     float64            // seconds
+	Buckets map[float64]uint64 // upper bound → cumulative count
+}
+
+type latencyHistogram struct {
+	counts [17]atomic.Uint64 // per AckLatencyBuckets bound, then +Inf
+	sumNs  atomic.Int64
+}
+
+func (h *latencyHistogram) observe(d time.Duration) {
+	s := d.Seconds()
+	i := 0
+	for i < len(AckLatencyBuckets) && s > AckLatencyBuckets[i] {
+		i++
+	}
+	h.counts[i].Add(1)
+	h.sumNs.Add(int64(d))
+}
+
+func (h *latencyHistogram) snapshot() LatencyHistogram {
+	out := LatencyHistogram{Buckets: make(map[float64]uint64, len(AckLatencyBuckets))}
+	var cum uint64
+	for i, le := range AckLatencyBuckets {
+		cum += h.counts[i].Load()
+		out.Buckets[le] = cum
+	}
+	out.Count = cum + h.counts[len(AckLatencyBuckets)].Load()
+	out.Sum = time.Duration(h.sumNs.Load()).Seconds()
+	return out
 }
 
 type relayCounters struct {
@@ -38,6 +78,7 @@ type relayCounters struct {
 	lastAckAt    atomic.Int64 // unix nanoseconds
 	activeShards atomic.Int64
 	listening    atomic.Bool
+	ackLatency   latencyHistogram
 }
 
 func (c *relayCounters) acked(duplicate bool, createdAt, now time.Time) {
@@ -47,6 +88,7 @@ func (c *relayCounters) acked(duplicate bool, createdAt, now time.Time) {
 		c.published.Add(1)
 	}
 	c.lastLatency.Store(int64(now.Sub(createdAt)))
+	c.ackLatency.observe(max(now.Sub(createdAt), 0))
 	c.lastAckAt.Store(now.UnixNano())
 }
 
@@ -61,6 +103,7 @@ func (r *Relay) Stats() RelayStats {
 		LastLatency:  time.Duration(c.lastLatency.Load()),
 		ActiveShards: int(c.activeShards.Load()),
 		Listening:    c.listening.Load(),
+		AckLatency:   c.ackLatency.snapshot(),
 	}
 	if at := c.lastAckAt.Load(); at != 0 {
 		s.LastPublishedAt = time.Unix(0, at)

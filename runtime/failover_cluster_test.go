@@ -163,18 +163,25 @@ func (c *cluster) duplicates(p *proc) int64 {
 	if err != nil {
 		c.t.Fatalf("read the metrics of %s: %v", p.id, err)
 	}
-	prefix := `kfn_records_duplicate_total{worker="` + p.id + `"} `
+	// One series per function: sum them.
+	const prefix = `kfn_records_duplicate_total{`
+	var total float64
+	found := false
 	for line := range strings.Lines(string(body)) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
-			n, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				c.t.Fatalf("metrics of %s: %q: %v", p.id, line, err)
-			}
-			return int64(n)
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, prefix) || !strings.Contains(line, `worker="`+p.id+`"`) {
+			continue
 		}
+		n, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err != nil {
+			c.t.Fatalf("metrics of %s: %q: %v", p.id, line, err)
+		}
+		total, found = total+n, true
 	}
-	c.t.Fatalf("the metrics of %s have no %s line", p.id, strings.TrimSpace(prefix))
-	return 0
+	if !found {
+		c.t.Fatalf("the metrics of %s have no %s line", p.id, prefix)
+	}
+	return int64(total)
 }
 
 // databaseURL is the test database's URL with application_name set to the

@@ -123,9 +123,9 @@ func TestMetricsExposeTheWorkersCounters(t *testing.T) {
 	}
 	metrics := body("/metrics")
 	for _, want := range []string{
-		`kfn_records_applied_total{worker="` + b.cfg.WorkerID + `"} 30`,
+		`kfn_records_applied_total{function="` + b.fn + `",worker="` + b.cfg.WorkerID + `"} 30`,
 		`kfn_partition_lag{function="` + b.fn + `",partition="1",source="` + b.topic + `",worker="` + b.cfg.WorkerID + `"} 0`,
-		`kfn_records_dead_lettered_total{worker="` + b.cfg.WorkerID + `"} 0`,
+		`kfn_records_dead_lettered_total{function="` + b.fn + `",reason="panic",worker="` + b.cfg.WorkerID + `"} 0`,
 	} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("metrics lack %q", want)

@@ -152,7 +152,7 @@ func TestDLQRetryAppliesAFixedRecordOnceAndAFailedRetryKeepsTheLetter(t *testing
 	metrics, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	srv.Close()
-	for _, want := range []string{`kfn_dead_letter_retries_total{outcome="applied",worker="worker-1"} 1`, `kfn_dead_letter_retries_total{outcome="failed",worker="worker-1"} 1`} {
+	for _, want := range []string{`kfn_dead_letter_retries_total{function="` + name + `",outcome="applied",worker="worker-1"} 1`, `kfn_dead_letter_retries_total{function="` + name + `",outcome="failed",worker="worker-1"} 1`} {
 		if !strings.Contains(string(metrics), want) {
 			t.Errorf("metrics lack %s", want)
 		}

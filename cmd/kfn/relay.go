@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -29,6 +31,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	subjects := bind(fs, settings.RelaySubjects)
 	every := fs.Duration("stats-every", 5*time.Second, "how often to print the relay's counters")
 	verbose := fs.Bool("v", false, "show the relay's logs")
+	metricsAddr := bind(fs, settings.MetricsAddr)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -61,6 +64,16 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if err != nil {
 		return err
+	}
+	if *metricsAddr != "" {
+		ln, err := net.Listen("tcp", *metricsAddr)
+		if err != nil {
+			return &usageError{msg: fmt.Sprintf("invalid --%s (%s) %q: %v", settings.MetricsAddr.Flag, settings.MetricsAddr.Env, *metricsAddr, err)}
+		}
+		srv := &http.Server{Handler: relay.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second}
+		go srv.Serve(ln)                         //nolint:errcheck // ends with Shutdown below
+		defer srv.Shutdown(context.Background()) //nolint:errcheck // best effort at exit
+		fmt.Fprintf(stdout, "kfn relay: serving /metrics, /healthz and /readyz on %s\n", ln.Addr())
 	}
 	fmt.Fprintf(stdout, "kfn relay: relaying the outbox to stream %s (subjects %s) as %s; Ctrl-C stops\n", cfg.WithDefaults().EventStream, strings.Join(subjectList, ","), cfg.WorkerID)
 

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"regexp"
@@ -102,7 +104,7 @@ func TestRelayProcessForwardsOutboxRows(t *testing.T) {
 
 	p := kfntest.StartProcess(t, exec.Command(bin, "relay", "--database-url", db.URL, "--nats-url", natsURL,
 		"--event-stream", streamName, "--subjects", created+","+moved, "--lease-bucket", kfntest.Name(t, "leases"),
-		"--lease-ttl", "2s", "--lease-renew", "500ms", "--stats-every", "200ms", "--worker-id", "relay-1"))
+		"--lease-ttl", "2s", "--lease-renew", "500ms", "--stats-every", "200ms", "--worker-id", "relay-1", "--metrics-addr", "127.0.0.1:0"))
 	waitStored := func(n int) {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)
@@ -125,6 +127,7 @@ func TestRelayProcessForwardsOutboxRows(t *testing.T) {
 	insert(100) // committed while it runs: woken by the notification
 	waitStored(300)
 	time.Sleep(300 * time.Millisecond) // one more stats line with everything published
+	requireRelayMetrics(t, p)
 
 	if err := p.Cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
@@ -155,6 +158,52 @@ func TestRelayProcessForwardsOutboxRows(t *testing.T) {
 		t.Errorf("stream subjects %v: --subjects did not extend the stream with %s", subjects, moved)
 	}
 	requireRelayed(t, js, streamName, rows)
+}
+
+// requireRelayMetrics scrapes the /metrics of a relay that relayed 300
+// events (--metrics-addr, issue 12) and checks its /readyz.
+func requireRelayMetrics(t *testing.T, p *kfntest.Process) {
+	t.Helper()
+	m := regexp.MustCompile(`serving /metrics, /healthz and /readyz on (\S+)`).FindStringSubmatch(p.LogTail(1000))
+	if m == nil {
+		t.Fatalf("kfn relay did not say where it serves its metrics:\n%s", p.LogTail(30))
+	}
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get("http://" + m[1] + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	_, metrics := get("/metrics")
+	for _, want := range []string{
+		`kfn_outbox_published_total{worker="relay-1"} 300`,
+		`kfn_outbox_ack_latency_seconds_count{worker="relay-1"} 300`,
+		`kfn_outbox_backlog{worker="relay-1"} 0`,
+		`kfn_outbox_oldest_age_seconds{worker="relay-1"} 0`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("kfn relay /metrics lacks %q:\n%s", want, metrics)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		code, body := get("/readyz")
+		if code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("kfn relay /readyz = %d %q after 10s", code, body)
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if code, body := get("/healthz"); code != http.StatusOK {
+		t.Errorf("kfn relay /healthz = %d %q", code, body)
+	}
 }
 
 // requireRelayed reads the whole stream and checks that it holds each row

@@ -69,6 +69,7 @@ func (a *applier) apply(ctx context.Context, recs []Record) (done int, err error
 	defer func() {
 		if err != nil && !errors.Is(err, inbox.ErrFenced) && ctx.Err() == nil {
 			a.stats.InfraRetries.Add(1) // the lane retries the batch (retryInfra)
+			a.stats.countFn(a.fn.Name, func(c *FunctionCounters) { c.InfraRetries++ })
 		}
 	}()
 	singly := 0       // how many of the next records go one per transaction
@@ -126,6 +127,7 @@ func (a *applier) retryAlone(ctx context.Context, rec Record, firstErr error) er
 		}
 		attempt++
 		a.stats.Retries.Add(1)
+		a.stats.countFn(a.fn.Name, func(c *FunctionCounters) { c.Retries++ })
 		failure, err := a.commit(ctx, []Record{rec}, attempt)
 		if err != nil {
 			return err
@@ -141,6 +143,7 @@ func (a *applier) retryAlone(ctx context.Context, rec Record, firstErr error) er
 // commit tries to apply recs in one transaction. It returns a handlerFailure
 // (transaction rolled back, nothing applied) when a handler fails.
 func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (*handlerFailure, error) {
+	began := time.Now()
 	conn, tx, err := a.begin(ctx)
 	if err != nil {
 		return nil, err
@@ -193,8 +196,10 @@ func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (*hand
 		return nil, fmt.Errorf("commit %d records of %s: %w", len(recs), a.part, err)
 	}
 
-	a.committed(recs[len(recs)-1], len(work), duplicates, len(oversized))
+	a.committed(recs[len(recs)-1], len(work), duplicates, len(oversized), "oversized")
+	a.stats.observeCommit(a.fn.Name, len(recs), work, began)
 	a.stats.TraceContextDropped.Add(int64(emitted.traceDropped))
+	a.stats.countFn(a.fn.Name, func(c *FunctionCounters) { c.TraceContextDropped += int64(emitted.traceDropped) })
 	for _, r := range oversized {
 		a.log.Warn("record dead-lettered", "offset", r.Offset, "reason", "oversized", "bytes", recordSize(r))
 	}
@@ -337,7 +342,7 @@ func (a *applier) deadLetter(ctx context.Context, rec Record, cause error, attem
 	if err := tx.Commit(context.WithoutCancel(ctx)); err != nil { // as in commit
 		return fmt.Errorf("commit dead letter %s@%d: %w", a.part, rec.Offset, err)
 	}
-	a.committed(rec, 0, 0, 1)
+	a.committed(rec, 0, 0, 1, failureReason(cause))
 	a.log.Warn("record dead-lettered", "offset", rec.Offset, "reason", failureReason(cause), "attempts", attempts, "err", firstLine(cause))
 	return nil
 }
@@ -394,13 +399,22 @@ func boundOversized(d *inbox.DeadLetter, limit int) {
 }
 
 // committed moves the lane past last after a successful commit.
-func (a *applier) committed(last Record, applied, duplicates, deadLettered int) {
+// The dead letters, if any, are counted under reason.
+func (a *applier) committed(last Record, applied, duplicates, deadLettered int, reason string) {
 	a.tracker.committed(last)
 	st := a.stats
 	st.Applied.Add(int64(applied))
 	st.Duplicates.Add(int64(duplicates))
 	st.DeadLettered.Add(int64(deadLettered))
 	st.Batches.Add(1)
+	st.countFn(a.fn.Name, func(c *FunctionCounters) {
+		c.Applied += int64(applied)
+		c.Duplicates += int64(duplicates)
+		c.Batches++
+		if deadLettered > 0 {
+			c.DeadLettered[reason] += int64(deadLettered)
+		}
+	})
 	st.update(a.fn.Name, a.part.Topic, a.part.Partition, func(p *PartitionStats) {
 		p.NextOffset = last.Offset + 1
 		p.LastCommit = time.Now()

@@ -55,6 +55,10 @@ type Config struct {
 	// (the flag's 0).
 	DeadLetterRetention time.Duration
 
+	// StallAfter (KFN_STALL_AFTER): a lane with lag and no commit for longer
+	// counts in kfn_lanes_stalled.
+	StallAfter time.Duration
+
 	bound *settings.Binder // the flags and variables of Bind, whose bad values validate reports
 }
 
@@ -68,6 +72,7 @@ const (
 	DefaultRetryInitial   = settings.DefaultRetryInitial
 	DefaultRetryMax       = settings.DefaultRetryMax
 	DefaultHandlerTimeout = settings.DefaultHandlerTimeout
+	DefaultStallAfter     = settings.DefaultStallAfter
 	DefaultLeaseTTL       = settings.DefaultLeaseTTL
 	DefaultLeaseRenew     = settings.DefaultLeaseRenew
 	DefaultEventDedup     = settings.DefaultEventDedup
@@ -98,6 +103,7 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.EventStream, DefaultStream)
 	setDefault(&c.EventDedup, DefaultEventDedup)
 	setDefault(&c.InboxRetention, DefaultInboxRetention)
+	setDefault(&c.StallAfter, DefaultStallAfter)
 	setDefault(&c.EventRetention, DefaultEventRetention)
 	setDefault(&c.DeadLetterRetention, DefaultDeadLetterRetention)
 	if c.Logger == nil {
@@ -240,4 +246,5 @@ func (c *Config) bind(b *settings.Binder) {
 	settings.InboxRetention.Bind(b, &c.InboxRetention)
 	settings.EventRetention.Bind(b, &c.EventRetention)
 	settings.DeadLetterRetention.Bind(b, &c.DeadLetterRetention)
+	settings.StallAfter.Bind(b, &c.StallAfter)
 }

@@ -72,6 +72,7 @@ func (a *applier) call(ctx context.Context, conn *txConn, handler func(context.C
 	hctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	started := time.Now()
+	defer func() { a.stats.observeHandler(a.fn.Name, time.Since(started)) }()
 	done := make(chan error, 1)
 	go func() {
 		defer func() {
@@ -118,6 +119,7 @@ func (a *applier) abandon(conn *txConn, done <-chan error, started time.Time) {
 	st := a.stats
 	st.AbandonedHandlers.Add(1)
 	st.AbandonedHandlersRunning.Add(1)
+	st.countFn(a.fn.Name, func(c *FunctionCounters) { c.AbandonedHandlers++; c.AbandonedHandlersRunning++ })
 	a.log.Error("handler overran --handler-timeout and ignored its ctx: abandoning it; its transaction's session is ended, and the handler keeps running until it returns",
 		"handler_timeout", a.cfg.HandlerTimeout, "session_pid", conn.pid, "abandoned_handlers_running", st.AbandonedHandlersRunning.Load())
 
@@ -136,6 +138,7 @@ func (a *applier) abandon(conn *txConn, done <-chan error, started time.Time) {
 	go func() {
 		err := <-done
 		st.AbandonedHandlersRunning.Add(-1)
+		st.countFn(a.fn.Name, func(c *FunctionCounters) { c.AbandonedHandlersRunning-- })
 		hijacked.Close(context.Background()) //nolint:errcheck // its socket is closed already
 		a.log.Warn("abandoned handler returned", "after", time.Since(started).Round(time.Millisecond), "err", err,
 			"abandoned_handlers_running", st.AbandonedHandlersRunning.Load())

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,6 +21,9 @@ type metricsCollector struct {
 	infraRetries, traceDropped                                  *prometheus.Desc
 	abandoned, abandonedRunning, commitRepliesLost              *prometheus.Desc
 	deadLetterRetries                                           *prometheus.Desc
+
+	// issue 12: outbox, stalled lanes, leases, relay ack latency (metrics_ops.go)
+	ops *opsMetrics
 }
 
 func newMetricsCollector(wk *Worker) *metricsCollector {
@@ -29,12 +33,12 @@ func newMetricsCollector(wk *Worker) *metricsCollector {
 	part := []string{"function", "source", "partition"}
 	return &metricsCollector{
 		wk:                wk,
-		applied:           d("records_applied_total", "Records whose handler transaction committed."),
-		duplicates:        d("records_duplicate_total", "Records skipped because they were handled before."),
-		deadLettered:      d("records_dead_lettered_total", "Records parked in kfn.dead_letters."),
-		retries:           d("handler_retries_total", "Handler retries."),
-		batches:           d("batches_committed_total", "Committed batch transactions."),
-		fenced:            d("lanes_fenced_total", "Partitions or subjects dropped because a newer owner claimed them."),
+		applied:           d("records_applied_total", "Records whose handler transaction committed.", "function"),
+		duplicates:        d("records_duplicate_total", "Records skipped because they were handled before.", "function"),
+		deadLettered:      d("records_dead_lettered_total", "Records parked in kfn.dead_letters, per reason (panic, timeout, data_error, permanent, handler_error, oversized).", "function", "reason"),
+		retries:           d("handler_retries_total", "Handler retries.", "function"),
+		batches:           d("batches_committed_total", "Committed batch transactions.", "function"),
+		fenced:            d("lanes_fenced_total", "Partitions or subjects dropped because a newer owner claimed them.", "function"),
 		lag:               d("partition_lag", "Records behind the cursor, per owned partition.", part...),
 		cursor:            d("partition_cursor", "Next offset to apply, per owned partition.", part...),
 		epoch:             d("partition_epoch", "Fencing token the partition is owned with.", part...),
@@ -44,37 +48,60 @@ func newMetricsCollector(wk *Worker) *metricsCollector {
 		relayDuplicates:   d("outbox_duplicates_total", "Outbox events the stream reported as duplicates."),
 		relayFailures:     d("outbox_publish_failures_total", "Failed outbox publishes (retried)."),
 		relayLatency:      d("outbox_last_latency_seconds", "Commit-to-ack latency of the last relayed event."),
-		infraRetries:      d("batch_infra_retries_total", "Batches retried after an infrastructure error (never a record's fault)."),
-		traceDropped:      d("trace_context_dropped_total", "Records whose invalid W3C traceparent or tracestate was not propagated."),
-		abandoned:         d("handlers_abandoned_total", "Handler calls that overran --handler-timeout without returning: their session was ended and the record dead-lettered (reason timeout)."),
-		abandonedRunning:  d("handlers_abandoned_running", "Abandoned handler calls still running (Go cannot stop them)."),
-		commitRepliesLost: d("commit_replies_lost_total", "Commits that landed although their reply was lost; the lane resumed from the stored cursor."),
-		deadLetterRetries: d("dead_letter_retries_total", "Dead letters marked for retry (kfn dlq retry) that this worker applied (outcome applied) or whose retry failed again (outcome failed: the letter stays).", "outcome"),
+		infraRetries:      d("batch_infra_retries_total", "Batches retried after an infrastructure error (never a record's fault).", "function"),
+		traceDropped:      d("trace_context_dropped_total", "Records whose invalid W3C traceparent or tracestate was not propagated.", "function"),
+		abandoned:         d("handlers_abandoned_total", "Handler calls that overran --handler-timeout without returning: their session was ended and the record dead-lettered (reason timeout).", "function"),
+		abandonedRunning:  d("handlers_abandoned_running", "Abandoned handler calls still running (Go cannot stop them).", "function"),
+		commitRepliesLost: d("commit_replies_lost_total", "Commits that landed although their reply was lost; the lane resumed from the stored cursor.", "function"),
+		deadLetterRetries: d("dead_letter_retries_total", "Dead letters marked for retry (kfn dlq retry) that this worker applied (outcome applied) or whose retry failed again (outcome failed: the letter stays).", "function", "outcome"),
+		ops:               newOpsMetrics(wk.w),
 	}
 }
 
-func (c *metricsCollector) Describe(ch chan<- *prometheus.Desc) {
-	prometheus.DescribeByCollect(c, ch)
-}
+// Describe describes nothing: the collector is unchecked, so registering it
+// does not Collect (which would sample the outbox at registration and serve
+// that sample to the first scrapes).
+func (c *metricsCollector) Describe(chan<- *prometheus.Desc) {}
 
 func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.wk.Stats()
 	counter := func(d *prometheus.Desc, v float64) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
 	}
-	counter(c.applied, float64(s.Applied.Load()))
-	counter(c.duplicates, float64(s.Duplicates.Load()))
-	counter(c.deadLettered, float64(s.DeadLettered.Load()))
-	counter(c.retries, float64(s.Retries.Load()))
-	counter(c.batches, float64(s.Batches.Load()))
-	counter(c.fenced, float64(s.Fenced.Load()))
-	counter(c.infraRetries, float64(s.InfraRetries.Load()))
-	counter(c.traceDropped, float64(s.TraceContextDropped.Load()))
-	counter(c.abandoned, float64(s.AbandonedHandlers.Load()))
-	counter(c.commitRepliesLost, float64(s.CommitRepliesLost.Load()))
-	ch <- prometheus.MustNewConstMetric(c.deadLetterRetries, prometheus.CounterValue, float64(s.DeadLetterRetriesApplied.Load()), "applied")
-	ch <- prometheus.MustNewConstMetric(c.deadLetterRetries, prometheus.CounterValue, float64(s.DeadLetterRetriesFailed.Load()), "failed")
-	ch <- prometheus.MustNewConstMetric(c.abandonedRunning, prometheus.GaugeValue, float64(s.AbandonedHandlersRunning.Load()))
+	// Per-function counters (issue 12): every function of the worker has
+	// its series from the start, every dead-letter reason too.
+	fns := s.Functions()
+	for _, fn := range c.wk.w.fns {
+		if _, ok := fns[fn.Name]; !ok {
+			fns[fn.Name] = FunctionCounters{}
+		}
+	}
+	for name, f := range fns {
+		fc := func(d *prometheus.Desc, v int64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), name)
+		}
+		fc(c.applied, f.Applied)
+		fc(c.duplicates, f.Duplicates)
+		fc(c.retries, f.Retries)
+		fc(c.batches, f.Batches)
+		fc(c.fenced, f.Fenced)
+		fc(c.infraRetries, f.InfraRetries)
+		fc(c.traceDropped, f.TraceContextDropped)
+		fc(c.abandoned, f.AbandonedHandlers)
+		fc(c.commitRepliesLost, f.CommitRepliesLost)
+		ch <- prometheus.MustNewConstMetric(c.abandonedRunning, prometheus.GaugeValue, float64(f.AbandonedHandlersRunning), name)
+		ch <- prometheus.MustNewConstMetric(c.deadLetterRetries, prometheus.CounterValue, float64(f.DeadLetterRetriesApplied), name, "applied")
+		ch <- prometheus.MustNewConstMetric(c.deadLetterRetries, prometheus.CounterValue, float64(f.DeadLetterRetriesFailed), name, "failed")
+		for _, reason := range deadLetterReasons {
+			ch <- prometheus.MustNewConstMetric(c.deadLettered, prometheus.CounterValue, float64(f.DeadLettered[reason]), name, reason)
+		}
+		for reason, n := range f.DeadLettered {
+			if !slices.Contains(deadLetterReasons, reason) {
+				ch <- prometheus.MustNewConstMetric(c.deadLettered, prometheus.CounterValue, float64(n), name, reason)
+			}
+		}
+	}
+	c.ops.collect(ch, s, fns)
 	for _, p := range s.Partitions() {
 		labels := []string{p.Function, p.Topic, strconv.Itoa(int(p.Partition))}
 		ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(p.Lag()), labels...)
@@ -99,6 +126,7 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.relayDuplicates, float64(r.Duplicates))
 		counter(c.relayFailures, float64(r.Failures))
 		ch <- prometheus.MustNewConstMetric(c.relayLatency, prometheus.GaugeValue, r.LastLatency.Seconds())
+		c.ops.collectRelay(ch, r)
 	}
 }
 
@@ -107,11 +135,18 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 // /readyz (Postgres with a compatible schema, NATS JetStream and Kafka
 // answer, and every consumed topic exists; probed every 2 s).
 func (wk *Worker) HTTPHandler() http.Handler {
+	return wk.w.httpHandler(wk.w.serveReadiness)
+}
+
+func (w *worker) httpHandler(readyz http.HandlerFunc) http.Handler {
+	wk := &Worker{w: w}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newMetricsCollector(wk), prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	// issue 12: the per-function histograms, labelled with the worker id.
+	prometheus.WrapRegistererWith(prometheus.Labels{"worker": w.cfg.WorkerID}, reg).MustRegister(w.stats.hist().collectors()...)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/readyz", wk.w.serveReadiness)
+	mux.HandleFunc("/readyz", readyz)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Write([]byte("ok\n")) //nolint:errcheck // the client went away
 	})

@@ -39,15 +39,17 @@ func (w *worker) runPartition(ctx context.Context, fn Function, partition int32,
 	pr.retry = w.retries.register(pr.applier, "")
 	defer w.retries.unregister(pr.retry)
 	defer w.stats.drop(fn.Name, fn.Topic, partition)
-	w.laneStopped(ctx, pr.log, token, pr.run(ctx))
+	defer w.stats.laneHeld(fn.Name)()
+	w.laneStopped(ctx, fn.Name, pr.log, token, pr.run(ctx))
 }
 
 // laneStopped logs why a lane (a partition or a subject) stopped.
-func (w *worker) laneStopped(ctx context.Context, log *slog.Logger, token int64, err error) {
+func (w *worker) laneStopped(ctx context.Context, fn string, log *slog.Logger, token int64, err error) {
 	var fenced *inbox.FencedError
 	switch {
 	case errors.As(err, &fenced):
 		w.stats.Fenced.Add(1)
+		w.stats.countFn(fn, func(c *FunctionCounters) { c.Fenced++ })
 		log.Warn("fenced by a newer owner: dropping it", "old_epoch", token, "new_epoch", fenced.Epoch)
 	case err != nil && ctx.Err() == nil:
 		log.Error("stopped", "err", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
@@ -60,8 +61,22 @@ func NewRelay(ctx context.Context, cfg Config, subjects []string) (*Relay, error
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.w.close()
 	defer r.w.runHealth(ctx)()
+	rctx, stopReadiness := context.WithCancel(ctx)
+	readinessDone := make(chan struct{})
+	go func() {
+		defer close(readinessDone)
+		r.w.watchReadiness(rctx)
+	}()
+	defer func() { stopReadiness(); <-readinessDone }()
 	return r.w.relay.Run(ctx)
 }
+
+// HTTPHandler serves the relay's Prometheus metrics at /metrics (the
+// outbox counters, the commit-to-ack latency histogram and the outbox
+// backlog gauges, as a worker's), /healthz and /readyz (Postgres with a
+// compatible schema and NATS JetStream answer; probed every 2 s while Run
+// runs).
+func (r *Relay) HTTPHandler() http.Handler { return r.w.httpHandler(r.w.serveReadiness) }
 
 // Stats returns the relay's counters.
 func (r *Relay) Stats() outbox.RelayStats { return r.w.relay.Stats() }

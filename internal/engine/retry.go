@@ -256,6 +256,10 @@ func (l *retryLane) tryApply(ctx context.Context, id int64) (letter inbox.RetryL
 	}
 	a.stats.DeadLetterRetriesApplied.Add(1)
 	a.stats.TraceContextDropped.Add(int64(emitted.traceDropped))
+	a.stats.countFn(a.fn.Name, func(c *FunctionCounters) {
+		c.DeadLetterRetriesApplied++
+		c.TraceContextDropped += int64(emitted.traceDropped)
+	})
 	a.log.Info("dead letter retried: applied", "dead_letter_id", id, "offset", rec.Offset, "requested_by", letter.Actor, "reason", letter.Why)
 	return letter, nil, nil
 }
@@ -314,6 +318,7 @@ func (l *retryLane) recordFailure(ctx context.Context, letter inbox.RetryLetter,
 	}
 	if recorded {
 		a.stats.DeadLetterRetriesFailed.Add(1)
+		a.stats.countFn(a.fn.Name, func(c *FunctionCounters) { c.DeadLetterRetriesFailed++ })
 		a.log.Warn("dead letter retried: failed again; the letter stays", "dead_letter_id", letter.ID, "offset", letter.Offset,
 			"attempts", letter.Attempts+1, "err", firstLine(cause))
 	}

@@ -41,6 +41,11 @@ type Stats struct {
 
 	mu         sync.Mutex
 	partitions map[partitionKey]*PartitionStats
+
+	// Per-function counters and histograms (observe.go).
+	fs         functionStats
+	histOnce   sync.Once
+	histograms *histograms
 }
 
 type partitionKey struct {
@@ -58,6 +63,7 @@ type PartitionStats struct {
 	NextOffset int64
 	HighWater  int64 // Kafka high watermark seen on the last fetch
 	LastCommit time.Time
+	ClaimedAt  time.Time // when this worker claimed the lane
 }
 
 // Lag is how many records are behind the cursor.
@@ -77,7 +83,7 @@ func (s *Stats) update(fn, topic string, partition int32, f func(*PartitionStats
 	k := partitionKey{fn, topic, partition}
 	p := s.partitions[k]
 	if p == nil {
-		p = &PartitionStats{Function: fn, Topic: topic, Partition: partition}
+		p = &PartitionStats{Function: fn, Topic: topic, Partition: partition, ClaimedAt: time.Now()}
 		s.partitions[k] = p
 	}
 	f(p)

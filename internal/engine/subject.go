@@ -48,7 +48,8 @@ func (w *worker) runSubject(ctx context.Context, fn Function, token int64) {
 	sr.retry = w.retries.register(sr.applier, stream)
 	defer w.retries.unregister(sr.retry)
 	defer w.stats.drop(fn.Name, fn.Subject, 0)
-	w.laneStopped(ctx, sr.log, token, sr.run(ctx))
+	defer w.stats.laneHeld(fn.Name)()
+	w.laneStopped(ctx, fn.Name, sr.log, token, sr.run(ctx))
 }
 
 func (sr *subjectRun) run(ctx context.Context) error {

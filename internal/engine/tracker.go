@@ -57,6 +57,7 @@ func (l *partitionTracker) fence(ctx context.Context, tx pgx.Tx, rec Record) err
 	case errors.As(err, &moved):
 		l.next, l.highWater = moved.Cursor.NextOffset, moved.Cursor.HighWater
 		l.stats.CommitRepliesLost.Add(1)
+		l.stats.countFn(l.part.Consumer, func(c *FunctionCounters) { c.CommitRepliesLost++ })
 		return errCursorAhead
 	default:
 		return err

@@ -248,3 +248,15 @@ func redactURL(s string) string {
 	}
 	return u.Redacted()
 }
+
+// Metrics (issue 12).
+
+// DefaultStallAfter is StallAfter's default.
+const DefaultStallAfter = 60 * time.Second
+
+// StallAfter is how long a lane with lag may go without a commit before
+// kfn_lanes_stalled counts it.
+var StallAfter = Setting[time.Duration]{
+	Flag: "stall-after", Env: "KFN_STALL_AFTER", Default: DefaultStallAfter,
+	Usage: "a lane with lag and no commit for longer counts as stalled (kfn_lanes_stalled)",
+}

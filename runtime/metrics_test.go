@@ -1,0 +1,357 @@
+package runtime_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kfn-dev/kfn/internal/effects"
+	"github.com/kfn-dev/kfn/runtime"
+	"github.com/kfn-dev/kfn/runtime/kfntest"
+)
+
+// scrape is a parsed Prometheus text exposition: one sample per line.
+type scrape []sample
+
+type sample struct {
+	name   string
+	labels map[string]string
+	value  float64
+}
+
+func scrapeMetrics(t *testing.T, url string) scrape {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return parseExposition(t, string(body))
+}
+
+// parseExposition reads the text format as client_golang writes it: label
+// values hold no '}' or '",' in these tests.
+func parseExposition(t *testing.T, text string) scrape {
+	t.Helper()
+	var out scrape
+	for _, line := range strings.Split(text, "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		sp := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[sp+1:], 64)
+		if err != nil {
+			t.Fatalf("metrics line %q: %v", line, err)
+		}
+		s := sample{labels: map[string]string{}, value: v}
+		head := line[:sp]
+		if i := strings.IndexByte(head, '{'); i >= 0 {
+			s.name = head[:i]
+			for _, kv := range strings.Split(strings.TrimSuffix(head[i+1:], "}"), `",`) {
+				k, val, _ := strings.Cut(kv, `="`)
+				s.labels[k] = strings.TrimSuffix(val, `"`)
+			}
+		} else {
+			s.name = head
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// get returns the value of the one sample named name with the labels given
+// as "k", "v" pairs (others may differ), and whether there is one.
+func (sc scrape) get(name string, kv ...string) (float64, bool) {
+	found, v := 0, 0.0
+next:
+	for _, s := range sc {
+		if s.name != name {
+			continue
+		}
+		for i := 0; i+1 < len(kv); i += 2 {
+			if s.labels[kv[i]] != kv[i+1] {
+				continue next
+			}
+		}
+		found++
+		v = s.value
+	}
+	return v, found == 1
+}
+
+func (sc scrape) has(name string) bool {
+	for _, s := range sc {
+		if s.name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// TestMetricsAgreeWithTheDatabase runs a worker with two functions (one
+// record at a time, and batches) over records of which some are
+// dead-lettered for known reasons, and checks that the scraped counters
+// agree with the database per function and reason, that every histogram has
+// samples, and that the outbox, lease and stall gauges are there.
+func TestMetricsAgreeWithTheDatabase(t *testing.T) {
+	b := setup(t, 2)
+	b.cfg.WorkerID = "metrics-db"
+	ctx := context.Background()
+	produced := b.produceN(t, 2, 20)
+	b.produce(t, 0, []byte(effects.Permanent), []byte(effects.Panic), []byte(effects.Permanent), []byte(effects.Always))
+	b.produce(t, 1, []byte(effects.Permanent), []byte("{not json"))
+	produced = append(produced, b.produceN(t, 2, 5)...)
+	single, batch := b.fn, b.fn+"_b"
+	w, err := runtime.NewWorker(ctx, b.cfg, effects.Function(single, b.topic), effects.BatchFunction(batch, b.topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := kfntest.Background(t, "worker", w.Run)
+	defer stop()
+	b.waitCaughtUp(t, single)
+	b.waitCaughtUp(t, batch)
+	srv := httptest.NewServer(w.HTTPHandler())
+	defer srv.Close()
+
+	var sc scrape
+	waitFor(t, 30*time.Second, "the relay to publish and the counters to settle", func() bool {
+		sc = scrapeMetrics(t, srv.URL+"/metrics")
+		n, _ := sc.get("kfn_outbox_published_total")
+		return w.Stats().Applied.Load() == int64(2*len(produced)) && n >= float64(2*len(produced))
+	})
+	for _, fn := range []string{single, batch} {
+		var applied int
+		if err := b.pg.Pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s`, pgx.Identifier{"effects_" + fn}.Sanitize())).Scan(&applied); err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := sc.get("kfn_records_applied_total", "function", fn); !ok || v != float64(applied) {
+			t.Errorf("kfn_records_applied_total{function=%s} = %v (present %v); the database has %d effects", fn, v, ok, applied)
+		}
+		dead := map[string]int{}
+		rows, err := b.pg.Pool.Query(ctx, `SELECT reason, count(*) FROM kfn.dead_letters WHERE consumer = $1 GROUP BY reason`, fn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var reason string
+			var n int
+			if err := rows.Scan(&reason, &n); err != nil {
+				t.Fatal(err)
+			}
+			dead[reason] = n
+		}
+		if rows.Err() != nil {
+			t.Fatal(rows.Err())
+		}
+		if dead["permanent"] != 4 || dead["panic"] != 1 || dead["handler_error"] != 1 {
+			t.Errorf("function %s: dead letters per reason %v; want permanent 4 (three commands and a malformed JSON), panic 1, handler_error 1", fn, dead)
+		}
+		for _, reason := range []string{"panic", "timeout", "data_error", "permanent", "handler_error", "oversized"} {
+			if v, ok := sc.get("kfn_records_dead_lettered_total", "function", fn, "reason", reason); !ok || v != float64(dead[reason]) {
+				t.Errorf("kfn_records_dead_lettered_total{function=%s,reason=%s} = %v (present %v); the database has %d", fn, reason, v, ok, dead[reason])
+			}
+		}
+		if v, ok := sc.get("kfn_leases_held", "function", fn); !ok || v != 2 {
+			t.Errorf("kfn_leases_held{function=%s} = %v (present %v), want 2", fn, v, ok)
+		}
+		if v, ok := sc.get("kfn_lanes_stalled", "function", fn); !ok || v != 0 {
+			t.Errorf("kfn_lanes_stalled{function=%s} = %v (present %v), want 0", fn, v, ok)
+		}
+		for _, h := range []string{"kfn_batch_records", "kfn_batch_duration_seconds", "kfn_handler_duration_seconds", "kfn_record_age_at_commit_seconds"} {
+			count, okc := sc.get(h+"_count", "function", fn)
+			sum, oks := sc.get(h+"_sum", "function", fn)
+			if !okc || !oks || count <= 0 || sum <= 0 {
+				t.Errorf("%s{function=%s}: count %v sum %v (present %v %v); want samples", h, fn, count, sum, okc, oks)
+			}
+		}
+	}
+	if count, ok := sc.get("kfn_outbox_ack_latency_seconds_count"); !ok || count < float64(2*len(produced)) {
+		t.Errorf("kfn_outbox_ack_latency_seconds_count = %v (present %v), want at least %d", count, ok, 2*len(produced))
+	}
+	for _, g := range []string{"kfn_outbox_backlog", "kfn_outbox_oldest_age_seconds"} {
+		if _, ok := sc.get(g); !ok {
+			t.Errorf("metrics lack %s", g)
+		}
+	}
+	requireAlertMetricsExist(t, sc)
+	requireMetricsDocumented(t, sc)
+}
+
+// requireMetricsDocumented checks that the README's metrics table has a row
+// for every kfn metric a running worker exposes.
+func requireMetricsDocumented(t *testing.T, sc scrape) {
+	t.Helper()
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, s := range sc {
+		if !strings.HasPrefix(s.name, "kfn_") {
+			continue
+		}
+		name := s.name
+		if _, isHistogram := s.labels["le"]; isHistogram || strings.HasSuffix(name, "_sum") || strings.HasSuffix(name, "_count") {
+			name = strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_sum"), "_count")
+		}
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		if !strings.Contains(string(readme), "| `"+name+"` |") {
+			t.Errorf("README's metrics table has no row for %s", name)
+		}
+	}
+}
+
+// requireAlertMetricsExist checks that every kfn metric the example alert
+// rules (deploy/kubernetes/alerts.yaml) use is in the scrape of a running
+// worker, so that no alert refers to a metric that does not exist.
+func requireAlertMetricsExist(t *testing.T, sc scrape) {
+	t.Helper()
+	data, err := os.ReadFile("../deploy/kubernetes/alerts.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	exprs := alertExprs(string(data))
+	if len(exprs) < 6 {
+		t.Fatalf("alerts.yaml: found %d expr fields, want at least 6: %q", len(exprs), exprs)
+	}
+	name := regexp.MustCompile(`\bkfn_[a-z0-9_]+`)
+	for _, e := range exprs {
+		for _, m := range name.FindAllString(e, -1) {
+			if !sc.has(m) {
+				t.Errorf("alerts.yaml: expr %q uses %s, which a running worker does not expose", e, m)
+			}
+		}
+	}
+}
+
+// alertExprs returns the expr fields of a rules file: a one-line
+// `expr: …`, or a block scalar (`expr: |` or `expr: >`) of the lines
+// indented deeper than the key.
+func alertExprs(yaml string) []string {
+	var out []string
+	lines := strings.Split(yaml, "\n")
+	for i := 0; i < len(lines); i++ {
+		trimmed := strings.TrimLeft(lines[i], " -")
+		v, ok := strings.CutPrefix(trimmed, "expr:")
+		if !ok {
+			continue
+		}
+		v = strings.TrimSpace(v)
+		if v != "" && !strings.HasPrefix(v, "|") && !strings.HasPrefix(v, ">") {
+			out = append(out, strings.Trim(v, `"'`))
+			continue
+		}
+		indent := len(lines[i]) - len(strings.TrimLeft(lines[i], " "))
+		var block []string
+		for i+1 < len(lines) {
+			l := lines[i+1]
+			if strings.TrimSpace(l) != "" && len(l)-len(strings.TrimLeft(l, " ")) <= indent {
+				break
+			}
+			block = append(block, strings.TrimSpace(l))
+			i++
+		}
+		out = append(out, strings.TrimSpace(strings.Join(block, " ")))
+	}
+	return out
+}
+
+func TestAlertExprsParsesOneLineAndBlockExprs(t *testing.T) {
+	got := alertExprs("rules:\n  - alert: A\n    expr: kfn_ready == 0\n  - alert: B\n    expr: |\n      sum(kfn_lanes_stalled)\n        > 0\n    for: 5m\n")
+	if len(got) != 2 || got[0] != "kfn_ready == 0" || got[1] != "sum(kfn_lanes_stalled) > 0" {
+		t.Errorf("alertExprs = %q", got)
+	}
+}
+
+// TestMetricsLagStaysDuringKafkaOutage stops the worker's Kafka broker: the
+// lanes keep their partitions (issue 8), so kfn_partition_lag keeps every
+// partition's series with its last value.
+func TestMetricsLagStaysDuringKafkaOutage(t *testing.T) {
+	pk := kfntest.NewPrivateKafka(t)
+	b := &bundle{pg: kfntest.Postgres(t), kafka: pk.KafkaCluster}
+	b.topic = b.kafka.CreateTopic(t, 2)
+	b.fn = kfntest.Name(t, "fn")
+	b.cfg = runtime.Config{
+		KafkaBrokers: b.kafka.Brokers, DatabaseURL: b.pg.URL, NATSURL: kfntest.NATSURL(t),
+		LeaseBucket: kfntest.Name(t, "leases"), BatchSize: 100, BatchWait: 5 * time.Millisecond,
+		WorkerID: "metrics-outage", Logger: testLogger(t),
+	}
+	b.produceN(t, 2, 10)
+	w, stop := b.run(t, effects.Function(b.fn, b.topic))
+	defer stop()
+	b.waitCaughtUp(t, b.fn)
+	srv := httptest.NewServer(w.HTTPHandler())
+	defer srv.Close()
+	lag := func(sc scrape) map[string]float64 {
+		out := map[string]float64{}
+		for _, s := range sc {
+			if s.name == "kfn_partition_lag" && s.labels["function"] == b.fn {
+				out[s.labels["partition"]] = s.value
+			}
+		}
+		return out
+	}
+	var before map[string]float64
+	waitFor(t, 10*time.Second, "the lag of both partitions", func() bool {
+		before = lag(scrapeMetrics(t, srv.URL+"/metrics"))
+		return len(before) == 2
+	})
+
+	pk.Stop()
+	time.Sleep(8 * time.Second) // the readers fail and the lanes wait for the broker
+	sc := scrapeMetrics(t, srv.URL+"/metrics")
+	during := lag(sc)
+	if len(during) != 2 || during["0"] != before["0"] || during["1"] != before["1"] {
+		t.Errorf("kfn_partition_lag during the outage %v; before it %v: want the same series and values", during, before)
+	}
+	if v, ok := sc.get("kfn_leases_held", "function", b.fn); !ok || v != 2 {
+		t.Errorf("kfn_leases_held during the outage = %v (present %v), want 2", v, ok)
+	}
+	if err := pk.Start(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMetricsCountAStalledLane holds a partition on a record that keeps
+// failing (long retries): the lane has lag and no commit, so after
+// --stall-after it counts in kfn_lanes_stalled.
+func TestMetricsCountAStalledLane(t *testing.T) {
+	b := setup(t, 1)
+	b.cfg.WorkerID = "metrics-stall"
+	b.cfg.StallAfter = time.Second
+	b.cfg.RetryAttempts, b.cfg.RetryInitial, b.cfg.RetryMax = 1000, 200*time.Millisecond, 200*time.Millisecond
+	b.produce(t, 0, []byte(effects.Always), []byte("a"), []byte("b"))
+	w, stop := b.run(t, effects.Function(b.fn, b.topic))
+	defer stop()
+	srv := httptest.NewServer(w.HTTPHandler())
+	defer srv.Close()
+	var sc scrape
+	waitFor(t, 20*time.Second, "the lane to count as stalled", func() bool {
+		sc = scrapeMetrics(t, srv.URL+"/metrics")
+		v, _ := sc.get("kfn_lanes_stalled", "function", b.fn)
+		return v == 1
+	})
+	if lag, ok := sc.get("kfn_partition_lag", "function", b.fn, "partition", "0"); !ok || lag != 3 {
+		t.Errorf("kfn_partition_lag = %v (present %v), want 3", lag, ok)
+	}
+	if r, ok := sc.get("kfn_handler_retries_total", "function", b.fn); !ok || r < 1 {
+		t.Errorf("kfn_handler_retries_total = %v (present %v), want retries", r, ok)
+	}
+}
