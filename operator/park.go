@@ -3,7 +3,6 @@ package operator
 import (
 	"context"
 	"errors"
-	"github.com/kfn-dev/kfn/internal/kafkaconn"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/kafkaconn"
 )
 
 // ParkRequest asks to dead-letter one record of a partition by hand: the

@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"testing"
 	"time"
 
+	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
