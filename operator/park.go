@@ -10,6 +10,7 @@ import (
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/kafkaconn"
 )
 
 // ParkRequest asks to dead-letter one record of a partition by hand: the
@@ -26,6 +27,8 @@ type ParkRequest struct {
 	// letter holds its key, value and headers. Without them, or when the
 	// record cannot be read, the dead letter holds only its coordinates.
 	KafkaBrokers []string
+	// KafkaSecurity is how to connect to KafkaBrokers (TLS, SASL).
+	KafkaSecurity kafkaconn.Security
 	// LeaseBucket is the workers' --lease-bucket; default lease.DefaultBucket.
 	LeaseBucket string
 }
@@ -48,7 +51,7 @@ func Park(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, req P
 	var res ParkResult
 	var record *inbox.DeadLetter
 	if len(req.KafkaBrokers) > 0 {
-		record, res.ReadError = readRecord(ctx, req.KafkaBrokers, part, req.Offset)
+		record, res.ReadError = readRecord(ctx, req.KafkaBrokers, req.KafkaSecurity, part, req.Offset)
 		res.RecordRead = res.ReadError == nil
 	}
 	err := withSeizedPartition(ctx, pool, js, req.LeaseBucket, part, req.Actor, func(tx pgx.Tx, token int64) (err error) {
@@ -61,8 +64,8 @@ func Park(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, req P
 }
 
 // readRecord reads the record at offset from Kafka, for its dead letter.
-func readRecord(ctx context.Context, brokers []string, part inbox.Partition, offset int64) (*inbox.DeadLetter, error) {
-	rec, err := engine.ReadRecord(ctx, brokers, part.Topic, part.Partition, offset)
+func readRecord(ctx context.Context, brokers []string, security kafkaconn.Security, part inbox.Partition, offset int64) (*inbox.DeadLetter, error) {
+	rec, err := engine.ReadRecord(ctx, brokers, security, part.Topic, part.Partition, offset)
 	if err != nil {
 		return nil, err
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
@@ -38,6 +39,8 @@ type ReplayRequest struct {
 	LeaseBucket string
 	// KafkaBrokers, when set, check the range against what Kafka holds.
 	KafkaBrokers []string
+	// KafkaSecurity is how to connect to KafkaBrokers (TLS, SASL).
+	KafkaSecurity kafkaconn.Security
 }
 
 // Replay moves a partition's cursor through the same fencing the workers
@@ -48,7 +51,7 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, req
 	out, err := ReplayPartitions(ctx, pool, js, ReplaySpec{
 		Function: req.Function, Topic: req.Topic, Partitions: []int32{req.Partition}, From: req.From, To: req.To,
 		Reexecute: req.Reexecute, KeepEventIDs: req.KeepEventIDs, Reason: req.Reason, Actor: req.Actor,
-		LeaseBucket: req.LeaseBucket, KafkaBrokers: req.KafkaBrokers,
+		LeaseBucket: req.LeaseBucket, KafkaBrokers: req.KafkaBrokers, KafkaSecurity: req.KafkaSecurity,
 	})
 	if err != nil {
 		return inbox.ReplayResult{}, err
@@ -83,6 +86,8 @@ type ReplaySpec struct {
 	// holds, and take Kafka's retention into account when checking for
 	// purged inbox rows.
 	KafkaBrokers []string
+	// KafkaSecurity is how to connect to KafkaBrokers (TLS, SASL).
+	KafkaSecurity kafkaconn.Security
 	// DryRun validates and plans, and changes nothing: no lease is taken,
 	// no epoch moves, nothing is written.
 	DryRun bool
@@ -305,7 +310,10 @@ func refuseSubjectLane(ctx context.Context, pool *pgxpool.Pool, js jetstream.Jet
 // resolveInKafka reads each partition's offset range from Kafka and, for a
 // replay from a time, the offset that time resolves to.
 func resolveInKafka(ctx context.Context, spec ReplaySpec, parts []int32, plans []PartitionReplay) error {
-	k := newKafkaClient(spec.KafkaBrokers)
+	k, err := newKafkaClient(spec.KafkaBrokers, spec.KafkaSecurity)
+	if err != nil {
+		return err
+	}
 	defer k.close()
 	ranges, err := k.offsetRanges(ctx, spec.Topic, parts)
 	if err != nil {

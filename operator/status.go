@@ -14,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
@@ -71,16 +72,24 @@ type StatusReader struct {
 	js     jetstream.JetStream
 	bucket string
 	kafka  *kafkaClient // nil without brokers
+
+	kafkaErr error // the Kafka security settings' problem, which Read returns
 }
 
 // NewStatusReader makes a StatusReader; brokers and js may be empty.
 func NewStatusReader(pool *pgxpool.Pool, brokers []string, js jetstream.JetStream, leaseBucket string) *StatusReader {
+	return NewStatusReaderSecure(pool, brokers, kafkaconn.Security{}, js, leaseBucket)
+}
+
+// NewStatusReaderSecure is NewStatusReader connecting to Kafka with
+// security's TLS and SASL.
+func NewStatusReaderSecure(pool *pgxpool.Pool, brokers []string, security kafkaconn.Security, js jetstream.JetStream, leaseBucket string) *StatusReader {
 	if leaseBucket == "" {
 		leaseBucket = lease.DefaultBucket
 	}
 	r := &StatusReader{pool: pool, js: js, bucket: leaseBucket}
 	if len(brokers) > 0 {
-		r.kafka = newKafkaClient(brokers)
+		r.kafka, r.kafkaErr = newKafkaClient(brokers, security)
 	}
 	return r
 }
@@ -95,6 +104,9 @@ func (r *StatusReader) Close() {
 // Read returns the status of function's lanes (every function's when it is
 // empty), in function, topic and partition order.
 func (r *StatusReader) Read(ctx context.Context, function string) ([]PartitionStatus, error) {
+	if r.kafkaErr != nil {
+		return nil, r.kafkaErr
+	}
 	rows, err := r.pool.Query(ctx, `
 SELECT c.consumer, c.topic, c.partition, c.owner, c.epoch, c.next_offset, c.high_water, c.generation, c.updated_at,
        EXISTS (SELECT 1 FROM kfn.event_inbox e WHERE e.consumer = c.consumer)
@@ -267,13 +279,17 @@ func findSubjectLane(ctx context.Context, js jetstream.JetStream, function, subj
 // one transport that Close releases.
 type kafkaClient struct {
 	brokers   []string
+	security  kafkaconn.Security
 	client    *kafka.Client
 	transport *kafka.Transport
 }
 
-func newKafkaClient(brokers []string) *kafkaClient {
-	t := &kafka.Transport{DialTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second, MetadataTTL: 5 * time.Second}
-	return &kafkaClient{brokers: brokers, transport: t, client: &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: t}}
+func newKafkaClient(brokers []string, security kafkaconn.Security) (*kafkaClient, error) {
+	t, _, err := kafkaconn.Kafka(security)
+	if err != nil {
+		return nil, err
+	}
+	return &kafkaClient{brokers: brokers, security: security, transport: t, client: &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: t}}, nil
 }
 
 func (k *kafkaClient) close() { k.transport.CloseIdleConnections() }

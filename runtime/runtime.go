@@ -147,6 +147,12 @@ func Main(fn Function, args []string, stderr io.Writer) int { return engine.Main
 // Start reads (see -h), for NewWorker. A zero field takes its default.
 type Config = engine.Config
 
+// KafkaSecurity is Config.KafkaSecurity: TLS and SASL for Kafka (plain TCP
+// when zero). Bind reads it from --kafka-tls, --kafka-ca, --kafka-cert,
+// --kafka-key, --kafka-server-name, --kafka-sasl-mechanism, --kafka-sasl-user,
+// KFN_KAFKA_SASL_PASSWORD and --kafka-sasl-password-file.
+type KafkaSecurity = engine.KafkaSecurity
+
 // Worker runs functions: it owns partitions through leases, reads them and
 // applies their records exactly once. Run runs it until ctx ends; Stats
 // returns its live counters; HTTPHandler serves /metrics, /healthz and

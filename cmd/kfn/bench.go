@@ -15,6 +15,7 @@ import (
 
 	"github.com/kfn-dev/kfn/cmd/kfn/internal/bench"
 	"github.com/kfn-dev/kfn/functions/orders"
+	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
@@ -63,18 +64,18 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	pool.Close() // the benchmark opens its own connections
 
 	topic := fmt.Sprintf("kfn-bench-%d", time.Now().UnixNano())
-	if err := ensureTopic(ctx, st.Brokers, topic, *partitions); err != nil {
+	if err := ensureTopic(ctx, st.Brokers, st.Kafka, topic, *partitions); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "producing %d orders to %s (%d partitions)\n", *records, topic, *partitions)
-	if err := produceOrders(ctx, st.Brokers, topic, *records); err != nil {
+	if err := produceOrders(ctx, st.Brokers, st.Kafka, topic, *records); err != nil {
 		return err
 	}
 	fn := orders.Function()
 	fn.Topic = topic
 	results, err := bench.Run(ctx, bench.Config{
 		Worker: runtime.Config{
-			KafkaBrokers: st.Brokers, DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
+			KafkaBrokers: st.Brokers, KafkaSecurity: st.Kafka, DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
 			BatchSize: worker.BatchSize, BatchWait: worker.BatchWait, Logger: log,
 		},
 		Function: fn, Records: *records, NaiveRecords: *naive, Rounds: *rounds,
@@ -135,9 +136,14 @@ func printRelayBench(w io.Writer, r outbox.RelayBenchResult) {
 		r.LatencyP50.Round(10*time.Microsecond), r.LatencyP99.Round(10*time.Microsecond), r.LatencyMax.Round(10*time.Microsecond))
 }
 
-func produceOrders(ctx context.Context, brokers []string, topic string, n int64) error {
+func produceOrders(ctx context.Context, brokers []string, sec kafkaconn.Security, topic string, n int64) error {
+	transport, _, err := kafkaconn.Kafka(sec)
+	if err != nil {
+		return err
+	}
+	defer transport.CloseIdleConnections()
 	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, Balancer: &kafka.Hash{},
-		BatchSize: 1000, BatchTimeout: 10 * time.Millisecond, RequiredAcks: kafka.RequireAll}
+		BatchSize: 1000, BatchTimeout: 10 * time.Millisecond, RequiredAcks: kafka.RequireAll, Transport: transport}
 	defer w.Close()
 	const chunk = 5000
 	for i := int64(0); i < n; i += chunk {

@@ -16,6 +16,7 @@ import (
 	"github.com/kfn-dev/kfn/functions/orders"
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/runtime"
 )
@@ -84,7 +85,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		return runDevFunctions(runCtx, pkgs, st, *partitions, *verbose, stdout, stderr)
 	}
-	if err := ensureTopic(ctx, st.Brokers, orders.Topic, *partitions); err != nil {
+	if err := ensureTopic(ctx, st.Brokers, st.Kafka, orders.Topic, *partitions); err != nil {
 		return err
 	}
 
@@ -95,7 +96,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		runCtx, cancel = context.WithTimeout(runCtx, *duration)
 		defer cancel()
 	}
-	cfg := runtime.Config{KafkaBrokers: st.Brokers, DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL, WorkerID: "kfn-dev", Logger: log}
+	cfg := runtime.Config{KafkaBrokers: st.Brokers, KafkaSecurity: st.Kafka, DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL, WorkerID: "kfn-dev", Logger: log}
 	// The worker keeps running past runCtx so it can drain what was produced.
 	workerCtx, stopWorker := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWorker()
@@ -109,7 +110,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fmt.Fprintf(stdout, "kfn dev: function orders consumes topic %q; producing %d orders/s (some invalid on purpose). Ctrl-C stops.\n", orders.Topic, *rate)
 	gen := &sampleTraffic{}
 	produceDone := make(chan error, 1)
-	go func() { produceDone <- gen.produce(runCtx, st.Brokers, orders.Topic, *rate) }()
+	go func() { produceDone <- gen.produce(runCtx, st.Brokers, st.Kafka, orders.Topic, *rate) }()
 
 	ticker := time.NewTicker(time.Second)
 	defer ticker.Stop()
@@ -184,10 +185,13 @@ type sampleTraffic struct {
 	valid, invalid, sent atomic.Int64
 }
 
-func (g *sampleTraffic) produce(ctx context.Context, brokers []string, topic string, rate int) error {
+func (g *sampleTraffic) produce(ctx context.Context, brokers []string, sec kafkaconn.Security, topic string, rate int) error {
 	// A transport of its own: kafka-go's default one caches metadata across
 	// writers, and would not know a topic created after its last refresh.
-	transport := &kafka.Transport{}
+	transport, _, err := kafkaconn.Kafka(sec)
+	if err != nil {
+		return err
+	}
 	defer transport.CloseIdleConnections()
 	w := &kafka.Writer{
 		Addr: kafka.TCP(brokers...), Topic: topic, Balancer: &kafka.Hash{},

@@ -99,7 +99,7 @@ func (c *devChild) build(ctx context.Context) (string, error) {
 // or the stream capturing its subject.
 func (c *devChild) prepare(ctx context.Context, st *stack, partitions int) error {
 	if c.desc.Topic != "" {
-		return ensureTopic(ctx, st.Brokers, c.desc.Topic, partitions)
+		return ensureTopic(ctx, st.Brokers, st.Kafka, c.desc.Topic, partitions)
 	}
 	nc, js, err := connect.NATS(st.NATSURL, "kfn dev")
 	if err != nil {
@@ -303,6 +303,7 @@ func runDevFunctions(ctx context.Context, pkgs []string, st *stack, partitions i
 		settings.NATSURL.Env + "=" + st.NATSURL,
 		settings.KafkaBrokers.Env + "=" + strings.Join(st.Brokers, ","),
 	}
+	env = append(env, st.Kafka.Env()...)
 	for _, pkg := range pkgs {
 		c, err := newDevChild(ctx, pkg, binDir, logs)
 		if err != nil {

@@ -578,6 +578,7 @@ func runDLQPark(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	dbURL := bind(fs, settings.DatabaseURL)
 	natsURL := bind(fs, settings.NATSURL)
 	brokers := bind(fs, settings.KafkaBrokers)
+	sec := bindKafkaSecurity(fs)
 	bucket := bind(fs, settings.LeaseBucket)
 	function := fs.String("function", "", "the function the record is stuck in (required)")
 	topic := fs.String("topic", "", "the source topic (required)")
@@ -630,7 +631,7 @@ example:
 	defer closeNATS()
 	res, err := operator.Park(ctx, pool, js, operator.ParkRequest{
 		Function: *function, Topic: *topic, Partition: int32(*partition), Offset: *offset, Reason: *reason,
-		Actor: actor("dlq-park"), KafkaBrokers: *brokers, LeaseBucket: *bucket,
+		Actor: actor("dlq-park"), KafkaBrokers: *brokers, KafkaSecurity: *sec, LeaseBucket: *bucket,
 	})
 	if err != nil {
 		return err

@@ -20,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/settings"
 )
 
@@ -189,6 +190,14 @@ func printFlags(fs *flag.FlagSet) {
 }
 
 // bind adds setting s to fs and returns where its value will be.
+// bindKafkaSecurity binds the Kafka TLS and SASL settings (see package
+// kafkaconn) to fs.
+func bindKafkaSecurity(fs *flagSet) *kafkaconn.Security {
+	s := new(kafkaconn.Security)
+	s.Bind(fs.settings)
+	return s
+}
+
 func bind[T any](fs *flagSet, s settings.Setting[T]) *T {
 	p := new(T)
 	s.Bind(fs.settings, p)

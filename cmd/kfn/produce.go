@@ -17,6 +17,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/settings"
 )
 
@@ -64,6 +65,7 @@ func runProduce(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		printFlags(fs.FlagSet)
 	}
 	brokers := bind(fs, settings.KafkaBrokers)
+	sec := bindKafkaSecurity(fs)
 	key := fs.String("key", "", "the record's key (none when empty)")
 	value := fs.String("value", "", "the record's value")
 	var headers headerFlags
@@ -97,7 +99,7 @@ func runProduce(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		msgs = []kafka.Message{m}
 	}
-	res, err := produceRecords(ctx, *brokers, pos[0], msgs, *rate, func(p produced) {
+	res, err := produceRecords(ctx, *brokers, *sec, pos[0], msgs, *rate, func(p produced) {
 		if *asJSON {
 			json.NewEncoder(stdout).Encode(p) //nolint:errcheck // stdout
 		}
@@ -221,12 +223,15 @@ func parseProduceLine(line []byte) (kafka.Message, error) {
 // produceRecords sends msgs to topic in order, rate a second (0: at once),
 // and calls landed for each record with where it landed. A message's
 // Partition of -1 lets the key decide.
-func produceRecords(ctx context.Context, brokers []string, topic string, msgs []kafka.Message, rate float64, landed func(produced)) ([]produced, error) {
-	client, closeClient := kafkaClient(brokers)
+func produceRecords(ctx context.Context, brokers []string, sec kafkaconn.Security, topic string, msgs []kafka.Message, rate float64, landed func(produced)) ([]produced, error) {
+	client, closeClient, err := kafkaClient(brokers, sec)
+	if err != nil {
+		return nil, err
+	}
 	defer closeClient()
 	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
-		return nil, fmt.Errorf("read topic %s from %v: %w", topic, brokers, err)
+		return nil, fmt.Errorf("read topic %s from %v: %w", topic, brokers, kafkaconn.Explain(err, brokers, sec))
 	}
 	if len(md.Topics) != 1 || md.Topics[0].Error != nil {
 		if len(md.Topics) == 1 && errors.Is(md.Topics[0].Error, kafka.UnknownTopicOrPartition) {

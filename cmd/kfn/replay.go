@@ -62,6 +62,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	brokersSetting := settings.KafkaBrokers
 	brokersSetting.Usage += "; the range is checked against the records Kafka holds, and --from-time resolved there (required)"
 	brokers := bind(fs, brokersSetting)
+	sec := bindKafkaSecurity(fs)
 	bucket := bind(fs, settings.LeaseBucket)
 	function := fs.String("function", "", "the function whose cursor moves (required)")
 	topic := fs.String("topic", "", "the source topic (required)")
@@ -91,7 +92,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	spec := operator.ReplaySpec{
 		Function: *function, Topic: *topic, From: from.n, Reexecute: *reexecute, KeepEventIDs: *keepIDs,
-		Reason: *reason, Actor: actor("replay"), LeaseBucket: *bucket, KafkaBrokers: *brokers, DryRun: *dryRun,
+		Reason: *reason, Actor: actor("replay"), LeaseBucket: *bucket, KafkaBrokers: *brokers, KafkaSecurity: *sec, DryRun: *dryRun,
 	}
 	if partition.set {
 		if partition.n < 0 || partition.n > math.MaxInt32 {

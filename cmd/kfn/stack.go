@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/runtime/devstack"
 	"github.com/kfn-dev/kfn/runtime/schema"
@@ -23,6 +24,7 @@ type stack struct {
 	DatabaseURL string
 	NATSURL     string
 	Brokers     []string
+	Kafka       kafkaconn.Security // how to connect to Brokers: TLS, SASL (none for the embedded broker)
 	stops       []func()
 }
 
@@ -31,6 +33,7 @@ type stack struct {
 type serviceFlags struct {
 	databaseURL, natsURL *string
 	brokers              *[]string
+	kafka                *kafkaconn.Security
 }
 
 func addServiceFlags(fs *flagSet) serviceFlags {
@@ -38,15 +41,23 @@ func addServiceFlags(fs *flagSet) serviceFlags {
 	db.DefaultText = "a throwaway cluster started here"
 	nats.DefaultText = "an embedded server"
 	kafka.DefaultText = "an embedded broker"
-	return serviceFlags{databaseURL: bind(fs, db), natsURL: bind(fs, nats), brokers: bind(fs, kafka)}
+	return serviceFlags{databaseURL: bind(fs, db), natsURL: bind(fs, nats), brokers: bind(fs, kafka), kafka: bindKafkaSecurity(fs)}
 }
 
 // start starts the stack and migrates its database. The caller stops the
 // stack and closes the pool.
 func (f serviceFlags) start(ctx context.Context, out io.Writer, log *slog.Logger) (*stack, *pgxpool.Pool, error) {
+	if len(*f.brokers) > 0 {
+		if err := f.kafka.Check(); err != nil {
+			return nil, nil, err
+		}
+	}
 	st, err := startStack(ctx, *f.databaseURL, *f.natsURL, *f.brokers, out, log)
 	if err != nil {
 		return nil, nil, err
+	}
+	if len(*f.brokers) > 0 {
+		st.Kafka = *f.kafka
 	}
 	pool, err := connectPostgres(ctx, st.DatabaseURL)
 	if err != nil {
@@ -129,14 +140,17 @@ func (s *stack) stop() {
 }
 
 // ensureTopic creates topic with the given partitions unless it exists.
-func ensureTopic(ctx context.Context, brokers []string, topic string, partitions int) error {
-	client, closeClient := kafkaClient(brokers)
+func ensureTopic(ctx context.Context, brokers []string, sec kafkaconn.Security, topic string, partitions int) error {
+	client, closeClient, err := kafkaClient(brokers, sec)
+	if err != nil {
+		return err
+	}
 	defer closeClient()
 	resp, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
 		Topic: topic, NumPartitions: partitions, ReplicationFactor: 1,
 	}}})
 	if err != nil {
-		return fmt.Errorf("create topic %s on %v: %w", topic, brokers, err)
+		return fmt.Errorf("create topic %s on %v: %w", topic, brokers, kafkaconn.Explain(err, brokers, sec))
 	}
 	if err := resp.Errors[topic]; err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
 		return fmt.Errorf("create topic %s: %w", topic, err)

@@ -22,6 +22,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		"kfn status --watch 2s")
 	dbURL := bind(fs, settings.DatabaseURL)
 	brokers := bind(fs, settings.KafkaBrokers)
+	sec := bindKafkaSecurity(fs)
 	nats := settings.NATSURL
 	nats.Usage += "; with it, the live lease holders and the JetStream consumers of NATS-triggered functions are shown"
 	natsURL := bind(fs, nats)
@@ -52,7 +53,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		defer closeNATS()
 	}
-	reader := operator.NewStatusReader(pool, *brokers, js, *bucket)
+	reader := operator.NewStatusReaderSecure(pool, *brokers, *sec, js, *bucket)
 	defer reader.Close()
 	if *watch == 0 {
 		return printStatus(ctx, stdout, reader, *function, *asJSON, js != nil, len(*brokers) > 0)

@@ -8,11 +8,11 @@ import (
 	"io"
 	"sort"
 	"text/tabwriter"
-	"time"
 
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/settings"
 )
 
@@ -50,25 +50,25 @@ func runTopic(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 }
 
-func topicFlags(name string, stderr io.Writer) (*flagSet, *[]string) {
+func topicFlags(name string, stderr io.Writer) (*flagSet, *[]string, *kafkaconn.Security) {
 	fs := newFlags("topic "+name, stderr)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), topicUsage+"\n")
 		printFlags(fs.FlagSet)
 	}
-	return fs, bind(fs, settings.KafkaBrokers)
+	return fs, bind(fs, settings.KafkaBrokers), bindKafkaSecurity(fs)
 }
 
 // kafkaClient returns a Kafka client with a transport of its own (kafka-go's
 // default one caches metadata across clients, and would not know a topic
-// created after its last refresh), and a function that closes it.
-func kafkaClient(brokers []string) (*kafka.Client, func()) {
-	transport := &kafka.Transport{DialTimeout: 5 * time.Second}
-	return &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: transport}, transport.CloseIdleConnections
+// created after its last refresh), and a function that closes it. It
+// connects with sec's TLS and SASL; a problem of those settings is an error.
+func kafkaClient(brokers []string, sec kafkaconn.Security) (*kafka.Client, func(), error) {
+	return kafkaconn.Client(brokers, sec)
 }
 
 func runTopicCreate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, brokers := topicFlags("create", stderr)
+	fs, brokers, sec := topicFlags("create", stderr)
 	partitions := fs.Int("partitions", 1, "partitions of the new topic")
 	replication := fs.Int("replication-factor", 1, "replicas of each partition (at most the number of brokers)")
 	ifMissing := fs.Bool("if-not-exists", false, "succeed when the topic exists already (for init steps)")
@@ -83,13 +83,16 @@ func runTopicCreate(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	topic := pos[0]
-	client, closeClient := kafkaClient(*brokers)
+	client, closeClient, err := kafkaClient(*brokers, *sec)
+	if err != nil {
+		return err
+	}
 	defer closeClient()
 	resp, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
 		Topic: topic, NumPartitions: *partitions, ReplicationFactor: *replication,
 	}}})
 	if err != nil {
-		return fmt.Errorf("create topic %s on %v: %w", topic, *brokers, err)
+		return fmt.Errorf("create topic %s on %v: %w", topic, *brokers, kafkaconn.Explain(err, *brokers, *sec))
 	}
 	if err := resp.Errors[topic]; err != nil {
 		if errors.Is(err, kafka.TopicAlreadyExists) {
@@ -101,7 +104,7 @@ func runTopicCreate(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 		return fmt.Errorf("create topic %s: %w", topic, err)
 	}
-	if err := ensureTopic(ctx, *brokers, topic, *partitions); err != nil { // waits for the partitions' leaders
+	if err := ensureTopic(ctx, *brokers, *sec, topic, *partitions); err != nil { // waits for the partitions' leaders
 		return err
 	}
 	fmt.Fprintf(stdout, "created topic %s with %d partitions (replication factor %d)\n", topic, *partitions, *replication)
@@ -122,12 +125,15 @@ type partitionInfo struct {
 	High      int64  `json:"high_watermark"`
 }
 
-func readTopics(ctx context.Context, brokers []string, names []string, offsets bool) ([]topicInfo, error) {
-	client, closeClient := kafkaClient(brokers)
+func readTopics(ctx context.Context, brokers []string, sec kafkaconn.Security, names []string, offsets bool) ([]topicInfo, error) {
+	client, closeClient, err := kafkaClient(brokers, sec)
+	if err != nil {
+		return nil, err
+	}
 	defer closeClient()
 	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: names})
 	if err != nil {
-		return nil, fmt.Errorf("read topics from %v: %w", brokers, err)
+		return nil, fmt.Errorf("read topics from %v: %w", brokers, kafkaconn.Explain(err, brokers, sec))
 	}
 	var out []topicInfo
 	for _, t := range md.Topics {
@@ -144,7 +150,7 @@ func readTopics(ctx context.Context, brokers []string, names []string, offsets b
 		for _, p := range t.Partitions {
 			pi := partitionInfo{Partition: p.ID, Leader: fmt.Sprintf("%s:%d", p.Leader.Host, p.Leader.Port), Replicas: len(p.Replicas), First: -1, High: -1}
 			if offsets {
-				if pi.First, pi.High, err = engine.OffsetRange(ctx, brokers, t.Name, int32(p.ID)); err != nil {
+				if pi.First, pi.High, err = engine.OffsetRange(ctx, brokers, sec, t.Name, int32(p.ID)); err != nil {
 					return nil, err
 				}
 			}
@@ -158,7 +164,7 @@ func readTopics(ctx context.Context, brokers []string, names []string, offsets b
 }
 
 func runTopicList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, brokers := topicFlags("list", stderr)
+	fs, brokers, sec := topicFlags("list", stderr)
 	asJSON := fs.Bool("json", false, "print JSON for scripts")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -166,7 +172,7 @@ func runTopicList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err := requireBrokers(*brokers); err != nil {
 		return err
 	}
-	topics, err := readTopics(ctx, *brokers, nil, false)
+	topics, err := readTopics(ctx, *brokers, *sec, nil, false)
 	if err != nil {
 		return err
 	}
@@ -182,7 +188,7 @@ func runTopicList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 }
 
 func runTopicDescribe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, brokers := topicFlags("describe", stderr)
+	fs, brokers, sec := topicFlags("describe", stderr)
 	asJSON := fs.Bool("json", false, "print JSON for scripts")
 	pos, err := parsePositional(fs, args, 1, 1, "the topic's name")
 	if err != nil {
@@ -191,7 +197,7 @@ func runTopicDescribe(ctx context.Context, args []string, stdout, stderr io.Writ
 	if err := requireBrokers(*brokers); err != nil {
 		return err
 	}
-	topics, err := readTopics(ctx, *brokers, pos, true)
+	topics, err := readTopics(ctx, *brokers, *sec, pos, true)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/runtime/lease"
 )
@@ -59,8 +60,19 @@ type Config struct {
 	// counts in kfn_lanes_stalled.
 	StallAfter time.Duration
 
+	// KafkaSecurity is how the worker connects to Kafka: TLS (KFN_KAFKA_TLS,
+	// KFN_KAFKA_CA, KFN_KAFKA_CERT, KFN_KAFKA_KEY, KFN_KAFKA_SERVER_NAME)
+	// and SASL (KFN_KAFKA_SASL_MECHANISM, KFN_KAFKA_SASL_USER, and the
+	// password from KFN_KAFKA_SASL_PASSWORD or KFN_KAFKA_SASL_PASSWORD_FILE).
+	// Zero: plain TCP.
+	KafkaSecurity KafkaSecurity
+
 	bound *settings.Binder // the flags and variables of Bind, whose bad values validate reports
 }
+
+// KafkaSecurity is the TLS and SASL configuration of the worker's Kafka
+// connections (runtime.KafkaSecurity).
+type KafkaSecurity = kafkaconn.Security
 
 // Defaults, chosen from the benchmark in the README (`kfn bench`). The
 // README's Configuration table and a function binary's -h show their values.
@@ -158,6 +170,13 @@ func (c Config) validate(needKafka bool) error {
 		bad(configError(settings.KafkaBrokers, "no Kafka broker given: set it to host:port[,host:port…]"))
 	}
 	add(settings.KafkaBrokers.Problems(c.KafkaBrokers))
+	if needKafka {
+		for _, e := range c.KafkaSecurity.Problems() {
+			if !rejected[e.Flag] {
+				add([]*settings.Error{e})
+			}
+		}
+	}
 	if c.DatabaseURL == "" && !rejected[settings.DatabaseURL.Flag] {
 		bad(configError(settings.DatabaseURL, "no Postgres URL given: set it to postgres://user@host:port/db"))
 	}
@@ -247,4 +266,5 @@ func (c *Config) bind(b *settings.Binder) {
 	settings.EventRetention.Bind(b, &c.EventRetention)
 	settings.DeadLetterRetention.Bind(b, &c.DeadLetterRetention)
 	settings.StallAfter.Bind(b, &c.StallAfter)
+	c.KafkaSecurity.Bind(b)
 }

@@ -10,27 +10,39 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/kfn-dev/kfn/internal/kafkaconn"
 )
 
 // kafkaSource reads a topic's partitions at explicit offsets. It never uses
 // Kafka's group coordination for ownership; NATS leases decide who reads what.
 type kafkaSource struct {
-	brokers []string
-	client  *kafka.Client
-	log     *slog.Logger
+	brokers   []string
+	security  kafkaconn.Security
+	client    *kafka.Client
+	transport *kafka.Transport
+	dialer    *kafka.Dialer // the readers'
+	log       *slog.Logger
 }
 
-func newKafkaSource(brokers []string, log *slog.Logger) *kafkaSource {
-	return &kafkaSource{
-		brokers: brokers,
-		client: &kafka.Client{
-			Addr:      kafka.TCP(brokers...),
-			Timeout:   10 * time.Second,
-			Transport: &kafka.Transport{DialTimeout: 5 * time.Second, MetadataTTL: 5 * time.Second},
-		},
-		log: log,
+// newKafkaSource connects with security's TLS and SASL (plain TCP when zero).
+func newKafkaSource(brokers []string, security kafkaconn.Security, log *slog.Logger) (*kafkaSource, error) {
+	transport, dialer, err := kafkaconn.Kafka(security)
+	if err != nil {
+		return nil, err
 	}
+	return &kafkaSource{
+		brokers:   brokers,
+		security:  security,
+		client:    &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: transport},
+		transport: transport,
+		dialer:    dialer,
+		log:       log,
+	}, nil
 }
+
+// close closes the idle connections of the source's client.
+func (k *kafkaSource) close() { k.transport.CloseIdleConnections() }
 
 // errTopicMissing means the topic does not exist (yet).
 var errTopicMissing = errors.New("topic does not exist")
@@ -39,7 +51,7 @@ var errTopicMissing = errors.New("topic does not exist")
 func (k *kafkaSource) partitions(ctx context.Context, topic string) ([]int32, error) {
 	md, err := k.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
-		return nil, fmt.Errorf("read metadata of topic %s from %v: %w", topic, k.brokers, err)
+		return nil, fmt.Errorf("read metadata of topic %s from %v: %w", topic, k.brokers, kafkaconn.Explain(err, k.brokers, k.security))
 	}
 	for _, t := range md.Topics {
 		if t.Name != topic {
@@ -68,7 +80,7 @@ func (k *kafkaSource) offsetRange(ctx context.Context, topic string, partition i
 		topic: {kafka.FirstOffsetOf(int(partition)), kafka.LastOffsetOf(int(partition))},
 	}})
 	if err != nil {
-		return 0, 0, fmt.Errorf("list offsets of %s/%d: %w", topic, partition, err)
+		return 0, 0, fmt.Errorf("list offsets of %s/%d: %w", topic, partition, kafkaconn.Explain(err, k.brokers, k.security))
 	}
 	for _, p := range resp.Topics[topic] {
 		if p.Partition == int(partition) {
@@ -85,6 +97,7 @@ func (k *kafkaSource) offsetRange(ctx context.Context, topic string, partition i
 func (k *kafkaSource) reader(topic string, partition int32, offset int64, queue int) (*kafka.Reader, error) {
 	r := kafka.NewReader(kafka.ReaderConfig{
 		Brokers:         k.brokers,
+		Dialer:          k.dialer,
 		Topic:           topic,
 		Partition:       int(partition),
 		MinBytes:        1,
@@ -175,14 +188,23 @@ func isShutdown(ctx context.Context, err error) bool {
 
 // OffsetRange returns the first offset Kafka still holds in a partition and
 // its high watermark, for the operator's tools.
-func OffsetRange(ctx context.Context, brokers []string, topic string, partition int32) (first, high int64, err error) {
-	return newKafkaSource(brokers, slog.New(slog.DiscardHandler)).offsetRange(ctx, topic, partition)
+func OffsetRange(ctx context.Context, brokers []string, security kafkaconn.Security, topic string, partition int32) (first, high int64, err error) {
+	source, err := newKafkaSource(brokers, security, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer source.close()
+	return source.offsetRange(ctx, topic, partition)
 }
 
 // ReadRecord reads the record at offset from Kafka, for the operator's
 // tools: an offset Kafka no longer (or not yet) holds is an error.
-func ReadRecord(ctx context.Context, brokers []string, topic string, partition int32, offset int64) (Record, error) {
-	source := newKafkaSource(brokers, slog.New(slog.DiscardHandler))
+func ReadRecord(ctx context.Context, brokers []string, security kafkaconn.Security, topic string, partition int32, offset int64) (Record, error) {
+	source, err := newKafkaSource(brokers, security, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return Record{}, err
+	}
+	defer source.close()
 	first, high, err := source.offsetRange(ctx, topic, partition)
 	if err != nil {
 		return Record{}, err

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/internal/connect"
+	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime/lease"
@@ -111,10 +112,15 @@ func (w *worker) connect(ctx context.Context) error {
 		return err
 	}
 	if topic := kafkaTopic(w.fns); topic != "" {
-		w.kafka = newKafkaSource(w.cfg.KafkaBrokers, w.cfg.Logger)
+		var err error
+		if w.kafka, err = newKafkaSource(w.cfg.KafkaBrokers, w.cfg.KafkaSecurity, w.cfg.Logger); err != nil {
+			return err
+		}
 		metaCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		if _, err := w.kafka.partitions(metaCtx, topic); err != nil && !errors.Is(err, errTopicMissing) {
+		if _, err := w.kafka.partitions(metaCtx, topic); kafkaconn.IsSecurity(err) {
+			return fmt.Errorf("cannot connect to Kafka: %w", err)
+		} else if err != nil && !errors.Is(err, errTopicMissing) {
 			return fmt.Errorf("cannot reach Kafka at %s (check --kafka-brokers / KFN_KAFKA_BROKERS): %w", strings.Join(w.cfg.KafkaBrokers, ","), err)
 		}
 		w.offsets = newOffsetCommitter(w.kafka, w.cfg.Logger)

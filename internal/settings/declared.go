@@ -33,6 +33,10 @@ const (
 	DefaultDeadLetterRetention = 30 * 24 * time.Hour
 )
 
+// KafkaSASLPasswordEnv holds the SASL password for Kafka. It has no flag,
+// so that the password never shows in a process list.
+const KafkaSASLPasswordEnv = "KFN_KAFKA_SASL_PASSWORD"
+
 // Connections: the workers' and most kfn commands'.
 var (
 	DatabaseURL = Setting[string]{
@@ -54,6 +58,50 @@ var (
 	EventStream = Setting[string]{
 		Flag: "event-stream", Env: "KFN_EVENT_STREAM", Default: DefaultEventStream,
 		Usage: "JetStream stream the outbox events are relayed to", Check: notEmpty,
+	}
+
+	// Kafka security (TLS and SASL), for the workers and every kfn command
+	// that talks to Kafka; internal/kafkaconn binds and applies them. The
+	// SASL password is never a flag: KafkaSASLPasswordEnv or the file of
+	// KafkaSASLPasswordFile.
+	KafkaTLS = Setting[bool]{
+		Flag: "kafka-tls", Env: "KFN_KAFKA_TLS",
+		Usage: "connect to Kafka over TLS (implied by --kafka-ca, --kafka-cert and --kafka-server-name)",
+	}
+	KafkaCA = Setting[string]{
+		Flag: "kafka-ca", Env: "KFN_KAFKA_CA",
+		Usage: "PEM file of the CA certificates that sign Kafka's brokers (default: the system's)",
+	}
+	KafkaCert = Setting[string]{
+		Flag: "kafka-cert", Env: "KFN_KAFKA_CERT",
+		Usage: "PEM file of the client certificate for Kafka (mutual TLS; needs --kafka-key)",
+	}
+	KafkaKey = Setting[string]{
+		Flag: "kafka-key", Env: "KFN_KAFKA_KEY",
+		Usage: "PEM file of the private key of --kafka-cert",
+	}
+	KafkaServerName = Setting[string]{
+		Flag: "kafka-server-name", Env: "KFN_KAFKA_SERVER_NAME",
+		Usage: "name the brokers' certificates are verified against, when not the host of the broker address",
+	}
+	KafkaSASLMechanism = Setting[string]{
+		Flag: "kafka-sasl-mechanism", Env: "KFN_KAFKA_SASL_MECHANISM",
+		Usage: "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512: authenticate to Kafka with --kafka-sasl-user and " + KafkaSASLPasswordEnv,
+		Check: func(s string) error {
+			switch s {
+			case "", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512":
+				return nil
+			}
+			return fmt.Errorf("%q is not a SASL mechanism: use PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", s)
+		},
+	}
+	KafkaSASLUser = Setting[string]{
+		Flag: "kafka-sasl-user", Env: "KFN_KAFKA_SASL_USER",
+		Usage: "SASL user name for Kafka",
+	}
+	KafkaSASLPasswordFile = Setting[string]{
+		Flag: "kafka-sasl-password-file", Env: "KFN_KAFKA_SASL_PASSWORD_FILE",
+		Usage: "file holding the SASL password for Kafka (or set " + KafkaSASLPasswordEnv + "; never a flag)",
 	}
 )
 

@@ -8,6 +8,13 @@
 #   kafka.sh logs    print the last lines of the broker log (LINES=n, default 100)
 #
 # See README.md for the environment variables.
+#
+# KFN_KAFKA_SECURE=1 makes the client listener SASL_SSL (TLS with SCRAM-SHA-512
+# logins) instead of PLAINTEXT: 'up' writes a CA and a broker certificate for
+# 127.0.0.1/localhost into $KFN_KAFKA_DATA/tls (ca.pem is the CA clients
+# trust) and creates the SCRAM users kfn (password in tls/kfn.password) and
+# admin (the broker's own). Give it a data dir of its own: the mode is fixed
+# when the storage is formatted.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
@@ -32,6 +39,9 @@ PROPS="$DATA/server.properties"
 PIDFILE="$DATA/broker.pid"
 LOG="$DATA/broker.log"
 BOOTSTRAP="$HOST:$PORT"
+SECURE="${KFN_KAFKA_SECURE:-}"
+TLSDIR="$DATA/tls"
+CLIENT_PROPS="$DATA/client.properties"
 
 say() { printf 'kafka.sh: %s\n' "$*"; }
 die() { printf 'kafka.sh: error: %s\n' "$*" >&2; exit 1; }
@@ -107,8 +117,40 @@ new_cluster_id() {
 	done
 }
 
+# make_tls writes (once) a CA and a broker certificate signed by it, as PEM,
+# the client properties of the Kafka tools, and the SCRAM users' passwords.
+make_tls() {
+	[[ -f "$TLSDIR/broker.pem" && -f "$CLIENT_PROPS" ]] && return 0
+	command -v openssl >/dev/null 2>&1 || die "openssl not found (apt-get install -y openssl)"
+	mkdir -p "$TLSDIR"
+	(
+		cd "$TLSDIR"
+		openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=kfn local Kafka CA" \
+			-keyout ca.key -out ca.pem 2>/dev/null
+		openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out broker.key 2>/dev/null
+		openssl req -new -key broker.key -subj "/CN=localhost" -out broker.csr 2>/dev/null
+		printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n' >broker.ext
+		openssl x509 -req -in broker.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 3650 \
+			-extfile broker.ext -out broker.crt 2>/dev/null
+		# A PEM keystore: the PKCS#8 key, then the chain.
+		cat broker.key broker.crt ca.pem >broker.pem
+		head -c 18 /dev/urandom | base64 | tr -d '/+=\n' >kfn.password
+		head -c 18 /dev/urandom | base64 | tr -d '/+=\n' >admin.password
+		chmod 600 ./*.key broker.pem ./*.password
+	)
+	cat >"$CLIENT_PROPS" <<EOF
+security.protocol=SASL_SSL
+sasl.mechanism=SCRAM-SHA-512
+sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="$(cat "$TLSDIR/admin.password")";
+ssl.truststore.type=PEM
+ssl.truststore.location=$TLSDIR/ca.pem
+EOF
+}
+
 write_props() {
 	mkdir -p "$DATA"
+	local proto=PLAINTEXT
+	[[ -z "$SECURE" ]] || proto=SASL_SSL
 	cat >"$PROPS" <<EOF
 # Written by deploy/local/kafka/kafka.sh on every 'up'; edits are overwritten.
 # One combined KRaft broker+controller on $HOST.
@@ -116,10 +158,10 @@ process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@$HOST:$CPORT
 controller.listener.names=CONTROLLER
-listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CPORT
-advertised.listeners=PLAINTEXT://$HOST:$PORT
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listeners=$proto://$HOST:$PORT,CONTROLLER://$HOST:$CPORT
+advertised.listeners=$proto://$HOST:$PORT
+inter.broker.listener.name=$proto
+listener.security.protocol.map=$proto:$proto,CONTROLLER:PLAINTEXT
 log.dirs=$LOGDIRS
 
 # Single node: internal topics must not ask for more replicas than exist.
@@ -132,6 +174,20 @@ group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=true
 num.partitions=1
 EOF
+	if [[ -n "$SECURE" ]]; then
+		cat >>"$PROPS" <<EOF
+
+# KFN_KAFKA_SECURE: TLS with SCRAM-SHA-512 logins (users made at format time).
+sasl.enabled.mechanisms=SCRAM-SHA-512
+sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="$(cat "$TLSDIR/admin.password")";
+ssl.keystore.type=PEM
+ssl.keystore.location=$TLSDIR/broker.pem
+ssl.truststore.type=PEM
+ssl.truststore.location=$TLSDIR/ca.pem
+ssl.client.auth=none
+EOF
+	fi
 }
 
 format_storage() {
@@ -141,7 +197,12 @@ format_storage() {
 	local id out
 	id="$(new_cluster_id)"
 	say "formatting KRaft storage in $LOGDIRS (cluster id $id)"
-	if ! out="$(tool kafka.tools.StorageTool format --config "$PROPS" --cluster-id "$id" 2>&1)"; then
+	local -a scram=()
+	if [[ -n "$SECURE" ]]; then
+		scram=(--add-scram "SCRAM-SHA-512=[name=admin,password=$(cat "$TLSDIR/admin.password")]"
+			--add-scram "SCRAM-SHA-512=[name=kfn,password=$(cat "$TLSDIR/kfn.password")]")
+	fi
+	if ! out="$(tool kafka.tools.StorageTool format --config "$PROPS" --cluster-id "$id" ${scram[@]+"${scram[@]}"} 2>&1)"; then
 		printf '%s\n' "$out" >&2
 		die "storage format failed"
 	fi
@@ -185,6 +246,7 @@ cmd_up() {
 
 	local t0=$SECONDS
 	resolve_jars
+	[[ -z "$SECURE" ]] || make_tls
 	write_props
 	format_storage
 
@@ -215,7 +277,7 @@ cmd_up() {
 			fail_start "broker process exited during startup"
 		fi
 		if port_open "$PORT" &&
-			out="$(tool org.apache.kafka.tools.BrokerApiVersionsCommand --bootstrap-server "$BOOTSTRAP" 2>&1)" &&
+			out="$(tool org.apache.kafka.tools.BrokerApiVersionsCommand --bootstrap-server "$BOOTSTRAP" ${SECURE:+--command-config "$CLIENT_PROPS"} 2>&1)" &&
 			grep -q 'ApiVersions(' <<<"$out"; then
 			break
 		fi
@@ -225,7 +287,7 @@ cmd_up() {
 		sleep 1
 	done
 	say "ready in $((SECONDS - t0)) s: $(broker_version)"
-	say "bootstrap: $BOOTSTRAP"
+	say "bootstrap: $BOOTSTRAP${SECURE:+ (SASL_SSL, SCRAM-SHA-512 user kfn, password in $TLSDIR/kfn.password, CA $TLSDIR/ca.pem)}"
 }
 
 cmd_down() {

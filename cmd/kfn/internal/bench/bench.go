@@ -17,6 +17,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
 )
@@ -156,8 +157,12 @@ func benchNaive(ctx context.Context, cfg Config, consumer string) (int64, time.D
 		return 0, 0, err
 	}
 	defer pool.Close()
+	_, dialer, err := kafkaconn.Kafka(cfg.Worker.KafkaSecurity)
+	if err != nil {
+		return 0, 0, err
+	}
 	reader := kafka.NewReader(kafka.ReaderConfig{
-		Brokers: cfg.Worker.KafkaBrokers, GroupID: consumer, Topic: cfg.Function.Topic,
+		Brokers: cfg.Worker.KafkaBrokers, Dialer: dialer, GroupID: consumer, Topic: cfg.Function.Topic,
 		StartOffset: kafka.FirstOffset, MinBytes: 1, MaxBytes: 16 << 20, MaxWait: 100 * time.Millisecond,
 		Logger: kafka.LoggerFunc(func(string, ...any) {}),
 	})

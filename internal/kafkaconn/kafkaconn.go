@@ -1,0 +1,322 @@
+// Package kafkaconn builds kfn's Kafka connections from the Kafka security
+// settings (TLS and SASL), for the worker, the relay's users and every kfn
+// command alike: one place that reads the CA, the client certificate and the
+// SASL password, and that says in its errors which setting to fix.
+package kafkaconn
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	"github.com/segmentio/kafka-go/sasl/scram"
+
+	"github.com/kfn-dev/kfn/internal/settings"
+)
+
+// DialTimeout bounds one connection to a broker, TLS and SASL handshakes
+// included.
+const DialTimeout = 5 * time.Second
+
+// Security is how kfn connects to Kafka: plain TCP when zero.
+type Security struct {
+	TLS        bool   // KFN_KAFKA_TLS; implied by CAFile, CertFile and ServerName
+	CAFile     string // KFN_KAFKA_CA: PEM CA certificates; empty: the system's
+	CertFile   string // KFN_KAFKA_CERT: PEM client certificate (with KeyFile)
+	KeyFile    string // KFN_KAFKA_KEY
+	ServerName string // KFN_KAFKA_SERVER_NAME: verify the brokers' certificates against this name
+
+	SASLMechanism string // KFN_KAFKA_SASL_MECHANISM: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty: no SASL
+	SASLUser      string // KFN_KAFKA_SASL_USER
+
+	// SASLPassword is the password itself, for a Go caller; Bind takes it
+	// from KFN_KAFKA_SASL_PASSWORD (never from a flag). SASLPasswordFile
+	// (KFN_KAFKA_SASL_PASSWORD_FILE) names a file holding it instead.
+	SASLPassword     string
+	SASLPasswordFile string
+
+	bound *settings.Binder
+}
+
+// Bind registers the Kafka security flags (and their variables) on b, and
+// reads the SASL password from KFN_KAFKA_SASL_PASSWORD.
+func (s *Security) Bind(b *settings.Binder) {
+	s.bound = b
+	settings.KafkaTLS.Bind(b, &s.TLS)
+	settings.KafkaCA.Bind(b, &s.CAFile)
+	settings.KafkaCert.Bind(b, &s.CertFile)
+	settings.KafkaKey.Bind(b, &s.KeyFile)
+	settings.KafkaServerName.Bind(b, &s.ServerName)
+	settings.KafkaSASLMechanism.Bind(b, &s.SASLMechanism)
+	settings.KafkaSASLUser.Bind(b, &s.SASLUser)
+	settings.KafkaSASLPasswordFile.Bind(b, &s.SASLPasswordFile)
+	s.SASLPassword = os.Getenv(settings.KafkaSASLPasswordEnv)
+}
+
+// Enabled reports whether s asks for TLS or SASL.
+func (s Security) Enabled() bool { return s.usesTLS() || s.SASLMechanism != "" }
+
+func (s Security) usesTLS() bool {
+	return s.TLS || s.CAFile != "" || s.CertFile != "" || s.KeyFile != "" || s.ServerName != ""
+}
+
+// Error is a Kafka security setting that cannot be used. It has the shape
+// of the settings' errors: "invalid configuration: --flag (ENV): msg".
+type Error = settings.Error
+
+func problem[T any](s settings.Setting[T], format string, args ...any) *Error {
+	return &Error{Flag: s.Flag, Env: s.Env, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Problems returns what is wrong with s: values given to Bind that did not
+// parse, SASL without a user or a password, a certificate without its key,
+// files that cannot be read.
+func (s Security) Problems() []*Error {
+	var errs []*Error
+	if s.bound != nil {
+		for _, e := range s.bound.Errors() {
+			switch e.Flag {
+			case settings.KafkaTLS.Flag, settings.KafkaCA.Flag, settings.KafkaCert.Flag, settings.KafkaKey.Flag,
+				settings.KafkaServerName.Flag, settings.KafkaSASLMechanism.Flag, settings.KafkaSASLUser.Flag,
+				settings.KafkaSASLPasswordFile.Flag:
+				errs = append(errs, e)
+			}
+		}
+		if len(errs) > 0 {
+			return errs
+		}
+	}
+	errs = append(errs, settings.KafkaSASLMechanism.Problems(s.SASLMechanism)...)
+	if s.SASLMechanism == "" {
+		if s.SASLUser != "" || s.SASLPasswordFile != "" {
+			errs = append(errs, problem(settings.KafkaSASLMechanism, "not set, but a SASL user or password file is given: set it to PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"))
+		}
+	} else {
+		if s.SASLUser == "" {
+			errs = append(errs, problem(settings.KafkaSASLUser, "--kafka-sasl-mechanism %s needs a user name", s.SASLMechanism))
+		}
+		if _, err := s.password(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if s.CertFile != "" && s.KeyFile == "" {
+		errs = append(errs, problem(settings.KafkaKey, "--kafka-cert %s is given without its private key", s.CertFile))
+	}
+	if s.KeyFile != "" && s.CertFile == "" {
+		errs = append(errs, problem(settings.KafkaCert, "--kafka-key %s is given without its certificate", s.KeyFile))
+	}
+	if s.CAFile != "" {
+		if _, err := s.caPool(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if s.CertFile != "" && s.KeyFile != "" {
+		if _, err := tls.LoadX509KeyPair(s.CertFile, s.KeyFile); err != nil {
+			errs = append(errs, problem(settings.KafkaCert, "cannot load the client certificate %s with the key of --kafka-key %s: %v", s.CertFile, s.KeyFile, err))
+		}
+	}
+	return errs
+}
+
+// Check returns Problems as one error (nil when there are none).
+func (s Security) Check() error {
+	var errs []error
+	for _, e := range s.Problems() {
+		errs = append(errs, e)
+	}
+	return errors.Join(errs...)
+}
+
+func (s Security) password() (string, *Error) {
+	if s.SASLPasswordFile != "" {
+		b, err := os.ReadFile(s.SASLPasswordFile)
+		if err != nil {
+			return "", problem(settings.KafkaSASLPasswordFile, "cannot read the SASL password: %v", err)
+		}
+		p := strings.TrimRight(string(b), "\r\n")
+		if p == "" {
+			return "", problem(settings.KafkaSASLPasswordFile, "%s is empty: it must hold the SASL password", s.SASLPasswordFile)
+		}
+		return p, nil
+	}
+	if s.SASLPassword == "" {
+		return "", &Error{Flag: settings.KafkaSASLPasswordFile.Flag, Env: settings.KafkaSASLPasswordEnv + " or " + settings.KafkaSASLPasswordFile.Env,
+			Msg: fmt.Sprintf("--kafka-sasl-mechanism %s needs a password: set %s, or name a file holding it", s.SASLMechanism, settings.KafkaSASLPasswordEnv)}
+	}
+	return s.SASLPassword, nil
+}
+
+func (s Security) caPool() (*x509.CertPool, *Error) {
+	b, err := os.ReadFile(s.CAFile)
+	if err != nil {
+		return nil, problem(settings.KafkaCA, "cannot read the CA file: %v", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, problem(settings.KafkaCA, "%s holds no PEM certificate", s.CAFile)
+	}
+	return pool, nil
+}
+
+// tlsConfig returns the TLS configuration of s, nil without TLS.
+func (s Security) tlsConfig() (*tls.Config, error) {
+	if !s.usesTLS() {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: s.ServerName}
+	if s.CAFile != "" {
+		pool, err := s.caPool()
+		if err != nil {
+			return nil, err
+		}
+		cfg.RootCAs = pool
+	}
+	if s.CertFile != "" || s.KeyFile != "" {
+		if s.CertFile == "" || s.KeyFile == "" {
+			return nil, s.Check()
+		}
+		cert, err := tls.LoadX509KeyPair(s.CertFile, s.KeyFile)
+		if err != nil {
+			return nil, problem(settings.KafkaCert, "cannot load the client certificate %s with the key of --kafka-key %s: %v", s.CertFile, s.KeyFile, err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
+
+// mechanism returns the SASL mechanism of s, nil without SASL.
+func (s Security) mechanism() (sasl.Mechanism, error) {
+	if s.SASLMechanism == "" {
+		return nil, nil
+	}
+	if err := s.Check(); err != nil {
+		return nil, err
+	}
+	pass, perr := s.password()
+	if perr != nil {
+		return nil, perr
+	}
+	switch s.SASLMechanism {
+	case "PLAIN":
+		return plain.Mechanism{Username: s.SASLUser, Password: pass}, nil
+	case "SCRAM-SHA-256":
+		return scram.Mechanism(scram.SHA256, s.SASLUser, pass)
+	default: // SCRAM-SHA-512; Check rejects any other
+		return scram.Mechanism(scram.SHA512, s.SASLUser, pass)
+	}
+}
+
+// Kafka returns a transport (for kafka.Client and kafka.Writer) and a dialer
+// (for kafka.Reader and kafka.Conn) that connect with s's TLS and SASL. The
+// caller closes the transport's idle connections when done.
+func Kafka(s Security) (*kafka.Transport, *kafka.Dialer, error) {
+	if err := s.Check(); err != nil {
+		return nil, nil, err
+	}
+	tlsCfg, err := s.tlsConfig()
+	if err != nil {
+		return nil, nil, err
+	}
+	mech, err := s.mechanism()
+	if err != nil {
+		return nil, nil, err
+	}
+	transport := &kafka.Transport{DialTimeout: DialTimeout, IdleTimeout: 30 * time.Second, MetadataTTL: 5 * time.Second, TLS: tlsCfg, SASL: mech}
+	dialer := &kafka.Dialer{Timeout: DialTimeout, DualStack: true, TLS: tlsCfg, SASLMechanism: mech}
+	return transport, dialer, nil
+}
+
+// Client returns a kafka.Client on brokers with s's TLS and SASL, and the
+// function that closes its connections.
+func Client(brokers []string, s Security) (*kafka.Client, func(), error) {
+	transport, _, err := Kafka(s)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: transport}, transport.CloseIdleConnections, nil
+}
+
+// SecurityError is a first request to Kafka that failed for a reason of the
+// security settings: the SASL login was refused or a certificate did not
+// verify. Its message names the setting to fix.
+type SecurityError struct {
+	msg string
+	err error
+}
+
+func (e *SecurityError) Error() string { return e.msg + ": " + e.err.Error() }
+func (e *SecurityError) Unwrap() error { return e.err }
+
+func securityError(err error, format string, args ...any) error {
+	return &SecurityError{msg: fmt.Sprintf(format, args...), err: err}
+}
+
+// IsSecurity reports whether err holds a *SecurityError.
+func IsSecurity(err error) bool {
+	var se *SecurityError
+	return errors.As(err, &se)
+}
+
+// Explain turns an error of a first request to Kafka at brokers into one
+// that names the setting to fix, when it is a refused SASL login or a
+// certificate that does not verify; other errors come back unchanged.
+func Explain(err error, brokers []string, s Security) error {
+	if err == nil || IsSecurity(err) {
+		return err
+	}
+	at := strings.Join(brokers, ",")
+	var unknownCA x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	var recordHeader tls.RecordHeaderError
+	msg := err.Error()
+	switch {
+	case errors.Is(err, kafka.SASLAuthenticationFailed) || strings.Contains(msg, "SASL Authentication failed") || strings.Contains(msg, "Authentication failed during authentication"):
+		return securityError(err, "Kafka at %s refused the SASL credentials of --kafka-sasl-user (%s) %q with --kafka-sasl-mechanism %s: check the user and the password (%s or --kafka-sasl-password-file)",
+			at, settings.KafkaSASLUser.Env, s.SASLUser, s.SASLMechanism, settings.KafkaSASLPasswordEnv)
+	case errors.Is(err, kafka.UnsupportedSASLMechanism) || errors.Is(err, kafka.IllegalSASLState):
+		return securityError(err, "Kafka at %s does not accept --kafka-sasl-mechanism (%s) %s", at, settings.KafkaSASLMechanism.Env, s.SASLMechanism)
+	case errors.As(err, &unknownCA) || strings.Contains(msg, "certificate signed by unknown authority"):
+		return securityError(err, "the certificate of Kafka at %s is signed by an unknown authority: check --kafka-ca (%s) %q", at, settings.KafkaCA.Env, s.CAFile)
+	case errors.As(err, &hostname):
+		return securityError(err, "the certificate of Kafka at %s is not valid for the name the client verifies: set --kafka-server-name (%s) to a name it holds", at, settings.KafkaServerName.Env)
+	case errors.As(err, &invalid):
+		return securityError(err, "the certificate of Kafka at %s is not valid: check --kafka-ca (%s)", at, settings.KafkaCA.Env)
+	case errors.As(err, &recordHeader) || strings.Contains(msg, "first record does not look like a TLS handshake"):
+		return securityError(err, "Kafka at %s does not speak TLS: drop --kafka-tls (%s) and the other TLS settings, or use the brokers' TLS listener", at, settings.KafkaTLS.Env)
+	case !s.usesTLS() && s.SASLMechanism == "" && (strings.Contains(msg, "EOF")):
+		return fmt.Errorf("Kafka at %s closed the connection (if its listener uses TLS or SASL, set --kafka-tls (%s) and the SASL settings): %w", at, settings.KafkaTLS.Env, err)
+	}
+	return err
+}
+
+// Env returns s as environment variables (NAME=value) for a child process,
+// the password included only as the file that holds it (a password given
+// in KFN_KAFKA_SASL_PASSWORD reaches a child through its inherited
+// environment).
+func (s Security) Env() []string {
+	var env []string
+	add := func(name, v string) {
+		if v != "" {
+			env = append(env, name+"="+v)
+		}
+	}
+	if s.TLS {
+		add(settings.KafkaTLS.Env, "true")
+	}
+	add(settings.KafkaCA.Env, s.CAFile)
+	add(settings.KafkaCert.Env, s.CertFile)
+	add(settings.KafkaKey.Env, s.KeyFile)
+	add(settings.KafkaServerName.Env, s.ServerName)
+	add(settings.KafkaSASLMechanism.Env, s.SASLMechanism)
+	add(settings.KafkaSASLUser.Env, s.SASLUser)
+	add(settings.KafkaSASLPasswordFile.Env, s.SASLPasswordFile)
+	return env
+}

@@ -1,0 +1,73 @@
+package kafkaconn_test
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/internal/settings"
+)
+
+func TestBadSecuritySettingsNameTheSetting(t *testing.T) {
+	dir := t.TempDir()
+	notPEM := filepath.Join(dir, "not.pem")
+	if err := os.WriteFile(notPEM, []byte("hello"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		s    kafkaconn.Security
+		want []string
+	}{
+		{"SASL without user", kafkaconn.Security{SASLMechanism: "SCRAM-SHA-512", SASLPassword: "p"}, []string{"--kafka-sasl-user (KFN_KAFKA_SASL_USER)", "needs a user"}},
+		{"SASL without password", kafkaconn.Security{SASLMechanism: "PLAIN", SASLUser: "u"}, []string{"KFN_KAFKA_SASL_PASSWORD", "--kafka-sasl-password-file", "needs a password"}},
+		{"unreadable password file", kafkaconn.Security{SASLMechanism: "PLAIN", SASLUser: "u", SASLPasswordFile: filepath.Join(dir, "missing")}, []string{"--kafka-sasl-password-file (KFN_KAFKA_SASL_PASSWORD_FILE)", "cannot read"}},
+		{"unknown mechanism", kafkaconn.Security{SASLMechanism: "GSSAPI", SASLUser: "u", SASLPassword: "p"}, []string{"--kafka-sasl-mechanism (KFN_KAFKA_SASL_MECHANISM)", "GSSAPI"}},
+		{"user without mechanism", kafkaconn.Security{SASLUser: "u"}, []string{"--kafka-sasl-mechanism", "not set"}},
+		{"cert without key", kafkaconn.Security{CertFile: notPEM}, []string{"--kafka-key (KFN_KAFKA_KEY)", "without its private key"}},
+		{"key without cert", kafkaconn.Security{KeyFile: notPEM}, []string{"--kafka-cert (KFN_KAFKA_CERT)", "without its certificate"}},
+		{"unreadable CA", kafkaconn.Security{CAFile: filepath.Join(dir, "missing-ca.pem")}, []string{"--kafka-ca (KFN_KAFKA_CA)", "cannot read the CA file"}},
+		{"CA not PEM", kafkaconn.Security{CAFile: notPEM}, []string{"--kafka-ca (KFN_KAFKA_CA)", "no PEM certificate"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := kafkaconn.Kafka(tc.s)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestPasswordComesFromTheEnvironmentOrAFileNeverAFlag(t *testing.T) {
+	t.Setenv(settings.KafkaSASLPasswordEnv, "from-env")
+	t.Setenv("KFN_KAFKA_SASL_MECHANISM", "SCRAM-SHA-256")
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	var s kafkaconn.Security
+	s.Bind(settings.NewBinder(fs))
+	if err := fs.Parse([]string{"--kafka-sasl-user", "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	if fs.Lookup("kafka-sasl-password") != nil {
+		t.Fatal("a --kafka-sasl-password flag exists")
+	}
+	if s.SASLPassword != "from-env" || s.SASLMechanism != "SCRAM-SHA-256" || s.SASLUser != "alice" {
+		t.Fatalf("bound %+v", s)
+	}
+	if _, _, err := kafkaconn.Kafka(s); err != nil {
+		t.Fatal(err)
+	}
+	pw := filepath.Join(t.TempDir(), "pw")
+	os.WriteFile(pw, []byte("from-file\n"), 0o600)
+	s.SASLPasswordFile = pw
+	if _, d, err := kafkaconn.Kafka(s); err != nil || d.SASLMechanism == nil {
+		t.Fatal(err)
+	}
+}
