@@ -143,9 +143,7 @@ ON CONFLICT (consumer, topic, partition, record_key) DO UPDATE SET blocking_offs
 // KeyParkedError is the error of a key_parked dead letter: the offset of
 // the dead letter it waits behind.
 func KeyParkedError(blockingOffset int64) string {
-	return fmt.Sprintf("key parked: the record of this key at offset %d was dead-lettered (or waits to be retried), "+
-		"so this record waits behind it; it is applied, in offset order, once that one is retried successfully "+
-		"(kfn dlq retry) or discarded (kfn dlq discard)", blockingOffset)
+	return fmt.Sprintf("key parked behind the dead letter at offset %d: applied in offset order once that one is retried or discarded", blockingOffset)
 }
 
 // MarkParkedForRetry marks the key_parked letters of p at offsets for
