@@ -441,3 +441,21 @@ func TestParkKeyWithABatchHandler(t *testing.T) {
 	b.check(t, b.fn, produced)
 	wantKeyOrder(t, b, 0, "K", []int64{0, 2, 4, 5})
 }
+
+// KeyOrder is checked when the worker starts: ParkKey is for
+// Kafka-triggered functions, and only Continue and ParkKey exist.
+func TestKeyOrderIsValidated(t *testing.T) {
+	b := setup(t, 1)
+	handler := func(context.Context, pgx.Tx, runtime.Record, *runtime.Events) error { return nil }
+	for _, tc := range []struct {
+		fn   runtime.Function
+		want string
+	}{
+		{runtime.Function{Name: "f", Subject: "s.>", KeyOrder: runtime.ParkKey, Handler: handler}, "function f: KeyOrder ParkKey is supported for Kafka-triggered functions (Topic) only"},
+		{runtime.Function{Name: "f", Topic: b.topic, KeyOrder: 7, Handler: handler}, "function f: KeyOrder KeyOrder(7) is neither Continue nor ParkKey"},
+	} {
+		if _, err := runtime.NewWorker(context.Background(), b.cfg, tc.fn); err == nil || err.Error() != tc.want {
+			t.Errorf("NewWorker(%+v) = %v; want %q", tc.fn.KeyOrder, err, tc.want)
+		}
+	}
+}
