@@ -35,7 +35,7 @@ type DeadLetter struct {
 	Value      []byte // the value, or its first bytes when ValueSHA256 is set
 	Headers    []Header
 	RecordTime time.Time
-	Reason     string // short machine-friendly cause: handler_error, permanent, panic, oversized, timeout, data_error
+	Reason     string // short machine-friendly cause: handler_error, permanent, panic, oversized, timeout, data_error, parked, key_parked
 	Error      string // the full error text
 	Attempts   int
 	DeadAt     time.Time
@@ -263,15 +263,26 @@ const (
 // tx, and writes one audit row (action "discard") per dead letter with the
 // actor and the reason. It returns what it deleted, without the values.
 // The records' inbox rows stay: they are still handled (dead-lettered), so
-// neither a worker nor an idempotent replay applies them.
+// neither a worker nor an idempotent replay applies them. A discarded dead
+// letter that parked its key (a function with KeyOrder ParkKey) releases
+// it, in tx: see DiscardAndRelease.
 func DiscardDeadLetters(ctx context.Context, tx pgx.Tx, f DeadLetterFilter, actor, reason string) ([]DeadLetter, error) {
+	dead, _, err := DiscardAndRelease(ctx, tx, f, actor, reason)
+	return dead, err
+}
+
+// DiscardAndRelease is DiscardDeadLetters, also returning the keys it
+// released (ReleaseKeys): those the discarded dead letters blocked, whose
+// key_parked letters are now marked for retry, to be applied in offset
+// order by the lanes.
+func DiscardAndRelease(ctx context.Context, tx pgx.Tx, f DeadLetterFilter, actor, reason string) ([]DeadLetter, []ReleasedKey, error) {
 	if reason == "" {
-		return nil, errors.New("discarding dead letters needs a reason for the audit log")
+		return nil, nil, errors.New("discarding dead letters needs a reason for the audit log")
 	}
 	f.WithoutValue = true
 	dead, err := findDeadLetters(ctx, tx, f, "FOR UPDATE")
 	if err != nil || len(dead) == 0 {
-		return nil, err
+		return nil, nil, err
 	}
 	ids := make([]int64, len(dead))
 	for i, d := range dead {
@@ -284,16 +295,24 @@ SELECT $1, $2, consumer, topic, partition,
                           'dead_at', dead_at, 'error', left(error, 200), 'reason', $3::text)
   FROM kfn.dead_letters WHERE id = ANY($4::bigint[]) ORDER BY id`, actor, ActionDiscard, reason, ids)
 	if err != nil {
-		return nil, fmt.Errorf("audit the discard of %d dead letters: %w", len(ids), err)
+		return nil, nil, fmt.Errorf("audit the discard of %d dead letters: %w", len(ids), err)
 	}
 	tag, err := tx.Exec(ctx, `DELETE FROM kfn.dead_letters WHERE id = ANY($1::bigint[])`, ids)
 	if err != nil {
-		return nil, fmt.Errorf("discard %d dead letters: %w", len(ids), err)
+		return nil, nil, fmt.Errorf("discard %d dead letters: %w", len(ids), err)
 	}
 	if tag.RowsAffected() != int64(len(ids)) {
-		return nil, fmt.Errorf("discard dead letters: deleted %d rows of the %d locked", tag.RowsAffected(), len(ids))
+		return nil, nil, fmt.Errorf("discard dead letters: deleted %d rows of the %d locked", tag.RowsAffected(), len(ids))
 	}
-	return dead, nil
+	refs := make([]LetterRef, len(dead))
+	for i, d := range dead {
+		refs[i] = LetterRef{Partition: d.Partition, Offset: d.Offset}
+	}
+	released, err := ReleaseKeys(ctx, tx, actor, "discarded", refs)
+	if err != nil {
+		return nil, nil, err
+	}
+	return dead, released, nil
 }
 
 // CountDeadLetters counts the dead letters f selects (its limit aside).
@@ -315,7 +334,8 @@ const purgeDeadLettersBatch = 1000
 // one audit row (action "purge", no partition: function and topic empty,
 // partition -1) with their count, the cut-off time, the actor and the
 // reason; none when there was nothing to delete. It returns the cut-off and
-// the count. Like DiscardDeadLetters, it leaves the inbox alone.
+// the count. Like DiscardDeadLetters, it leaves the inbox alone, and it
+// releases the keys the purged dead letters parked (ReleaseKeys).
 func PurgeDeadLetters(ctx context.Context, db TxStarter, olderThan time.Duration, actor, reason string) (before time.Time, n int64, err error) {
 	if olderThan <= 0 {
 		return time.Time{}, 0, fmt.Errorf("purge dead letters: the age must be positive, not %s", olderThan)
@@ -327,13 +347,29 @@ func PurgeDeadLetters(ctx context.Context, db TxStarter, olderThan time.Duration
 		for {
 			// In batches: each statement stays short (a worker's sessions
 			// have a statement timeout), the oldest rows first found.
-			tag, err := tx.Exec(ctx, `
-DELETE FROM kfn.dead_letters WHERE id IN (SELECT id FROM kfn.dead_letters WHERE dead_at < $1 LIMIT $2)`, before, purgeDeadLettersBatch)
+			rows, err := tx.Query(ctx, `
+DELETE FROM kfn.dead_letters WHERE id IN (SELECT id FROM kfn.dead_letters WHERE dead_at < $1 LIMIT $2)
+RETURNING consumer, topic, partition, "offset"`, before, purgeDeadLettersBatch)
 			if err != nil {
 				return err
 			}
-			n += tag.RowsAffected()
-			if tag.RowsAffected() < purgeDeadLettersBatch {
+			var refs []LetterRef
+			var ref LetterRef
+			_, err = pgx.ForEachRow(rows, []any{&ref.Partition.Consumer, &ref.Partition.Topic, &ref.Partition.Partition, &ref.Offset}, func() error {
+				refs = append(refs, ref)
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			// A purged dead letter that parked its key releases it, as a
+			// discard does: otherwise the key would wait for a letter no one
+			// can retry any more.
+			if _, err := ReleaseKeys(ctx, tx, actor, "purged", refs); err != nil {
+				return err
+			}
+			n += int64(len(refs))
+			if len(refs) < purgeDeadLettersBatch {
 				break
 			}
 		}

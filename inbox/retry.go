@@ -88,8 +88,10 @@ const defaultRetryLimit = 1000
 // audit row per letter, and notifies the workers at commit. It refuses
 // (marks not) what cannot be retried from its dead letter: an oversized
 // record (the letter keeps only part of it) and a record parked without its
-// bytes; both must be read again from Kafka (kfn replay). An ID with no dead
-// letter is refused too. A letter marked already is marked again, by this
+// bytes; both must be read again from Kafka (kfn replay). It refuses a
+// key_parked letter whose key is still parked behind an earlier dead letter
+// (ReleaseKeys marks it when that one goes). An ID with no dead letter is
+// refused too. A letter marked already is marked again, by this
 // request.
 func MarkForRetry(ctx context.Context, tx pgx.Tx, r RetryRequest) (RetryMarks, error) {
 	var res RetryMarks
@@ -110,27 +112,46 @@ func MarkForRetry(ctx context.Context, tx pgx.Tx, r RetryRequest) (RetryMarks, e
 	if ids == nil {
 		ids = []int64{}
 	}
+	// A key_parked letter whose key is still blocked by an earlier dead
+	// letter is refused: it must not be applied before that one. (The lane
+	// checks again when it applies a letter: see engine's retry.go.)
 	rows, err := tx.Query(ctx, `
-SELECT id, consumer, topic, partition, "offset", reason, attempts,
-       value_sha256 IS NOT NULL OR reason = 'oversized',
-       reason = $7 AND raw IS NULL AND record_key IS NULL AND value IS NULL AND record_time IS NULL
-           AND coalesce(cardinality(header_keys), 0) = 0
-  FROM kfn.dead_letters
- WHERE ($1 = '' OR consumer = $1) AND ($2 = '' OR topic = $2) AND ($3 < 0 OR partition = $3)
-   AND ($4 = '' OR reason = $4) AND (cardinality($5::bigint[]) = 0 OR id = ANY($5))
- ORDER BY consumer, topic, partition, "offset"
+SELECT d.id, d.consumer, d.topic, d.partition, d."offset", d.reason, d.attempts,
+       d.value_sha256 IS NOT NULL OR d.reason = 'oversized',
+       d.reason = $7 AND d.raw IS NULL AND d.record_key IS NULL AND d.value IS NULL AND d.record_time IS NULL
+           AND coalesce(cardinality(d.header_keys), 0) = 0,
+       (SELECT k.blocking_offset FROM kfn.parked_keys k
+         WHERE d.reason = $8 AND k.consumer = d.consumer AND k.topic = d.topic AND k.partition = d.partition
+           AND k.record_key = d.record_key AND k.blocking_offset < d."offset"),
+       (SELECT b.id FROM kfn.parked_keys k JOIN kfn.dead_letters b
+            ON b.consumer = k.consumer AND b.topic = k.topic AND b.partition = k.partition AND b."offset" = k.blocking_offset
+         WHERE d.reason = $8 AND k.consumer = d.consumer AND k.topic = d.topic AND k.partition = d.partition
+           AND k.record_key = d.record_key AND k.blocking_offset < d."offset")
+  FROM kfn.dead_letters d
+ WHERE ($1 = '' OR d.consumer = $1) AND ($2 = '' OR d.topic = $2) AND ($3 < 0 OR d.partition = $3)
+   AND ($4 = '' OR d.reason = $4) AND (cardinality($5::bigint[]) = 0 OR d.id = ANY($5))
+ ORDER BY d.consumer, d.topic, d.partition, d."offset"
  LIMIT $6
-   FOR UPDATE`, r.Function, r.Topic, r.Partition, r.DeadReason, ids, limit, ReasonParked)
+   FOR UPDATE OF d`, r.Function, r.Topic, r.Partition, r.DeadReason, ids, limit, ReasonParked, ReasonKeyParked)
 	if err != nil {
 		return res, fmt.Errorf("select dead letters to retry: %w", err)
 	}
 	found := map[int64]bool{}
 	var m RetryMark
 	var oversized, noBytes bool
+	var blockingOffset, blockerID *int64
 	_, err = pgx.ForEachRow(rows, []any{&m.ID, &m.Partition.Consumer, &m.Partition.Topic, &m.Partition.Partition, &m.Offset,
-		&m.DeadReason, &m.Attempts, &oversized, &noBytes}, func() error {
+		&m.DeadReason, &m.Attempts, &oversized, &noBytes, &blockingOffset, &blockerID}, func() error {
 		found[m.ID] = true
 		switch {
+		case blockingOffset != nil:
+			blocker := fmt.Sprintf("the dead letter at offset %d", *blockingOffset)
+			if blockerID != nil {
+				blocker = fmt.Sprintf("dead letter %d (offset %d)", *blockerID, *blockingOffset)
+			}
+			m.Refused = "key_parked: its key is parked behind " + blocker + ", which must be applied first; " +
+				"retry or discard that one, and this one follows it in offset order"
+			res.Refused = append(res.Refused, m)
 		case oversized:
 			m.Refused = "oversized: its dead letter keeps only part of the record, so it cannot be retried from there; re-read it from Kafka with `kfn replay` instead"
 			res.Refused = append(res.Refused, m)

@@ -68,7 +68,11 @@ type DiscardRequest struct {
 // their values.
 type DiscardResult struct {
 	DeadLetters []inbox.DeadLetter
-	DryRun      bool
+	// Released are the keys the discarded dead letters had parked (a
+	// function with KeyOrder ParkKey): their key_parked letters are now
+	// marked for retry, and the lanes apply them in offset order.
+	Released []inbox.ReleasedKey
+	DryRun   bool
 }
 
 // ErrDiscardEverything refuses a discard whose filter selects every dead
@@ -79,7 +83,8 @@ var ErrDiscardEverything = errors.New("the discard selects every dead letter: gi
 // transaction with one audit row per dead letter (action "discard"). When
 // the filter names ids, all of them must exist, or nothing is discarded.
 // The records stay handled: their inbox rows still say dead-lettered, so
-// nothing re-applies them.
+// nothing re-applies them. A discarded dead letter that parked its key
+// releases it in the same transaction (see DiscardResult.Released).
 func DiscardDeadLetters(ctx context.Context, pool *pgxpool.Pool, req DiscardRequest) (DiscardResult, error) {
 	if strings.TrimSpace(req.Reason) == "" {
 		return DiscardResult{}, errors.New("discarding dead letters needs a reason for the audit log")
@@ -102,14 +107,14 @@ func DiscardDeadLetters(ctx context.Context, pool *pgxpool.Pool, req DiscardRequ
 		return res, nil
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		dead, err := inbox.DiscardDeadLetters(ctx, tx, req.Filter, req.Actor, req.Reason)
+		dead, released, err := inbox.DiscardAndRelease(ctx, tx, req.Filter, req.Actor, req.Reason)
 		if err != nil {
 			return err
 		}
 		if err := allFound(req.Filter.IDs, dead); err != nil {
 			return err // rolled back: nothing discarded
 		}
-		res.DeadLetters = dead
+		res.DeadLetters, res.Released = dead, released
 		return nil
 	})
 	if err != nil {

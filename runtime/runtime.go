@@ -44,7 +44,9 @@
 //     kfn.dead_letters with its reason; a Permanent error, a panic, a
 //     handler that overruns --handler-timeout (abandoned if it ignores its
 //     ctx) and a record over --max-record-bytes are dead-lettered at once.
-//     Later records go on.
+//     Later records go on: all of them by default (Continue), or, with
+//     KeyOrder ParkKey, those of other keys, while the later records of the
+//     dead-lettered record's key wait behind it, in order.
 //
 // The handler must do all its work on tx, and nothing a retry would repeat
 // outside it (an HTTP call, a message sent): those are what Events are for.
@@ -83,9 +85,43 @@ import (
 // Its fields: Name (the consumer in the inbox tables and the lease group;
 // letters, digits, '-' and '_'); Topic, the Kafka topic it consumes, or
 // Subject (wildcards allowed) and Stream for a NATS-triggered function;
-// Emits, the subjects it emits events on; Handler or BatchHandler; and
-// Setup, which creates its tables at every start (idempotently).
+// Emits, the subjects it emits events on; Handler or BatchHandler; Setup,
+// which creates its tables at every start (idempotently); and KeyOrder,
+// what a dead-lettered record does to the later records of its key
+// (Continue, the default, or ParkKey).
 type Function = engine.Function
+
+// KeyOrder is what a dead-lettered record does to the later records of its
+// key on its partition: Function.KeyOrder, Continue (the default) or
+// ParkKey. It applies to Kafka-triggered functions.
+//
+// With Continue a poison record never holds anything back, but once it is
+// fixed and retried (kfn dlq retry) it is applied after the later records
+// of its key: out of order for that key. With ParkKey a key's records are
+// applied in offset order, but they wait until someone retries or discards
+// the dead letter they are parked behind:
+//
+//	runtime.Function{Name: "accounts", Topic: "accounts", KeyOrder: runtime.ParkKey, Handler: apply}
+//
+// A record of account A fails at offset 7 and is dead-lettered; A's records
+// at offsets 9 and 12 are dead-lettered with reason key_parked without
+// reaching the handler, while other accounts go on. Once the handler is
+// fixed, kfn dlq retry of offset 7 applies it and then 9 and 12, in that
+// order, before any later record of A; kfn dlq discard of offset 7 would
+// apply 9 and 12 without it. If 9 fails then, it parks 12 (and A's later
+// records) in turn.
+type KeyOrder = engine.KeyOrder
+
+const (
+	// Continue (the default): a dead-lettered record does not hold back
+	// anything; the later records of its key are applied as they come.
+	Continue = engine.Continue
+	// ParkKey: a dead-lettered record (any reason) also parks every later
+	// record with the same key from that partition, in offset order, until
+	// it is retried successfully or discarded; other keys go on. Records
+	// with no key are never parked.
+	ParkKey = engine.ParkKey
+)
 
 // Handler applies one record inside tx. Writes on tx commit together with
 // the record's inbox row and the emitted events, or not at all: returning

@@ -41,7 +41,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 }
 
 // deadLetterReasons are the reasons kfn dead-letters a record with.
-var deadLetterReasons = []string{"handler_error", "permanent", "panic", "timeout", "oversized", "data_error", "parked"}
+var deadLetterReasons = []string{"handler_error", "permanent", "panic", "timeout", "oversized", "data_error", "parked", "key_parked"}
 
 // filterFlags are the flags that select dead letters, shared by kfn dlq
 // list and kfn dlq discard.
@@ -413,7 +413,9 @@ them by id, or by the filters of kfn dlq list; here --reason is why you
 discard them, and --dead-reason selects by the dead letter's reason. A
 filter that selects every dead letter needs --all. With --dry-run it lists
 what would go and changes nothing; when ids are given, all must exist or
-nothing is discarded.
+nothing is discarded. A discarded dead letter that parked its key (a
+function with KeyOrder ParkKey) releases the key: its key_parked records
+are marked for retry, and its worker applies them in offset order.
 
 examples:
   kfn dlq discard 41 42 --reason "INC-7: test orders, not to be re-driven"
@@ -475,15 +477,25 @@ examples:
 		return err
 	}
 	if *asJSON {
+		type releasedJSON struct {
+			Partition      inbox.Partition `json:"partition"`
+			Key            []byte          `json:"key"`
+			BlockingOffset int64           `json:"blocking_offset"`
+			MarkedForRetry int             `json:"marked_for_retry"`
+		}
 		out := struct {
-			DryRun      bool             `json:"dry_run"`
-			Count       int              `json:"count"`
-			Actor       string           `json:"actor"`
-			Reason      string           `json:"reason"`
-			DeadLetters []deadLetterJSON `json:"dead_letters"`
+			DryRun       bool             `json:"dry_run"`
+			Count        int              `json:"count"`
+			Actor        string           `json:"actor"`
+			Reason       string           `json:"reason"`
+			DeadLetters  []deadLetterJSON `json:"dead_letters"`
+			ReleasedKeys []releasedJSON   `json:"released_keys,omitempty"`
 		}{DryRun: res.DryRun, Count: len(res.DeadLetters), Actor: who, Reason: *reason, DeadLetters: make([]deadLetterJSON, len(res.DeadLetters))}
 		for i, d := range res.DeadLetters {
 			out.DeadLetters[i] = summaryJSON(d)
+		}
+		for _, r := range res.Released {
+			out.ReleasedKeys = append(out.ReleasedKeys, releasedJSON{Partition: r.Partition, Key: r.Key, BlockingOffset: r.BlockingOffset, MarkedForRetry: r.Marked})
 		}
 		return writeJSON(stdout, out)
 	}
@@ -500,6 +512,10 @@ examples:
 	}
 	fmt.Fprintf(stdout, "discarded %s for good, audited as %s (%s); the records stay dead-lettered in the inbox, so nothing re-applies them\n",
 		plural(len(res.DeadLetters), "dead letter"), who, *reason)
+	for _, r := range res.Released {
+		fmt.Fprintf(stdout, "released key %s of %s (parked behind offset %d): %s marked for retry, applied in offset order by its worker\n",
+			printable(r.Key), r.Partition, r.BlockingOffset, plural(r.Marked, "parked record"))
+	}
 	return nil
 }
 

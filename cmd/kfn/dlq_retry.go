@@ -23,7 +23,7 @@ func runDLQRetry(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	function := fs.String("function", "", "retry the dead letters of this function (required unless --id is given)")
 	topic := fs.String("topic", "", "only those of this topic (or subject)")
 	partition := fs.Int("partition", -1, "only those of this partition (-1: every partition)")
-	deadReason := fs.String("dead-reason", "", "only those dead-lettered with this reason (handler_error, permanent, panic, timeout, data_error, parked)")
+	deadReason := fs.String("dead-reason", "", "only those dead-lettered with this reason (handler_error, permanent, panic, timeout, data_error, parked, key_parked)")
 	var ids idList
 	fs.Var(&ids, "id", "retry the dead letter with this id (kfn dlq lists them); repeat it or give a comma-separated list")
 	limit := fs.Int("limit", 1000, "at most this many dead letters")
@@ -44,7 +44,11 @@ applies nothing; its events get the ids a first apply would have had. A retry
 that fails again keeps the letter (its attempts grow, the new error is kept)
 and the partition goes on. An oversized record, or one parked without its
 bytes, cannot be retried from its dead letter: re-read it from Kafka with
-kfn replay instead. Without --wait it exits 1 when a letter was refused.
+kfn replay instead. For a function with KeyOrder ParkKey, a letter that
+parked its key releases it when it applies: the key's key_parked letters
+are then retried in offset order, with no command; a key_parked letter still
+parked behind an earlier letter is refused. Without --wait it exits 1 when a
+letter was refused.
 
 examples:
   # the one dead letter whose bug was fixed in v2, waiting for the outcome

@@ -35,6 +35,12 @@ type applier struct {
 	generation int // re-executions of the lane so far; part of event ids
 	tracker    tracker
 	log        *slog.Logger
+	// held is the lane's view of its partition's parked keys, for a
+	// function with KeyOrder ParkKey (parkkey.go); nil otherwise.
+	held *heldKeys
+	// wakeRetries makes the lane look for dead letters to retry before its
+	// next batch; nil when it does not retry.
+	wakeRetries func()
 }
 
 // newApplier returns the applier of one lane of fn, committing through
@@ -163,12 +169,30 @@ func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (*hand
 	}
 	duplicates := len(recs) - len(fresh)
 
-	work, oversized := a.selectWork(fresh, attempt)
-	for _, r := range oversized {
-		err := fmt.Errorf("record is %d bytes (key, value and headers), over the %d-byte limit (--max-record-bytes)", recordSize(r), a.cfg.MaxRecordBytes)
-		if err := a.writeDeadLetter(ctx, tx, r, "oversized", err, 0); err != nil {
+	held, checked, err := a.checkHeld(ctx, tx, fresh)
+	if err != nil {
+		return nil, err
+	}
+	work, dead := a.selectWork(fresh, attempt, held)
+	var parked, marked []int64
+	for _, d := range dead {
+		if err := a.writeDeadLetter(ctx, tx, d.rec, d.reason, d.err, 0); err != nil {
 			return nil, err
 		}
+		switch {
+		case d.reason == inbox.ReasonKeyParked:
+			parked = append(parked, d.rec.Offset)
+			if d.marked {
+				marked = append(marked, d.rec.Offset)
+			}
+		default: // oversized
+			if err := a.parkKey(ctx, tx, d.rec, held); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := inbox.MarkParkedForRetry(ctx, tx, a.part, marked, a.cfg.WorkerID); err != nil {
+		return nil, err
 	}
 
 	rows, emitted, failure := a.runHandlers(ctx, conn, tx, work, recs)
@@ -196,14 +220,47 @@ func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (*hand
 		return nil, fmt.Errorf("commit %d records of %s: %w", len(recs), a.part, err)
 	}
 
-	a.committed(recs[len(recs)-1], len(work), duplicates, len(oversized), "oversized")
+	deadReasons := make([]string, len(dead))
+	for i, d := range dead {
+		deadReasons[i] = d.reason
+	}
+	a.committed(recs[len(recs)-1], len(work), duplicates, deadReasons...)
 	a.stats.observeCommit(a.fn.Name, len(recs), work, began)
 	a.stats.TraceContextDropped.Add(int64(emitted.traceDropped))
 	a.stats.countFn(a.fn.Name, func(c *FunctionCounters) { c.TraceContextDropped += int64(emitted.traceDropped) })
-	for _, r := range oversized {
-		a.log.Warn("record dead-lettered", "offset", r.Offset, "reason", "oversized", "bytes", recordSize(r))
+	for _, d := range dead {
+		if d.reason != inbox.ReasonKeyParked {
+			a.log.Warn("record dead-lettered", "offset", d.rec.Offset, "reason", d.reason, "bytes", recordSize(d.rec))
+		}
 	}
+	a.keysChecked(held, checked, parked, marked)
 	return nil, nil
+}
+
+// keysChecked updates the lane's held keys after a batch's commit: the keys
+// the database said are free are dropped, and the records parked are
+// counted (those marked for retry behind their released key wake the
+// lane's retries).
+func (a *applier) keysChecked(held map[string]inbox.HeldKey, checked []string, parked, marked []int64) {
+	if a.held == nil {
+		return
+	}
+	var free []string
+	for _, k := range checked {
+		if _, ok := held[k]; !ok {
+			free = append(free, k)
+		}
+	}
+	a.held.drop(free)
+	if len(parked) > 0 {
+		a.stats.KeyParked.Add(int64(len(parked)))
+		a.stats.countFn(a.fn.Name, func(c *FunctionCounters) { c.KeyParked += int64(len(parked)) })
+		a.log.Warn("records parked behind an earlier dead letter of their key", "reason", inbox.ReasonKeyParked,
+			"count", len(parked), "first_offset", parked[0], "marked_for_retry", len(marked))
+	}
+	if len(marked) > 0 && a.wakeRetries != nil {
+		a.wakeRetries()
+	}
 }
 
 // dataError is a Postgres data error (pgdata.IsDataError) raised by kfn's own
@@ -258,18 +315,39 @@ func recordsFault(recs []Record, what string, err error) *handlerFailure {
 	return failure
 }
 
-// selectWork splits the fresh records into those to hand to the handler and
-// those too large to hand to anyone.
-func (a *applier) selectWork(fresh []Record, attempt int) (work, oversized []Record) {
+// deadRecord is a record of a batch that no handler gets: too large, or
+// parked behind an earlier dead letter of its key.
+type deadRecord struct {
+	rec    Record
+	reason string // oversized or key_parked
+	err    error
+	marked bool // key_parked behind a released key: marked for retry, to follow its key's parked records
+}
+
+// selectWork splits the fresh records, in order, into those to hand to the
+// handler and those no handler gets: a record whose key is held (held,
+// from checkHeld; nil when the function does not park keys) is parked
+// behind it, and a record too large to hand to anyone is dead-lettered.
+// With ParkKey an oversized record blocks its key (held gets it), so its
+// key's later records in the batch are parked behind it.
+func (a *applier) selectWork(fresh []Record, attempt int, held map[string]inbox.HeldKey) (work []Record, dead []deadRecord) {
 	for _, r := range fresh {
+		if k, ok := parks(held, r); ok {
+			dead = append(dead, deadRecord{rec: r, reason: inbox.ReasonKeyParked, err: keyParkedError(k), marked: k.Released})
+			continue
+		}
 		if recordSize(r) > a.cfg.MaxRecordBytes {
-			oversized = append(oversized, r)
+			err := fmt.Errorf("record is %d bytes (key, value and headers), over the %d-byte limit (--max-record-bytes)", recordSize(r), a.cfg.MaxRecordBytes)
+			dead = append(dead, deadRecord{rec: r, reason: "oversized", err: err})
+			if held != nil && r.Key != nil {
+				held[string(r.Key)] = inbox.HeldKey{Key: r.Key, Offset: r.Offset}
+			}
 			continue
 		}
 		r.Attempt = attempt
 		work = append(work, r)
 	}
-	return work, oversized
+	return work, dead
 }
 
 // recordSize is what --max-record-bytes limits: the key, the value and the
@@ -339,10 +417,13 @@ func (a *applier) deadLetter(ctx context.Context, rec Record, cause error, attem
 	if err := a.writeDeadLetter(ctx, tx, rec, failureReason(cause), cause, attempts); err != nil {
 		return err
 	}
+	if err := a.parkKey(ctx, tx, rec, nil); err != nil {
+		return err
+	}
 	if err := tx.Commit(context.WithoutCancel(ctx)); err != nil { // as in commit
 		return fmt.Errorf("commit dead letter %s@%d: %w", a.part, rec.Offset, err)
 	}
-	a.committed(rec, 0, 0, 1, failureReason(cause))
+	a.committed(rec, 0, 0, failureReason(cause))
 	a.log.Warn("record dead-lettered", "offset", rec.Offset, "reason", failureReason(cause), "attempts", attempts, "err", firstLine(cause))
 	return nil
 }
@@ -353,9 +434,10 @@ const deadLetterValuePrefix = 4 << 10
 
 // writeDeadLetter records rec as dead-lettered in the lane's inbox and
 // parks it in kfn.dead_letters. The dead letter holds the record's bytes as
-// they are; if Postgres still refuses it with a data error, inbox stores the
-// record as a raw blob instead, so the write commits whatever the record
-// holds.
+// they are (bounded as an oversized record's when rec is over
+// --max-record-bytes, whatever the reason); if Postgres still refuses it
+// with a data error, inbox stores the record as a raw blob instead, so the
+// write commits whatever the record holds.
 func (a *applier) writeDeadLetter(ctx context.Context, tx pgx.Tx, rec Record, reason string, cause error, attempts int) error {
 	if err := a.tracker.markDeadLettered(ctx, tx, rec); err != nil {
 		return err
@@ -364,7 +446,7 @@ func (a *applier) writeDeadLetter(ctx context.Context, tx pgx.Tx, rec Record, re
 		Partition: a.part, Offset: rec.Offset, Key: rec.Key, Value: rec.Value, Headers: DeadLetterHeaders(rec),
 		RecordTime: rec.Time, Reason: reason, Error: cause.Error(), Attempts: attempts,
 	}
-	if reason == "oversized" {
+	if reason == "oversized" || recordSize(rec) > a.cfg.MaxRecordBytes {
 		boundOversized(&d, a.cfg.MaxRecordBytes)
 	}
 	raw, err := inbox.WriteDeadLetter(ctx, tx, d)
@@ -400,19 +482,19 @@ func boundOversized(d *inbox.DeadLetter, limit int) {
 
 // committed moves the lane past last after a successful commit.
 // The dead letters, if any, are counted under reason.
-func (a *applier) committed(last Record, applied, duplicates, deadLettered int, reason string) {
+func (a *applier) committed(last Record, applied, duplicates int, deadReasons ...string) {
 	a.tracker.committed(last)
 	st := a.stats
 	st.Applied.Add(int64(applied))
 	st.Duplicates.Add(int64(duplicates))
-	st.DeadLettered.Add(int64(deadLettered))
+	st.DeadLettered.Add(int64(len(deadReasons)))
 	st.Batches.Add(1)
 	st.countFn(a.fn.Name, func(c *FunctionCounters) {
 		c.Applied += int64(applied)
 		c.Duplicates += int64(duplicates)
 		c.Batches++
-		if deadLettered > 0 {
-			c.DeadLettered[reason] += int64(deadLettered)
+		for _, reason := range deadReasons {
+			c.DeadLettered[reason]++
 		}
 	})
 	st.update(a.fn.Name, a.part.Topic, a.part.Partition, func(p *PartitionStats) {

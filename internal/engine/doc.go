@@ -172,6 +172,15 @@
 //     letter only while it is still marked, before it runs the handler: a
 //     zombie's retry is refused by the fence, and a letter is applied once
 //     however often it is retried (retry.go).
+//   - Parked keys (KeyOrder ParkKey): a dead-lettered record blocks its key
+//     on its partition in the dead letter's transaction (kfn.parked_keys,
+//     written under the lane's fence), and the key's later records are
+//     dead-lettered as key_parked without reaching the handler. Retrying
+//     the blocker successfully, or discarding or purging it, releases the
+//     key in that transaction and marks its parked letters for retry; the
+//     lane applies them in offset order before any later record of the key
+//     reaches the handler, and one that fails blocks the key again
+//     (parkkey.go has the ordering argument).
 //   - NATS state lost (the lease bucket deleted or wiped): the workers
 //     create it again by themselves, its tokens starting above the largest
 //     epoch in kfn.cursors and the largest revision they saw (package lease,

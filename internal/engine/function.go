@@ -42,6 +42,48 @@ type Function struct {
 	// Setup creates the function's business tables. It runs in a transaction
 	// at every start and must be idempotent (CREATE TABLE IF NOT EXISTS …).
 	Setup func(ctx context.Context, tx pgx.Tx) error
+	// KeyOrder says what a dead-lettered record does to the later records
+	// of its key (Kafka-triggered functions only). Continue, the default:
+	// nothing; they are applied, possibly before the dead-lettered record
+	// is fixed and retried. ParkKey: they wait behind it, so a key's records
+	// are applied in offset order, at the cost of waiting until someone
+	// retries or discards the dead letter (kfn dlq retry, kfn dlq discard).
+	KeyOrder KeyOrder
+}
+
+// KeyOrder is what a dead-lettered record does to the later records of
+// its key, on its partition.
+type KeyOrder int
+
+const (
+	// Continue keeps a dead-lettered record from holding anything back: the
+	// later records of its key are applied as they come. A poison record
+	// never stalls its key, but once it is fixed and retried it is applied
+	// after them: out of order for that key.
+	Continue KeyOrder = iota
+	// ParkKey keeps per-key order: a dead-lettered record (for any reason:
+	// a handler error after its retries, a Permanent error, a panic, a
+	// timeout, a data error, an oversized record) also parks every later
+	// record with the same key from that partition, in offset order, while
+	// other keys go on. Each of those is dead-lettered with reason
+	// key_parked without reaching the handler. When the blocking dead
+	// letter is retried successfully (kfn dlq retry) or discarded (kfn dlq
+	// discard, or purged), the key is released and its parked records are
+	// applied in offset order, before any later record of the key; one that
+	// fails then blocks the key in turn. Records with no key are never
+	// parked.
+	ParkKey
+)
+
+func (o KeyOrder) String() string {
+	switch o {
+	case Continue:
+		return "Continue"
+	case ParkKey:
+		return "ParkKey"
+	default:
+		return fmt.Sprintf("KeyOrder(%d)", int(o))
+	}
 }
 
 // Handler applies one record inside tx. Writes on tx commit together with
@@ -192,6 +234,10 @@ func (f Function) validate() error {
 		return fmt.Errorf("function %s: set Handler or BatchHandler", f.Name)
 	case f.Handler != nil && f.BatchHandler != nil:
 		return fmt.Errorf("function %s: set only one of Handler and BatchHandler", f.Name)
+	case f.KeyOrder != Continue && f.KeyOrder != ParkKey:
+		return fmt.Errorf("function %s: KeyOrder %v is neither Continue nor ParkKey", f.Name, f.KeyOrder)
+	case f.KeyOrder == ParkKey && f.Subject != "":
+		return fmt.Errorf("function %s: KeyOrder ParkKey is supported for Kafka-triggered functions (Topic) only", f.Name)
 	}
 	for _, s := range f.Emits {
 		if err := outbox.CheckSubjectPattern(s); err != nil {

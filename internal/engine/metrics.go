@@ -20,7 +20,7 @@ type metricsCollector struct {
 	relayed, relayDuplicates, relayFailures, relayLatency       *prometheus.Desc
 	infraRetries, traceDropped                                  *prometheus.Desc
 	abandoned, abandonedRunning, commitRepliesLost              *prometheus.Desc
-	deadLetterRetries                                           *prometheus.Desc
+	deadLetterRetries, parkedKeys, keyParked                    *prometheus.Desc
 
 	// issue 12: outbox, stalled lanes, leases, relay ack latency (metrics_ops.go)
 	ops *opsMetrics
@@ -55,6 +55,8 @@ func newMetricsCollector(wk *Worker) *metricsCollector {
 		commitRepliesLost: d("commit_replies_lost_total", "Commits that landed although their reply was lost; the lane resumed from the stored cursor.", "function"),
 		deadLetterRetries: d("dead_letter_retries_total", "Dead letters marked for retry (kfn dlq retry) that this worker applied (outcome applied) or whose retry failed again (outcome failed: the letter stays).", "function", "outcome"),
 		ops:               newOpsMetrics(wk.w),
+		parkedKeys:        d("parked_keys", "Keys whose records are held back in this worker's partitions (KeyOrder ParkKey): parked behind a dead letter until it is retried or discarded, or released with parked records still to retry.", "function"),
+		keyParked:         d("records_key_parked_total", "Records dead-lettered with reason key_parked: parked behind an earlier dead letter of their key (KeyOrder ParkKey). Also in kfn_records_dead_lettered_total.", "function"),
 	}
 }
 
@@ -89,6 +91,7 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		fc(c.traceDropped, f.TraceContextDropped)
 		fc(c.abandoned, f.AbandonedHandlers)
 		fc(c.commitRepliesLost, f.CommitRepliesLost)
+		fc(c.keyParked, f.KeyParked)
 		ch <- prometheus.MustNewConstMetric(c.abandonedRunning, prometheus.GaugeValue, float64(f.AbandonedHandlersRunning), name)
 		ch <- prometheus.MustNewConstMetric(c.deadLetterRetries, prometheus.CounterValue, float64(f.DeadLetterRetriesApplied), name, "applied")
 		ch <- prometheus.MustNewConstMetric(c.deadLetterRetries, prometheus.CounterValue, float64(f.DeadLetterRetriesFailed), name, "failed")
@@ -102,11 +105,18 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	c.ops.collect(ch, s, fns)
+	parked := map[string]int{}
 	for _, p := range s.Partitions() {
 		labels := []string{p.Function, p.Topic, strconv.Itoa(int(p.Partition))}
 		ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(p.Lag()), labels...)
 		ch <- prometheus.MustNewConstMetric(c.cursor, prometheus.GaugeValue, float64(p.NextOffset), labels...)
 		ch <- prometheus.MustNewConstMetric(c.epoch, prometheus.GaugeValue, float64(p.Epoch), labels...)
+		parked[p.Function] += p.ParkedKeys
+	}
+	for _, fn := range c.wk.w.fns {
+		if fn.KeyOrder == ParkKey {
+			ch <- prometheus.MustNewConstMetric(c.parkedKeys, prometheus.GaugeValue, float64(parked[fn.Name]), fn.Name)
+		}
 	}
 	problems, checked := c.wk.w.ready.state()
 	ready := 0.0

@@ -17,7 +17,7 @@ import (
 
 // deadLetterReasons are the reasons a record is dead-lettered with; each
 // function exposes a series for every one, zero until it happens.
-var deadLetterReasons = []string{"panic", "timeout", "data_error", "permanent", "handler_error", "oversized"}
+var deadLetterReasons = []string{"panic", "timeout", "data_error", "permanent", "handler_error", "oversized", "key_parked"}
 
 // outboxSampleEvery is how long an outbox sample serves scrapes; the query
 // runs at most this often, and with outboxSampleTimeout.

@@ -16,10 +16,12 @@ import (
 type FunctionCounters struct {
 	Applied, Duplicates, Retries, Batches, InfraRetries, Fenced int64
 	// DeadLettered is per reason (panic, timeout, data_error, permanent,
-	// handler_error, oversized).
+	// handler_error, oversized, key_parked).
 	DeadLettered                                                                        map[string]int64
 	TraceContextDropped, AbandonedHandlers, AbandonedHandlersRunning, CommitRepliesLost int64
 	DeadLetterRetriesApplied, DeadLetterRetriesFailed                                   int64
+	// KeyParked counts records dead-lettered as key_parked (KeyOrder ParkKey).
+	KeyParked int64
 	// Leases is how many lanes (partitions or subjects) of the function this
 	// worker holds now.
 	Leases int64

@@ -36,7 +36,15 @@ func (w *worker) runPartition(ctx context.Context, fn Function, partition int32,
 	}
 	log := w.cfg.Logger.With("function", fn.Name, "topic", fn.Topic, "partition", partition, "epoch", token)
 	pr := &partitionRun{applier: w.newApplier(fn, part, token, lane, log), w: w, cursor: cursor}
+	if fn.KeyOrder == ParkKey {
+		pr.held = newHeldKeys(func(n int) {
+			w.stats.update(fn.Name, fn.Topic, partition, func(p *PartitionStats) { p.ParkedKeys = n })
+		})
+	}
 	pr.retry = w.retries.register(pr.applier, "")
+	if pr.retry != nil {
+		pr.wakeRetries = pr.retry.signal
+	}
 	defer w.retries.unregister(pr.retry)
 	defer w.stats.drop(fn.Name, fn.Topic, partition)
 	defer w.stats.laneHeld(fn.Name)()
@@ -144,7 +152,9 @@ func (pr *partitionRun) claim(ctx context.Context) error {
 	pr.w.stats.update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *PartitionStats) {
 		p.Epoch, p.NextOffset, p.HighWater = pr.token, pr.cursor.next, high
 	})
-	return nil
+	// The keys parked by earlier owners (KeyOrder ParkKey). Only the owner
+	// parks keys, so from here on the lane's memory holds every one.
+	return pr.reloadHeld(ctx)
 }
 
 // fetch blocks for the first record, then gathers more until the batch is

@@ -43,7 +43,15 @@ import (
 // marked letters), and runs it at once when notified on
 // inbox.RetryNotifyChannel (MarkForRetry notifies at commit; a LISTEN
 // connection of the worker's own). It wakes the lanes it owns that have
-// marked letters; a lane waiting for records stops waiting.
+// marked letters, and those holding parked keys (they read them again); a
+// lane waiting for records stops waiting.
+//
+// Parked keys (KeyOrder ParkKey, parkkey.go): applying a letter that
+// blocks its key releases the key in the same transaction, marking its
+// key_parked letters for retry; a key_parked letter is not applied while
+// its key is parked behind an earlier letter (it is unmarked, and audited
+// as a failed retry saying so); one whose retry fails blocks its key in
+// turn, in the transaction that records the failure.
 
 // retryPollEvery is how often a worker looks for dead letters marked for
 // retry, besides the notifications.
@@ -110,6 +118,18 @@ func (r *retryLanes) signal(p inbox.Partition) {
 	}
 }
 
+// signalHolding wakes the lanes that hold parked keys (KeyOrder ParkKey),
+// so that they read their partition's parked keys again.
+func (r *retryLanes) signalHolding() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, l := range r.lanes {
+		if l.a.held != nil && l.a.held.count.Load() > 0 {
+			l.signal()
+		}
+	}
+}
+
 func (l *retryLane) signal() {
 	l.pending.Store(true)
 	select {
@@ -168,29 +188,51 @@ func (l *retryLane) applyPending(ctx context.Context) error {
 		if len(ids) == retryChunk {
 			l.signal() // more after the next batch
 		}
-		return nil
+		// Keys released by others (a discard) are free again, or held
+		// until their parked records are applied.
+		return l.a.reloadHeld(ctx)
 	})
 }
 
 // retry applies dead letter id, or records why it could not.
 func (l *retryLane) retry(ctx context.Context, id int64) error {
-	letter, cause, err := l.tryApply(ctx, id)
-	if err != nil || cause == nil {
+	letter, released, cause, err := l.tryApply(ctx, id)
+	if err != nil {
 		return err
 	}
-	return l.recordFailure(ctx, letter, cause)
+	if cause != nil {
+		return l.recordFailure(ctx, letter, cause)
+	}
+	// A blocker applied: its key's parked records are marked for retry,
+	// and the key stays held until they are applied.
+	for _, r := range released {
+		if l.a.held != nil {
+			if r.Marked > 0 {
+				l.a.held.set(inbox.HeldKey{Key: r.Key, Offset: r.BlockingOffset, Released: true})
+			} else {
+				l.a.held.drop([]string{string(r.Key)})
+			}
+		}
+		l.a.log.Info("key released: its blocking dead letter was retried; its parked records follow in offset order",
+			"key", describeKey(r.Key), "blocking_offset", r.BlockingOffset, "parked_records", r.Marked)
+		if r.Marked > 0 {
+			l.signal()
+		}
+	}
+	return nil
 }
 
 // tryApply takes letter id and applies its record in one fenced
 // transaction. cause is why the retry failed (the transaction rolled back,
 // the letter is back); err is an infrastructure error or an
 // *inbox.FencedError. Both are nil when the record was applied or the
-// letter was not there to take.
-func (l *retryLane) tryApply(ctx context.Context, id int64) (letter inbox.RetryLetter, cause, err error) {
+// letter was not there to take. released are the keys the letter blocked
+// (KeyOrder ParkKey), released in the same transaction.
+func (l *retryLane) tryApply(ctx context.Context, id int64) (letter inbox.RetryLetter, released []inbox.ReleasedKey, cause, err error) {
 	a := l.a
 	conn, tx, err := a.begin(ctx)
 	if err != nil {
-		return letter, nil, err
+		return letter, nil, nil, err
 	}
 	abandoned := false
 	defer func() {
@@ -201,18 +243,30 @@ func (l *retryLane) tryApply(ctx context.Context, id int64) (letter inbox.RetryL
 		conn.pooled.Release()
 	}()
 	if err := inbox.FenceLane(ctx, tx, a.part, a.token); err != nil {
-		return letter, nil, err
+		return letter, nil, nil, err
 	}
 	letter, found, err := inbox.TakeForRetry(ctx, tx, a.part, id)
 	switch {
 	case !found:
-		return letter, nil, err
+		return letter, nil, nil, err
 	case err != nil: // its bytes do not decode
-		return letter, err, nil
+		return letter, nil, err, nil
+	}
+	_, kafkaLane := a.tracker.(*partitionTracker)
+	if kafkaLane && letter.Reason == inbox.ReasonKeyParked && letter.Key != nil {
+		// A parked record never goes before the dead letter its key is
+		// parked behind, whoever marked it.
+		blocking, behind, err := inbox.ParkedBehind(ctx, tx, a.part, letter.Key, letter.Offset)
+		if err != nil {
+			return letter, nil, nil, err
+		}
+		if behind {
+			return letter, nil, &heldBackError{blockingOffset: blocking}, nil
+		}
 	}
 	rec, err := l.record(letter)
 	if err != nil {
-		return letter, err, nil
+		return letter, nil, err, nil
 	}
 	switch t := a.tracker.(type) {
 	case *partitionTracker:
@@ -220,39 +274,46 @@ func (l *retryLane) tryApply(ctx context.Context, id int64) (letter inbox.RetryL
 	case *subjectTracker:
 		rec.Topic, err = inbox.MarkEventRetryApplied(ctx, tx, t.consumer, a.token, inbox.EventRef{ID: rec.EventID, Subject: rec.Topic, StreamSeq: rec.Offset})
 	default:
-		return letter, errors.New("this lane does not retry dead letters"), nil
+		return letter, nil, errors.New("this lane does not retry dead letters"), nil
 	}
 	if errors.Is(err, inbox.ErrAlreadyApplied) {
-		return letter, err, nil
+		return letter, nil, err, nil
 	}
 	if err != nil {
-		return letter, nil, err
+		return letter, nil, nil, err
 	}
 	recs := []Record{rec}
 	rows, emitted, failure := a.runHandlers(ctx, conn, tx, recs, recs)
 	if failure != nil {
 		abandoned = isAbandoned(failure.err)
 		if ctx.Err() != nil { // the lane is stopping: the letter stays marked for its next owner
-			return letter, nil, fmt.Errorf("retry of dead letter %d on %s interrupted: %w", id, a.part, failure.err)
+			return letter, nil, nil, fmt.Errorf("retry of dead letter %d on %s interrupted: %w", id, a.part, failure.err)
 		}
-		return letter, failure.err, nil
+		return letter, nil, failure.err, nil
 	}
 	if err := outbox.Insert(ctx, tx, rows); err != nil {
 		if failure := recordsFault(recs, "write the outbox rows", err); failure != nil {
-			return letter, failure.err, nil
+			return letter, nil, failure.err, nil
 		}
-		return letter, nil, err
+		return letter, nil, nil, err
 	}
 	if err := inbox.AuditRetryApplied(ctx, tx, a.cfg.WorkerID, letter, a.token, rec.EventID); err != nil {
-		return letter, nil, err
+		return letter, nil, nil, err
+	}
+	if kafkaLane {
+		// The letter may have blocked its key (KeyOrder ParkKey): release
+		// it, marking its parked records for retry, in this transaction.
+		if released, err = inbox.ReleaseKeys(ctx, tx, a.cfg.WorkerID, "retried", []inbox.LetterRef{{Partition: a.part, Offset: letter.Offset}}); err != nil {
+			return letter, nil, nil, err
+		}
 	}
 	// As in commit: once COMMIT is sent, wait for its reply. A commit whose
 	// reply is lost is safe to retry: the letter is gone if it landed.
 	if err := tx.Commit(context.WithoutCancel(ctx)); err != nil {
 		if failure := recordsFault(recs, "commit", err); failure != nil {
-			return letter, failure.err, nil
+			return letter, nil, failure.err, nil
 		}
-		return letter, nil, fmt.Errorf("commit the retry of dead letter %d on %s: %w", id, a.part, err)
+		return letter, nil, nil, fmt.Errorf("commit the retry of dead letter %d on %s: %w", id, a.part, err)
 	}
 	a.stats.DeadLetterRetriesApplied.Add(1)
 	a.stats.TraceContextDropped.Add(int64(emitted.traceDropped))
@@ -261,13 +322,13 @@ func (l *retryLane) tryApply(ctx context.Context, id int64) (letter inbox.RetryL
 		c.TraceContextDropped += int64(emitted.traceDropped)
 	})
 	a.log.Info("dead letter retried: applied", "dead_letter_id", id, "offset", rec.Offset, "requested_by", letter.Actor, "reason", letter.Why)
-	return letter, nil, nil
+	return letter, released, nil, nil
 }
 
 // record rebuilds the record of a dead letter, as the lane read it.
 func (l *retryLane) record(d inbox.RetryLetter) (Record, error) {
 	if d.ValueSHA256 != nil || d.Reason == "oversized" {
-		return Record{}, errors.New("oversized: the dead letter keeps only part of the record; re-read it from Kafka with kfn replay")
+		return Record{}, fmt.Errorf("%w: the dead letter keeps only part of the record; re-read it from Kafka with kfn replay", errRetryOversized)
 	}
 	rec := Record{
 		Topic: d.Partition.Topic, Partition: d.Partition.Partition, Offset: d.Offset,
@@ -280,7 +341,7 @@ func (l *retryLane) record(d inbox.RetryLetter) (Record, error) {
 		rec.EventID = retriedEventID(rec, l.stream)
 	}
 	if size := recordSize(rec); size > l.a.cfg.MaxRecordBytes {
-		return Record{}, fmt.Errorf("record is %d bytes (key, value and headers), over the %d-byte limit (--max-record-bytes)", size, l.a.cfg.MaxRecordBytes)
+		return Record{}, fmt.Errorf("%w: record is %d bytes (key, value and headers), over the %d-byte limit (--max-record-bytes)", errRetryOversized, size, l.a.cfg.MaxRecordBytes)
 	}
 	return rec, nil
 }
@@ -309,18 +370,50 @@ func (l *retryLane) recordFailure(ctx context.Context, letter inbox.RetryLetter,
 	if err := inbox.FenceLane(ctx, tx, a.part, a.token); err != nil {
 		return err
 	}
+	var heldBack *heldBackError
+	if errors.As(cause, &heldBack) {
+		recorded, err := inbox.RetryHeldBack(ctx, tx, a.cfg.WorkerID, letter, a.token, heldBack.blockingOffset)
+		if err != nil {
+			return err
+		}
+		if err := tx.Commit(context.WithoutCancel(ctx)); err != nil {
+			return fmt.Errorf("commit the held-back retry of dead letter %d on %s: %w", letter.ID, a.part, err)
+		}
+		if recorded {
+			a.stats.DeadLetterRetriesFailed.Add(1)
+			a.log.Warn("dead letter not retried: its key is parked behind an earlier dead letter", "dead_letter_id", letter.ID,
+				"offset", letter.Offset, "blocking_offset", heldBack.blockingOffset)
+		}
+		return nil
+	}
 	recorded, err := inbox.RetryFailed(ctx, tx, a.cfg.WorkerID, letter, a.token, cause.Error())
 	if err != nil {
 		return err
 	}
+	// A parked record that fails when its key is released blocks the key in
+	// its turn: the key's later parked records must wait behind it.
+	_, kafkaLane := a.tracker.(*partitionTracker)
+	blocked := false
+	if kafkaLane && letter.Reason == inbox.ReasonKeyParked && letter.Key != nil {
+		if blocked, err = inbox.BlockAfterFailedRetry(ctx, tx, letter, retryFailureReason(cause), cause.Error()); err != nil {
+			return err
+		}
+	}
 	if err := tx.Commit(context.WithoutCancel(ctx)); err != nil {
 		return fmt.Errorf("commit the failed retry of dead letter %d on %s: %w", letter.ID, a.part, err)
+	}
+	if blocked && a.held != nil {
+		a.held.set(inbox.HeldKey{Key: letter.Key, Offset: letter.Offset})
 	}
 	if recorded {
 		a.stats.DeadLetterRetriesFailed.Add(1)
 		a.stats.countFn(a.fn.Name, func(c *FunctionCounters) { c.DeadLetterRetriesFailed++ })
 		a.log.Warn("dead letter retried: failed again; the letter stays", "dead_letter_id", letter.ID, "offset", letter.Offset,
 			"attempts", letter.Attempts+1, "err", firstLine(cause))
+	}
+	if blocked {
+		a.log.Warn("parked record failed when its key was released: it parks the key's later records in turn",
+			"dead_letter_id", letter.ID, "offset", letter.Offset, "key", describeKey(letter.Key), "reason", retryFailureReason(cause))
 	}
 	return nil
 }
@@ -354,6 +447,9 @@ func (w *worker) watchRetries(ctx context.Context) {
 				w.retries.signal(p)
 			}
 		}
+		// Lanes holding parked keys look again too: a discard may have
+		// released one with no parked records to retry.
+		w.retries.signalHolding()
 		select {
 		case <-ctx.Done():
 			return

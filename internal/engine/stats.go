@@ -38,6 +38,10 @@ type Stats struct {
 	// DeadLettered.
 	DeadLetterRetriesApplied atomic.Int64
 	DeadLetterRetriesFailed  atomic.Int64
+	// KeyParked counts the records dead-lettered with reason key_parked: a
+	// function with KeyOrder ParkKey parked them behind an earlier dead
+	// letter of their key. They are in DeadLettered too.
+	KeyParked atomic.Int64
 
 	mu         sync.Mutex
 	partitions map[partitionKey]*PartitionStats
@@ -64,6 +68,10 @@ type PartitionStats struct {
 	HighWater  int64 // Kafka high watermark seen on the last fetch
 	LastCommit time.Time
 	ClaimedAt  time.Time // when this worker claimed the lane
+	// ParkedKeys is how many keys of the partition hold their records back
+	// (KeyOrder ParkKey): parked behind a dead letter, or released with
+	// parked records still to retry.
+	ParkedKeys int
 }
 
 // Lag is how many records are behind the cursor.

@@ -13,17 +13,24 @@
 //	res, err := fn.Apply(ctx, tx, runtime.Record{Topic: "orders", Offset: 0, Value: []byte(`{…}`)})
 //	// res[0].Outcome == fntest.Applied, res[0].Events[0].Subject == "orders.accepted"
 //
+// With KeyOrder ParkKey, a dead-lettered record parks the later records of
+// its key on its partition, as the worker does: they are DeadLettered with
+// reason key_parked, without a handler call.
+//
 // What it leaves to the worker: batching (every record runs alone), the
 // inbox tables and the fence, the outbox relay, backoff between retries,
-// --handler-timeout and --max-record-bytes.
+// --handler-timeout, --max-record-bytes and dead letter retries (a parked
+// key stays parked).
 package fntest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
@@ -48,8 +55,9 @@ type Result struct {
 	Record  runtime.Record
 	Outcome Outcome
 	// Reason is the dead letter's reason (permanent, handler_error, panic,
-	// timeout, data_error), and Err the handler's last error; both empty
-	// unless DeadLettered.
+	// timeout, data_error, or key_parked), and Err the handler's last error
+	// (for key_parked, the offset it waits behind); both empty unless
+	// DeadLettered.
 	Reason string
 	Err    error
 	// Attempts is how many times the handler was called.
@@ -66,11 +74,19 @@ type Function struct {
 	// dead-lettered, as the worker's --retry-attempts. Default 5.
 	RetryAttempts int
 	handled       map[string]bool
+	parked        map[parkedKey]int64 // KeyOrder ParkKey: a key's blocking offset on its partition
+}
+
+// parkedKey is a key of a partition.
+type parkedKey struct {
+	topic     string
+	partition int32
+	key       string
 }
 
 // New returns a Function that applies records to fn.
 func New(fn runtime.Function) *Function {
-	return &Function{fn: fn, RetryAttempts: engine.DefaultRetryAttempts, handled: map[string]bool{}}
+	return &Function{fn: fn, RetryAttempts: engine.DefaultRetryAttempts, handled: map[string]bool{}, parked: map[parkedKey]int64{}}
 }
 
 // Setup runs the function's Setup in tx, if it has one.
@@ -96,11 +112,23 @@ func (f *Function) Apply(ctx context.Context, tx pgx.Tx, recs ...runtime.Record)
 			out = append(out, Result{Record: rec, Outcome: Duplicate})
 			continue
 		}
+		parks := f.fn.KeyOrder == runtime.ParkKey && rec.Key != nil && rec.EventID == ""
+		pk := parkedKey{rec.Topic, rec.Partition, string(rec.Key)}
+		if blocking, ok := f.parked[pk]; parks && ok && blocking < rec.Offset {
+			f.handled[key] = true
+			out = append(out, Result{Record: rec, Outcome: DeadLettered, Reason: inbox.ReasonKeyParked, Err: errors.New(inbox.KeyParkedError(blocking))})
+			continue
+		}
 		res, err := f.applyOne(ctx, tx, rec)
 		if err != nil {
 			return out, err
 		}
 		f.handled[key] = true
+		if parks && res.Outcome == DeadLettered {
+			if _, ok := f.parked[pk]; !ok {
+				f.parked[pk] = rec.Offset
+			}
+		}
 		out = append(out, res)
 	}
 	return out, nil

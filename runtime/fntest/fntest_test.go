@@ -136,3 +136,46 @@ func TestEventsCanBeMadeForADirectCall(t *testing.T) {
 		t.Error("a zero Events lost its event")
 	}
 }
+
+// With KeyOrder ParkKey, a dead-lettered record parks the later records of
+// its key on its partition; other keys, other partitions and records
+// without a key are applied.
+func TestApplyParksTheKeyOfADeadLetteredRecord(t *testing.T) {
+	pg := kfntest.PostgresEmpty(t)
+	ctx := context.Background()
+	tx, err := pg.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	c := calls{}
+	f := misbehaving(c)
+	f.KeyOrder = runtime.ParkKey
+	fn := fntest.New(f)
+	if err := fn.Setup(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	rec := func(partition int32, offset int64, key, value string) runtime.Record {
+		r := runtime.Record{Topic: "t", Partition: partition, Offset: offset, Value: []byte(value)}
+		if key != "" {
+			r.Key = []byte(key)
+		}
+		return r
+	}
+	res, err := fn.Apply(ctx, tx, rec(0, 0, "a", "ok"), rec(0, 1, "a", "permanent"), rec(0, 2, "b", "ok"), rec(0, 3, "a", "ok"),
+		rec(1, 0, "a", "ok"), rec(0, 4, "", "permanent"), rec(0, 5, "", "ok"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range res {
+		got = append(got, string(r.Outcome)+"/"+r.Reason)
+	}
+	want := "applied/ dead_lettered/permanent applied/ dead_lettered/key_parked applied/ dead_lettered/permanent applied/"
+	if strings.Join(got, " ") != want {
+		t.Errorf("outcomes = %v; want %s", got, want)
+	}
+	if c[3] != 0 || !strings.Contains(fmt.Sprint(res[3].Err), "offset 1") {
+		t.Errorf("the parked record: %d handler calls, err %v; want none, and its error naming offset 1", c[3], res[3].Err)
+	}
+}
