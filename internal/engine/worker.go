@@ -163,7 +163,7 @@ func kafkaTopic(fns []Function) string {
 func (w *worker) connectPostgres(ctx context.Context) error {
 	w.health = newPGHealth(w.cfg)
 	var err error
-	w.pool, err = connect.Postgres(ctx, w.cfg.DatabaseURL, func(pgCfg *pgxpool.Config) {
+	w.pool, err = connect.Postgres(ctx, w.cfg.DatabaseURL, "kfn-worker "+w.cfg.WorkerID, func(pgCfg *pgxpool.Config) {
 		if !strings.Contains(w.cfg.DatabaseURL, "pool_max_conns") {
 			pgCfg.MaxConns = 16
 		}

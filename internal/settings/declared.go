@@ -7,8 +7,10 @@ import (
 	"net"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime/lease"
 )
@@ -37,11 +39,11 @@ const (
 var (
 	DatabaseURL = Setting[string]{
 		Flag: "database-url", Env: "DATABASE_URL", OldEnv: "KFN_DATABASE_URL",
-		Usage: "Postgres connection URL", Check: postgresURL,
+		Usage: "Postgres connection URL or keyword/value string", Check: postgresURL, Secret: true,
 	}
 	NATSURL = Setting[string]{
 		Flag: "nats-url", Env: "KFN_NATS_URL",
-		Usage: "NATS server URL (JetStream enabled)",
+		Usage: "NATS server URL (JetStream enabled)", Secret: true,
 	}
 	KafkaBrokers = Setting[[]string]{
 		Flag: "kafka-brokers", Env: "KFN_KAFKA_BROKERS",
@@ -216,14 +218,18 @@ func notEmpty(s string) error {
 	return nil
 }
 
-// postgresURL accepts a postgres:// URL, or nothing (the command or the
-// worker says what is missing).
+// postgresURL accepts a postgres:// URL, a keyword/value connection string
+// (host=… dbname=…; pgx checks its keys when it connects), or nothing (the
+// command or the worker says what is missing).
 func postgresURL(s string) error {
 	if s == "" {
 		return nil
 	}
+	if !strings.Contains(s, "://") && strings.Contains(s, "=") {
+		return nil
+	}
 	if u, err := url.Parse(s); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		return fmt.Errorf("%q is not a postgres:// URL", redactURL(s))
+		return fmt.Errorf("%q is not a postgres:// URL (nor a keyword/value string: host=… dbname=…)", connect.Redact(s))
 	}
 	return nil
 }
@@ -238,13 +244,4 @@ func hostPorts(brokers []string) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// redactURL hides a password in a URL before it is printed.
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "<unparseable URL>"
-	}
-	return u.Redacted()
 }
