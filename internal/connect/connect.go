@@ -256,6 +256,20 @@ func redactURL(s string) string {
 	}
 	u, err := url.Parse(trimmed)
 	if err != nil {
+		// Mask what secrets() finds by itself; if any text is left that
+		// could be one, give up on the URL.
+		masked := Scrub(trimmed, trimmed)
+		if i := strings.Index(masked, "://"); i >= 0 {
+			userinfo := masked[i+3:]
+			if j := strings.IndexAny(userinfo, "/?#"); j >= 0 {
+				userinfo = userinfo[:j]
+			}
+			if at := strings.LastIndex(userinfo, "@"); at < 0 || strings.HasSuffix(userinfo[:at], mask) {
+				if !strings.Contains(masked, "?") {
+					return masked
+				}
+			}
+		}
 		return "<unparseable URL>"
 	}
 	postgres := u.Scheme == "postgres" || u.Scheme == "postgresql"

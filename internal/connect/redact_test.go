@@ -18,7 +18,8 @@ func TestRedactHidesEverySecret(t *testing.T) {
 		{"nats://a:4222,nats://mytoken123@b:4222", "nats://a:4222,nats://xxxxx@b:4222", "mytoken123"},
 		{"mytoken123@nats:4222", "xxxxx@nats:4222", "mytoken123"},
 		{"nats:4222", "nats:4222", ""},
-		{"postgres://kfn:s3cret%pw@db:bad/kfn", "<unparseable URL>", "s3cret%pw"},
+		{"postgres://kfn:s3cret%pw@db:bad/kfn", "postgres://kfn:xxxxx@db:bad/kfn", "s3cret%pw"},
+		{"postgres://kfn:s3cretpw@db:bad/kfn?password=x%", "<unparseable URL>", "s3cretpw"},
 	} {
 		got := Redact(c.in)
 		if c.want != "" && got != c.want {

@@ -228,7 +228,15 @@ func postgresURL(s string) error {
 	if !strings.Contains(s, "://") && strings.Contains(s, "=") {
 		return nil
 	}
-	if u, err := url.Parse(s); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+	u, err := url.Parse(s)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return fmt.Errorf("%q does not parse as a URL: %s", connect.Redact(s), connect.Scrub(err.Error(), s))
+	}
+	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
 		return fmt.Errorf("%q is not a postgres:// URL (nor a keyword/value string: host=… dbname=…)", connect.Redact(s))
 	}
 	return nil
