@@ -577,6 +577,7 @@ func runDLQPark(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := newFlags("dlq park", stderr)
 	dbURL := bind(fs, settings.DatabaseURL)
 	natsURL := bind(fs, settings.NATSURL)
+	natsAuth := bindNATSAuth(fs)
 	brokers := bind(fs, settings.KafkaBrokers)
 	bucket := bind(fs, settings.LeaseBucket)
 	function := fs.String("function", "", "the function the record is stuck in (required)")
@@ -623,7 +624,7 @@ example:
 		return err
 	}
 	defer pool.Close()
-	js, closeNATS, err := connectJetStream(*natsURL, "kfn dlq park")
+	js, closeNATS, err := connectJetStream(*natsURL, "kfn dlq park", natsAuth.auth())
 	if err != nil {
 		return err
 	}

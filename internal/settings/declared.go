@@ -45,6 +45,14 @@ var (
 		Flag: "nats-url", Env: "KFN_NATS_URL",
 		Usage: "NATS server URL (JetStream enabled)", Secret: true,
 	}
+	NATSCreds = Setting[string]{
+		Flag: "nats-creds", Env: "KFN_NATS_CREDS",
+		Usage: "NATS credentials file (.creds: a user JWT and its NKey seed)",
+	}
+	NATSTokenFile = Setting[string]{
+		Flag: "nats-token-file", Env: "KFN_NATS_TOKEN_FILE",
+		Usage: "file holding the NATS token, read once at start",
+	}
 	KafkaBrokers = Setting[[]string]{
 		Flag: "kafka-brokers", Env: "KFN_KAFKA_BROKERS",
 		Usage: "Kafka bootstrap brokers, host:port[,host:port…]", Check: hostPorts,
