@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
 	"time"
 
@@ -199,15 +198,6 @@ func (c Config) validate(needKafka bool) error {
 // statement timeout, so that a slow statement is cancelled by the server
 // first and fails as itself, with the connection intact.
 func roundTripLimit(statementTimeout time.Duration) time.Duration { return statementTimeout * 5 / 4 }
-
-// redactURL hides a password in a URL before it is printed.
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "<unparseable URL>"
-	}
-	return u.Redacted()
-}
 
 // Bind registers a flag for every Config field but Logger on fs, each with
 // its environment variable, and sets each field to its default, or to its
