@@ -15,6 +15,7 @@ import (
 
 	"github.com/kfn-dev/kfn/cmd/kfn/internal/bench"
 	"github.com/kfn-dev/kfn/functions/orders"
+	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
@@ -108,12 +109,15 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 func benchRelay(ctx context.Context, st *stack, cfg outbox.RelayBenchConfig) (outbox.RelayBenchResult, error) {
 	pgCfg, err := pgxpool.ParseConfig(st.DatabaseURL)
 	if err != nil {
-		return outbox.RelayBenchResult{}, &usageError{msg: fmt.Sprintf("--database-url: %v", err)}
+		return outbox.RelayBenchResult{}, &usageError{msg: fmt.Sprintf("--database-url: %v", connect.Scrub(err.Error(), st.DatabaseURL))}
+	}
+	if pgCfg.ConnConfig.RuntimeParams["application_name"] == "" {
+		pgCfg.ConnConfig.RuntimeParams["application_name"] = "kfn bench relay"
 	}
 	pgCfg.MaxConns = outbox.Shards + 8 // a connection per shard loop, the LISTEN connection and the load
 	pool, err := pgxpool.NewWithConfig(ctx, pgCfg)
 	if err != nil {
-		return outbox.RelayBenchResult{}, fmt.Errorf("relay benchmark: connect to Postgres: %w", err)
+		return outbox.RelayBenchResult{}, fmt.Errorf("relay benchmark: connect to Postgres: %s", connect.Scrub(err.Error(), st.DatabaseURL))
 	}
 	defer pool.Close()
 	js, closeNATS, err := connectJetStream(st.NATSURL, "kfn bench relay")

@@ -112,6 +112,21 @@ func (c *devChild) prepare(ctx context.Context, st *stack, partitions int) error
 }
 
 // start runs bin with the stack's settings and a metrics address of its own.
+// childEnviron is this process's environment without DATABASE_URL_FILE and
+// KFN_NATS_URL_FILE: a child gets the stack's URLs as DATABASE_URL and
+// KFN_NATS_URL, and a setting given both ways is an error.
+func childEnviron() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if name == settings.DatabaseURL.FileEnv() || name == settings.NATSURL.FileEnv() {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
 func (c *devChild) start(bin string) error {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -120,7 +135,7 @@ func (c *devChild) start(bin string) error {
 	addr := ln.Addr().String()
 	ln.Close()
 	cmd := exec.Command(bin)
-	cmd.Env = append(append(os.Environ(), c.env...),
+	cmd.Env = append(append(childEnviron(), c.env...),
 		settings.MetricsAddr.Env+"="+addr, settings.WorkerID.Env+"=kfn-dev-"+c.name)
 	cmd.Stdout, cmd.Stderr = c.logs, c.logs
 	if err := cmd.Start(); err != nil {

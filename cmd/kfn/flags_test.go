@@ -18,7 +18,7 @@ func TestHelpShowsEachDefaultOnce(t *testing.T) {
 				t.Errorf("kfn %s -h: %q says default %d times", strings.Join(args, " "), line, n)
 			}
 		}
-		if !strings.Contains(stderr, "[DATABASE_URL]") {
+		if !strings.Contains(stderr, "[DATABASE_URL, or a file: DATABASE_URL_FILE]") {
 			t.Errorf("kfn %s -h does not name DATABASE_URL:\n%s", strings.Join(args, " "), stderr)
 		}
 	}
@@ -70,7 +70,7 @@ func TestCommandsRejectAnExplicitZero(t *testing.T) {
 		{args: append(relay, "--event-retention", "0s"), want: "--event-retention (KFN_EVENT_RETENTION): must be positive"},
 		{args: append(relay, "--statement-timeout", "0"), want: "--statement-timeout (KFN_STATEMENT_TIMEOUT): 0s is too short"},
 		{args: []string{"status", "--database-url", "postgres://x@y/z", "--kafka-brokers", "kafka"}, want: `--kafka-brokers (KFN_KAFKA_BROKERS): "kafka" is not host:port`},
-		{args: []string{"migrate", "--database-url", "mysql://x@y/z"}, want: `--database-url (DATABASE_URL): "mysql://x@y/z" is not a postgres:// URL`},
+		{args: []string{"migrate", "--database-url", "mysql://x@y/z"}, want: `--database-url (DATABASE_URL): "mysql://xxxxx@y/z" is not a postgres:// URL`},
 		{args: []string{"migrate"}, env: "DATABASE_URL", want: `--database-url (DATABASE_URL): "0" is not a postgres:// URL`},
 	} {
 		if tc.env != "" {

@@ -106,6 +106,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		usage(stderr)
 		return 2
 	}
+	appName = "kfn " + args[0]
 	err := cmd.run(ctx, args[1:], stdout, stderr)
 	name := args[0]
 	var cerr *commandError

@@ -42,10 +42,14 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return nil
 }
 
+// appName is the application_name of the Postgres sessions of the running
+// command: "kfn <command>" (run sets it).
+var appName = "kfn"
+
 // connectPostgres opens a pool and checks that the server answers; a URL
 // that does not parse is a usage error.
 func connectPostgres(ctx context.Context, dbURL string) (*pgxpool.Pool, error) {
-	pool, err := connect.Postgres(ctx, dbURL, nil)
+	pool, err := connect.Postgres(ctx, dbURL, appName, nil)
 	var urlErr *connect.URLError
 	if errors.As(err, &urlErr) {
 		return nil, &usageError{msg: urlErr.Error()}

@@ -110,6 +110,8 @@ func bindRelayConfig(fs *flagSet) *runtime.Config {
 	b := fs.settings
 	settings.DatabaseURL.Bind(b, &cfg.DatabaseURL)
 	settings.NATSURL.Bind(b, &cfg.NATSURL)
+	settings.NATSCreds.Bind(b, &cfg.NATSCreds)
+	settings.NATSTokenFile.Bind(b, &cfg.NATSTokenFile)
 	id := settings.WorkerID
 	id.DefaultText = "kfn-relay-host-pid"
 	id.Bind(b, &cfg.WorkerID)

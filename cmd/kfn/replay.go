@@ -59,6 +59,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	dbURL := bind(fs, settings.DatabaseURL)
 	natsURL := bind(fs, settings.NATSURL)
+	natsAuth := bindNATSAuth(fs)
 	brokersSetting := settings.KafkaBrokers
 	brokersSetting.Usage += "; the range is checked against the records Kafka holds, and --from-time resolved there (required)"
 	brokers := bind(fs, brokersSetting)
@@ -143,7 +144,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer pool.Close()
-	js, closeNATS, err := connectJetStream(*natsURL, "kfn replay")
+	js, closeNATS, err := connectJetStream(*natsURL, "kfn replay", natsAuth.auth())
 	if err != nil {
 		return err
 	}
@@ -381,10 +382,26 @@ func actor(command string) string {
 	return fmt.Sprintf("kfn-%s:%s@%s", command, name, host)
 }
 
+// natsAuthFlags are --nats-creds and --nats-token-file.
+type natsAuthFlags struct{ creds, tokenFile *string }
+
+func bindNATSAuth(fs *flagSet) natsAuthFlags {
+	return natsAuthFlags{creds: bind(fs, settings.NATSCreds), tokenFile: bind(fs, settings.NATSTokenFile)}
+}
+
+// auth is their values, once the flags are parsed.
+func (f natsAuthFlags) auth() connect.NATSAuth {
+	return connect.NATSAuth{Creds: *f.creds, TokenFile: *f.tokenFile}
+}
+
 // connectJetStream connects to NATS and returns its JetStream API and a
 // function that closes the connection.
-func connectJetStream(url, name string) (jetstream.JetStream, func(), error) {
-	nc, js, err := connect.NATS(url, name)
+func connectJetStream(url, name string, auth ...connect.NATSAuth) (jetstream.JetStream, func(), error) {
+	var a connect.NATSAuth
+	if len(auth) > 0 {
+		a = auth[0]
+	}
+	nc, js, err := connect.NATSWith(url, name, a)
 	if err != nil {
 		return nil, nil, err
 	}

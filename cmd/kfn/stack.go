@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/runtime/devstack"
@@ -91,7 +92,7 @@ func startStack(ctx context.Context, dbURL, natsURL string, brokers []string, ou
 		s.DatabaseURL = pg.URL
 		fmt.Fprintf(out, "postgres  throwaway cluster at %s\n", pg.URL)
 	} else {
-		fmt.Fprintln(out, "postgres  from --database-url")
+		fmt.Fprintf(out, "postgres  %s (from --database-url)\n", connect.Redact(s.DatabaseURL))
 	}
 	if s.NATSURL == "" {
 		n, err := devstack.StartNATS("")
@@ -102,7 +103,7 @@ func startStack(ctx context.Context, dbURL, natsURL string, brokers []string, ou
 		s.NATSURL = n.URL
 		fmt.Fprintf(out, "nats      embedded server with JetStream at %s\n", n.URL)
 	} else {
-		fmt.Fprintf(out, "nats      %s\n", s.NATSURL)
+		fmt.Fprintf(out, "nats      %s\n", connect.Redact(s.NATSURL))
 	}
 	if len(s.Brokers) == 0 {
 		k, err := devstack.StartKafka(devstack.KafkaOptions{})
@@ -121,11 +122,22 @@ func startStack(ctx context.Context, dbURL, natsURL string, brokers []string, ou
 
 // printExports prints the stack's addresses as shell export lines, so that
 // another terminal (kfn produce, kfn tail, kfn status, a function binary)
-// reaches the same stack.
+// reaches the same stack. The throwaway cluster's and the embedded server's
+// URLs hold no password; a given URL that holds a password or a token is
+// not printed (the terminal's scrollback and logs would keep it): the
+// user, who gave it, exports it themselves.
 func printExports(out io.Writer, s *stack) {
 	fmt.Fprintln(out, "# in another terminal, to use this stack:")
-	fmt.Fprintf(out, "export %s=%s\n", settings.DatabaseURL.Env, shellQuote(s.DatabaseURL))
-	fmt.Fprintf(out, "export %s=%s\n", settings.NATSURL.Env, shellQuote(s.NATSURL))
+	for _, e := range []struct{ env, fileEnv, value string }{
+		{settings.DatabaseURL.Env, settings.DatabaseURL.FileEnv(), s.DatabaseURL},
+		{settings.NATSURL.Env, settings.NATSURL.FileEnv(), s.NATSURL},
+	} {
+		if connect.HasSecret(e.value) {
+			fmt.Fprintf(out, "# %s is not printed: it holds a password or a token; export it (or %s) yourself\n", e.env, e.fileEnv)
+			continue
+		}
+		fmt.Fprintf(out, "export %s=%s\n", e.env, shellQuote(e.value))
+	}
 	fmt.Fprintf(out, "export %s=%s\n", settings.KafkaBrokers.Env, shellQuote(strings.Join(s.Brokers, ",")))
 }
 

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
 	"time"
 
@@ -24,6 +23,8 @@ type Config struct {
 	KafkaBrokers   []string      // KFN_KAFKA_BROKERS: comma-separated host:port list
 	DatabaseURL    string        // DATABASE_URL: Postgres connection URL
 	NATSURL        string        // KFN_NATS_URL: NATS server URL
+	NATSCreds      string        // KFN_NATS_CREDS: NATS credentials file
+	NATSTokenFile  string        // KFN_NATS_TOKEN_FILE: file holding the NATS token
 	WorkerID       string        // KFN_WORKER_ID: unique per process; default host-pid
 	BatchSize      int           // KFN_BATCH_SIZE: max records per transaction
 	BatchWait      time.Duration // KFN_BATCH_WAIT: max time to wait to fill a batch; negative: no wait (the flag's 0)
@@ -223,15 +224,6 @@ func (c Config) validate(needKafka bool) error {
 // first and fails as itself, with the connection intact.
 func roundTripLimit(statementTimeout time.Duration) time.Duration { return statementTimeout * 5 / 4 }
 
-// redactURL hides a password in a URL before it is printed.
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "<unparseable URL>"
-	}
-	return u.Redacted()
-}
-
 // Bind registers a flag for every Config field but Logger on fs, each with
 // its environment variable, and sets each field to its default, or to its
 // variable's value if the variable is set; fs.Parse then writes the flags
@@ -246,6 +238,8 @@ func (c *Config) bind(b *settings.Binder) {
 	settings.KafkaBrokers.Bind(b, &c.KafkaBrokers)
 	settings.DatabaseURL.Bind(b, &c.DatabaseURL)
 	settings.NATSURL.Bind(b, &c.NATSURL)
+	settings.NATSCreds.Bind(b, &c.NATSCreds)
+	settings.NATSTokenFile.Bind(b, &c.NATSTokenFile)
 	settings.WorkerID.Bind(b, &c.WorkerID)
 	settings.BatchSize.Bind(b, &c.BatchSize)
 	settings.BatchWait.Bind(b, &c.BatchWait)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
@@ -85,7 +86,7 @@ func (w *worker) tokenFloor(ctx context.Context) (uint64, error) {
 func (w *worker) newPartitionLeases(fn Function) (*lease.Manager, error) {
 	mgr, err := lease.NewManager(w.js, w.leaseConfig(LeaseGroup(w.installation, fn.Name, fn.source()), w.cfg.Logger.With("function", fn.Name)))
 	if err != nil {
-		return nil, fmt.Errorf("function %s: partition leases in NATS at %s (is JetStream enabled?): %w", fn.Name, w.cfg.NATSURL, err)
+		return nil, fmt.Errorf("function %s: partition leases in NATS at %s (is JetStream enabled?): %w", fn.Name, connect.Redact(w.cfg.NATSURL), err)
 	}
 	return mgr, nil
 }

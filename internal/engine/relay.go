@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime/lease"
 )
@@ -32,7 +33,7 @@ func (w *worker) extendEventStream(ctx context.Context, subjects []string) ([]st
 	all, err := outbox.ExtendStream(ctx, w.js, w.cfg.EventStream, subjects,
 		outbox.StreamLimits{Duplicates: w.cfg.EventDedup, MaxAge: w.cfg.EventRetention})
 	if err != nil {
-		return nil, fmt.Errorf("event stream %s in NATS at %s: %w", w.cfg.EventStream, w.cfg.NATSURL, err)
+		return nil, fmt.Errorf("event stream %s in NATS at %s: %w", w.cfg.EventStream, connect.Redact(w.cfg.NATSURL), err)
 	}
 	return all, nil
 }

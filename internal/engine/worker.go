@@ -169,7 +169,7 @@ func kafkaTopic(fns []Function) string {
 func (w *worker) connectPostgres(ctx context.Context) error {
 	w.health = newPGHealth(w.cfg)
 	var err error
-	w.pool, err = connect.Postgres(ctx, w.cfg.DatabaseURL, func(pgCfg *pgxpool.Config) {
+	w.pool, err = connect.Postgres(ctx, w.cfg.DatabaseURL, "kfn-worker "+w.cfg.WorkerID, func(pgCfg *pgxpool.Config) {
 		if !strings.Contains(w.cfg.DatabaseURL, "pool_max_conns") {
 			pgCfg.MaxConns = 16
 		}
@@ -194,7 +194,8 @@ func (w *worker) connectPostgres(ctx context.Context) error {
 // opens JetStream.
 func (w *worker) connectNATS() error {
 	var err error
-	w.nc, w.js, err = connect.NATS(w.cfg.NATSURL, "kfn "+w.cfg.WorkerID)
+	w.nc, w.js, err = connect.NATSWith(w.cfg.NATSURL, "kfn "+w.cfg.WorkerID,
+		connect.NATSAuth{Creds: w.cfg.NATSCreds, TokenFile: w.cfg.NATSTokenFile})
 	return err
 }
 

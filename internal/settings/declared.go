@@ -7,8 +7,10 @@ import (
 	"net"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime/lease"
 )
@@ -41,11 +43,19 @@ const KafkaSASLPasswordEnv = "KFN_KAFKA_SASL_PASSWORD"
 var (
 	DatabaseURL = Setting[string]{
 		Flag: "database-url", Env: "DATABASE_URL", OldEnv: "KFN_DATABASE_URL",
-		Usage: "Postgres connection URL", Check: postgresURL,
+		Usage: "Postgres connection URL or keyword/value string", Check: postgresURL, Secret: true,
 	}
 	NATSURL = Setting[string]{
 		Flag: "nats-url", Env: "KFN_NATS_URL",
-		Usage: "NATS server URL (JetStream enabled)",
+		Usage: "NATS server URL (JetStream enabled)", Secret: true,
+	}
+	NATSCreds = Setting[string]{
+		Flag: "nats-creds", Env: "KFN_NATS_CREDS",
+		Usage: "NATS credentials file (.creds: a user JWT and its NKey seed)",
+	}
+	NATSTokenFile = Setting[string]{
+		Flag: "nats-token-file", Env: "KFN_NATS_TOKEN_FILE",
+		Usage: "file holding the NATS token, read once at start",
 	}
 	KafkaBrokers = Setting[[]string]{
 		Flag: "kafka-brokers", Env: "KFN_KAFKA_BROKERS",
@@ -264,14 +274,26 @@ func notEmpty(s string) error {
 	return nil
 }
 
-// postgresURL accepts a postgres:// URL, or nothing (the command or the
-// worker says what is missing).
+// postgresURL accepts a postgres:// URL, a keyword/value connection string
+// (host=… dbname=…; pgx checks its keys when it connects), or nothing (the
+// command or the worker says what is missing).
 func postgresURL(s string) error {
 	if s == "" {
 		return nil
 	}
-	if u, err := url.Parse(s); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		return fmt.Errorf("%q is not a postgres:// URL", redactURL(s))
+	if !strings.Contains(s, "://") && strings.Contains(s, "=") {
+		return nil
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return fmt.Errorf("%q does not parse as a URL: %s", connect.Redact(s), connect.Scrub(err.Error(), s))
+	}
+	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		return fmt.Errorf("%q is not a postgres:// URL (nor a keyword/value string: host=… dbname=…)", connect.Redact(s))
 	}
 	return nil
 }
@@ -286,15 +308,6 @@ func hostPorts(brokers []string) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// redactURL hides a password in a URL before it is printed.
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "<unparseable URL>"
-	}
-	return u.Redacted()
 }
 
 // Metrics (issue 12).

@@ -40,6 +40,12 @@ type Setting[T any] struct {
 	// every given value, zero included; nil accepts anything.
 	Check func(T) error
 
+	// Secret marks a password or a token, or a URL that may hold one: its
+	// value may instead be read from the file named by the variable Env +
+	// "_FILE" (DATABASE_URL_FILE), once, when the setting is bound; giving
+	// both variables is an error, and so is a file that cannot be read.
+	Secret bool
+
 	// ZeroAs, unless zero itself, is stored for a given zero that Check
 	// accepts: for a field whose own zero means "the default", such as
 	// runtime.Config.BatchWait, where 0 ("no wait") is stored as negative.
@@ -83,8 +89,27 @@ func (b *Binder) Errors() []*Error {
 // flag's when the flag set is parsed. A flag wins over the environment.
 func (s Setting[T]) Bind(b *Binder, p *T) {
 	v := &value[T]{s: s, p: p}
-	b.fs.Var(v, s.Flag, s.Usage+" ["+s.Env+"]")
+	envs := s.Env
+	if s.Secret {
+		envs += ", or a file: " + s.FileEnv()
+	}
+	b.fs.Var(v, s.Flag, s.Usage+" ["+envs+"]")
 	*p = s.Default
+	b.bound = append(b.bound, v)
+	if s.Secret && os.Getenv(s.FileEnv()) != "" {
+		v.from = s.FileEnv()
+		text, err := s.readFile()
+		if err != nil {
+			v.err = err
+			return
+		}
+		if x, err := parse[T](text); err != nil {
+			v.err = err
+		} else {
+			v.store(x)
+		}
+		return
+	}
 	for _, env := range []string{s.Env, s.OldEnv} {
 		text := ""
 		if env != "" {
@@ -101,7 +126,30 @@ func (s Setting[T]) Bind(b *Binder, p *T) {
 		}
 		break
 	}
-	b.bound = append(b.bound, v)
+}
+
+// FileEnv is the variable that names a file holding a Secret setting's
+// value: Env + "_FILE".
+func (s Setting[T]) FileEnv() string { return s.Env + "_FILE" }
+
+// readFile reads a Secret setting's value from the file its FileEnv names,
+// without the white space around it (a final newline).
+func (s Setting[T]) readFile() (string, error) {
+	for _, env := range []string{s.Env, s.OldEnv} {
+		if env != "" && os.Getenv(env) != "" {
+			return "", fmt.Errorf("both %s and %s are set: give the value one way", env, s.FileEnv())
+		}
+	}
+	path := os.Getenv(s.FileEnv())
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("cannot read the file it names: %v", err)
+	}
+	text := strings.TrimSpace(string(data))
+	if text == "" {
+		return "", fmt.Errorf("the file it names, %s, is empty", path)
+	}
+	return text, nil
 }
 
 // Problems returns what s's check finds wrong with v, for a value that did
@@ -184,8 +232,8 @@ func (v *value[T]) store(x T) {
 
 func (v *value[T]) problems() []*Error {
 	env := v.s.Env
-	if v.from != "" && v.from == v.s.OldEnv {
-		env = v.s.OldEnv
+	if v.from != "" && (v.from == v.s.OldEnv || v.s.Secret && v.from == v.s.FileEnv()) {
+		env = v.from
 	}
 	return v.s.errors(env, v.err)
 }
