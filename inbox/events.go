@@ -65,10 +65,18 @@ ON CONFLICT (consumer, event_id) DO UPDATE SET outcome = 'dead_lettered'`, consu
 // fence and a progress marker: redeliveries may come out of sequence order,
 // so dedup is the event inbox's job.
 func Fence(ctx context.Context, tx pgx.Tx, p Partition, token, seq int64) error {
-	tag, err := tx.Exec(ctx, `
+	return fenceBy(ctx, tx, p, token, `
 UPDATE kfn.cursors
    SET next_offset = greatest(next_offset, $5), high_water = greatest(high_water, $5), updated_at = now()
- WHERE consumer = $1 AND topic = $2 AND partition = $3 AND epoch = $4`, p.Consumer, p.Topic, p.Partition, token, seq+1)
+ WHERE consumer = $1 AND topic = $2 AND partition = $3 AND epoch = $4`, seq+1)
+}
+
+// fenceBy runs sql, an UPDATE of p's cursor row guarded by epoch = token
+// (parameters $1–$4: consumer, topic, partition, token; then extra), and
+// returns a *FencedError when it changed no row.
+func fenceBy(ctx context.Context, tx pgx.Tx, p Partition, token int64, sql string, extra ...any) error {
+	args := append([]any{p.Consumer, p.Topic, p.Partition, token}, extra...)
+	tag, err := tx.Exec(ctx, sql, args...)
 	if err != nil {
 		return fmt.Errorf("fence %s: %w", p, err)
 	}

@@ -261,16 +261,7 @@ SELECT id FROM kfn.dead_letters
 // fence of a lane's transactions that apply no new records (a dead letter
 // retry). Zero rows means fenced: a *FencedError.
 func FenceLane(ctx context.Context, tx pgx.Tx, p Partition, token int64) error {
-	tag, err := tx.Exec(ctx, `UPDATE kfn.cursors SET updated_at = now() WHERE consumer = $1 AND topic = $2 AND partition = $3 AND epoch = $4`,
-		p.Consumer, p.Topic, p.Partition, token)
-	if err != nil {
-		return fmt.Errorf("fence %s: %w", p, err)
-	}
-	if tag.RowsAffected() == 0 {
-		stored, _ := ReadCursor(ctx, tx, p)
-		return &FencedError{Partition: p, Token: token, Epoch: stored.Epoch}
-	}
-	return nil
+	return fenceBy(ctx, tx, p, token, `UPDATE kfn.cursors SET updated_at = now() WHERE consumer = $1 AND topic = $2 AND partition = $3 AND epoch = $4`)
 }
 
 // RetryLetter is a dead letter taken for a retry.

@@ -272,10 +272,7 @@ examples:
 	if err != nil {
 		return err
 	}
-	if err := requiredSetting(settings.DatabaseURL, *dbURL); err != nil {
-		return err
-	}
-	pool, err := connectPostgres(ctx, *dbURL)
+	pool, err := openDatabase(ctx, *dbURL)
 	if err != nil {
 		return err
 	}

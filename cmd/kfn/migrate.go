@@ -22,10 +22,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := requiredSetting(settings.DatabaseURL, *dbURL); err != nil {
-		return err
-	}
-	pool, err := connectPostgres(ctx, *dbURL)
+	pool, err := openDatabase(ctx, *dbURL)
 	if err != nil {
 		return err
 	}
@@ -45,6 +42,15 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // appName is the application_name of the Postgres sessions of the running
 // command: "kfn <command>" (run sets it).
 var appName = "kfn"
+
+// openDatabase is connectPostgres for a command that needs
+// --database-url: without it, a usage error naming the variable too.
+func openDatabase(ctx context.Context, dbURL string) (*pgxpool.Pool, error) {
+	if err := requiredSetting(settings.DatabaseURL, dbURL); err != nil {
+		return nil, err
+	}
+	return connectPostgres(ctx, dbURL)
+}
 
 // connectPostgres opens a pool and checks that the server answers; a URL
 // that does not parse is a usage error.
