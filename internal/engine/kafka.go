@@ -173,11 +173,43 @@ func (c *offsetCommitter) flush(ctx context.Context) {
 		for p, off := range parts {
 			commits = append(commits, kafka.OffsetCommit{Partition: p, Offset: off})
 		}
-		_, err := c.source.client.OffsetCommit(ctx, &kafka.OffsetCommitRequest{
+		resp, err := c.source.client.OffsetCommit(ctx, &kafka.OffsetCommitRequest{
 			GroupID: k.group, GenerationID: -1, Topics: map[string][]kafka.OffsetCommit{k.topic: commits},
 		})
+		failed := parts
+		if err == nil {
+			// The request went through; some partitions may still have failed
+			// (a coordinator still loading the group, say).
+			failed = map[int]int64{}
+			for _, pr := range resp.Topics[k.topic] {
+				if pr.Error != nil {
+					failed[pr.Partition] = parts[pr.Partition]
+					err = pr.Error
+				}
+			}
+		}
 		if err != nil && !isShutdown(ctx, err) {
-			c.log.Debug("mirror offsets to Kafka consumer group (best effort)", "group", k.group, "err", err)
+			c.log.Debug("mirror offsets to Kafka consumer group (best effort; retried at the next flush)", "group", k.group, "err", err)
+		}
+		c.requeue(k, failed, err)
+	}
+}
+
+// requeue puts back the offsets of a commit that failed, unless a newer
+// offset was noted for the partition meanwhile: after the last record of a
+// partition nothing else would commit it again.
+func (c *offsetCommitter) requeue(k groupTopic, failed map[int]int64, err error) {
+	if err == nil || len(failed) == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pending[k] == nil {
+		c.pending[k] = map[int]int64{}
+	}
+	for p, off := range failed {
+		if cur, ok := c.pending[k][p]; !ok || cur < off {
+			c.pending[k][p] = off
 		}
 	}
 }

@@ -152,6 +152,11 @@ func (pr *partitionRun) claim(ctx context.Context) error {
 	pr.w.stats.update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *PartitionStats) {
 		p.Epoch, p.NextOffset, p.HighWater = pr.token, pr.cursor.next, high
 	})
+	// Mirror the cursor to Kafka's consumer group at once: an earlier owner
+	// killed before its mirror flush may have applied every record there
+	// is, and without a new commit nothing else would bring the group up to
+	// the cursor.
+	pr.cursor.onCommit(pr.cursor.next)
 	// The keys parked by earlier owners (KeyOrder ParkKey). Only the owner
 	// parks keys, so from here on the lane's memory holds every one.
 	return pr.reloadHeld(ctx)
