@@ -308,10 +308,13 @@ func TestMetricsLagStaysDuringKafkaOutage(t *testing.T) {
 		}
 		return out
 	}
+	// The cursor in Postgres moves before the worker's own counters do (the
+	// commit lands, then its reply arrives): wait until the worker shows
+	// both partitions caught up too.
 	var before map[string]float64
-	waitFor(t, 10*time.Second, "the lag of both partitions", func() bool {
+	waitFor(t, 10*time.Second, "the lag of both partitions to settle at 0", func() bool {
 		before = lag(scrapeMetrics(t, srv.URL+"/metrics"))
-		return len(before) == 2
+		return len(before) == 2 && before["0"] == 0 && before["1"] == 0
 	})
 
 	pk.Stop()
