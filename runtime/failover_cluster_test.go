@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	osexec "os/exec"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,7 +31,6 @@ import (
 	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
-	"github.com/kfn-dev/kfn/runtime/devstack"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
@@ -114,11 +114,9 @@ func (c *cluster) startWorker(id string) *proc {
 // over the cluster's ("DATABASE_URL=…" through a proxy, "KFN_METRICS_ADDR=…").
 func (c *cluster) startWorkerEnv(id string, env ...string) *proc {
 	c.t.Helper()
-	port, err := devstack.FreePort()
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	metrics := "127.0.0.1:" + strconv.Itoa(port)
+	// Port 0: the kernel picks a free port and the worker logs it (a port
+	// found free beforehand could be taken by another process meanwhile).
+	metrics := "127.0.0.1:0"
 	cmd := osexec.Command(kfntest.BuildBinary(c.t, effectsWorkerPkg))
 	cmd.Env = append(os.Environ(),
 		"DATABASE_URL="+c.databaseURL(id),
@@ -150,8 +148,12 @@ func (c *cluster) duplicates(p *proc) int64 {
 	var body []byte
 	err := errors.New("no metrics address")
 	for deadline := time.Now().Add(10 * time.Second); p.metrics != "" && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		addr := p.metricsAddr()
+		if addr == "" {
+			continue // not serving yet
+		}
 		var resp *http.Response
-		if resp, err = client.Get("http://" + p.metrics + "/metrics"); err != nil {
+		if resp, err = client.Get("http://" + addr + "/metrics"); err != nil {
 			continue // not serving yet
 		}
 		body, err = io.ReadAll(resp.Body)
@@ -906,4 +908,23 @@ func (s *checkScenario) row(e checkEvent) outbox.Row {
 	r := outbox.NewRow(origin, 0, fmt.Sprintf("k%d", e.p), outbox.Event{Subject: effects.Subject(s.fn), Data: e.data})
 	r.EventID = e.id
 	return r
+}
+
+// servingMetrics is the worker's log line that says where its metrics are.
+var servingMetrics = regexp.MustCompile(`"msg":"serving metrics"[^\n]*"addr":"([^"]+)"`)
+
+// metricsAddr is where p serves its metrics: the address it was given, or
+// for port 0 the one it logged; "" until it has.
+func (p *proc) metricsAddr() string {
+	if !strings.HasSuffix(p.metrics, ":0") {
+		return p.metrics
+	}
+	data, err := os.ReadFile(p.LogFile)
+	if err != nil {
+		return ""
+	}
+	if m := servingMetrics.FindSubmatch(data); m != nil {
+		return string(m[1])
+	}
+	return ""
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/kfn-dev/kfn/runtime/devstack"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 	"github.com/kfn-dev/kfn/runtime/lease"
 )
@@ -94,16 +93,9 @@ func TestLivenessKafkaOutage(t *testing.T) {
 	const outage = 30 * time.Second
 	pk := kfntest.NewPrivateKafka(t)
 	c := newClusterOn(t, pk.KafkaCluster)
-	metrics := map[string]string{} // worker → metrics address
 	var workers []*proc
 	for range 3 {
-		port, err := devstack.FreePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		id := c.nextID()
-		metrics[id] = "127.0.0.1:" + strconv.Itoa(port)
-		workers = append(workers, c.startWorkerEnv(id, "KFN_METRICS_ADDR="+metrics[id]))
+		workers = append(workers, c.startWorker(c.nextID()))
 	}
 	prod := c.startProducer()
 	c.waitBalanced(ids(workers), 30*time.Second)
@@ -120,7 +112,7 @@ func TestLivenessKafkaOutage(t *testing.T) {
 			t.Fatalf("epochs changed %s into the Kafka outage: %v, before %v", time.Since(stopped).Round(time.Millisecond), now, epochs)
 		}
 		if lagSeen == nil && time.Since(stopped) > outage/2 {
-			lagSeen = scrapeLag(t, metrics)
+			lagSeen = scrapeLag(t, workers)
 		}
 		requireAlive(t, workers...)
 	}
@@ -296,12 +288,13 @@ func producedNow(t *testing.T, c *cluster) map[int]cursor {
 
 // scrapeLag reads kfn_partition_lag from every worker's /metrics and
 // returns it per partition.
-func scrapeLag(t *testing.T, metrics map[string]string) map[int]int64 {
+func scrapeLag(t *testing.T, workers []*proc) map[int]int64 {
 	t.Helper()
 	out := map[int]int64{}
 	client := &http.Client{Timeout: 5 * time.Second}
-	for id, addr := range metrics {
-		resp, err := client.Get("http://" + addr + "/metrics")
+	for _, w := range workers {
+		id := w.id
+		resp, err := client.Get("http://" + w.metricsAddr() + "/metrics")
 		if err != nil {
 			t.Errorf("metrics of %s: %v", id, err)
 			continue

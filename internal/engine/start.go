@@ -90,6 +90,8 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "%s: invalid --%s (%s) %q: %v\n", name, settings.MetricsAddr.Flag, settings.MetricsAddr.Env, metricsAddr, err)
 			return 2
 		}
+		// The bound address, for a port chosen by the kernel (":0").
+		cfg.Logger.Info("serving metrics", "addr", ln.Addr().String())
 		srv := &http.Server{Handler: w.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(ln)                         //nolint:errcheck // ends with Shutdown below
 		defer srv.Shutdown(context.Background()) //nolint:errcheck // best effort at exit
