@@ -186,6 +186,10 @@ func (w *worker) connectPostgres(ctx context.Context) error {
 	if err := schema.Check(ctx, w.pool); err != nil {
 		return err
 	}
+	if v, err := schema.Version(ctx, w.pool); err == nil && v > schema.Latest() {
+		w.cfg.Logger.Info("running against a newer schema whose later migrations do not break this binary (a rolling upgrade)",
+			"schema", v, "built_for", schema.Latest())
+	}
 	w.installation, err = InstallationID(ctx, w.pool)
 	return err
 }
