@@ -16,7 +16,7 @@ import (
 
 var builds struct {
 	mu      sync.Mutex
-	dir     string // removed by Main
+	dir     string                  // removed by Main
 	byBuild map[string]*buildResult // by package and flags
 	dirOnce sync.Once
 	dirErr  error

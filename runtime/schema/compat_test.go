@@ -133,3 +133,23 @@ func TestCheckRefusesAnOlderSchemaUntilMigrated(t *testing.T) {
 		t.Fatalf("Check on version 6 = %v; want a VersionError telling to run kfn migrate", err)
 	}
 }
+
+// OldestCompatible agrees with the rule applied by hand: the oldest
+// version every later migration leaves working.
+func TestOldestCompatibleFollowsTheMarkers(t *testing.T) {
+	ms := schema.Migrations()
+	want := schema.Latest()
+	for i := len(ms) - 2; i >= 0; i-- {
+		ok := true
+		for _, later := range ms[i+1:] {
+			ok = ok && later.BreaksBefore <= ms[i].Version
+		}
+		if !ok {
+			break
+		}
+		want = ms[i].Version
+	}
+	if got := schema.OldestCompatible(); got != want || got > schema.Latest() {
+		t.Errorf("OldestCompatible = %d, want %d", got, want)
+	}
+}

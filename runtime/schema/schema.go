@@ -150,6 +150,22 @@ func Latest() int {
 	return m[len(m)-1].Version
 }
 
+// OldestCompatible is the oldest schema version a worker may be built for
+// and still run against a database at this binary's version: every
+// migration after it is additive or breaks only workers older than it.
+func OldestCompatible() int {
+	ms := embedded()
+	oldest, breaks := ms[len(ms)-1].Version, 0
+	for i := len(ms) - 1; i > 0; i-- {
+		breaks = max(breaks, ms[i].BreaksBefore)
+		if breaks > ms[i-1].Version {
+			break
+		}
+		oldest = ms[i-1].Version
+	}
+	return oldest
+}
+
 // compatColumn is the version of the migration that added
 // kfn.schema_migrations.breaks_before: from it on, the migrator records
 // what every applied migration breaks.
