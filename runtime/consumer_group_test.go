@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -19,8 +20,9 @@ import (
 // kfn mirrors its offsets to the group --consumer-group names (with its
 // metadata), and never to a group of the same name that is another
 // consumer's: one with offsets kfn did not write, or with an active member.
-// Such a group is left as it was and a WARN names --consumer-group; the
-// function processes its records all the same.
+// Such a group is left as it was, a WARN names --consumer-group and
+// kfn_consumer_group_refused is 1; the function processes its records all
+// the same.
 func TestConsumerGroupMirrorsToItsOwnGroupOnly(t *testing.T) {
 	cases := []struct {
 		name string
@@ -72,8 +74,17 @@ func TestConsumerGroupMirrorsToItsOwnGroupOnly(t *testing.T) {
 			logs := &lockedBuffer{}
 			b.cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelWarn}))
 			b.cfg.ConsumerGroup = group
-			_, stop := b.run(t, effects.Function(b.fn, b.topic))
+			w, stop := b.run(t, effects.Function(b.fn, b.topic))
 			defer stop()
+			srv := httptest.NewServer(w.HTTPHandler())
+			defer srv.Close()
+			refused := func() float64 {
+				v, ok := scrapeMetrics(t, srv.URL+"/metrics").get("kfn_consumer_group_refused", "group", group)
+				if !ok {
+					return -1
+				}
+				return v
+			}
 			for p := range int32(2) {
 				b.produce(t, p, []byte("a"), []byte("b"), []byte("c"))
 			}
@@ -87,8 +98,8 @@ func TestConsumerGroupMirrorsToItsOwnGroupOnly(t *testing.T) {
 				if got := groupOffsets(t, b, b.fn); len(got) != 0 {
 					t.Errorf("the group named after the function got offsets %v; want none", got)
 				}
-				if strings.Contains(logs.String(), "is not kfn's") {
-					t.Errorf("a new group was taken for another consumer's:\n%s", logs)
+				if strings.Contains(logs.String(), "is not kfn's") || refused() != 0 {
+					t.Errorf("a new group was taken for another consumer's (kfn_consumer_group_refused %v):\n%s", refused(), logs)
 				}
 				return
 			}
@@ -97,6 +108,9 @@ func TestConsumerGroupMirrorsToItsOwnGroupOnly(t *testing.T) {
 			})
 			if !strings.Contains(logs.String(), tc.foreign) {
 				t.Errorf("the warning does not say %q:\n%s", tc.foreign, logs)
+			}
+			if v := refused(); v != 1 {
+				t.Errorf("kfn_consumer_group_refused = %v, want 1", v)
 			}
 			time.Sleep(1500 * time.Millisecond) // past the next mirror flush
 			if got := groupOffsets(t, b, group); fmt.Sprint(got) != fmt.Sprint(before) {

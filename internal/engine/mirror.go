@@ -43,10 +43,13 @@ type offsetCommitter struct {
 	warn   *warnLimiter
 	now    func() time.Time
 
-	mu      sync.Mutex
-	pending map[groupTopic]map[int]int64
+	mu       sync.Mutex
+	pending  map[groupTopic]map[int]int64
+	failures int64 // commits that failed, for kfn_offset_mirror_failures_total
 
-	groups map[string]*groupCheck // by group; only flush uses it
+	// groups is what flush knows of each group. Only flush writes it, under
+	// mu (the metrics read it).
+	groups map[string]*groupCheck
 }
 
 // groupTopic is a consumer group and a topic.
@@ -129,6 +132,9 @@ func (c *offsetCommitter) flush(ctx context.Context) {
 			}
 		}
 		if err != nil && !isShutdown(ctx, err) {
+			c.mu.Lock()
+			c.failures++
+			c.mu.Unlock()
 			if ok, held := c.warn.allow("commit\x00" + k.group + "\x00" + k.topic); ok {
 				c.log.Warn("mirror offsets to Kafka consumer group failed (best effort, for lag tools only; retried at the next flush)",
 					"group", k.group, "topic", k.topic, "partitions", slices.Sorted(maps.Keys(failed)), "err", err,
@@ -145,7 +151,9 @@ func (c *offsetCommitter) mayMirror(ctx context.Context, k groupTopic) bool {
 	st := c.groups[k.group]
 	if st == nil {
 		st = &groupCheck{}
+		c.mu.Lock()
 		c.groups[k.group] = st
+		c.mu.Unlock()
 	}
 	if st.ours {
 		return true
@@ -161,6 +169,8 @@ func (c *offsetCommitter) mayMirror(ctx context.Context, k groupTopic) bool {
 		}
 		return false
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if why != "" {
 		st.checkAfter = c.now().Add(groupRecheckEvery)
 		if why != st.refused {
@@ -175,6 +185,19 @@ func (c *offsetCommitter) mayMirror(ctx context.Context, k groupTopic) bool {
 	}
 	st.ours, st.refused = true, ""
 	return true
+}
+
+// mirrorState returns, for kfn_consumer_group_refused, each group checked
+// so far and whether it was refused as another consumer's, and the count of
+// failed commits.
+func (c *offsetCommitter) mirrorState() (refused map[string]bool, failures int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	refused = map[string]bool{}
+	for g, st := range c.groups {
+		refused[g] = st.refused != ""
+	}
+	return refused, c.failures
 }
 
 // requeue puts back the offsets of a commit that failed, unless a newer
