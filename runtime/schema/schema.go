@@ -94,8 +94,8 @@ var embedded = sync.OnceValue(func() []Migration {
 	if maxVersion == "" {
 		return out
 	}
-	max, err := strconv.Atoi(maxVersion)
-	i := slices.IndexFunc(out, func(m Migration) bool { return m.Version == max })
+	capAt, err := strconv.Atoi(maxVersion)
+	i := slices.IndexFunc(out, func(m Migration) bool { return m.Version == capAt })
 	if err != nil || i < 0 {
 		panic(fmt.Sprintf("schema.maxVersion %q (set with -ldflags -X) is not the version of an embedded migration", maxVersion))
 	}
