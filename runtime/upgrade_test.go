@@ -3,6 +3,8 @@ package runtime_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	osexec "os/exec"
 	"strconv"
@@ -28,8 +30,9 @@ var (
 // processing; one is restarted and starts on the newer schema; a worker
 // built for 9001 then runs beside the old ones. Every record is applied
 // exactly once (effects, inbox rows and events against what was produced).
-// After the breaking migration 9002, an old worker and a 9001 worker each
-// refuse to start, naming the versions they run against.
+// After the breaking migration 9002, the old worker still running turns not
+// ready, and an old worker and a 9001 worker each refuse to start, naming
+// the versions they run against.
 func TestRollingUpgradeOldWorkersRunOnAnAdditiveMigrationAndRefuseABreakingOne(t *testing.T) {
 	c := newCluster(t)
 	own := schema.Latest()
@@ -69,11 +72,19 @@ func TestRollingUpgradeOldWorkersRunOnAnAdditiveMigrationAndRefuseABreakingOne(t
 
 	hw := c.finishProduction(prod)
 	c.waitCaughtUp(hw, 60*time.Second)
-	stopClean(t, w2, w3, w4)
+	stopClean(t, w3, w4)
 	c.check(hw)
 	c.checkInboxHoldsEachRecordOnce(hw)
 
+	// The breaking migration lands under the old worker still running: it
+	// turns not ready, saying why.
 	c.migrateWith(nextBin, "applied migrations [9002]; schema is at version 9002")
+	broken := fmt.Sprintf("runs against versions %d to 9001 only", own)
+	waitUntil(t, 30*time.Second, "the old worker's /readyz to fail on schema 9002", func() (bool, string) {
+		code, body := readyz(t, w2)
+		return code == http.StatusServiceUnavailable && strings.Contains(body, broken), fmt.Sprintf("%d %s", code, body)
+	})
+	stopClean(t, w2)
 	for _, tc := range []struct {
 		bin, want string
 	}{
@@ -123,4 +134,24 @@ func (c *cluster) checkInboxHoldsEachRecordOnce(hw map[int]int64) {
 			c.t.Errorf("partition %d: %d inbox rows for offsets %d..%d; want %d for 0..%d", p, rows, lo, hi, end, end-1)
 		}
 	}
+}
+
+// readyz returns the status and body of p's /readyz ("" until it serves).
+func readyz(t *testing.T, p *proc) (int, string) {
+	t.Helper()
+	addr := p.metricsAddr()
+	if addr == "" {
+		return 0, "not serving yet"
+	}
+	client := http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Get("http://" + addr + "/readyz")
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err.Error()
+	}
+	return resp.StatusCode, string(body)
 }

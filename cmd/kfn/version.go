@@ -25,7 +25,7 @@ func runVersion(_ context.Context, args []string, stdout, stderr io.Writer) erro
 	if _, err := io.WriteString(stdout, versionText(bi)); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(stdout, "schema   %d (the kfn schema version it is built for)\n", schema.Latest())
+	_, err := fmt.Fprintf(stdout, "schema   %d (workers built for schema %d or later run against it)\n", schema.Latest(), schema.OldestCompatible())
 	return err
 }
 
