@@ -76,7 +76,7 @@ var (
 func help(t *testing.T, name string, args ...string) binary {
 	t.Helper()
 	path := filepath.Join(buildBinaries(t), name)
-	out, _ := exec.Command(path, append(args, "-h")...).CombinedOutput() // -h exits 0 or 2 depending on the binary
+	out, _ := exec.Command(path, append(append([]string{}, args...), "-h")...).CombinedOutput() // -h exits 0 or 2 depending on the binary
 	b := binary{name: strings.Join(append([]string{name}, args...), " "), flags: map[string]bool{}, envs: map[string]bool{}}
 	for _, m := range flagLine.FindAllStringSubmatch(string(out), -1) {
 		b.flags[m[1]] = true
@@ -124,4 +124,18 @@ func checkEnv(t *testing.T, where string, b binary, name string) {
 	if !b.envs[name] {
 		t.Errorf("%s: environment variable %s is unknown to %s (see %s -h)", where, name, b.name, b.name)
 	}
+}
+
+// kfnCommand returns what the kfn command that args run accepts (its
+// leading words: "relay", "topic create orders") and the args after them.
+func kfnCommand(t *testing.T, args []string) (binary, []string) {
+	t.Helper()
+	n := 0
+	for n < len(args) && !strings.HasPrefix(args[n], "-") {
+		n++
+	}
+	if n == 0 {
+		t.Fatalf("kfn %v: no subcommand", args)
+	}
+	return help(t, "kfn", args[:n]...), args[n:]
 }

@@ -278,25 +278,23 @@ func checkPodSecurity(t *testing.T, d appsv1.Deployment, users map[int64]string)
 
 var pinned = regexp.MustCompile(`^[a-z0-9.-]+(/[a-z0-9._-]+)+(:v[0-9]+\.[0-9]+\.[0-9]+|@sha256:[0-9a-f]{64})$`)
 
-// binaryOf maps a container to the binary it runs: the kfn image runs the
-// subcommand of its first argument, a function image its function.
-func binaryOf(t *testing.T, c corev1.Container) binary {
+// binaryOf maps a container to the binary it runs (the kfn image runs the
+// command of its args, a function image its function) and returns the args
+// left for that binary's flags.
+func binaryOf(t *testing.T, c corev1.Container) (binary, []string) {
 	repo := c.Image
 	if i := strings.LastIndexAny(repo, ":@"); i > strings.LastIndex(repo, "/") {
 		repo = repo[:i]
 	}
 	name := repo[strings.LastIndex(repo, "/")+1:]
 	if name == "kfn" {
-		if len(c.Args) == 0 {
-			t.Fatalf("container %s runs kfn without a subcommand", c.Name)
-		}
-		return help(t, "kfn", c.Args[0])
+		return kfnCommand(t, c.Args)
 	}
 	fn, ok := strings.CutPrefix(name, "kfn-")
 	if !ok {
 		t.Fatalf("container %s: image %s is not a kfn image", c.Name, c.Image)
 	}
-	return help(t, fn)
+	return help(t, fn), c.Args
 }
 
 // checkWorkload checks each container's image, binary settings, Secret and
@@ -323,11 +321,8 @@ func checkWorkload(t *testing.T, r rendered, d appsv1.Deployment) {
 				t.Errorf("%s: no %s limit", where, res)
 			}
 		}
-		b := binaryOf(t, c)
-		checkArgs(t, where, b, c.Args[min(1, len(c.Args)):]) // after the kfn subcommand, if any
-		if b.name != "kfn "+firstArg(c) {
-			checkArgs(t, where, b, c.Args)
-		}
+		b, args := binaryOf(t, c)
+		checkArgs(t, where, b, args)
 		env := map[string]string{}
 		for _, e := range c.Env {
 			checkEnv(t, where, b, e.Name)
@@ -362,7 +357,7 @@ func checkWorkload(t *testing.T, r rendered, d appsv1.Deployment) {
 				}
 			}
 		}
-		if strings.HasPrefix(b.name, "kfn migrate") {
+		if b.name == "kfn migrate" {
 			continue
 		}
 		checkProbes(t, where, c, env)
@@ -376,13 +371,6 @@ func checkWorkload(t *testing.T, r rendered, d appsv1.Deployment) {
 			}
 		}
 	}
-}
-
-func firstArg(c corev1.Container) string {
-	if len(c.Args) == 0 {
-		return ""
-	}
-	return c.Args[0]
 }
 
 func metav1LabelSelector(d appsv1.Deployment) (labels.Selector, error) {
@@ -496,7 +484,7 @@ func checkGracePeriod(t *testing.T, r rendered, d appsv1.Deployment) {
 	}
 	g := d.Spec.Template.Spec.TerminationGracePeriodSeconds
 	if g == nil || time.Duration(*g)*time.Second <= timeout+drain {
-		t.Errorf("terminationGracePeriodSeconds %v must exceed the handler timeout %s + the drain %s", g, timeout, drain)
+		t.Errorf("terminationGracePeriodSeconds %v must exceed the handler timeout %s + the drain %s", ptrText(g), timeout, drain)
 	}
 }
 
@@ -538,7 +526,8 @@ func checkKEDA(t *testing.T, r rendered) {
 			t.Errorf("ScaledObject %s: minReplicaCount must be 0 (scale to zero)", s.Metadata.Name)
 		}
 		c := target.Spec.Template.Spec.Containers[0]
-		fn := describe(t, binaryOf(t, c).name)
+		b, _ := binaryOf(t, c)
+		fn := describe(t, b.name)
 		settings := map[string]string{}
 		for _, from := range c.EnvFrom {
 			for k, v := range r.configMaps[from.ConfigMapRef.Name].Data {
@@ -590,4 +579,11 @@ func checkKEDA(t *testing.T, r rendered) {
 			t.Errorf("TriggerAuthentication %s: tls %q, but the workers' KFN_KAFKA_TLS is %q", auth.Metadata.Name, params["tls"], settings["KFN_KAFKA_TLS"])
 		}
 	}
+}
+
+func ptrText(p *int64) string {
+	if p == nil {
+		return "(unset)"
+	}
+	return strconv.FormatInt(*p, 10)
 }
