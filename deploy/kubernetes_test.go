@@ -128,42 +128,36 @@ func render(t *testing.T, path string) rendered {
 		}
 		switch kind {
 		case "Deployment":
-			var d appsv1.Deployment
-			strict(&d)
-			r.deployments = append(r.deployments, d)
+			r.deployments = append(r.deployments, decode[appsv1.Deployment](strict))
 		case "ConfigMap":
-			var c corev1.ConfigMap
-			strict(&c)
+			c := decode[corev1.ConfigMap](strict)
 			r.configMaps[c.Name] = c
 		case "Secret":
-			var s corev1.Secret
-			strict(&s)
-			r.secrets[s.Name] = s
+			sec := decode[corev1.Secret](strict)
+			r.secrets[sec.Name] = sec
 		case "PodDisruptionBudget":
-			var p policyv1.PodDisruptionBudget
-			strict(&p)
-			r.pdbs = append(r.pdbs, p)
+			r.pdbs = append(r.pdbs, decode[policyv1.PodDisruptionBudget](strict))
 		case "Namespace":
-			var n corev1.Namespace
-			strict(&n)
-			r.namespaces = append(r.namespaces, n)
+			r.namespaces = append(r.namespaces, decode[corev1.Namespace](strict))
 		case "ScaledObject":
-			var s scaledObject
-			strict(&s)
-			r.scaled = append(r.scaled, s)
+			r.scaled = append(r.scaled, decode[scaledObject](strict))
 		case "TriggerAuthentication":
-			var a triggerAuthentication
-			strict(&a)
+			a := decode[triggerAuthentication](strict)
 			r.triggerAuths[a.Metadata.Name] = a
 		case "PrometheusRule":
-			var p prometheusRule
-			strict(&p)
-			r.rules = append(r.rules, p)
+			r.rules = append(r.rules, decode[prometheusRule](strict))
 		default:
 			t.Errorf("%s %s: a kind this test does not decode: add it", kind, res.GetName())
 		}
 	}
 	return r
+}
+
+// decode returns a T filled by strict (which reports what does not fit).
+func decode[T any](strict func(into any)) T {
+	var v T
+	strict(&v)
+	return v
 }
 
 // TestKubernetesManifestsAreValid renders the example overlay and checks
