@@ -17,6 +17,7 @@ type binary struct {
 	name  string
 	flags map[string]bool
 	envs  map[string]bool
+	text  string // the -h output
 }
 
 // function is what a function binary's --describe prints.
@@ -28,22 +29,28 @@ type function struct {
 
 var (
 	buildOnce sync.Once
-	binDir    string
+	binDir    string // made and removed by TestMain
 	buildErr  error
 )
 
 // repoRoot is the main module's directory, this module's parent.
 const repoRoot = ".."
 
+func TestMain(m *testing.M) {
+	var err error
+	if binDir, err = os.MkdirTemp("", "kfn-deploy-bin-"); err != nil {
+		panic(err)
+	}
+	code := m.Run()
+	os.RemoveAll(binDir)
+	os.Exit(code)
+}
+
 // buildBinaries builds kfn and the bundled functions once per test run,
 // from the main module alone (GOWORK=off), as the images do.
 func buildBinaries(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "kfn-deploy-bin-")
-		if buildErr != nil {
-			return
-		}
 		cmd := exec.Command("go", "build", "-o", binDir+string(filepath.Separator),
 			"./cmd/kfn", "./functions/orders/cmd/orders", "./functions/ledger/cmd/ledger")
 		cmd.Dir = repoRoot
@@ -77,7 +84,7 @@ func help(t *testing.T, name string, args ...string) binary {
 	t.Helper()
 	path := filepath.Join(buildBinaries(t), name)
 	out, _ := exec.Command(path, append(append([]string{}, args...), "-h")...).CombinedOutput() // -h exits 0 or 2 depending on the binary
-	b := binary{name: strings.Join(append([]string{name}, args...), " "), flags: map[string]bool{}, envs: map[string]bool{}}
+	b := binary{name: strings.Join(append([]string{name}, args...), " "), flags: map[string]bool{}, envs: map[string]bool{}, text: string(out)}
 	for _, m := range flagLine.FindAllStringSubmatch(string(out), -1) {
 		b.flags[m[1]] = true
 	}

@@ -354,7 +354,7 @@ func checkWorkload(t *testing.T, r rendered, d appsv1.Deployment) {
 		if b.name == "kfn migrate" {
 			continue
 		}
-		checkProbes(t, where, c, env)
+		checkProbes(t, where, b, c, env)
 	}
 	checkGracePeriod(t, r, d)
 	for _, v := range spec.Volumes {
@@ -423,8 +423,8 @@ func checkKey(t *testing.T, where, kind, name, key string, keys map[string]strin
 }
 
 // checkProbes checks liveness on /healthz and readiness on /readyz, on the
-// port KFN_METRICS_ADDR serves.
-func checkProbes(t *testing.T, where string, c corev1.Container, env map[string]string) {
+// port KFN_METRICS_ADDR serves, paths the binary says --metrics-addr serves.
+func checkProbes(t *testing.T, where string, b binary, c corev1.Container, env map[string]string) {
 	addr, ok := env["KFN_METRICS_ADDR"]
 	if !ok {
 		t.Errorf("%s: KFN_METRICS_ADDR is not set: no /healthz or /readyz to probe", where)
@@ -442,6 +442,9 @@ func checkProbes(t *testing.T, where string, c corev1.Container, env map[string]
 		}
 		if p.HTTPGet.Path != path {
 			t.Errorf("%s: %s probe on %s, want %s", where, kind, p.HTTPGet.Path, path)
+		}
+		if !strings.Contains(b.text, p.HTTPGet.Path) {
+			t.Errorf("%s: %s probe on %s, which %s -h does not say it serves", where, kind, p.HTTPGet.Path, b.name)
 		}
 		got := p.HTTPGet.Port.IntValue()
 		for _, cp := range c.Ports {
