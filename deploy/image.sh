@@ -24,6 +24,8 @@ mkdir -p "$root/deploy/.build"
 # Built in the package's own module (GOWORK=off: a function never needs kfn's tools).
 (cd "$pkg" && CGO_ENABLED=0 GOWORK=off go build -trimpath -ldflags="-s -w" -o "$root/deploy/.build/function" .)
 cp "$certs" "$root/deploy/.build/ca-certificates.crt"
-podman build -q -f "$root/deploy/Containerfile.scratch" --build-arg VERSION="$version" \
+# --no-cache: podman would otherwise reuse a layer cached with another
+# VERSION's label (a few copied files: nothing worth caching).
+podman build -q --no-cache -f "$root/deploy/Containerfile.scratch" --build-arg VERSION="$version" \
   -t "$image:$version" -t "$image:dev" "$root/deploy" >/dev/null
 echo "built image $image:$version (also $image:dev; $(podman image inspect "$image:$version" --format '{{.Size}}') bytes) from $pkg"
