@@ -49,6 +49,7 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 	settings.LogLevel.Bind(b, &logLevel)
 	settings.MetricsAddr.Bind(b, &metricsAddr)
 	describe := fs.Bool("describe", false, "print the function's name, source and emitted subjects as JSON on stdout, and exit (kfn dev reads it)")
+	healthcheck := fs.Bool("healthcheck", false, HealthcheckUsage)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -61,6 +62,13 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 	}
 	if *describe {
 		if err := json.NewEncoder(os.Stdout).Encode(Describe(fn)); err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", name, err)
+			return 1
+		}
+		return 0
+	}
+	if *healthcheck {
+		if err := ProbeReady(context.Background(), metricsAddr); err != nil {
 			fmt.Fprintf(stderr, "%s: %v\n", name, err)
 			return 1
 		}
