@@ -30,16 +30,22 @@ func Start(fn Function) {
 
 // Main is Start without the exit, for tests and wrappers: it parses args,
 // writes errors and logs to stderr, and returns the process exit code.
+// With the first argument "migrate" it runs the migrate mode instead of a
+// worker: kfn's schema migrations and fn's Setup, then exit.
 func Main(fn Function, args []string, stderr io.Writer) int {
 	name := fn.Name
 	if name == "" {
 		name = "kfn-function"
+	}
+	if len(args) > 0 && args[0] == MigrateCommand {
+		return migrateMain(fn, name, args[1:], os.Stdout, stderr)
 	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage of %s (every flag can also be set by the environment variable in brackets):\n", name)
 		settings.PrintDefaults(fs)
+		fmt.Fprintf(fs.Output(), "\n%s %s applies kfn's schema migrations and the function's Setup, then exits (-h for its flags).\n", name, MigrateCommand)
 	}
 	var cfg Config
 	var logLevel, metricsAddr string
