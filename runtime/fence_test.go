@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"maps"
 	"net/url"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -220,11 +222,13 @@ SELECT $1::text, $2::text, c.epoch, c.xmin = pg_current_xact_id()::xid
 
 // TestTakeOverWaitsForAnOlderSessionItCannotEnd: A is frozen right after
 // its fence succeeded, so its open transaction holds the cursor row's lock,
-// until its lease has expired. B connects as a role that may not signal
-// A's session (A runs as a superuser, B does not), so its claim can neither
-// get the lock nor end A's transaction: it must be refused with an error
-// that says so, and retried. Once A wakes, its commit lands (legitimately:
-// nobody claimed the partition before it), and B's claim follows it.
+// until its lease has expired. A and B run as two roles, neither a
+// superuser nor a member of pg_signal_backend, so B may not signal A's
+// session: its claim can neither get the lock nor end A's
+// transaction: it must be refused and retried, counted in
+// kfn_fence_terminate_denied_total, with one WARN that says why, not one
+// per retry. Once A wakes, its commit lands (legitimately: nobody claimed
+// the partition before it), and B's claim follows it.
 func TestTakeOverWaitsForAnOlderSessionItCannotEnd(t *testing.T) {
 	b := setup(t, 1)
 	b.cfg.LeaseTTL, b.cfg.LeaseRenew = fenceTTL, fenceRenew
@@ -240,6 +244,7 @@ func TestTakeOverWaitsForAnOlderSessionItCannotEnd(t *testing.T) {
 	holdA := gate.hold(faults.AfterFence, func(int64) bool { return true })
 	cfgA := b.cfg
 	cfgA.BatchWait = time.Second // the n records, all in Kafka already, make one batch
+	cfgA.DatabaseURL = restrictedRole(t, b)
 	wa, stopA := b.runAs(t, cfgA, idA, fn)
 	tA := holdA.wait(t, 30*time.Second, "A's lane to pass the fence of its first batch")
 	freezer.freeze(tA)
@@ -253,12 +258,12 @@ func TestTakeOverWaitsForAnOlderSessionItCannotEnd(t *testing.T) {
 	cfgB.Logger = slog.New(&logCapture{next: b.cfg.Logger.Handler(), store: logsB})
 	wb, stopB := b.runAs(t, cfgB, idB, fn)
 
-	const refused = "claim partition failed, retrying"
-	const unendable = "could not be ended"
-	refusals := func() []capturedLog {
-		return logsB.find(func(r capturedLog) bool { return r.msg == refused && strings.Contains(r.attrs["err"], unendable) })
+	const warning = "cannot end a frozen older owner's Postgres session"
+	warnings := func() []capturedLog {
+		return logsB.find(func(r capturedLog) bool { return strings.HasPrefix(r.msg, warning) })
 	}
-	waitFor(t, fenceTakeover, "B's claim to be refused because A's session could not be ended", func() bool { return len(refusals()) >= 2 })
+	denied := func() int64 { return wb.Stats().Functions()[b.fn].FenceTerminateDenied }
+	waitFor(t, fenceTakeover, "B's claim to be refused twice because A's session could not be ended", func() bool { return denied() >= 2 })
 	if cur := readCursor(t, b, lane); cur.Epoch != tA || cur.Owner != idA {
 		t.Fatalf("cursor while A holds its row lock: epoch %d owner %q, want A's token %d and owner %q", cur.Epoch, cur.Owner, tA, idA)
 	}
@@ -294,9 +299,25 @@ func TestTakeOverWaitsForAnOlderSessionItCannotEnd(t *testing.T) {
 	if len(claimed) != 1 {
 		t.Fatalf("B logged %d lease claims of the partition, want 1", len(claimed))
 	}
-	all := refusals()
-	t.Logf("A's lane stood still %s holding the cursor row (lease TTL %s, renewed every %s); B held the lease %s before its claim landed, refused %d times meanwhile; first refusal: %s",
-		stoodStill.Round(time.Millisecond), fenceTTL, fenceRenew, landed.Sub(claimed[0].at).Round(time.Millisecond), len(all), all[0].attrs["err"])
+	warned := warnings()
+	if len(warned) != 1 || !strings.Contains(warned[0].attrs["err"], inbox.ErrCannotEndOlderOwner.Error()) || !strings.Contains(warned[0].msg, "pg_signal_backend") {
+		t.Errorf("B logged %d warnings %v, want one that names pg_signal_backend, with the refusal as its err", len(warned), warned)
+	}
+	if retries := logsB.find(func(r capturedLog) bool {
+		return strings.HasSuffix(r.msg, "failed, retrying") && strings.Contains(r.attrs["err"], inbox.ErrCannotEndOlderOwner.Error())
+	}); len(retries) != 0 {
+		t.Errorf("B logged %d refused claims at info level or above, want none besides the one warning", len(retries))
+	}
+	refused := denied()
+	series := `kfn_fence_terminate_denied_total\{function="` + regexp.QuoteMeta(b.fn) + `",worker="` + regexp.QuoteMeta(idB) + `"\}`
+	if got := metric(t, wb, series); got != strconv.FormatInt(refused, 10) {
+		t.Errorf("B's kfn_fence_terminate_denied_total = %q, want %d", got, refused)
+	}
+	if len(warned) == 0 {
+		return
+	}
+	t.Logf("A's lane stood still %s holding the cursor row (lease TTL %s, renewed every %s); B held the lease %s before its claim landed, refused %d times meanwhile; the warning: %s: %s",
+		stoodStill.Round(time.Millisecond), fenceTTL, fenceRenew, landed.Sub(claimed[0].at).Round(time.Millisecond), refused, warned[0].msg, warned[0].attrs["err"])
 	wantStats(t, "A", wa, stats{applied: n})
 	wantStats(t, "B", wb, stats{applied: 10})
 	if got, want := effectTokens(t, b), map[int64]int{tA: n, cur.Epoch: 10}; !maps.Equal(got, want) {
@@ -384,8 +405,9 @@ func wantStats(t *testing.T, name string, w *runtime.Worker, want stats) {
 
 // restrictedRole creates a login role that is not a superuser, with the
 // privileges a worker needs in the test's database, and returns a URL of
-// the database for it. It cannot signal the sessions of the superuser the
-// other workers run as.
+// the database for it, and no pg_signal_backend. It cannot signal the
+// sessions of another role: the superuser the other workers run as, or
+// another restricted role.
 func restrictedRole(t *testing.T, b *bundle) string {
 	t.Helper()
 	role := strings.ToLower(strings.ReplaceAll(kfntest.Name(t, "role"), "-", "_"))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -47,6 +48,10 @@ type worker struct {
 	// retries are the running lanes, woken for dead letters marked for
 	// retry (retry.go).
 	retries *retryLanes
+
+	// terminateDenied logs, once, that this worker's role may not end an
+	// older owner's session (claimBlocked).
+	terminateDenied sync.Once
 }
 
 // NewWorker validates cfg and fns, connects to Postgres, Kafka and NATS,
