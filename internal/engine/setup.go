@@ -99,7 +99,7 @@ func migrateMain(fn Function, name string, args []string, stdout, stderr io.Writ
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	pool, err := connect.Postgres(ctx, dbURL, "kfn-migrate "+fn.Name, nil)
+	pool, err := connect.Postgres(ctx, dbURL, name+" "+MigrateCommand, nil)
 	var urlErr *connect.URLError
 	if errors.As(err, &urlErr) {
 		fmt.Fprintf(stderr, "%s %s: %v\n", name, MigrateCommand, urlErr)
