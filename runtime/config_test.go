@@ -166,6 +166,7 @@ func TestMainMigrateModeRejectsBadInvocations(t *testing.T) {
 		{[]string{"migrate", "--database-url", "postgres://x@127.0.0.1:1/d", "stray"}, `fn migrate: unexpected argument "stray"`},
 		{[]string{"migrate", "--batch-size", "5"}, "flag provided but not defined: -batch-size"},
 		{[]string{"migrate", "--database-url", "mysql://x@h/d"}, "fn migrate: invalid configuration: --database-url (DATABASE_URL):"},
+		{[]string{"--database-url", "postgres://x@127.0.0.1:1/d", "migrate"}, "fn: migrate must come first: fn migrate --database-url …"},
 	} {
 		var stderr strings.Builder
 		if code := runtime.Main(fn, tc.args, &stderr); code != 2 || !strings.Contains(stderr.String(), tc.want) {

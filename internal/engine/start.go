@@ -60,6 +60,10 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 		}
 		return 2 // the flag package has printed the error and the usage
 	}
+	if fs.NArg() > 0 && fs.Arg(0) == MigrateCommand {
+		fmt.Fprintf(stderr, "%s: %s must come first: %s %s --%s …\n", name, MigrateCommand, name, MigrateCommand, settings.DatabaseURL.Flag)
+		return 2
+	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "%s: unexpected argument %q (all settings are --flags; see -h)\n", name, fs.Arg(0))
 		return 2
