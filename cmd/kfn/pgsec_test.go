@@ -163,7 +163,8 @@ func produceTestOrders(t *testing.T, k *kfntest.KafkaCluster, topic string, n in
 	k.Produce(t, topic, msgs...)
 }
 
-// TestPostgresVerifyFull runs kfn migrate, a worker and kfn status against
+// TestPostgresVerifyFull runs kfn migrate, a worker and kfn status (with a
+// URL and with a keyword/value string) against
 // a Postgres that serves TLS, with sslmode=verify-full and the CA that
 // signed its certificate, and checks that every session they open is
 // encrypted. With a CA that did not sign it, each fails at once, naming
@@ -206,10 +207,14 @@ func TestPostgresVerifyFull(t *testing.T) {
 		return pg.admin.QueryRow(ctx, `SELECT next_offset FROM kfn.cursors WHERE consumer = $1`, fn.Name).Scan(&next) == nil && next == n+1
 	})
 
-	code, out, stderr = kfn(t, "status", "--database-url", byName, "--function", fn.Name, "--json")
-	var parts []operator.PartitionStatus
-	if code != 0 || json.Unmarshal([]byte(out), &parts) != nil || len(parts) != 1 || parts[0].Cursor != n+1 {
-		t.Errorf("kfn status over verify-full: exit %d, out %q, err %q; want one partition at cursor %d", code, out, stderr, n+1)
+	// kfn status, with the URL and with a keyword/value string.
+	dsn := fmt.Sprintf("host=localhost port=%d user=postgres password=%s dbname=kfn sslmode=verify-full sslrootcert=%s", pg.port, password, pg.caFile)
+	for form, dbURL := range map[string]string{"URL": byName, "keyword/value string": dsn} {
+		code, out, stderr = kfn(t, "status", "--database-url", dbURL, "--function", fn.Name, "--json")
+		var parts []operator.PartitionStatus
+		if code != 0 || json.Unmarshal([]byte(out), &parts) != nil || len(parts) != 1 || parts[0].Cursor != n+1 {
+			t.Errorf("kfn status over verify-full, a %s: exit %d, out %q, err %q; want one partition at cursor %d", form, code, out, stderr, n+1)
+		}
 	}
 
 	// A CA that did not sign the server's certificate.
