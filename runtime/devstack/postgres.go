@@ -84,6 +84,9 @@ type Postgres struct {
 // `postgres` user, since PostgreSQL refuses to run as root. The server is a
 // child of this process: on Linux it dies with it.
 func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error) {
+	if (opts.TLSCert == nil) != (opts.TLSKey == nil) {
+		return nil, errors.New("start postgres: PostgresOptions: give both TLSCert and TLSKey, or neither")
+	}
 	if opts.StartTimeout <= 0 {
 		opts.StartTimeout = 60 * time.Second
 	}
@@ -176,9 +179,6 @@ const (
 // directory, readable by the server's user only (PostgreSQL refuses a key
 // that others can read).
 func (p *Postgres) writeTLS() error {
-	if (p.opts.TLSCert == nil) != (p.opts.TLSKey == nil) {
-		return errors.New("PostgresOptions: give both TLSCert and TLSKey, or neither")
-	}
 	if p.opts.TLSCert == nil {
 		return nil
 	}
