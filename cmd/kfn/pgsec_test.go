@@ -322,6 +322,20 @@ func TestReadmeRolesRunKfnWithLeastPrivilege(t *testing.T) {
 		t.Errorf("the function binary as kfn_worker without --skip-setup: exit %d, %s", code, stderrW.String())
 	}
 
+	// A role with less than the README's grants is refused at start,
+	// naming what it lacks, before anything runs.
+	if _, err := pg.admin.Exec(ctx, `CREATE ROLE kfn_reader LOGIN; GRANT USAGE ON SCHEMA kfn TO kfn_reader; GRANT SELECT ON ALL TABLES IN SCHEMA kfn TO kfn_reader`); err != nil {
+		t.Fatal(err)
+	}
+	reader := cfg
+	reader.DatabaseURL, reader.SkipSetup = pg.url("kfn_reader", "r-secret", "localhost", pg.caFile), true
+	const lacks = `invalid configuration: --database-url (DATABASE_URL): the role "kfn_reader" lacks privileges a worker needs in kfn's schema (INSERT on kfn.cursors, UPDATE on kfn.cursors, INSERT on kfn.dead_letters, USAGE on kfn.dead_letters_id_seq,`
+	if _, err := runtime.NewWorker(ctx, reader, fn); err == nil || !strings.Contains(err.Error(), lacks) || !strings.Contains(err.Error(), "DELETE on kfn.outbox") {
+		t.Errorf("a worker as a role that may only read kfn's tables: %v; want %q … DELETE on kfn.outbox", err, lacks)
+	} else {
+		t.Logf("kfn_reader: %v", err)
+	}
+
 	const n = 20
 	produceTestOrders(t, k, topic, n)
 	cfg.SkipSetup = true

@@ -98,6 +98,10 @@ func (w *worker) connect(ctx context.Context) error {
 	if err := w.connectPostgres(ctx); err != nil {
 		return err
 	}
+	relay := !w.cfg.NoRelay && len(emittedSubjects(w.fns)) > 0
+	if err := checkPrivileges(ctx, w.pool, neededPrivileges(w.fns, relay)); err != nil {
+		return err
+	}
 	if topic := kafkaTopic(w.fns); topic != "" {
 		var err error
 		if w.kafka, err = newKafkaSource(w.cfg.KafkaBrokers, w.cfg.KafkaSecurity, w.cfg.Logger); err != nil {
