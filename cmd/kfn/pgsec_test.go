@@ -295,9 +295,11 @@ func TestReadmeRolesRunKfnWithLeastPrivilege(t *testing.T) {
 	if code, out, stderr := kfn(t, "migrate", "--database-url", migrator); code != 0 {
 		t.Fatalf("kfn migrate as kfn_migrator: exit %d, out %q, err %q", code, out, stderr)
 	}
-	var stderr bytes.Buffer
-	if code := runtime.Main(fn, []string{"migrate", "--database-url", migrator}, &stderr); code != 0 {
-		t.Fatalf("%s migrate as kfn_migrator: exit %d, %s", fn.Name, code, stderr.String())
+	for range 2 { // a Job that runs again finds everything in place
+		var stderr bytes.Buffer
+		if code := runtime.Main(fn, []string{"migrate", "--database-url", migrator}, &stderr); code != 0 {
+			t.Fatalf("%s migrate as kfn_migrator: exit %d, %s", fn.Name, code, stderr.String())
+		}
 	}
 	var owner string
 	if err := pg.admin.QueryRow(ctx, `SELECT tableowner FROM pg_tables WHERE schemaname = 'public' AND tablename = 'orders'`).Scan(&owner); err != nil || owner != "kfn_migrator" {
