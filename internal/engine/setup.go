@@ -115,11 +115,7 @@ func migrateMain(fn Function, name string, args []string, stdout, stderr io.Writ
 		fmt.Fprintf(stderr, "%s %s: %v\n", name, MigrateCommand, err)
 		return 1
 	}
-	if len(applied) == 0 {
-		fmt.Fprintf(stdout, "kfn schema is up to date at version %d\n", schema.Latest())
-	} else {
-		fmt.Fprintf(stdout, "applied kfn migrations %v; schema is at version %d\n", applied, schema.Latest())
-	}
+	fmt.Fprintf(stdout, "kfn %s\n", schema.Outcome(applied))
 	if err := runSetup(ctx, pool, []Function{fn}); err != nil {
 		fmt.Fprintf(stderr, "%s %s: %v\n", name, MigrateCommand, err)
 		return 1
