@@ -31,12 +31,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	if len(applied) == 0 {
-		fmt.Fprintf(stdout, "schema is up to date at version %d\n", schema.Latest())
-		return nil
-	}
-	fmt.Fprintf(stdout, "applied migrations %v; schema is at version %d; workers built for schema version %d or later run against it\n",
-		applied, schema.Latest(), schema.OldestCompatible())
+	fmt.Fprintln(stdout, schema.Outcome(applied))
 	return nil
 }
 

@@ -47,6 +47,7 @@ type Config struct {
 	LeaseRenew     time.Duration // KFN_LEASE_RENEW: how often leases and heartbeats are renewed
 	LeaseBucket    string        // KFN_LEASE_BUCKET: the NATS KV bucket of the leases; all workers of a function share it
 	NoRelay        bool          // KFN_NO_RELAY (true/false, 1/0): do not run the outbox relay in this process (run `kfn relay` instead)
+	SkipSetup      bool          // KFN_SKIP_SETUP: do not run the functions' Setup at start (run the binary's migrate mode as the schema owner instead)
 	EventStream    string        // KFN_EVENT_STREAM: the JetStream stream outbox events are relayed to
 	EventDedup     time.Duration // KFN_EVENT_DEDUP: the stream's duplicate window, when the relay creates it
 	EventRetention time.Duration // KFN_EVENT_RETENTION: the event stream's max age, when the relay creates it
@@ -256,6 +257,7 @@ func (c *Config) bind(b *settings.Binder) {
 	settings.LeaseRenew.Bind(b, &c.LeaseRenew)
 	settings.LeaseBucket.Bind(b, &c.LeaseBucket)
 	settings.NoRelay.Bind(b, &c.NoRelay)
+	settings.SkipSetup.Bind(b, &c.SkipSetup)
 	settings.EventStream.Bind(b, &c.EventStream)
 	settings.EventDedup.Bind(b, &c.EventDedup)
 	settings.InboxRetention.Bind(b, &c.InboxRetention)

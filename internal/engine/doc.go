@@ -109,8 +109,9 @@
 //     when it holds the cursor row (inbox.TakeOver), so the takeover never
 //     waits for these timeouts, provided the new owner's role may signal
 //     the older session (the same role, or pg_signal_backend for a role
-//     that is not a superuser); otherwise its claim is refused, saying so,
-//     and retried until the older session ends.
+//     that is not a superuser); otherwise its claim is refused and retried
+//     until the older session ends: the worker says so once (WARN) and
+//     counts each refusal in kfn_fence_terminate_denied_total.
 //   - Connections use TCP keepalive on both ends (idle --lease-ttl, interval
 //     --lease-renew, 3 probes), so a vanished peer is noticed without the
 //     kernel's defaults of hours. The server-side settings are sent as

@@ -31,16 +31,22 @@ func Start(fn Function) {
 
 // Main is Start without the exit, for tests and wrappers: it parses args,
 // writes errors and logs to stderr, and returns the process exit code.
+// With the first argument "migrate" it runs the migrate mode instead of a
+// worker: kfn's schema migrations and fn's Setup, then exit.
 func Main(fn Function, args []string, stderr io.Writer) int {
 	name := fn.Name
 	if name == "" {
 		name = "kfn-function"
+	}
+	if len(args) > 0 && args[0] == MigrateCommand {
+		return migrateMain(fn, name, args[1:], os.Stdout, stderr)
 	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage of %s (every flag can also be set by the environment variable in brackets):\n", name)
 		settings.PrintDefaults(fs)
+		fmt.Fprintf(fs.Output(), "\n%s %s applies kfn's schema migrations and the function's Setup, then exits (-h for its flags).\n", name, MigrateCommand)
 	}
 	var cfg Config
 	var logLevel, metricsAddr string
@@ -55,6 +61,10 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 			return 0
 		}
 		return 2 // the flag package has printed the error and the usage
+	}
+	if fs.NArg() > 0 && fs.Arg(0) == MigrateCommand {
+		fmt.Fprintf(stderr, "%s: %s must come first: %s %s --%s …\n", name, MigrateCommand, name, MigrateCommand, settings.DatabaseURL.Flag)
+		return 2
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "%s: unexpected argument %q (all settings are --flags; see -h)\n", name, fs.Arg(0))

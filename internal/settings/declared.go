@@ -193,6 +193,10 @@ var (
 		Flag: "no-relay", Env: "KFN_NO_RELAY",
 		Usage: "do not run the outbox relay in this process (run kfn relay instead)",
 	}
+	SkipSetup = Setting[bool]{
+		Flag: "skip-setup", Env: "KFN_SKIP_SETUP",
+		Usage: "do not run the function's Setup DDL at start (run `<function binary> migrate` once as the schema owner instead), so the worker needs only DML rights",
+	}
 	EventDedup = Setting[time.Duration]{
 		Flag: "event-dedup", Env: "KFN_EVENT_DEDUP", Default: DefaultEventDedup,
 		Usage: "duplicate window of the event stream, when the relay creates it", Check: positive[time.Duration],

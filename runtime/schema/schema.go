@@ -166,6 +166,17 @@ func OldestCompatible() int {
 	return oldest
 }
 
+// Outcome says what Migrate did, for a migrator's output: the migrations
+// it applied (none: the schema was up to date), the schema version, and
+// the oldest schema version a worker may be built for to run against it.
+func Outcome(applied []int) string {
+	if len(applied) == 0 {
+		return fmt.Sprintf("schema is up to date at version %d", Latest())
+	}
+	return fmt.Sprintf("applied migrations %v; schema is at version %d; workers built for schema version %d or later run against it",
+		applied, Latest(), OldestCompatible())
+}
+
 // compatColumn is the version of the migration that added
 // kfn.schema_migrations.breaks_before: from it on, the migrator records
 // what every applied migration breaks.
