@@ -110,8 +110,9 @@ func bindRelayConfig(fs *flagSet) *runtime.Config {
 	b := fs.settings
 	settings.DatabaseURL.Bind(b, &cfg.DatabaseURL)
 	settings.NATSURL.Bind(b, &cfg.NATSURL)
-	settings.NATSCreds.Bind(b, &cfg.NATSCreds)
-	settings.NATSTokenFile.Bind(b, &cfg.NATSTokenFile)
+	engine.BindNATSSecurity(b, &cfg.NATSSecurity)
+	settings.NATSReplicas.Bind(b, &cfg.NATSReplicas)
+	settings.NATSProvisioned.Bind(b, &cfg.NATSProvisioned)
 	id := settings.WorkerID
 	id.DefaultText = "kfn-relay-host-pid"
 	id.Bind(b, &cfg.WorkerID)

@@ -33,7 +33,7 @@ func TestNATSTokenFromAFileOrTheURL(t *testing.T) {
 	if err := os.WriteFile(file, []byte(token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	nc, _, err := NATSWith(natsURL, "test", NATSAuth{TokenFile: file})
+	nc, _, err := NATSWith(natsURL, "test", NATSSecurity{TokenFile: file})
 	if err != nil {
 		t.Fatalf("token file: %v", err)
 	}
@@ -47,14 +47,14 @@ func TestNATSTokenFromAFileOrTheURL(t *testing.T) {
 
 	for _, tc := range []struct {
 		name, url string
-		auth      NATSAuth
+		auth      NATSSecurity
 		want      string
 	}{
-		{"no token", natsURL, NATSAuth{}, "cannot reach NATS"},
-		{"wrong token in the URL", strings.Replace(natsURL, "nats://", "nats://wrongTok4Qsecret@", 1), NATSAuth{}, "cannot reach NATS at nats://xxxxx@"},
-		{"unreadable token file", natsURL, NATSAuth{TokenFile: filepath.Join(dir, "missing")}, "--nats-token-file (KFN_NATS_TOKEN_FILE): cannot read the token file"},
-		{"unreadable creds file", natsURL, NATSAuth{Creds: filepath.Join(dir, "missing.creds")}, "--nats-creds (KFN_NATS_CREDS): cannot read the credentials file"},
-		{"both", natsURL, NATSAuth{Creds: file, TokenFile: file}, "not both"},
+		{"no token", natsURL, NATSSecurity{}, "wants credentials: set --nats-creds (KFN_NATS_CREDS)"},
+		{"wrong token in the URL", strings.Replace(natsURL, "nats://", "nats://wrongTok4Qsecret@", 1), NATSSecurity{}, "NATS at nats://xxxxx@127.0.0.1"},
+		{"unreadable token file", natsURL, NATSSecurity{TokenFile: filepath.Join(dir, "missing")}, "--nats-token-file (KFN_NATS_TOKEN_FILE): cannot read the token file"},
+		{"unreadable creds file", natsURL, NATSSecurity{Creds: filepath.Join(dir, "missing.creds")}, "--nats-creds (KFN_NATS_CREDS): cannot read the credentials file"},
+		{"both", natsURL, NATSSecurity{Creds: file, TokenFile: file}, "give one of --nats-creds (KFN_NATS_CREDS), --nats-token-file (KFN_NATS_TOKEN_FILE), not"},
 	} {
 		nc, _, err := NATSWith(tc.url, "test", tc.auth)
 		if err == nil {

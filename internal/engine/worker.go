@@ -194,8 +194,7 @@ func (w *worker) connectPostgres(ctx context.Context) error {
 // opens JetStream.
 func (w *worker) connectNATS() error {
 	var err error
-	w.nc, w.js, err = connect.NATSWith(w.cfg.NATSURL, "kfn "+w.cfg.WorkerID,
-		connect.NATSAuth{Creds: w.cfg.NATSCreds, TokenFile: w.cfg.NATSTokenFile})
+	w.nc, w.js, err = connect.NATSWith(w.cfg.NATSURL, "kfn "+w.cfg.WorkerID, w.cfg.NATSSecurity)
 	return err
 }
 
