@@ -78,7 +78,7 @@ func (s *Store) Config() StoreConfig { return s.cfg }
 // how a lost bucket is created again.
 func (s *Store) openBucket(ctx context.Context) (jetstream.KeyValue, error) {
 	kv, err := s.openExisting(ctx)
-	if !errors.Is(err, jetstream.ErrBucketNotFound) {
+	if !errors.Is(err, jetstream.ErrBucketNotFound) || s.cfg.NoCreate {
 		return kv, err
 	}
 	return s.createBucket(ctx)
@@ -100,8 +100,24 @@ func (s *Store) openExisting(ctx context.Context) (jetstream.KeyValue, error) {
 		return nil, fmt.Errorf("lease bucket %s has TTL %v but TTL is configured as %v: every member of a bucket must use the same TTL (use another Bucket, or delete the bucket when no worker runs)",
 			s.cfg.Bucket, st.TTL(), s.cfg.TTL)
 	}
+	if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok && bs.StreamInfo() != nil && bs.StreamInfo().Config.Replicas != s.cfg.Replicas {
+		return nil, &ReplicasError{Stream: bs.StreamInfo().Config.Name, Have: bs.StreamInfo().Config.Replicas, Want: s.cfg.Replicas}
+	}
 	s.noteBucket(st)
 	return kv, nil
+}
+
+// ReplicasError is an existing stream (a lease bucket's, or kfn's event
+// stream) with another number of replicas than configured. kfn never
+// changes it: scaling a stream is an operator's decision.
+type ReplicasError struct {
+	Stream     string
+	Have, Want int
+}
+
+func (e *ReplicasError) Error() string {
+	return fmt.Sprintf("stream %s has %d replicas, not the %d configured: kfn does not change an existing stream; configure %d, or change the stream (nats stream edit %s --replicas %d)",
+		e.Stream, e.Have, e.Want, e.Have, e.Stream, e.Want)
 }
 
 // createBucket creates the bucket with its revisions starting above every
@@ -233,7 +249,7 @@ func (s *Store) streamConfig(markers bool) jetstream.StreamConfig {
 		MaxMsgSize:        -1,
 		MaxConsumers:      -1,
 		Storage:           jetstream.FileStorage,
-		Replicas:          1,
+		Replicas:          s.cfg.Replicas,
 		Discard:           jetstream.DiscardNew,
 		AllowRollup:       true, // purges of a key roll it up
 		DenyDelete:        true, // keys are deleted with markers, not by sequence
