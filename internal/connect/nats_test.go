@@ -1,6 +1,13 @@
 package connect
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
 )
 
 // tokenServer starts a real NATS server, in this process, that wants token.
@@ -66,4 +74,81 @@ func TestNATSTokenFromAFileOrTheURL(t *testing.T) {
 			t.Errorf("%s: %v; want %q and no token", tc.name, err, tc.want)
 		}
 	}
+}
+
+// An NKey user connects with its seed file; a bad CA, a certificate
+// without its key and a file that is no .creds are refused before any
+// connection, naming the setting and never quoting the seed.
+func TestNATSNKeySeedFileAndBadFiles(t *testing.T) {
+	user, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := user.PublicKey()
+	seed, _ := user.Seed()
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, Nkeys: []*server.NkeyUser{{Nkey: pub}}, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(s.Shutdown)
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	seedFile := write("user.nk", string(seed)+"\n")
+	nc, _, err := NATSWith(s.ClientURL(), "test", NATSSecurity{NKeyFile: seedFile})
+	if err != nil {
+		t.Fatalf("nkey seed file: %v", err)
+	}
+	nc.Close()
+
+	notPEM := write("ca.pem", "not a certificate")
+	for _, tc := range []struct {
+		name string
+		sec  NATSSecurity
+		want string
+	}{
+		{"no nkey", NATSSecurity{}, "wants credentials: set --nats-creds (KFN_NATS_CREDS)"},
+		{"seed file holds no seed", NATSSecurity{NKeyFile: notPEM}, "--nats-nkey (KFN_NATS_NKEY): cannot use"},
+		{"CA file holds no PEM", NATSSecurity{NKeyFile: seedFile, CAFile: notPEM}, "--nats-ca (KFN_NATS_CA): " + notPEM + " holds no PEM certificate"},
+		{"unreadable CA", NATSSecurity{CAFile: filepath.Join(dir, "missing.pem")}, "--nats-ca (KFN_NATS_CA): cannot read the CA file"},
+		{"cert without key", NATSSecurity{CertFile: notPEM}, "--nats-key (KFN_NATS_KEY): --nats-cert " + notPEM + " is given without its private key"},
+		{"not a creds file", NATSSecurity{Creds: seedFile}, "--nats-creds (KFN_NATS_CREDS): " + seedFile + " is not a NATS credentials file"},
+		{"creds and nkey", NATSSecurity{Creds: seedFile, NKeyFile: seedFile}, "give one of --nats-creds (KFN_NATS_CREDS), --nats-nkey (KFN_NATS_NKEY), not"},
+		{"TLS to a server without TLS", NATSSecurity{NKeyFile: seedFile, CAFile: write("ok.pem", testCA(t))}, "does not offer TLS: drop --nats-ca"},
+	} {
+		nc, _, err := NATSWith(s.ClientURL(), "test", tc.sec)
+		if err == nil {
+			nc.Close()
+			t.Errorf("%s: connected", tc.name)
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), string(seed)) {
+			t.Errorf("%s: %v; want %q and no seed", tc.name, err, tc.want)
+		}
+	}
+}
+
+// testCA is the PEM of a self-signed CA certificate.
+func testCA(t *testing.T) string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
 }
