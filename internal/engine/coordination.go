@@ -95,8 +95,8 @@ func TokenFloor(db interface {
 
 // newPartitionLeases makes the lease manager that decides which of fn's
 // partitions this worker owns.
-func (w *worker) newPartitionLeases(fn Function) (*lease.Manager, error) {
-	mgr, err := lease.NewManager(w.js, w.leaseConfig(LeaseGroup(w.installation, fn.Name, fn.source()), w.cfg.Logger.With("function", fn.Name)))
+func (w *worker) newPartitionLeases(ctx context.Context, fn Function) (*lease.Manager, error) {
+	mgr, err := lease.NewManager(ctx, w.js, w.leaseConfig(LeaseGroup(w.installation, fn.Name, fn.source()), w.cfg.Logger.With("function", fn.Name)))
 	if err != nil {
 		return nil, fmt.Errorf("function %s: partition leases in NATS at %s: %w", fn.Name, connect.Redact(w.cfg.NATSURL), w.explainNATSState(err))
 	}
@@ -127,7 +127,13 @@ func (w *worker) explainNATSState(err error) error {
 		return fmt.Errorf("event stream %s does not exist, and with --%s (%s) workers never create it: create it with `kfn migrate --nats --event-stream %s --subjects …` (the subjects the functions emit) run by a NATS user allowed to create streams: %w",
 			w.cfg.EventStream, settings.NATSProvisioned.Flag, settings.NATSProvisioned.Env, w.cfg.EventStream, err)
 	case errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("%w (is JetStream enabled, and may this NATS user create streams? If not, create the lease bucket and the event stream with `kfn migrate --nats` and start the workers with --%s)", err, settings.NATSProvisioned.Flag)
+		// The server answers a denied request with an error on the
+		// connection, not to the request, which then times out.
+		if last := w.nc.LastError(); errors.Is(last, nats.ErrPermissionViolation) {
+			return fmt.Errorf("this NATS user may not create or change the lease bucket %s or the event stream %s (%v): create them once with `kfn migrate --nats` run by a NATS user allowed to, and start the workers with --%s (%s): %w",
+				w.cfg.LeaseBucket, w.cfg.EventStream, last, settings.NATSProvisioned.Flag, settings.NATSProvisioned.Env, err)
+		}
+		return fmt.Errorf("%w (is JetStream enabled, and may this NATS user create streams? If not, create the lease bucket and the event stream once with `kfn migrate --nats` and start the workers with --%s (%s))", err, settings.NATSProvisioned.Flag, settings.NATSProvisioned.Env)
 	}
 	return err
 }

@@ -57,7 +57,7 @@ func (w *worker) newRelay(ctx context.Context, subjects []string) (*outbox.Relay
 	if err != nil {
 		return nil, err
 	}
-	shards, err := lease.NewManager(w.js, w.leaseConfig(relayLeaseGroup(w.installation), w.cfg.Logger.With("component", "outbox-relay")))
+	shards, err := lease.NewManager(ctx, w.js, w.leaseConfig(relayLeaseGroup(w.installation), w.cfg.Logger.With("component", "outbox-relay")))
 	if err != nil {
 		return nil, fmt.Errorf("relay shard leases: %w", w.explainNATSState(err))
 	}

@@ -131,7 +131,7 @@ func (w *worker) connect(ctx context.Context) error {
 	w.leases = map[string]*lease.Manager{}
 	for _, fn := range w.fns {
 		var err error
-		if w.leases[fn.Name], err = w.newPartitionLeases(fn); err != nil {
+		if w.leases[fn.Name], err = w.newPartitionLeases(ctx, fn); err != nil {
 			return err
 		}
 	}
