@@ -58,9 +58,12 @@ type cluster struct {
 	pg    *kfntest.PG
 	kafka *kfntest.KafkaCluster
 	nats  *kfntest.NATSServer
-	topic string
-	fn    string
-	seq   int // last worker number handed out
+	// natsURL is what the workers and the checker connect to: nats's URL,
+	// or a cluster's URL list.
+	natsURL string
+	topic   string
+	fn      string
+	seq     int // last worker number handed out
 }
 
 func newCluster(t *testing.T) *cluster {
@@ -73,6 +76,7 @@ func newCluster(t *testing.T) *cluster {
 func newClusterOn(t *testing.T, kafka *kfntest.KafkaCluster) *cluster {
 	t.Helper()
 	c := &cluster{t: t, pg: kfntest.Postgres(t), kafka: kafka, nats: kfntest.NATSProcess(t)}
+	c.natsURL = c.nats.URL
 	c.topic = c.kafka.CreateTopic(t, failoverPartitions)
 	c.fn = kfntest.Name(t, "fn")
 	return c
@@ -121,7 +125,7 @@ func (c *cluster) startWorkerEnv(id string, env ...string) *proc {
 	cmd.Env = append(os.Environ(),
 		"DATABASE_URL="+c.databaseURL(id),
 		"KFN_KAFKA_BROKERS="+strings.Join(c.kafka.Brokers, ","),
-		"KFN_NATS_URL="+c.nats.URL,
+		"KFN_NATS_URL="+c.natsURL,
 		"KFN_WORKER_ID="+id,
 		"KFN_TEST_FUNCTION="+c.fn,
 		"KFN_TEST_TOPIC="+c.topic,
@@ -616,7 +620,7 @@ func (c *cluster) waitCaughtUp(hw map[int]int64, limit time.Duration) {
 func (c *cluster) check(hw map[int]int64, dead ...effects.Produced) effects.Report {
 	c.t.Helper()
 	rep, err := effects.Check(context.Background(), c.pg.Pool, c.fn, c.topic, producedUpTo(hw),
-		effects.Events(jetStream(c.t, c.nats.URL), runtime.DefaultStream))
+		effects.Events(jetStream(c.t, c.natsURL), runtime.DefaultStream))
 	if err != nil {
 		c.t.Fatal(err)
 	}
