@@ -29,15 +29,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	dbURL := bind(fs, settings.DatabaseURL)
 	withNATS := fs.Bool("nats", false, "also create the lease bucket and the event stream in NATS (see --nats-provisioned)")
 	var cfg runtime.Config
-	b := fs.settings
-	settings.NATSURL.Bind(b, &cfg.NATSURL)
-	engine.BindNATSSecurity(b, &cfg.NATSSecurity)
-	settings.NATSReplicas.Bind(b, &cfg.NATSReplicas)
-	settings.LeaseBucket.Bind(b, &cfg.LeaseBucket)
-	settings.LeaseTTL.Bind(b, &cfg.LeaseTTL)
-	settings.EventStream.Bind(b, &cfg.EventStream)
-	settings.EventDedup.Bind(b, &cfg.EventDedup)
-	settings.EventRetention.Bind(b, &cfg.EventRetention)
+	bindNATSState(fs.settings, &cfg)
 	subjects := bind(fs, settings.RelaySubjects)
 	if err := parse(fs, args); err != nil {
 		return err

@@ -21,7 +21,15 @@ import (
 // tokenServer starts a real NATS server, in this process, that wants token.
 func tokenServer(t *testing.T, token string) string {
 	t.Helper()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), Authorization: token, NoLog: true, NoSigs: true})
+	return startServer(t, &server.Options{JetStream: true, StoreDir: t.TempDir(), Authorization: token})
+}
+
+// startServer starts a real NATS server, in this process, with opts on a
+// free loopback port, and returns its URL.
+func startServer(t *testing.T, opts *server.Options) string {
+	t.Helper()
+	opts.Host, opts.Port, opts.NoLog, opts.NoSigs = "127.0.0.1", -1, true, true
+	s, err := server.NewServer(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,15 +94,7 @@ func TestNATSNKeySeedFileAndBadFiles(t *testing.T) {
 	}
 	pub, _ := user.PublicKey()
 	seed, _ := user.Seed()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, Nkeys: []*server.NkeyUser{{Nkey: pub}}, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(s.Shutdown)
+	natsURL := startServer(t, &server.Options{Nkeys: []*server.NkeyUser{{Nkey: pub}}})
 	dir := t.TempDir()
 	write := func(name, content string) string {
 		p := filepath.Join(dir, name)
@@ -104,7 +104,7 @@ func TestNATSNKeySeedFileAndBadFiles(t *testing.T) {
 		return p
 	}
 	seedFile := write("user.nk", string(seed)+"\n")
-	nc, _, err := NATSWith(s.ClientURL(), "test", NATSSecurity{NKeyFile: seedFile})
+	nc, _, err := NATSWith(natsURL, "test", NATSSecurity{NKeyFile: seedFile})
 	if err != nil {
 		t.Fatalf("nkey seed file: %v", err)
 	}
@@ -125,7 +125,7 @@ func TestNATSNKeySeedFileAndBadFiles(t *testing.T) {
 		{"creds and nkey", NATSSecurity{Creds: seedFile, NKeyFile: seedFile}, "give one of --nats-creds (KFN_NATS_CREDS), --nats-nkey (KFN_NATS_NKEY), not"},
 		{"TLS to a server without TLS", NATSSecurity{NKeyFile: seedFile, CAFile: write("ok.pem", testCA(t))}, "does not offer TLS: drop --nats-ca"},
 	} {
-		nc, _, err := NATSWith(s.ClientURL(), "test", tc.sec)
+		nc, _, err := NATSWith(natsURL, "test", tc.sec)
 		if err == nil {
 			nc.Close()
 			t.Errorf("%s: connected", tc.name)
