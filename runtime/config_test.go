@@ -183,6 +183,8 @@ func TestConfigExplicitZeroIsRejectedOrHonoured(t *testing.T) {
 		{args: []string{"--lease-ttl", "0s"}, want: "--lease-ttl (KFN_LEASE_TTL): must be positive"},
 		{env: "KFN_HANDLER_TIMEOUT", want: "--handler-timeout (KFN_HANDLER_TIMEOUT): must be positive"},
 		{args: []string{"--max-record-bytes", "0"}, want: "--max-record-bytes (KFN_MAX_RECORD_BYTES): must be positive"},
+		{env: "KFN_NATS_REPLICAS", want: "--nats-replicas (KFN_NATS_REPLICAS): 0 is out of range 1..5"},
+		{args: []string{"--nats-replicas", "7"}, want: "--nats-replicas (KFN_NATS_REPLICAS): 7 is out of range 1..5"},
 	} {
 		if tc.env != "" {
 			t.Setenv(tc.env, "0")
@@ -207,7 +209,7 @@ func TestConfigExplicitZeroIsRejectedOrHonoured(t *testing.T) {
 			t.Errorf("batch wait 0: err = %v; want it accepted", err)
 		}
 	}
-	if got := (runtime.Config{}).WithDefaults(); got.BatchSize != engine.DefaultBatchSize || got.BatchWait != engine.DefaultBatchWait || got.RetryAttempts != engine.DefaultRetryAttempts {
+	if got := (runtime.Config{}).WithDefaults(); got.BatchSize != engine.DefaultBatchSize || got.BatchWait != engine.DefaultBatchWait || got.RetryAttempts != engine.DefaultRetryAttempts || got.NATSReplicas != 1 {
 		t.Errorf("a Go caller's zero fields: %+v; want the defaults", got)
 	}
 }

@@ -3,12 +3,14 @@ package runtime_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/internal/connect"
+	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 	"github.com/kfn-dev/kfn/runtime/lease"
@@ -114,4 +116,20 @@ func streamInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.St
 		t.Fatalf("stream %s: %v", name, err)
 	}
 	return s.CachedInfo()
+}
+
+// --nats-replicas above what the NATS server can hold (one server, not a
+// cluster) stops the worker at start naming the setting.
+func TestNATSReplicasAboveTheClusterNameTheSetting(t *testing.T) {
+	b := setup(t, 1)
+	b.cfg.NATSReplicas = 3
+	w, err := runtime.NewWorker(context.Background(), b.cfg, effects.Function(b.fn, b.topic))
+	if err == nil {
+		w.Close()
+		t.Fatal("a worker with 3 replicas started on a single NATS server")
+	}
+	t.Logf("refused: %v", err)
+	if !strings.Contains(err.Error(), "--nats-replicas (KFN_NATS_REPLICAS) 3 needs a NATS cluster of at least 3 servers") {
+		t.Errorf("%v does not name --nats-replicas", err)
+	}
 }

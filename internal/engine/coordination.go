@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
@@ -120,6 +121,9 @@ func (w *worker) explainNATSState(err error) error {
 	switch {
 	case errors.As(err, &replicas):
 		return ReplicasSetting(err, w.cfg.NATSReplicas)
+	case w.cfg.NATSReplicas > 1 && (strings.Contains(err.Error(), "replicas > 1 not supported") || strings.Contains(err.Error(), "insufficient resources")):
+		return fmt.Errorf("--%s (%s) %d needs a NATS cluster of at least %d servers with JetStream: %w",
+			settings.NATSReplicas.Flag, settings.NATSReplicas.Env, w.cfg.NATSReplicas, w.cfg.NATSReplicas, err)
 	case w.cfg.NATSProvisioned && errors.Is(err, jetstream.ErrBucketNotFound):
 		return fmt.Errorf("lease bucket %s does not exist, and with --%s (%s) workers never create it: create it with `kfn migrate --nats --lease-bucket %s --nats-replicas %d` run by a NATS user allowed to create streams: %w",
 			w.cfg.LeaseBucket, settings.NATSProvisioned.Flag, settings.NATSProvisioned.Env, w.cfg.LeaseBucket, w.cfg.NATSReplicas, err)
