@@ -619,11 +619,20 @@ func (c *cluster) waitCaughtUp(hw map[int]int64, limit time.Duration) {
 // the dead-lettered records to be exactly dead (none if omitted).
 func (c *cluster) check(hw map[int]int64, dead ...effects.Produced) effects.Report {
 	c.t.Helper()
-	rep, err := effects.Check(context.Background(), c.pg.Pool, c.fn, c.topic, producedUpTo(hw),
-		effects.Events(jetStream(c.t, c.natsURL), runtime.DefaultStream))
-	if err != nil {
-		c.t.Fatal(err)
-	}
+	// A read that fails is tried again: a NATS cluster that lost a server
+	// may refuse a request while it settles (no responders).
+	js := jetStream(c.t, c.natsURL)
+	var rep effects.Report
+	waitUntil(c.t, 30*time.Second, "the checker to read Postgres and the event stream", func() (bool, string) {
+		var err error
+		rep, err = effects.Check(context.Background(), c.pg.Pool, c.fn, c.topic, producedUpTo(hw), effects.Events(js, runtime.DefaultStream))
+		if err != nil {
+			c.t.Logf("checker: %v (trying again)", err)
+			time.Sleep(500 * time.Millisecond)
+			return false, err.Error()
+		}
+		return true, ""
+	})
 	c.t.Logf("checker: %s", rep)
 	if v := rep.Violations(dead...); len(v) > 0 || rep.Expected == 0 {
 		c.t.Errorf("exactly-once violated (of %d records): %s", rep.Expected, strings.Join(v, "; "))

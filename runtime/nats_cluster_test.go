@@ -109,13 +109,19 @@ func TestFailoverNATSClusterLosesTheLeaseBucketLeader(t *testing.T) {
 
 func streamInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.StreamInfo {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	s, err := js.Stream(ctx, name)
-	if err != nil {
-		t.Fatalf("stream %s: %v", name, err)
-	}
-	return s.CachedInfo()
+	var info *jetstream.StreamInfo
+	// A cluster that lost a server answers once a leader is elected.
+	waitUntil(t, 20*time.Second, "the info of stream "+name, func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			return false, err.Error()
+		}
+		info = s.CachedInfo()
+		return true, ""
+	})
+	return info
 }
 
 // --nats-replicas above what the NATS server can hold (one server, not a
