@@ -21,7 +21,7 @@ import (
 // --nats-provisioned once `kfn migrate --nats`, run by an admin user, has
 // made the lease bucket and the event stream; before that, the worker is
 // refused at start with a message naming what is missing and the command
-// that makes it.
+// that makes it. kfn status reads the live leases with the same flags.
 func TestProvisionedWorkersNeedNoJetStreamAdminRights(t *testing.T) {
 	ctx := context.Background()
 	sn := kfntest.StartSecureNATS(t)
@@ -124,6 +124,12 @@ func TestProvisionedWorkersNeedNoJetStreamAdminRights(t *testing.T) {
 			t.Fatalf("the events did not reach stream %s: %v", cfg.EventStream, err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	// The CLI reads the live leases with the same flags.
+	code, out, stderr = kfn(t, "status", "--database-url", pg.URL, "--kafka-brokers", strings.Join(k.Brokers, ","),
+		"--nats-url", sn.URL, "--nats-creds", restricted, "--nats-ca", sn.CAFile, "--lease-bucket", cfg.LeaseBucket, "--function", name)
+	if code != 0 || strings.Count(out, "(token ") != 2 {
+		t.Errorf("kfn status with --nats-creds and --nats-ca: exit %d, out %q, err %q; want both partitions' lease holders", code, out, stderr)
 	}
 	stop()
 	rep, err := effects.Check(ctx, pg.Pool, name, topic, produced, effects.Events(js, cfg.EventStream))
