@@ -40,6 +40,9 @@ func TestBadConfigurationNamesTheField(t *testing.T) {
 		{"lease ttl too short", func(c *runtime.Config) { c.LeaseTTL = c.LeaseRenew }, "--lease-ttl", "3 × --lease-renew"},
 		{"retry max below initial", func(c *runtime.Config) { c.RetryInitial = 2e9; c.RetryMax = 1e9 }, "--retry-max", "at least --retry-initial"},
 		{"statement timeout past the lease", func(c *runtime.Config) { c.StatementTimeout = 3 * time.Second }, "--statement-timeout", "raise --lease-ttl to at least 5.357s"},
+		{"NATS CA file unreadable", func(c *runtime.Config) { c.NATSSecurity.CAFile = "/nonexistent/ca.pem" }, "--nats-ca (KFN_NATS_CA)", "cannot read the CA file"},
+		{"NATS cert without key", func(c *runtime.Config) { c.NATSSecurity.CertFile = "/etc/hostname" }, "--nats-key (KFN_NATS_KEY)", "without its private key"},
+		{"NATS creds and token", func(c *runtime.Config) { c.NATSSecurity.Creds, c.NATSSecurity.TokenFile = "a.creds", "token" }, "--nats-token-file (KFN_NATS_TOKEN_FILE)", "give only one of"},
 		{"handler timeout below a round trip", func(c *runtime.Config) { c.HandlerTimeout = time.Second; c.StatementTimeout = time.Second }, "--handler-timeout", "lower --statement-timeout to at most 800ms"},
 	}
 	for _, tc := range cases {

@@ -66,11 +66,11 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // workers started with --nats-provisioned expect, or checks that they
 // exist with cfg's replicas and TTL.
 func provisionNATS(ctx context.Context, pool *pgxpool.Pool, cfg runtime.Config, subjects []string, stdout io.Writer) error {
-	nc, js, err := connect.NATSWith(cfg.NATSURL, appName, cfg.NATSSecurity)
+	js, closeNATS, err := connectJetStream(cfg.NATSURL, appName, &cfg.NATSSecurity)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
+	defer closeNATS()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	_, err = lease.OpenStore(ctx, js, lease.StoreConfig{

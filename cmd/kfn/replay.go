@@ -399,6 +399,10 @@ func connectJetStream(url, name string, sec ...*connect.NATSSecurity) (jetstream
 		s = *sec[0]
 	}
 	nc, js, err := connect.NATSWith(url, name, s)
+	var bad *connect.SettingError
+	if errors.As(err, &bad) {
+		return nil, nil, &usageError{msg: err.Error()}
+	}
 	if err != nil {
 		return nil, nil, err
 	}

@@ -26,34 +26,62 @@ type NATSSecurity struct {
 	KeyFile   string // --nats-key (KFN_NATS_KEY): PEM private key of CertFile
 }
 
-// The settings of NATSSecurity as a message names them.
-const (
-	natsCredsSetting = "--nats-creds (KFN_NATS_CREDS)"
-	natsNKeySetting  = "--nats-nkey (KFN_NATS_NKEY)"
-	natsTokenSetting = "--nats-token-file (KFN_NATS_TOKEN_FILE)"
-	natsCASetting    = "--nats-ca (KFN_NATS_CA)"
-	natsCertSetting  = "--nats-cert (KFN_NATS_CERT)"
-	natsKeySetting   = "--nats-key (KFN_NATS_KEY)"
+// natsSetting is a setting of NATSSecurity, as messages name it.
+type natsSetting struct{ flag, env string }
+
+func (s natsSetting) String() string { return "--" + s.flag + " (" + s.env + ")" }
+
+var (
+	natsCredsSetting = natsSetting{"nats-creds", "KFN_NATS_CREDS"}
+	natsNKeySetting  = natsSetting{"nats-nkey", "KFN_NATS_NKEY"}
+	natsTokenSetting = natsSetting{"nats-token-file", "KFN_NATS_TOKEN_FILE"}
+	natsCASetting    = natsSetting{"nats-ca", "KFN_NATS_CA"}
+	natsCertSetting  = natsSetting{"nats-cert", "KFN_NATS_CERT"}
+	natsKeySetting   = natsSetting{"nats-key", "KFN_NATS_KEY"}
 )
 
-func invalid(setting, format string, args ...any) error {
-	return fmt.Errorf("invalid configuration: %s: %s", setting, fmt.Sprintf(format, args...))
+// SettingError is a NATS security setting that cannot be used (a file
+// that cannot be read, holds no certificate, or goes without its pair):
+// the configuration, not the server, is at fault. It has the shape of the
+// settings' errors: "invalid configuration: --flag (ENV): msg".
+type SettingError struct {
+	Flag string // without dashes
+	Env  string
+	Msg  string
+}
+
+func (e *SettingError) Error() string {
+	return fmt.Sprintf("invalid configuration: --%s (%s): %s", e.Flag, e.Env, e.Msg)
+}
+
+func invalid(s natsSetting, format string, args ...any) error {
+	return &SettingError{Flag: s.flag, Env: s.env, Msg: fmt.Sprintf(format, args...)}
 }
 
 // TLS reports whether s asks for TLS.
 func (s NATSSecurity) TLS() bool { return s.CAFile != "" || s.CertFile != "" || s.KeyFile != "" }
 
+// Check reads the files of s as a connection would, and returns what is
+// wrong with them (a *SettingError), without connecting.
+func (s NATSSecurity) Check() error {
+	_, err := s.options()
+	return err
+}
+
 // options reads the files of s (once) and returns the connection options.
 // Its errors name the setting and never quote a file's content.
 func (s NATSSecurity) options() ([]nats.Option, error) {
-	var given []string
-	for _, g := range [][2]string{{s.Creds, natsCredsSetting}, {s.NKeyFile, natsNKeySetting}, {s.TokenFile, natsTokenSetting}} {
-		if g[0] != "" {
-			given = append(given, g[1])
+	var given []natsSetting
+	for _, g := range []struct {
+		file    string
+		setting natsSetting
+	}{{s.Creds, natsCredsSetting}, {s.NKeyFile, natsNKeySetting}, {s.TokenFile, natsTokenSetting}} {
+		if g.file != "" {
+			given = append(given, g.setting)
 		}
 	}
 	if len(given) > 1 {
-		return nil, fmt.Errorf("invalid configuration: give one of %s, not %s", strings.Join(given, ", "), strings.Join(given, " and "))
+		return nil, invalid(given[1], "is given with %s: give only one of --nats-creds, --nats-nkey and --nats-token-file", given[0])
 	}
 	var opts []nats.Option
 	switch {

@@ -70,7 +70,7 @@ func TestNATSTokenFromAFileOrTheURL(t *testing.T) {
 		{"wrong token in the URL", strings.Replace(natsURL, "nats://", "nats://wrongTok4Qsecret@", 1), NATSSecurity{}, "NATS at nats://xxxxx@127.0.0.1"},
 		{"unreadable token file", natsURL, NATSSecurity{TokenFile: filepath.Join(dir, "missing")}, "--nats-token-file (KFN_NATS_TOKEN_FILE): cannot read the token file"},
 		{"unreadable creds file", natsURL, NATSSecurity{Creds: filepath.Join(dir, "missing.creds")}, "--nats-creds (KFN_NATS_CREDS): cannot read the credentials file"},
-		{"both", natsURL, NATSSecurity{Creds: file, TokenFile: file}, "give one of --nats-creds (KFN_NATS_CREDS), --nats-token-file (KFN_NATS_TOKEN_FILE), not"},
+		{"both", natsURL, NATSSecurity{Creds: file, TokenFile: file}, "--nats-token-file (KFN_NATS_TOKEN_FILE): is given with --nats-creds (KFN_NATS_CREDS): give only one of"},
 	} {
 		nc, _, err := NATSWith(tc.url, "test", tc.auth)
 		if err == nil {
@@ -122,7 +122,7 @@ func TestNATSNKeySeedFileAndBadFiles(t *testing.T) {
 		{"unreadable CA", NATSSecurity{CAFile: filepath.Join(dir, "missing.pem")}, "--nats-ca (KFN_NATS_CA): cannot read the CA file"},
 		{"cert without key", NATSSecurity{CertFile: notPEM}, "--nats-key (KFN_NATS_KEY): --nats-cert " + notPEM + " is given without its private key"},
 		{"not a creds file", NATSSecurity{Creds: seedFile}, "--nats-creds (KFN_NATS_CREDS): " + seedFile + " is not a NATS credentials file"},
-		{"creds and nkey", NATSSecurity{Creds: seedFile, NKeyFile: seedFile}, "give one of --nats-creds (KFN_NATS_CREDS), --nats-nkey (KFN_NATS_NKEY), not"},
+		{"creds and nkey", NATSSecurity{Creds: seedFile, NKeyFile: seedFile}, "--nats-nkey (KFN_NATS_NKEY): is given with --nats-creds (KFN_NATS_CREDS): give only one of"},
 		{"TLS to a server without TLS", NATSSecurity{NKeyFile: seedFile, CAFile: write("ok.pem", testCA(t))}, "does not offer TLS: drop --nats-ca"},
 	} {
 		nc, _, err := NATSWith(natsURL, "test", tc.sec)

@@ -218,6 +218,10 @@ func (c Config) validate(needKafka bool) error {
 	if c.NATSURL == "" {
 		bad(configError(settings.NATSURL, "no NATS URL given: set it to nats://host:port"))
 	}
+	var badNATS *connect.SettingError
+	if err := c.NATSSecurity.Check(); errors.As(err, &badNATS) && !rejected[badNATS.Flag] {
+		bad(&ConfigError{Field: badNATS.Flag, Env: badNATS.Env, Msg: badNATS.Msg})
+	}
 	add(settings.NATSReplicas.Problems(c.NATSReplicas))
 	// BatchWait: any value goes, a negative one is no wait.
 	add(settings.BatchSize.Problems(c.BatchSize))
