@@ -269,3 +269,14 @@ func TestConfigRejectedValueIsNotAlsoMissing(t *testing.T) {
 		t.Errorf("err = %v; want the given values named, not reported missing", err)
 	}
 }
+
+// One consumer group cannot take the offsets of two Kafka functions.
+func TestConsumerGroupIsRefusedForSeveralKafkaFunctions(t *testing.T) {
+	cfg := validConfig()
+	cfg.ConsumerGroup = "shared"
+	_, err := runtime.NewWorker(context.Background(), cfg, effects.Function("fa", "ta"), effects.Function("fb", "tb"))
+	var cfgErr *engine.ConfigError
+	if !errors.As(err, &cfgErr) || !strings.Contains(err.Error(), "--consumer-group (KFN_CONSUMER_GROUP)") || !strings.Contains(err.Error(), "2 Kafka functions (fa, fb)") {
+		t.Errorf("err = %v, want a ConfigError naming --consumer-group and both functions", err)
+	}
+}

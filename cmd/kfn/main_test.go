@@ -77,7 +77,8 @@ func TestMigrateAppliesOnceThenReportsUpToDate(t *testing.T) {
 		versions = append(versions, m.Version)
 	}
 	code, out, stderr := kfn(t, "migrate", "--database-url", db.URL)
-	if code != 0 || !strings.Contains(out, fmt.Sprintf("applied migrations %v", versions)) {
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("applied migrations %v", versions)) ||
+		!strings.Contains(out, fmt.Sprintf("workers built for schema version %d or later run against it", schema.OldestCompatible())) {
 		t.Fatalf("first migrate: exit %d, out %q, err %q", code, out, stderr)
 	}
 	code, out, _ = kfn(t, "migrate", "--database-url", db.URL)

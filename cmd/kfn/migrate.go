@@ -22,7 +22,7 @@ import (
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("migrate", stderr)
-	fs.describe("usage: kfn migrate --database-url URL [--nats --nats-url URL --subjects S[,S…]]\n\nApplies kfn's embedded, numbered schema migrations; safe to run again (it says the schema is up to date). Workers refuse to start on a missing or newer schema.\n\nWith --nats it also creates, once and with --nats-replicas, the JetStream state the workers use: the lease bucket and the event stream capturing --subjects (an existing stream gets the subjects it lacks). Run it with a NATS user allowed to create streams; workers started with --nats-provisioned then need no such right.",
+	fs.describe("usage: kfn migrate --database-url URL [--nats --nats-url URL --subjects S[,S…]]\n\nApplies kfn's embedded, numbered schema migrations; safe to run again (it says the schema is up to date). Workers refuse to start on a missing schema, an older one, or a newer one whose migrations break them (a migration is additive or says which older workers it breaks); the output names the oldest worker version that runs against the result.\n\nWith --nats it also creates, once and with --nats-replicas, the JetStream state the workers use: the lease bucket and the event stream capturing --subjects (an existing stream gets the subjects it lacks). Run it with a NATS user allowed to create streams; workers started with --nats-provisioned then need no such right.",
 		"kfn migrate --database-url postgres://kfn@db:5432/kfn",
 		"DATABASE_URL=postgres://kfn@db:5432/kfn kfn migrate",
 		"kfn migrate --nats --nats-url nats://nats:4222 --nats-creds admin.creds --nats-replicas 3 --subjects 'orders.>,payments.>'")
@@ -54,7 +54,8 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if len(applied) == 0 {
 		fmt.Fprintf(stdout, "schema is up to date at version %d\n", schema.Latest())
 	} else {
-		fmt.Fprintf(stdout, "applied migrations %v; schema is at version %d\n", applied, schema.Latest())
+		fmt.Fprintf(stdout, "applied migrations %v; schema is at version %d; workers built for schema version %d or later run against it\n",
+			applied, schema.Latest(), schema.OldestCompatible())
 	}
 	if !*withNATS {
 		return nil

@@ -41,6 +41,7 @@ type Config struct {
 	StatementTimeout time.Duration
 
 	StartFrom      string        // KFN_START_FROM: earliest|latest, where a partition with no cursor starts
+	ConsumerGroup  string        // KFN_CONSUMER_GROUP: the Kafka consumer group committed offsets are mirrored to; default the function's name
 	LeaseTTL       time.Duration // KFN_LEASE_TTL: partition lease lifetime without renewal
 	LeaseRenew     time.Duration // KFN_LEASE_RENEW: how often leases and heartbeats are renewed
 	LeaseBucket    string        // KFN_LEASE_BUCKET: the NATS KV bucket of the leases; all workers of a function share it
@@ -289,6 +290,7 @@ func (c *Config) bind(b *settings.Binder) {
 	settings.HandlerTimeout.Bind(b, &c.HandlerTimeout)
 	settings.StatementTimeout.Bind(b, &c.StatementTimeout)
 	settings.StartFrom.Bind(b, &c.StartFrom)
+	settings.ConsumerGroup.Bind(b, &c.ConsumerGroup)
 	settings.LeaseTTL.Bind(b, &c.LeaseTTL)
 	settings.LeaseRenew.Bind(b, &c.LeaseRenew)
 	settings.LeaseBucket.Bind(b, &c.LeaseBucket)

@@ -21,6 +21,7 @@ type metricsCollector struct {
 	infraRetries, traceDropped                                  *prometheus.Desc
 	abandoned, abandonedRunning, commitRepliesLost              *prometheus.Desc
 	deadLetterRetries, parkedKeys, keyParked                    *prometheus.Desc
+	groupRefused, mirrorFailures                                *prometheus.Desc
 
 	// issue 12: outbox, stalled lanes, leases, relay ack latency (metrics_ops.go)
 	ops *opsMetrics
@@ -54,6 +55,8 @@ func newMetricsCollector(wk *Worker) *metricsCollector {
 		abandonedRunning:  d("handlers_abandoned_running", "Abandoned handler calls still running (Go cannot stop them).", "function"),
 		commitRepliesLost: d("commit_replies_lost_total", "Commits that landed although their reply was lost; the lane resumed from the stored cursor.", "function"),
 		deadLetterRetries: d("dead_letter_retries_total", "Dead letters marked for retry (kfn dlq retry) that this worker applied (outcome applied) or whose retry failed again (outcome failed: the letter stays).", "function", "outcome"),
+		groupRefused:      d("consumer_group_refused", "1 while the Kafka consumer group offsets are mirrored to (--consumer-group) is another consumer's (members, or offsets kfn did not write): nothing is mirrored there.", "group"),
+		mirrorFailures:    d("offset_mirror_failures_total", "Failed commits of offsets to the Kafka consumer group (best effort, retried at the next flush)."),
 		ops:               newOpsMetrics(wk.w),
 		parkedKeys:        d("parked_keys", "Keys whose records are held back in this worker's partitions (KeyOrder ParkKey): parked behind a dead letter until it is retried or discarded, or released with parked records still to retry.", "function"),
 		keyParked:         d("records_key_parked_total", "Records dead-lettered with reason key_parked: parked behind an earlier dead letter of their key (KeyOrder ParkKey). Also in kfn_records_dead_lettered_total.", "function"),
@@ -130,6 +133,17 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 			v = 1
 		}
 		ch <- prometheus.MustNewConstMetric(c.topicMissing, prometheus.GaugeValue, v, ft[0], ft[1])
+	}
+	if c.wk.w.offsets != nil {
+		refused, failures := c.wk.w.offsets.mirrorState()
+		counter(c.mirrorFailures, float64(failures))
+		for group, no := range refused {
+			v := 0.0
+			if no {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(c.groupRefused, prometheus.GaugeValue, v, group)
+		}
 	}
 	if r, ok := c.wk.RelayStats(); ok {
 		counter(c.relayed, float64(r.Published))

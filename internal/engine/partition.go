@@ -28,7 +28,7 @@ type partitionRun struct {
 func (w *worker) runPartition(ctx context.Context, fn Function, partition int32, token int64) {
 	part := inbox.Partition{Consumer: fn.Name, Topic: fn.Topic, Partition: partition}
 	cursor := &partitionTracker{part: part, token: token, stats: w.stats, onCommit: func(next int64) {
-		w.offsets.note(fn.Name, part.Topic, part.Partition, next)
+		w.offsets.note(w.consumerGroup(fn), part.Topic, part.Partition, next)
 	}}
 	var lane tracker = cursor
 	if w.partitionTracker != nil {

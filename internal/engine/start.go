@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kfn-dev/kfn/internal/settings"
+	"github.com/kfn-dev/kfn/runtime/schema"
 )
 
 // Start runs fn as this process's only function, the way lambda.Start does:
@@ -96,7 +97,7 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 		go srv.Serve(ln)                         //nolint:errcheck // ends with Shutdown below
 		defer srv.Shutdown(context.Background()) //nolint:errcheck // best effort at exit
 	}
-	cfg.Logger.Info("worker started", "function", fn.Name, "source", fn.source(), "worker", w.w.cfg.WorkerID)
+	cfg.Logger.Info("worker started", "function", fn.Name, "source", fn.source(), "worker", w.w.cfg.WorkerID, "schema", schema.Latest())
 	if err := w.Run(ctx); err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 1

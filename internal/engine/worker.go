@@ -61,6 +61,7 @@ func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error
 		return nil, errors.New("no function to run")
 	}
 	seen := map[string]bool{}
+	var fromKafka []string
 	for _, fn := range fns {
 		if err := fn.validate(); err != nil {
 			return nil, err
@@ -69,6 +70,13 @@ func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error
 			return nil, fmt.Errorf("function %s is given twice", fn.Name)
 		}
 		seen[fn.Name] = true
+		if fn.Topic != "" {
+			fromKafka = append(fromKafka, fn.Name)
+		}
+	}
+	if cfg.ConsumerGroup != "" && len(fromKafka) > 1 {
+		return nil, configError(settings.ConsumerGroup, "%q is set for a worker that runs %d Kafka functions (%s), and each needs a group of its own: leave it unset (each function's name) or run them in separate processes",
+			cfg.ConsumerGroup, len(fromKafka), strings.Join(fromKafka, ", "))
 	}
 	w := &worker{cfg: cfg, fns: fns, stats: &Stats{}, retries: newRetryLanes()}
 	ok := false
@@ -164,6 +172,15 @@ func kafkaTopic(fns []Function) string {
 	return ""
 }
 
+// consumerGroup is the Kafka consumer group fn's committed offsets are
+// mirrored to: --consumer-group, or the function's name.
+func (w *worker) consumerGroup(fn Function) string {
+	if w.cfg.ConsumerGroup != "" {
+		return w.cfg.ConsumerGroup
+	}
+	return fn.Name
+}
+
 // connectPostgres opens the pool, checks the schema version and reads the
 // installation id.
 func (w *worker) connectPostgres(ctx context.Context) error {
@@ -185,6 +202,10 @@ func (w *worker) connectPostgres(ctx context.Context) error {
 	}
 	if err := schema.Check(ctx, w.pool); err != nil {
 		return err
+	}
+	if v, err := schema.Version(ctx, w.pool); err == nil && v > schema.Latest() {
+		w.cfg.Logger.Info("running against a newer schema whose later migrations do not break this binary (a rolling upgrade)",
+			"schema", v, "built_for", schema.Latest())
 	}
 	w.installation, err = InstallationID(ctx, w.pool)
 	return err

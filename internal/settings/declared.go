@@ -202,6 +202,10 @@ var (
 			return nil
 		},
 	}
+	ConsumerGroup = Setting[string]{
+		Flag: "consumer-group", Env: "KFN_CONSUMER_GROUP", DefaultText: "the function's name",
+		Usage: "Kafka consumer group kfn mirrors its committed offsets to, for lag tools; never one with members or offsets kfn did not write",
+	}
 	LeaseTTL = Setting[time.Duration]{
 		Flag: "lease-ttl", Env: "KFN_LEASE_TTL", Default: DefaultLeaseTTL,
 		Usage: "partition lease lifetime without renewal", Check: positive[time.Duration],
