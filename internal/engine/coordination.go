@@ -117,9 +117,8 @@ func ReplicasSetting(err error, replicas int) error {
 // explainNATSState says which setting or command fixes an error about the
 // JetStream state kfn keeps (the lease bucket, the event stream).
 func (w *worker) explainNATSState(err error) error {
-	var replicas *lease.ReplicasError
 	switch {
-	case errors.As(err, &replicas):
+	case errors.As(err, new(*lease.ReplicasError)):
 		return ReplicasSetting(err, w.cfg.NATSReplicas)
 	case w.cfg.NATSReplicas > 1 && (strings.Contains(err.Error(), "replicas > 1 not supported") || strings.Contains(err.Error(), "insufficient resources")):
 		return fmt.Errorf("--%s (%s) %d needs a NATS cluster of at least %d servers with JetStream: %w",

@@ -176,7 +176,7 @@ func (s *Store) createBucket(ctx context.Context) (jetstream.KeyValue, error) {
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 		// Another member created it first (or it exists with another
 		// configuration): use it if its TTL is ours.
-		return s.openExisting(ctx)
+		return s.openCreated(ctx)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("create lease bucket %s: %w", s.cfg.Bucket, err)
@@ -187,8 +187,31 @@ func (s *Store) createBucket(ctx context.Context) (jetstream.KeyValue, error) {
 		// whose holders may still be inside their validity.
 		s.startQuiet()
 	}
-	return s.openExisting(ctx)
+	return s.openCreated(ctx)
 }
+
+// openCreated opens a bucket that was just created, by this Store or
+// another. On a NATS cluster the server that answers may not know a
+// stream created a moment ago through another (seen: "bucket not found"
+// right after the create), so that answer is taken again for a while.
+func (s *Store) openCreated(ctx context.Context) (jetstream.KeyValue, error) {
+	deadline := time.Now().Add(openCreatedWait)
+	for {
+		kv, err := s.openExisting(ctx)
+		if !errors.Is(err, jetstream.ErrBucketNotFound) || time.Now().After(deadline) {
+			return kv, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("open lease bucket %s just created: %w", s.cfg.Bucket, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// openCreatedWait bounds how long openCreated waits for a new bucket to
+// be known.
+const openCreatedWait = 5 * time.Second
 
 // tokenFloor asks the TokenFloor hook, if any.
 func (s *Store) tokenFloor(ctx context.Context) (uint64, error) {
