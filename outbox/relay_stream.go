@@ -110,7 +110,7 @@ func ExtendStream(ctx context.Context, js jetstream.JetStream, name string, subj
 		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			return nil, fmt.Errorf("create stream %s: %w", name, err)
 		}
-		stream, err = js.Stream(ctx, name) // created by another process just now
+		stream, err = streamJustCreated(ctx, js, name) // by another process
 	}
 	if err != nil {
 		return nil, fmt.Errorf("look up stream %s: %w", name, err)
@@ -133,6 +133,24 @@ func ExtendStream(ctx context.Context, js jetstream.JetStream, name string, subj
 		return nil, fmt.Errorf("add subjects %v to stream %s: %w", missing, name, err)
 	}
 	return cfg.Subjects, nil
+}
+
+// streamJustCreated looks up a stream that another process created a
+// moment ago. On a NATS cluster the server that answers may not know it
+// yet, so "not found" is asked again for up to 5 s.
+func streamJustCreated(ctx context.Context, js jetstream.JetStream, name string) (jetstream.Stream, error) {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		stream, err := js.Stream(ctx, name)
+		if !errors.Is(err, jetstream.ErrStreamNotFound) || time.Now().After(deadline) {
+			return stream, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // streamLocksBucket holds one short-lived key per stream being extended.
