@@ -214,7 +214,7 @@
 //     until then, so holders stop at TTL − SafetyMargin as with NATS down,
 //     and acquire again, with larger tokens, once the bucket answers. The
 //     bucket and its revisions survive, so nothing else changes (measured
-//     with a 2 s TTL: lanes stood still 4.3–7.0 s over 6 runs).
+//     with a 2 s TTL: lanes stood still 4.3–7.0 s over 7 runs).
 //   - Member unhealthy (Config.Healthy; for kfn a worker that cannot reach
 //     Postgres). It steps out as described in "Health": its items move
 //     within about RenewEvery/4 of the hook reporting an error (measured
