@@ -11,6 +11,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // idlePollFactor stretches the poll interval of idle shards while
@@ -19,6 +20,10 @@ const idlePollFactor = 10
 
 // errAckTimeout is a publish whose ack did not come within AckTimeout.
 var errAckTimeout = errors.New("no stream ack within the ack timeout")
+
+// errStoppedBeforeAck ends the span of a publish whose ack the shard stopped
+// waiting for: its row stays in the outbox for the shard's next owner.
+var errStoppedBeforeAck = errors.New("the shard stopped before the stream ack; the row stays in the outbox")
 
 // shardLoop relays one shard. It works in batches: read the shard's oldest
 // rows, publish them (per key one at a time, up to MaxInFlight keys at
@@ -112,6 +117,7 @@ type flight struct {
 	row      *relayRow
 	ack      jetstream.PubAckFuture
 	deadline time.Time
+	span     trace.Span // kfn.relay.publish; nil without a tracer
 }
 
 // publishBatch publishes rows and returns the ids the stream acked. It
@@ -168,18 +174,23 @@ func (l *shardLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 			if len(dropped) > 0 {
 				l.log.Warn("dropped event headers NATS cannot carry", "event_id", row.EventID, "headers", dropped)
 			}
+			span := l.startPublish(row, msg)
 			ack, err := cfg.JetStream.PublishMsgAsync(msg)
 			if err != nil {
+				endPublish(span, false, err)
 				failed(q, row, err)
 				continue
 			}
-			inFlight = append(inFlight, &flight{queue: q, row: row, ack: ack, deadline: time.Now().Add(cfg.AckTimeout)})
+			inFlight = append(inFlight, &flight{queue: q, row: row, ack: ack, deadline: time.Now().Add(cfg.AckTimeout), span: span})
 		}
 
 		if len(inFlight) == 0 && len(ready) == 0 && len(retryLater) == 0 {
 			return acked
 		}
 		if ctx.Err() != nil {
+			for _, f := range inFlight {
+				endPublish(f.span, false, errStoppedBeforeAck)
+			}
 			return acked
 		}
 
@@ -214,6 +225,7 @@ func (l *shardLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 				ready = append(ready, q)
 			}
 			acked = append(acked, oldest.row.ID)
+			endPublish(oldest.span, pubAck.Duplicate, nil)
 			l.publishRetry.Reset()
 			l.r.counters.acked(pubAck.Duplicate, oldest.row.CreatedAt, now)
 			if cfg.afterAck != nil {
@@ -224,10 +236,12 @@ func (l *shardLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 			if errors.Is(err, jetstream.ErrNoStreamResponse) {
 				clear(l.covered) // perhaps the stream no longer captures the subject
 			}
+			endPublish(oldest.span, false, err)
 			failed(oldest.queue, oldest.row, err)
 		case <-l.timer.C:
 			if oldest != nil && !time.Now().Before(oldest.deadline) {
 				inFlight = inFlight[1:]
+				endPublish(oldest.span, false, errAckTimeout)
 				failed(oldest.queue, oldest.row, errAckTimeout)
 			}
 		case <-ctx.Done():

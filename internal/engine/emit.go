@@ -1,7 +1,10 @@
 package engine
 
 import (
+	"context"
 	"fmt"
+
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/kfn-dev/kfn/internal/pgdata"
 	"github.com/kfn-dev/kfn/outbox"
@@ -16,19 +19,43 @@ type emitCollector struct {
 	rows       []outbox.Row
 	next       map[string]int // next emit index per source record
 	err        error          // first invalid event; fails the handler
-	// traceChecked holds the source records whose trace context was
-	// checked, and traceDropped counts those whose trace context was
-	// invalid and not propagated (Stats.TraceContextDropped).
-	traceChecked map[string]traceContext
+	// traced holds the trace of each source record seen, by source id, and
+	// traceDropped counts those whose trace context was invalid and not
+	// propagated (Stats.TraceContextDropped).
+	traced       map[string]*tracedRecord
 	traceDropped int
 }
 
-// traceContext is a source record's W3C trace context as propagated to the
-// events it emits: empty fields when absent or invalid.
-type traceContext struct{ parent, state string }
+// tracedRecord is how a source record's events continue its trace.
+type tracedRecord struct {
+	tc recordTrace // what the record's headers carried
+	// ctx holds the span the record's events continue (its handler's),
+	// or nil: then they continue tc.
+	ctx     context.Context
+	headers propagation.MapCarrier // injected from ctx on the first emit
+}
 
 func newEmitCollector(fn Function, generation int) *emitCollector {
-	return &emitCollector{consumer: fn.Name, emits: fn.Emits, generation: generation, next: map[string]int{}}
+	return &emitCollector{consumer: fn.Name, emits: fn.Emits, generation: generation, next: map[string]int{}, traced: map[string]*tracedRecord{}}
+}
+
+func (c *emitCollector) sourceID(rec Record) string {
+	return outbox.SourceID(rec.Topic, rec.Partition, rec.Offset, rec.EventID, c.generation)
+}
+
+// trace returns rec's trace (traceOf), read once per transaction.
+func (c *emitCollector) trace(rec Record) *tracedRecord {
+	id := c.sourceID(rec)
+	if t, ok := c.traced[id]; ok {
+		return t
+	}
+	tc, dropped := traceOf(rec)
+	if dropped {
+		c.traceDropped++
+	}
+	t := &tracedRecord{tc: tc}
+	c.traced[id] = t
+	return t
 }
 
 func (c *emitCollector) emit(rec Record, ev Event) {
@@ -42,63 +69,23 @@ func (c *emitCollector) emit(rec Record, ev Event) {
 		}
 		return
 	}
-	sourceID := outbox.SourceID(rec.Topic, rec.Partition, rec.Offset, rec.EventID, c.generation)
+	sourceID := c.sourceID(rec)
 	index := c.next[sourceID]
 	c.next[sourceID] = index + 1
-	trace := c.traceContext(sourceID, rec)
+	t := c.trace(rec)
+	if t.headers == nil {
+		ctx := t.ctx
+		if ctx == nil {
+			ctx = outbox.Propagator.Extract(context.Background(), t.tc)
+		}
+		t.headers = propagation.MapCarrier{}
+		outbox.Propagator.Inject(ctx, t.headers)
+	}
 	origin := outbox.Origin{
-		Consumer: c.consumer, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset,
-		SourceID: sourceID, TraceParent: trace.parent, TraceState: trace.state,
+		Consumer: c.consumer, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, SourceID: sourceID,
+		TraceParent: t.headers[outbox.HeaderTraceParent], TraceState: t.headers[outbox.HeaderTraceState], Baggage: t.headers[outbox.HeaderBaggage],
 	}
 	c.rows = append(c.rows, outbox.NewRow(origin, index, string(rec.Key), ev))
-}
-
-// traceContext returns the W3C trace context of a source record that its
-// events carry: its traceparent header if that is valid, with its tracestate
-// header if that is valid too. A record's header bytes are whatever its
-// producer sent; invalid ones are dropped, and counted once per record.
-func (c *emitCollector) traceContext(sourceID string, rec Record) traceContext {
-	if tc, ok := c.traceChecked[sourceID]; ok {
-		return tc
-	}
-	var tc traceContext
-	dropped := false
-	parents, states := 0, 0
-	var parent, state []byte
-	for _, h := range rec.Headers {
-		switch h.Key {
-		case outbox.HeaderTraceParent:
-			parents++
-			if parents == 1 {
-				parent = h.Value
-			} else if string(h.Value) != string(parent) {
-				dropped = true // conflicting traceparents: no trace context
-			}
-		case outbox.HeaderTraceState:
-			states++
-			state = h.Value
-		}
-	}
-	switch {
-	case parents == 0:
-	case dropped || !outbox.ValidTraceParent(string(parent)):
-		dropped = true
-	default:
-		tc.parent = string(parent)
-		if states == 1 && outbox.ValidTraceState(string(state)) {
-			tc.state = string(state)
-		} else if states > 0 {
-			dropped = true
-		}
-	}
-	if dropped {
-		c.traceDropped++
-	}
-	if c.traceChecked == nil {
-		c.traceChecked = map[string]traceContext{}
-	}
-	c.traceChecked[sourceID] = tc
-	return tc
 }
 
 // validateEvent rejects events the outbox cannot store as given: a subject

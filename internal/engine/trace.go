@@ -1,0 +1,172 @@
+package engine
+
+import (
+	"context"
+	"strings"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/kfn-dev/kfn/outbox"
+)
+
+// The spans of a lane (README, "Traces"):
+//
+//   - kfn.batch covers one batch transaction: the fence, the inbox claim,
+//     the handler calls, the outbox rows and the commit. A batch holds
+//     records of many traces and a span has one parent, so it is the root
+//     of a trace of its own.
+//   - kfn.handler covers one handler call. Its parent is the trace context
+//     the record carries (a producer's traceparent, or the relay's span of
+//     an event a NATS-triggered function consumes), with a link to its
+//     kfn.batch; a record without a valid one gets its kfn.batch as parent.
+//     So the trace a record arrives in goes on through its handler, the
+//     events it emits (their traceparent is the handler span), the relay
+//     and the downstream function's handler. The handler's ctx carries the
+//     span, so an author's own spans nest under it.
+//
+// A BatchHandler's call is one kfn.handler span, child of the kfn.batch
+// with a link to each record's trace context; the events of a record with
+// a trace context continue that context, the others the handler span.
+const (
+	spanBatch   = "kfn.batch"
+	spanHandler = "kfn.handler"
+	tracerName  = "github.com/kfn-dev/kfn"
+)
+
+// Span attributes.
+const (
+	attrFunction    = attribute.Key("kfn.function")
+	attrTopic       = attribute.Key("kfn.topic")
+	attrPartition   = attribute.Key("kfn.partition")
+	attrFirstOffset = attribute.Key("kfn.first_offset")
+	attrLastOffset  = attribute.Key("kfn.last_offset")
+	attrOffset      = attribute.Key("kfn.offset")
+	attrRecords     = attribute.Key("kfn.records")
+	attrEpoch       = attribute.Key("kfn.epoch")
+	attrAttempt     = attribute.Key("kfn.attempt")
+	attrEventID     = attribute.Key("kfn.event_id")
+)
+
+// startBatch starts the kfn.batch span of a transaction over recs.
+func (a *applier) startBatch(ctx context.Context, recs []Record, attempt int) (context.Context, trace.Span) {
+	return a.tracer.Start(ctx, spanBatch, trace.WithNewRoot(), trace.WithAttributes(
+		attrFunction.String(a.fn.Name), attrTopic.String(a.part.Topic), attrPartition.Int(int(a.part.Partition)),
+		attrFirstOffset.Int64(recs[0].Offset), attrLastOffset.Int64(recs[len(recs)-1].Offset),
+		attrRecords.Int(len(recs)), attrEpoch.Int64(a.token), attrAttempt.Int(attempt),
+	))
+}
+
+// startHandler starts the kfn.handler span of rec's handler call; ctx
+// carries the kfn.batch span.
+func (a *applier) startHandler(ctx context.Context, rec Record, tc recordTrace) (context.Context, trace.Span) {
+	batch := trace.SpanContextFromContext(ctx)
+	hctx := outbox.Propagator.Extract(ctx, tc)
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
+		attrFunction.String(a.fn.Name), attrTopic.String(rec.Topic), attrPartition.Int(int(rec.Partition)),
+		attrOffset.Int64(rec.Offset), attrAttempt.Int(rec.Attempt),
+	)}
+	if rec.EventID != "" {
+		opts = append(opts, trace.WithAttributes(attrEventID.String(rec.EventID)))
+	}
+	if trace.SpanContextFromContext(hctx).IsRemote() && batch.IsValid() {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: batch}))
+	}
+	return a.tracer.Start(hctx, spanHandler, opts...)
+}
+
+// startBatchHandler starts the kfn.handler span of a BatchHandler's call
+// over work, linked to each record's trace context.
+func (a *applier) startBatchHandler(ctx context.Context, work []Record, traces func(Record) recordTrace) (context.Context, trace.Span) {
+	var links []trace.Link
+	for _, r := range work {
+		if sc := trace.SpanContextFromContext(outbox.Propagator.Extract(context.Background(), traces(r))); sc.IsValid() {
+			links = append(links, trace.Link{SpanContext: sc})
+		}
+	}
+	return a.tracer.Start(ctx, spanHandler, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(links...), trace.WithAttributes(
+		attrFunction.String(a.fn.Name), attrTopic.String(a.part.Topic), attrPartition.Int(int(a.part.Partition)),
+		attrFirstOffset.Int64(work[0].Offset), attrLastOffset.Int64(work[len(work)-1].Offset), attrRecords.Int(len(work)),
+	))
+}
+
+// endSpan ends span with err as its status.
+func endSpan(span trace.Span, err error) {
+	if err != nil {
+		span.SetStatus(codes.Error, firstLine(err))
+	}
+	span.End()
+}
+
+// recordTrace is the W3C trace context and baggage of a record's headers
+// that kfn accepts, as a carrier for outbox.Propagator: empty fields when
+// absent or invalid.
+type recordTrace struct{ parent, state, baggage string }
+
+var _ propagation.TextMapCarrier = recordTrace{}
+
+func (t recordTrace) Get(key string) string {
+	switch key {
+	case outbox.HeaderTraceParent:
+		return t.parent
+	case outbox.HeaderTraceState:
+		return t.state
+	case outbox.HeaderBaggage:
+		return t.baggage
+	}
+	return ""
+}
+
+func (recordTrace) Set(string, string) {}
+
+func (recordTrace) Keys() []string {
+	return []string{outbox.HeaderTraceParent, outbox.HeaderTraceState, outbox.HeaderBaggage}
+}
+
+// traceOf reads rec's trace context from its headers, whose bytes are
+// whatever its producer sent: a traceparent if there is one valid value of
+// it, with the tracestate if that is valid too; the baggage headers joined
+// if they parse. It reports whether it dropped an invalid one.
+func traceOf(rec Record) (tc recordTrace, dropped bool) {
+	parents, states := 0, 0
+	var parent, state []byte
+	var bags []string
+	for _, h := range rec.Headers {
+		switch h.Key {
+		case outbox.HeaderTraceParent:
+			parents++
+			if parents == 1 {
+				parent = h.Value
+			} else if string(h.Value) != string(parent) {
+				dropped = true // conflicting traceparents: no trace context
+			}
+		case outbox.HeaderTraceState:
+			states++
+			state = h.Value
+		case outbox.HeaderBaggage:
+			bags = append(bags, string(h.Value))
+		}
+	}
+	switch {
+	case parents == 0:
+	case dropped || !outbox.ValidTraceParent(string(parent)):
+		dropped = true
+	default:
+		tc.parent = string(parent)
+		if states == 1 && outbox.ValidTraceState(string(state)) {
+			tc.state = string(state)
+		} else if states > 0 {
+			dropped = true
+		}
+	}
+	if len(bags) > 0 {
+		if b := strings.Join(bags, ","); outbox.ValidBaggage(b) {
+			tc.baggage = b
+		} else {
+			dropped = true
+		}
+	}
+	return tc, dropped
+}
