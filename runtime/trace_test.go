@@ -155,3 +155,58 @@ func attr(s sdktrace.ReadOnlySpan, key string) int64 {
 	}
 	return -1
 }
+
+// TestBatchHandlerCallIsOneSpanLinkedToItsRecordsTraces: a BatchHandler's
+// call is one kfn.handler span under the batch span, linked to the trace
+// context of each record that has one; the events of such a record
+// continue that context, the others the handler span.
+func TestBatchHandlerCallIsOneSpanLinkedToItsRecordsTraces(t *testing.T) {
+	b := setup(t, 1)
+	b.cfg.NoRelay = true
+	spans := tracetest.NewSpanRecorder()
+	b.cfg.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	const parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	b.kafka.Produce(t, b.topic,
+		kafka.Message{Value: []byte("traced"), Headers: []kafka.Header{{Key: "traceparent", Value: []byte(parent)}}},
+		kafka.Message{Value: []byte("plain")},
+	)
+	_, stop := b.run(t, effects.BatchFunction(b.fn, b.topic))
+	b.waitCaughtUp(t, b.fn)
+	stop()
+
+	var handler sdktrace.ReadOnlySpan
+	batches := map[trace.SpanID]bool{}
+	for _, s := range spans.Ended() {
+		switch s.Name() {
+		case "kfn.handler":
+			if handler != nil {
+				t.Fatalf("two kfn.handler spans; the two records should be one batch, one call")
+			}
+			handler = s
+		case "kfn.batch":
+			batches[s.SpanContext().SpanID()] = true
+		}
+	}
+	if handler == nil || !batches[handler.Parent().SpanID()] || attr(handler, "kfn.records") != 2 {
+		t.Fatalf("kfn.handler span %v: want one, child of a kfn.batch span, with kfn.records 2", handler)
+	}
+	if links := handler.Links(); len(links) != 1 || links[0].SpanContext.TraceID().String() != parent[3:35] || links[0].SpanContext.SpanID().String() != parent[36:52] {
+		t.Errorf("handler span links %v, want the traced record's context", links)
+	}
+	rows, err := b.pg.Pool.Query(context.Background(), `SELECT source_offset, headers->>'traceparent' FROM kfn.outbox ORDER BY source_offset`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		Offset      int64
+		TraceParent string
+	}
+	events, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	if err != nil || len(events) != 2 {
+		t.Fatalf("outbox rows = %+v (%v), want 2", events, err)
+	}
+	hs := handler.SpanContext()
+	if want := fmt.Sprintf("00-%s-%s-01", hs.TraceID(), hs.SpanID()); events[0].TraceParent != parent || events[1].TraceParent != want {
+		t.Errorf("event traceparents %q and %q, want the record's %q and the handler span's %q", events[0].TraceParent, events[1].TraceParent, parent, want)
+	}
+}

@@ -36,7 +36,7 @@ type applier struct {
 	generation int // re-executions of the lane so far; part of event ids
 	tracker    tracker
 	log        *slog.Logger
-	tracer     trace.Tracer // spans of batches and handler calls (trace.go)
+	tracer     trace.Tracer // spans of batches and handler calls (trace.go); nil while tracing is off
 	// held is the lane's view of its partition's parked keys, for a
 	// function with KeyOrder ParkKey (parkkey.go); nil otherwise.
 	held *heldKeys
@@ -385,12 +385,7 @@ func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work
 		if len(work) == 0 {
 			return nil, emitter, nil
 		}
-		hctx, span := a.startBatchHandler(ctx, work, func(r Record) recordTrace { return emitter.trace(r).tc })
-		for _, r := range work {
-			if t := emitter.trace(r); t.tc.parent == "" {
-				t.ctx = hctx // events of records without a trace context continue the handler's span
-			}
-		}
+		hctx, span := a.startBatchHandler(ctx, work, emitter)
 		err := a.call(hctx, conn, func(ctx context.Context) error {
 			return a.fn.BatchHandler(ctx, tx, work, &BatchEvents{emit: emitter.emit})
 		})
@@ -407,9 +402,7 @@ func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work
 		return emitter.rows, emitter, nil
 	}
 	for _, r := range work {
-		t := emitter.trace(r)
-		hctx, span := a.startHandler(ctx, r, t.tc)
-		t.ctx = hctx
+		hctx, span := a.startHandler(ctx, r, emitter)
 		err := a.call(hctx, conn, func(ctx context.Context) error {
 			return a.fn.Handler(ctx, tx, r, &Events{emit: emitter.emit, rec: r})
 		})

@@ -22,7 +22,7 @@ type emitCollector struct {
 	// traced holds the trace of each source record seen, by source id, and
 	// traceDropped counts those whose trace context was invalid and not
 	// propagated (Stats.TraceContextDropped).
-	traced       map[string]*tracedRecord
+	traced       map[string]tracedRecord
 	traceDropped int
 }
 
@@ -30,32 +30,42 @@ type emitCollector struct {
 type tracedRecord struct {
 	tc recordTrace // what the record's headers carried
 	// ctx holds the span the record's events continue (its handler's),
-	// or nil: then they continue tc.
+	// or nil (tracing off): then they carry tc as it came.
 	ctx     context.Context
 	headers propagation.MapCarrier // injected from ctx on the first emit
 }
 
 func newEmitCollector(fn Function, generation int) *emitCollector {
-	return &emitCollector{consumer: fn.Name, emits: fn.Emits, generation: generation, next: map[string]int{}, traced: map[string]*tracedRecord{}}
+	return &emitCollector{consumer: fn.Name, emits: fn.Emits, generation: generation, next: map[string]int{}, traced: map[string]tracedRecord{}}
 }
 
 func (c *emitCollector) sourceID(rec Record) string {
 	return outbox.SourceID(rec.Topic, rec.Partition, rec.Offset, rec.EventID, c.generation)
 }
 
-// trace returns rec's trace (traceOf), read once per transaction.
-func (c *emitCollector) trace(rec Record) *tracedRecord {
-	id := c.sourceID(rec)
-	if t, ok := c.traced[id]; ok {
+// trace returns the trace of the record with sourceID (traceOf), read
+// once per transaction.
+func (c *emitCollector) trace(sourceID string, rec Record) tracedRecord {
+	if t, ok := c.traced[sourceID]; ok {
 		return t
 	}
 	tc, dropped := traceOf(rec)
 	if dropped {
 		c.traceDropped++
 	}
-	t := &tracedRecord{tc: tc}
-	c.traced[id] = t
+	t := tracedRecord{tc: tc}
+	c.traced[sourceID] = t
 	return t
+}
+
+// traceIn starts the span of rec's handler call with start, from the
+// trace context rec carries, and makes rec's events continue that span.
+func (c *emitCollector) traceIn(rec Record, start func(recordTrace) context.Context) context.Context {
+	id := c.sourceID(rec)
+	t := c.trace(id, rec)
+	t.ctx = start(t.tc)
+	c.traced[id] = t
+	return t.ctx
 }
 
 func (c *emitCollector) emit(rec Record, ev Event) {
@@ -72,18 +82,17 @@ func (c *emitCollector) emit(rec Record, ev Event) {
 	sourceID := c.sourceID(rec)
 	index := c.next[sourceID]
 	c.next[sourceID] = index + 1
-	t := c.trace(rec)
-	if t.headers == nil {
-		ctx := t.ctx
-		if ctx == nil {
-			ctx = outbox.Propagator.Extract(context.Background(), t.tc)
+	origin := outbox.Origin{Consumer: c.consumer, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, SourceID: sourceID}
+	switch t := c.trace(sourceID, rec); {
+	case t.ctx == nil: // no span: the record's own context, as it came
+		origin.TraceParent, origin.TraceState, origin.Baggage = t.tc.parent, t.tc.state, t.tc.baggage
+	default:
+		if t.headers == nil {
+			t.headers = propagation.MapCarrier{}
+			outbox.Propagator.Inject(t.ctx, t.headers)
+			c.traced[sourceID] = t
 		}
-		t.headers = propagation.MapCarrier{}
-		outbox.Propagator.Inject(ctx, t.headers)
-	}
-	origin := outbox.Origin{
-		Consumer: c.consumer, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, SourceID: sourceID,
-		TraceParent: t.headers[outbox.HeaderTraceParent], TraceState: t.headers[outbox.HeaderTraceState], Baggage: t.headers[outbox.HeaderBaggage],
+		origin.TraceParent, origin.TraceState, origin.Baggage = t.headers[outbox.HeaderTraceParent], t.headers[outbox.HeaderTraceState], t.headers[outbox.HeaderBaggage]
 	}
 	c.rows = append(c.rows, outbox.NewRow(origin, index, string(rec.Key), ev))
 }

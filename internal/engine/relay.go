@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
@@ -67,18 +65,8 @@ func (w *worker) newRelay(ctx context.Context, subjects []string) (*outbox.Relay
 		Pool: w.pool, JetStream: w.js, Stream: w.cfg.EventStream, Subjects: streamSubjects,
 		Duplicates: w.cfg.EventDedup, MaxAge: w.cfg.EventRetention, Replicas: w.cfg.NATSReplicas, Logger: w.cfg.Logger,
 		Scheduler: LeasedShards(shards, w.cfg.Logger.With("component", "outbox-relay")),
-		Tracer:    w.relayTracer(),
+		Tracer:    w.tracer,
 	})
-}
-
-// relayTracer is the tracer of the relay's kfn.relay.publish spans: nil
-// (no spans, the stored trace context published as it is) while tracing
-// is off.
-func (w *worker) relayTracer() trace.Tracer {
-	if w.tracing != nil && !w.tracing.Enabled() {
-		return nil
-	}
-	return w.tracer
 }
 
 // leasedShards hands this process the relay shards it holds NATS leases

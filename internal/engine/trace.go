@@ -50,8 +50,14 @@ const (
 	attrEventID     = attribute.Key("kfn.event_id")
 )
 
-// startBatch starts the kfn.batch span of a transaction over recs.
+// startBatch starts the kfn.batch span of a transaction over recs. Like
+// the other start functions, it returns ctx and a nil span when tracing is
+// off (a.tracer nil): then nothing is spent on spans, and a record's
+// events carry its own trace context as it came.
 func (a *applier) startBatch(ctx context.Context, recs []Record, attempt int) (context.Context, trace.Span) {
+	if a.tracer == nil {
+		return ctx, nil
+	}
 	return a.tracer.Start(ctx, spanBatch, trace.WithNewRoot(), trace.WithAttributes(
 		attrFunction.String(a.fn.Name), attrTopic.String(a.part.Topic), attrPartition.Int(int(a.part.Partition)),
 		attrFirstOffset.Int64(recs[0].Offset), attrLastOffset.Int64(recs[len(recs)-1].Offset),
@@ -59,41 +65,65 @@ func (a *applier) startBatch(ctx context.Context, recs []Record, attempt int) (c
 	))
 }
 
-// startHandler starts the kfn.handler span of rec's handler call; ctx
-// carries the kfn.batch span.
-func (a *applier) startHandler(ctx context.Context, rec Record, tc recordTrace) (context.Context, trace.Span) {
-	batch := trace.SpanContextFromContext(ctx)
-	hctx := outbox.Propagator.Extract(ctx, tc)
-	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
-		attrFunction.String(a.fn.Name), attrTopic.String(rec.Topic), attrPartition.Int(int(rec.Partition)),
-		attrOffset.Int64(rec.Offset), attrAttempt.Int(rec.Attempt),
-	)}
-	if rec.EventID != "" {
-		opts = append(opts, trace.WithAttributes(attrEventID.String(rec.EventID)))
+// startHandler starts the kfn.handler span of rec's handler call, and
+// makes rec's events (emitter) continue it; ctx carries the kfn.batch span.
+func (a *applier) startHandler(ctx context.Context, rec Record, emitter *emitCollector) (context.Context, trace.Span) {
+	if a.tracer == nil {
+		return ctx, nil
 	}
-	if trace.SpanContextFromContext(hctx).IsRemote() && batch.IsValid() {
-		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: batch}))
-	}
-	return a.tracer.Start(hctx, spanHandler, opts...)
+	var span trace.Span
+	hctx := emitter.traceIn(rec, func(tc recordTrace) context.Context {
+		batch := trace.SpanContextFromContext(ctx)
+		parent := outbox.Propagator.Extract(ctx, tc)
+		opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
+			attrFunction.String(a.fn.Name), attrTopic.String(rec.Topic), attrPartition.Int(int(rec.Partition)),
+			attrOffset.Int64(rec.Offset), attrAttempt.Int(rec.Attempt),
+		)}
+		if rec.EventID != "" {
+			opts = append(opts, trace.WithAttributes(attrEventID.String(rec.EventID)))
+		}
+		if trace.SpanContextFromContext(parent).IsRemote() && batch.IsValid() {
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: batch}))
+		}
+		var hctx context.Context
+		hctx, span = a.tracer.Start(parent, spanHandler, opts...)
+		return hctx
+	})
+	return hctx, span
 }
 
 // startBatchHandler starts the kfn.handler span of a BatchHandler's call
-// over work, linked to each record's trace context.
-func (a *applier) startBatchHandler(ctx context.Context, work []Record, traces func(Record) recordTrace) (context.Context, trace.Span) {
+// over work, linked to each record's trace context; the events of a
+// record without one (emitter) continue the span.
+func (a *applier) startBatchHandler(ctx context.Context, work []Record, emitter *emitCollector) (context.Context, trace.Span) {
+	if a.tracer == nil {
+		return ctx, nil
+	}
 	var links []trace.Link
+	var plain []Record // records without a trace context
 	for _, r := range work {
-		if sc := trace.SpanContextFromContext(outbox.Propagator.Extract(context.Background(), traces(r))); sc.IsValid() {
+		tc := emitter.trace(emitter.sourceID(r), r).tc
+		if sc := trace.SpanContextFromContext(outbox.Propagator.Extract(context.Background(), tc)); sc.IsValid() {
 			links = append(links, trace.Link{SpanContext: sc})
+		} else {
+			plain = append(plain, r)
 		}
 	}
-	return a.tracer.Start(ctx, spanHandler, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(links...), trace.WithAttributes(
+	hctx, span := a.tracer.Start(ctx, spanHandler, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(links...), trace.WithAttributes(
 		attrFunction.String(a.fn.Name), attrTopic.String(a.part.Topic), attrPartition.Int(int(a.part.Partition)),
 		attrFirstOffset.Int64(work[0].Offset), attrLastOffset.Int64(work[len(work)-1].Offset), attrRecords.Int(len(work)),
 	))
+	for _, r := range plain {
+		emitter.traceIn(r, func(recordTrace) context.Context { return hctx })
+	}
+	return hctx, span
 }
 
-// endSpan ends span with err as its status.
+// endSpan ends span (nil: none) with err as its status.
 func endSpan(span trace.Span, err error) {
+	if span == nil {
+		return
+	}
 	if err != nil {
 		span.SetStatus(codes.Error, firstLine(err))
 	}

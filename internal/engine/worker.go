@@ -45,9 +45,9 @@ type worker struct {
 	offsets      *offsetCommitter
 	stats        *Stats
 	tracing      *tracing.Provider // the exporter this worker started, flushed by close; nil with Config.TracerProvider
-	tracer       trace.Tracer
-	ready        readiness // the last probe of the services, for /readyz
-	health       *pgHealth // whether this worker reaches Postgres; the lease managers' Healthy hook
+	tracer       trace.Tracer      // nil while tracing is off
+	ready        readiness         // the last probe of the services, for /readyz
+	health       *pgHealth         // whether this worker reaches Postgres; the lease managers' Healthy hook
 
 	// retries are the running lanes, woken for dead letters marked for
 	// retry (retry.go).
@@ -236,7 +236,9 @@ func (w *worker) startTracing(ctx context.Context, service string) error {
 		}
 		w.tracing, tp = p, p
 	}
-	w.tracer = tp.Tracer(tracerName)
+	if w.tracing == nil || w.tracing.Enabled() {
+		w.tracer = tp.Tracer(tracerName)
+	}
 	return nil
 }
 
