@@ -111,37 +111,25 @@ func TestGarbageTraceHeadersAreIgnoredAndTheRecordStartsANewTrace(t *testing.T) 
 		}
 	}
 
-	rows, err := b.pg.Pool.Query(context.Background(), `SELECT source_offset, headers FROM kfn.outbox ORDER BY source_offset`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	type row struct {
-		Offset  int64
-		Headers map[string]string
-	}
-	events, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
-	if err != nil || len(events) != len(msgs) {
-		t.Fatalf("outbox rows = %+v (%v), want one per record", events, err)
-	}
-	for _, ev := range events {
-		hs := handlers[ev.Offset].SpanContext()
-		if want := fmt.Sprintf("00-%s-%s-01", hs.TraceID(), hs.SpanID()); ev.Headers["traceparent"] != want {
-			t.Errorf("offset %d: event traceparent %q, want the handler span's %q", ev.Offset, ev.Headers["traceparent"], want)
+	for off, h := range b.outboxHeaders(t, len(msgs)) {
+		hs := handlers[off].SpanContext()
+		if want := fmt.Sprintf("00-%s-%s-01", hs.TraceID(), hs.SpanID()); h["traceparent"] != want {
+			t.Errorf("offset %d: event traceparent %q, want the handler span's %q", off, h["traceparent"], want)
 		}
 		wantState, wantBaggage := "", map[string]string{}
-		if ev.Offset == 4 {
+		if off == 4 {
 			wantState, wantBaggage = "vendor=x1", map[string]string{"tenant": "acme", "user": "u 1"}
 		}
-		if ev.Headers["tracestate"] != wantState {
-			t.Errorf("offset %d: event tracestate %q, want %q", ev.Offset, ev.Headers["tracestate"], wantState)
+		if h["tracestate"] != wantState {
+			t.Errorf("offset %d: event tracestate %q, want %q", off, h["tracestate"], wantState)
 		}
-		bag, err := baggage.Parse(ev.Headers["baggage"])
+		bag, err := baggage.Parse(h["baggage"])
 		got := map[string]string{}
 		for _, m := range bag.Members() {
 			got[m.Key()] = m.Value()
 		}
 		if err != nil || fmt.Sprint(got) != fmt.Sprint(wantBaggage) {
-			t.Errorf("offset %d: event baggage %q (%v), want %v", ev.Offset, ev.Headers["baggage"], err, wantBaggage)
+			t.Errorf("offset %d: event baggage %q (%v), want %v", off, h["baggage"], err, wantBaggage)
 		}
 	}
 }
@@ -193,20 +181,9 @@ func TestBatchHandlerCallIsOneSpanLinkedToItsRecordsTraces(t *testing.T) {
 	if links := handler.Links(); len(links) != 1 || links[0].SpanContext.TraceID().String() != parent[3:35] || links[0].SpanContext.SpanID().String() != parent[36:52] {
 		t.Errorf("handler span links %v, want the traced record's context", links)
 	}
-	rows, err := b.pg.Pool.Query(context.Background(), `SELECT source_offset, headers->>'traceparent' FROM kfn.outbox ORDER BY source_offset`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	type row struct {
-		Offset      int64
-		TraceParent string
-	}
-	events, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
-	if err != nil || len(events) != 2 {
-		t.Fatalf("outbox rows = %+v (%v), want 2", events, err)
-	}
+	events := b.outboxHeaders(t, 2)
 	hs := handler.SpanContext()
-	if want := fmt.Sprintf("00-%s-%s-01", hs.TraceID(), hs.SpanID()); events[0].TraceParent != parent || events[1].TraceParent != want {
-		t.Errorf("event traceparents %q and %q, want the record's %q and the handler span's %q", events[0].TraceParent, events[1].TraceParent, parent, want)
+	if want := fmt.Sprintf("00-%s-%s-01", hs.TraceID(), hs.SpanID()); events[0]["traceparent"] != parent || events[1]["traceparent"] != want {
+		t.Errorf("event traceparents %q and %q, want the record's %q and the handler span's %q", events[0]["traceparent"], events[1]["traceparent"], parent, want)
 	}
 }

@@ -79,9 +79,9 @@ func TestOneTraceSpansOrdersRelayAndLedger(t *testing.T) {
 	waitUntil(t, 10*time.Second, "the ledger's handler spans to reach the receiver", func() (bool, string) {
 		n := 0
 		for i := range 3 {
-			if recv.find(func(s span) bool {
+			if len(recv.matching(func(s span) bool {
 				return s.service == "ledger" && s.name == "kfn.handler" && s.attrs["kfn.event_id"] == eventID(i%2, int64(i/2))
-			}) != nil {
+			})) > 0 {
 				n++
 			}
 		}
@@ -145,7 +145,7 @@ func TestOneTraceSpansOrdersRelayAndLedger(t *testing.T) {
 	if ho.traceID != producerTrace || ho.parentID != producerSpan {
 		t.Errorf("order 1's handler span is in trace %s under %s, want the producer's trace %s under %s", ho.traceID, ho.parentID, producerTrace, producerSpan)
 	}
-	if len(ho.links) != 1 || recv.find(func(s span) bool { return s.name == "kfn.batch" && s.traceID+"/"+s.spanID == ho.links[0] }) == nil {
+	if len(ho.links) != 1 || len(recv.matching(func(s span) bool { return s.name == "kfn.batch" && s.traceID+"/"+s.spanID == ho.links[0] })) != 1 {
 		t.Errorf("order 1's handler span links %v, want its orders batch span", ho.links)
 	}
 	h := accepted[order(1).ID]
@@ -303,33 +303,26 @@ func (r *otlpReceiver) count() int {
 	return len(r.spans)
 }
 
-// find returns the first span that match accepts, or nil.
-func (r *otlpReceiver) find(match func(span) bool) *span {
+// matching returns the spans that match accepts.
+func (r *otlpReceiver) matching(match func(span) bool) []span {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for i := range r.spans {
-		if match(r.spans[i]) {
-			s := r.spans[i]
-			return &s
+	var out []span
+	for _, s := range r.spans {
+		if match(s) {
+			out = append(out, s)
 		}
 	}
-	return nil
+	return out
 }
 
 // must returns the one span that match accepts, failing the test when
 // there is none or more than one.
 func (r *otlpReceiver) must(t *testing.T, what string, match func(span) bool) span {
 	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var found []span
-	for _, s := range r.spans {
-		if match(s) {
-			found = append(found, s)
-		}
-	}
+	found := r.matching(match)
 	if len(found) != 1 {
-		t.Fatalf("%d spans match the %s, want 1 (of %d spans received)", len(found), what, len(r.spans))
+		t.Fatalf("%d spans match the %s, want 1 (of %d spans received)", len(found), what, r.count())
 	}
 	return found[0]
 }
