@@ -19,53 +19,56 @@ type emitCollector struct {
 	rows       []outbox.Row
 	next       map[string]int // next emit index per source record
 	err        error          // first invalid event; fails the handler
-	// traced holds the trace of each source record seen, by source id, and
-	// traceDropped counts those whose trace context was invalid and not
-	// propagated (Stats.TraceContextDropped).
-	traced       map[string]tracedRecord
+	// traced holds the trace context of each source record seen, by
+	// source id, and traceDropped counts those whose trace context was
+	// invalid and ignored (Stats.TraceContextDropped).
+	traced       map[string]recordTrace
 	traceDropped int
+	// spans holds, by source id, the handler span each record's events
+	// continue while tracing is on; a record without one (tracing off)
+	// passes on its own trace context as it came.
+	spans map[string]*handlerSpan
 }
 
-// tracedRecord is how a source record's events continue its trace.
-type tracedRecord struct {
-	tc recordTrace // what the record's headers carried
-	// ctx holds the span the record's events continue (its handler's),
-	// or nil (tracing off): then they carry tc as it came.
+// handlerSpan is the span of a record's handler call, and the headers its
+// events carry.
+type handlerSpan struct {
 	ctx     context.Context
 	headers propagation.MapCarrier // injected from ctx on the first emit
 }
 
 func newEmitCollector(fn Function, generation int) *emitCollector {
-	return &emitCollector{consumer: fn.Name, emits: fn.Emits, generation: generation, next: map[string]int{}, traced: map[string]tracedRecord{}}
+	return &emitCollector{consumer: fn.Name, emits: fn.Emits, generation: generation, next: map[string]int{}, traced: map[string]recordTrace{}}
 }
 
 func (c *emitCollector) sourceID(rec Record) string {
 	return outbox.SourceID(rec.Topic, rec.Partition, rec.Offset, rec.EventID, c.generation)
 }
 
-// trace returns the trace of the record with sourceID (traceOf), read
-// once per transaction.
-func (c *emitCollector) trace(sourceID string, rec Record) tracedRecord {
-	if t, ok := c.traced[sourceID]; ok {
-		return t
+// trace returns the trace context of the record with sourceID (traceOf),
+// read once per transaction.
+func (c *emitCollector) trace(sourceID string, rec Record) recordTrace {
+	if tc, ok := c.traced[sourceID]; ok {
+		return tc
 	}
 	tc, dropped := traceOf(rec)
 	if dropped {
 		c.traceDropped++
 	}
-	t := tracedRecord{tc: tc}
-	c.traced[sourceID] = t
-	return t
+	c.traced[sourceID] = tc
+	return tc
 }
 
 // traceIn starts the span of rec's handler call with start, from the
 // trace context rec carries, and makes rec's events continue that span.
 func (c *emitCollector) traceIn(rec Record, start func(recordTrace) context.Context) context.Context {
 	id := c.sourceID(rec)
-	t := c.trace(id, rec)
-	t.ctx = start(t.tc)
-	c.traced[id] = t
-	return t.ctx
+	ctx := start(c.trace(id, rec))
+	if c.spans == nil {
+		c.spans = map[string]*handlerSpan{}
+	}
+	c.spans[id] = &handlerSpan{ctx: ctx}
+	return ctx
 }
 
 func (c *emitCollector) emit(rec Record, ev Event) {
@@ -83,16 +86,15 @@ func (c *emitCollector) emit(rec Record, ev Event) {
 	index := c.next[sourceID]
 	c.next[sourceID] = index + 1
 	origin := outbox.Origin{Consumer: c.consumer, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, SourceID: sourceID}
-	switch t := c.trace(sourceID, rec); {
-	case t.ctx == nil: // no span: the record's own context, as it came
-		origin.TraceParent, origin.TraceState, origin.Baggage = t.tc.parent, t.tc.state, t.tc.baggage
-	default:
-		if t.headers == nil {
-			t.headers = propagation.MapCarrier{}
-			outbox.Propagator.Inject(t.ctx, t.headers)
-			c.traced[sourceID] = t
+	if span := c.spans[sourceID]; span != nil {
+		if span.headers == nil {
+			span.headers = propagation.MapCarrier{}
+			outbox.Propagator.Inject(span.ctx, span.headers)
 		}
-		origin.TraceParent, origin.TraceState, origin.Baggage = t.headers[outbox.HeaderTraceParent], t.headers[outbox.HeaderTraceState], t.headers[outbox.HeaderBaggage]
+		origin.TraceParent, origin.TraceState, origin.Baggage = span.headers[outbox.HeaderTraceParent], span.headers[outbox.HeaderTraceState], span.headers[outbox.HeaderBaggage]
+	} else { // no span: the record's own context, as it came
+		tc := c.trace(sourceID, rec)
+		origin.TraceParent, origin.TraceState, origin.Baggage = tc.parent, tc.state, tc.baggage
 	}
 	c.rows = append(c.rows, outbox.NewRow(origin, index, string(rec.Key), ev))
 }

@@ -102,7 +102,7 @@ func (a *applier) startBatchHandler(ctx context.Context, work []Record, emitter 
 	var links []trace.Link
 	var plain []Record // records without a trace context
 	for _, r := range work {
-		tc := emitter.trace(emitter.sourceID(r), r).tc
+		tc := emitter.trace(emitter.sourceID(r), r)
 		if sc := trace.SpanContextFromContext(outbox.Propagator.Extract(context.Background(), tc)); sc.IsValid() {
 			links = append(links, trace.Link{SpanContext: sc})
 		} else {
