@@ -28,21 +28,22 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/kfn-dev/kfn/internal/connect"
+	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 )
 
-// The OTEL_* variables that decide whether traces are exported. The
-// OpenTelemetry SDK reads the others itself: OTEL_SERVICE_NAME and
-// OTEL_RESOURCE_ATTRIBUTES, OTEL_EXPORTER_OTLP_HEADERS (kept secret: never
-// logged), OTEL_EXPORTER_OTLP_TIMEOUT, OTEL_TRACES_SAMPLER,
-// OTEL_BSP_SCHEDULE_DELAY and the rest of the specification's list.
+// The OTEL_* variables that decide whether traces are exported, as
+// settings declares them.
 const (
-	EnvSDKDisabled     = "OTEL_SDK_DISABLED"
-	EnvTracesExporter  = "OTEL_TRACES_EXPORTER"
-	EnvEndpoint        = "OTEL_EXPORTER_OTLP_ENDPOINT"
-	EnvTracesEndpoint  = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
-	EnvProtocol        = "OTEL_EXPORTER_OTLP_PROTOCOL"
-	EnvTracesProtocol  = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+	EnvSDKDisabled    = settings.OTelSDKDisabledEnv
+	EnvTracesExporter = settings.OTelTracesExporterEnv
+	EnvEndpoint       = settings.OTelEndpointEnv
+	EnvTracesEndpoint = settings.OTelTracesEndpointEnv
+	EnvProtocol       = settings.OTelProtocolEnv
+	EnvTracesProtocol = settings.OTelTracesProtocolEnv
+)
+
+const (
 	protocolHTTPProto  = "http/protobuf"
 	defaultOTLPHTTPURL = "http://localhost:4318"
 )
@@ -115,7 +116,7 @@ func FromEnv(ctx context.Context, service string, log *slog.Logger) (*Provider, 
 		resource.WithFromEnv(), // last: OTEL_SERVICE_NAME wins
 	)
 	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
-		return nil, &EnvError{Var: "OTEL_RESOURCE_ATTRIBUTES", Value: os.Getenv("OTEL_RESOURCE_ATTRIBUTES"), Msg: err.Error()}
+		return nil, &EnvError{Var: settings.OTelResourceAttributes, Value: os.Getenv(settings.OTelResourceAttributes), Msg: err.Error()}
 	}
 	sdk := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exporter), sdktrace.WithResource(res))
 	otel.SetTracerProvider(sdk)
