@@ -144,11 +144,13 @@ func attr(s sdktrace.ReadOnlySpan, key string) int64 {
 	return -1
 }
 
-// TestBatchHandlerCallIsOneSpanLinkedToItsRecordsTraces: a BatchHandler's
-// call is one kfn.handler span under the batch span, linked to the trace
-// context of each record that has one; the events of such a record
-// continue that context, the others the handler span.
-func TestBatchHandlerCallIsOneSpanLinkedToItsRecordsTraces(t *testing.T) {
+// TestBatchHandlerCallIsOneSpanOverOneSpanPerRecord: a BatchHandler's
+// call is one kfn.handler span under the batch span, over one kfn.record
+// span per record: child of the record's trace context (linked to the
+// call's span) when it has one, else of the call's span. Each record's
+// event continues its kfn.record span, so traces go on through batch
+// handlers.
+func TestBatchHandlerCallIsOneSpanOverOneSpanPerRecord(t *testing.T) {
 	b := setup(t, 1)
 	b.cfg.NoRelay = true
 	spans := tracetest.NewSpanRecorder()
@@ -164,6 +166,7 @@ func TestBatchHandlerCallIsOneSpanLinkedToItsRecordsTraces(t *testing.T) {
 
 	var handler sdktrace.ReadOnlySpan
 	batches := map[trace.SpanID]bool{}
+	records := map[int64]sdktrace.ReadOnlySpan{}
 	for _, s := range spans.Ended() {
 		switch s.Name() {
 		case "kfn.handler":
@@ -173,17 +176,30 @@ func TestBatchHandlerCallIsOneSpanLinkedToItsRecordsTraces(t *testing.T) {
 			handler = s
 		case "kfn.batch":
 			batches[s.SpanContext().SpanID()] = true
+		case "kfn.record":
+			records[attr(s, "kfn.offset")] = s
 		}
 	}
 	if handler == nil || !batches[handler.Parent().SpanID()] || attr(handler, "kfn.records") != 2 {
 		t.Fatalf("kfn.handler span %v: want one, child of a kfn.batch span, with kfn.records 2", handler)
 	}
-	if links := handler.Links(); len(links) != 1 || links[0].SpanContext.TraceID().String() != parent[3:35] || links[0].SpanContext.SpanID().String() != parent[36:52] {
-		t.Errorf("handler span links %v, want the traced record's context", links)
+	traced, plain := records[0], records[1]
+	if traced == nil || plain == nil {
+		t.Fatalf("kfn.record spans by offset %v, want offsets 0 and 1", records)
+	}
+	if traced.SpanContext().TraceID().String() != parent[3:35] || traced.Parent().SpanID().String() != parent[36:52] ||
+		len(traced.Links()) != 1 || traced.Links()[0].SpanContext.SpanID() != handler.SpanContext().SpanID() {
+		t.Errorf("traced record's span: trace %s, parent %s, links %v; want the producer's context, linked to the handler span",
+			traced.SpanContext().TraceID(), traced.Parent().SpanID(), traced.Links())
+	}
+	if plain.Parent().SpanID() != handler.SpanContext().SpanID() || len(plain.Links()) != 0 {
+		t.Errorf("plain record's span: parent %s, links %v; want the handler span as parent", plain.Parent().SpanID(), plain.Links())
 	}
 	events := b.outboxHeaders(t, 2)
-	hs := handler.SpanContext()
-	if want := fmt.Sprintf("00-%s-%s-01", hs.TraceID(), hs.SpanID()); events[0]["traceparent"] != parent || events[1]["traceparent"] != want {
-		t.Errorf("event traceparents %q and %q, want the record's %q and the handler span's %q", events[0]["traceparent"], events[1]["traceparent"], parent, want)
+	for off, s := range map[int64]sdktrace.ReadOnlySpan{0: traced, 1: plain} {
+		sc := s.SpanContext()
+		if want := fmt.Sprintf("00-%s-%s-01", sc.TraceID(), sc.SpanID()); events[off]["traceparent"] != want {
+			t.Errorf("offset %d: event traceparent %q, want its kfn.record span's %q", off, events[off]["traceparent"], want)
+		}
 	}
 }

@@ -385,12 +385,15 @@ func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work
 		if len(work) == 0 {
 			return nil, emitter, nil
 		}
-		hctx, span := a.startBatchHandler(ctx, work, emitter)
+		hctx, records, span := a.startBatchHandler(ctx, work, emitter)
 		err := a.call(hctx, conn, func(ctx context.Context) error {
 			return a.fn.BatchHandler(ctx, tx, work, &BatchEvents{emit: emitter.emit})
 		})
 		if err == nil {
 			err = emitter.err
+		}
+		for _, r := range records {
+			endSpan(r, nil)
 		}
 		endSpan(span, err)
 		if err != nil {

@@ -27,12 +27,15 @@ import (
 //     and the downstream function's handler. The handler's ctx carries the
 //     span, so an author's own spans nest under it.
 //
-// A BatchHandler's call is one kfn.handler span, child of the kfn.batch
-// with a link to each record's trace context; the events of a record with
-// a trace context continue that context, the others the handler span.
+// A BatchHandler's call is one kfn.handler span, child of the kfn.batch,
+// over one kfn.record span per record, parented like a Handler's
+// kfn.handler span (the record's trace context, linked to the call's
+// span; else the call's span); a record's events continue its kfn.record
+// span.
 const (
 	spanBatch   = "kfn.batch"
 	spanHandler = "kfn.handler"
+	spanRecord  = "kfn.record"
 	tracerName  = "github.com/kfn-dev/kfn"
 )
 
@@ -75,13 +78,7 @@ func (a *applier) startHandler(ctx context.Context, rec Record, emitter *emitCol
 	hctx := emitter.traceIn(rec, func(tc recordTrace) context.Context {
 		batch := trace.SpanContextFromContext(ctx)
 		parent := outbox.Propagator.Extract(ctx, tc)
-		opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
-			attrFunction.String(a.fn.Name), attrTopic.String(rec.Topic), attrPartition.Int(int(rec.Partition)),
-			attrOffset.Int64(rec.Offset), attrAttempt.Int(rec.Attempt),
-		)}
-		if rec.EventID != "" {
-			opts = append(opts, trace.WithAttributes(attrEventID.String(rec.EventID)))
-		}
+		opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(recordAttrs(a.fn.Name, rec)...)}
 		if trace.SpanContextFromContext(parent).IsRemote() && batch.IsValid() {
 			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: batch}))
 		}
@@ -93,30 +90,47 @@ func (a *applier) startHandler(ctx context.Context, rec Record, emitter *emitCol
 }
 
 // startBatchHandler starts the kfn.handler span of a BatchHandler's call
-// over work, linked to each record's trace context; the events of a
-// record without one (emitter) continue the span.
-func (a *applier) startBatchHandler(ctx context.Context, work []Record, emitter *emitCollector) (context.Context, trace.Span) {
+// over work, child of the kfn.batch span in ctx, and under it one
+// kfn.record span per record, whose parent is the record's trace context
+// (linked to the handler span) or else the handler span: the record's
+// events continue its kfn.record span (emitter), so a record's trace goes
+// on through a batch handler too. End the record spans (the second result)
+// when the call returns.
+func (a *applier) startBatchHandler(ctx context.Context, work []Record, emitter *emitCollector) (context.Context, []trace.Span, trace.Span) {
 	if a.tracer == nil {
-		return ctx, nil
+		return ctx, nil, nil
 	}
-	var links []trace.Link
-	var plain []Record // records without a trace context
-	for _, r := range work {
-		tc := emitter.trace(emitter.sourceID(r), r)
-		if sc := trace.SpanContextFromContext(outbox.Propagator.Extract(context.Background(), tc)); sc.IsValid() {
-			links = append(links, trace.Link{SpanContext: sc})
-		} else {
-			plain = append(plain, r)
-		}
-	}
-	hctx, span := a.tracer.Start(ctx, spanHandler, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(links...), trace.WithAttributes(
+	hctx, span := a.tracer.Start(ctx, spanHandler, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
 		attrFunction.String(a.fn.Name), attrTopic.String(a.part.Topic), attrPartition.Int(int(a.part.Partition)),
 		attrFirstOffset.Int64(work[0].Offset), attrLastOffset.Int64(work[len(work)-1].Offset), attrRecords.Int(len(work)),
 	))
-	for _, r := range plain {
-		emitter.traceIn(r, func(recordTrace) context.Context { return hctx })
+	handler := span.SpanContext()
+	records := make([]trace.Span, 0, len(work))
+	for _, r := range work {
+		emitter.traceIn(r, func(tc recordTrace) context.Context {
+			parent := outbox.Propagator.Extract(hctx, tc)
+			opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(recordAttrs(a.fn.Name, r)...)}
+			if trace.SpanContextFromContext(parent).IsRemote() {
+				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: handler}))
+			}
+			rctx, rspan := a.tracer.Start(parent, spanRecord, opts...)
+			records = append(records, rspan)
+			return rctx
+		})
 	}
-	return hctx, span
+	return hctx, records, span
+}
+
+// recordAttrs are the attributes of a span about one record.
+func recordAttrs(function string, rec Record) []attribute.KeyValue {
+	kv := []attribute.KeyValue{
+		attrFunction.String(function), attrTopic.String(rec.Topic), attrPartition.Int(int(rec.Partition)),
+		attrOffset.Int64(rec.Offset), attrAttempt.Int(rec.Attempt),
+	}
+	if rec.EventID != "" {
+		kv = append(kv, attrEventID.String(rec.EventID))
+	}
+	return kv
 }
 
 // endSpan ends span (nil: none) with err as its status.
