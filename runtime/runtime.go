@@ -149,8 +149,14 @@ type Header = engine.Header
 type Events = engine.Events
 
 // BatchEvents collects the events a BatchHandler emits: Emit(rec, ev) adds
-// one emitted for source record rec.
+// one emitted for source record rec, and Reject(rec, err) dead-letters a
+// record that cannot be applied without failing the rest of the batch.
 type BatchEvents = engine.BatchEvents
+
+// Rejection is a record a BatchHandler rejected with BatchEvents.Reject:
+// dead-lettered as permanent in the batch's transaction while the other
+// records of the batch commit.
+type Rejection = engine.Rejection
 
 // Event is a downstream event: written to the outbox in the record's
 // transaction and relayed to NATS JetStream. Only Subject is required; Key

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/effects"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 func TestDeliveringRecordsTwiceAppliesThemOnce(t *testing.T) {
@@ -192,5 +195,47 @@ func TestBatchHandlerFindsTheFailingRecord(t *testing.T) {
 	rep := b.check(t, b.fn, produced, produced[2])
 	if rep.Applied != 4 || rep.DeadLetters != 1 {
 		t.Errorf("applied=%d dead-lettered=%d, want 4 and 1", rep.Applied, rep.DeadLetters)
+	}
+}
+
+// TestBatchHandlerRejectsARecordWithoutFailingTheBatch: a record the batch
+// handler rejects is dead-lettered (reason permanent) in the batch's own
+// transaction, and the other records commit with it: one batch, no
+// retries, no going one record at a time.
+func TestBatchHandlerRejectsARecordWithoutFailingTheBatch(t *testing.T) {
+	b := setup(t, 1)
+	produced := b.produce(t, 0, []byte("a"), []byte("b"), []byte("reject"), []byte("c"), []byte("d"))
+	fn := effects.BatchFunction(b.fn, b.topic)
+	apply := fn.BatchHandler
+	fn.BatchHandler = func(ctx context.Context, tx pgx.Tx, recs []runtime.Record, out *runtime.BatchEvents) error {
+		var keep []runtime.Record
+		for _, r := range recs {
+			if string(r.Value) == "reject" {
+				out.Emit(r, runtime.Event{Subject: effects.Subject(b.fn), Data: r.Value}) // dropped with the record
+				out.Reject(r, errors.New("asked to be rejected"))
+				continue
+			}
+			keep = append(keep, r)
+		}
+		return apply(ctx, tx, keep, out)
+	}
+	w, stop := b.run(t, fn)
+	b.waitCaughtUp(t, b.fn)
+	stop()
+	rep := b.check(t, b.fn, produced, produced[2])
+	if rep.Applied != 4 || rep.DeadLetters != 1 {
+		t.Errorf("applied=%d dead-lettered=%d, want 4 and 1", rep.Applied, rep.DeadLetters)
+	}
+	st := w.Stats()
+	if st.Batches.Load() != 1 || st.Retries.Load() != 0 || st.Applied.Load() != 4 || st.DeadLettered.Load() != 1 {
+		t.Errorf("batches %d, retries %d, applied %d, dead-lettered %d; want 1 batch, no retry, 4 applied and 1 dead-lettered",
+			st.Batches.Load(), st.Retries.Load(), st.Applied.Load(), st.DeadLettered.Load())
+	}
+	var reason, errText string
+	if err := b.pg.Pool.QueryRow(context.Background(), `SELECT reason, error FROM kfn.dead_letters WHERE consumer = $1`, b.fn).Scan(&reason, &errText); err != nil {
+		t.Fatal(err)
+	}
+	if reason != "permanent" || !strings.Contains(errText, "asked to be rejected") {
+		t.Errorf("dead letter: reason %q, error %q; want permanent, with the handler's reason", reason, errText)
 	}
 }

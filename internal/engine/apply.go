@@ -195,13 +195,22 @@ func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (*hand
 		return nil, err
 	}
 
-	rows, emitted, failure := a.runHandlers(ctx, conn, tx, work, recs)
+	rows, rejected, emitted, failure := a.runHandlers(ctx, conn, tx, work, recs, true)
 	if failure != nil {
 		abandoned = isAbandoned(failure.err)
 		if ctx.Err() != nil || (!isHandlerTimeout(failure.err) && tx.Conn().IsClosed()) {
 			return nil, fmt.Errorf("transaction on %s broke during the handler: %w", a.part, failure.err)
 		}
 		return failure, nil
+	}
+	for _, r := range rejected {
+		if err := a.writeDeadLetter(ctx, tx, r.Record, failureReason(r.Err), r.Err, attempt); err != nil {
+			if failure := recordsFault(recs, "write a rejected record's dead letter", err); failure != nil {
+				return failure, nil
+			}
+			return nil, err
+		}
+		dead = append(dead, deadRecord{rec: r.Record, reason: failureReason(r.Err), err: r.Err})
 	}
 	if err := outbox.Insert(ctx, tx, rows); err != nil {
 		if failure := recordsFault(recs, "write the outbox rows", err); failure != nil {
@@ -224,8 +233,8 @@ func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (*hand
 	for i, d := range dead {
 		deadReasons[i] = d.reason
 	}
-	a.committed(recs[len(recs)-1], len(work), duplicates, deadReasons...)
-	a.stats.observeCommit(a.fn.Name, len(recs), work, began)
+	a.committed(recs[len(recs)-1], len(work)-len(rejected), duplicates, deadReasons...)
+	a.stats.observeCommit(a.fn.Name, len(recs), withoutRejected(work, rejected), began)
 	a.stats.TraceContextDropped.Add(int64(emitted.traceDropped))
 	a.stats.countFn(a.fn.Name, func(c *FunctionCounters) { c.TraceContextDropped += int64(emitted.traceDropped) })
 	for _, d := range dead {
@@ -361,8 +370,11 @@ func recordSize(r Record) int {
 }
 
 // runHandlers calls the function's handler on work inside tx and returns the
-// outbox rows it emitted. On failure the index refers to recs.
-func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work, recs []Record) ([]outbox.Row, *emitCollector, *handlerFailure) {
+// outbox rows it emitted and the records a BatchHandler rejected (only when
+// inline, for a function with KeyOrder Continue: the caller dead-letters
+// them in tx; otherwise the first rejected record is the failure). On
+// failure the index refers to recs.
+func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work, recs []Record, inline bool) ([]outbox.Row, []Rejection, *emitCollector, *handlerFailure) {
 	emitter := newEmitCollector(a.fn, a.generation)
 	indexIn := func(r Record) int {
 		for i := range recs {
@@ -374,21 +386,32 @@ func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work
 	}
 	if a.fn.BatchHandler != nil {
 		if len(work) == 0 {
-			return nil, emitter, nil
+			return nil, nil, emitter, nil
 		}
+		out := &BatchEvents{emit: emitter.emit}
 		err := a.call(ctx, conn, func(ctx context.Context) error {
-			return a.fn.BatchHandler(ctx, tx, work, &BatchEvents{emit: emitter.emit})
+			return a.fn.BatchHandler(ctx, tx, work, out)
 		})
 		if err == nil {
 			err = emitter.err
 		}
 		if err != nil {
 			if len(recs) > 1 {
-				return nil, nil, &handlerFailure{index: unknownCulprit, err: err}
+				return nil, nil, nil, &handlerFailure{index: unknownCulprit, err: err}
 			}
-			return nil, nil, &handlerFailure{index: 0, err: err}
+			return nil, nil, nil, &handlerFailure{index: 0, err: err}
 		}
-		return emitter.rows, emitter, nil
+		rejected := out.Rejected()
+		if len(rejected) > 0 && (!inline || a.fn.KeyOrder == ParkKey) {
+			first := rejected[0]
+			for _, r := range rejected[1:] {
+				if r.Record.Offset < first.Record.Offset {
+					first = r
+				}
+			}
+			return nil, nil, nil, &handlerFailure{index: indexIn(first.Record), err: first.Err}
+		}
+		return dropRejected(emitter.rows, rejected), rejected, emitter, nil
 	}
 	for _, r := range work {
 		err := a.call(ctx, conn, func(ctx context.Context) error {
@@ -398,10 +421,46 @@ func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work
 			err = emitter.err
 		}
 		if err != nil {
-			return nil, nil, &handlerFailure{index: indexIn(r), err: err}
+			return nil, nil, nil, &handlerFailure{index: indexIn(r), err: err}
 		}
 	}
-	return emitter.rows, emitter, nil
+	return emitter.rows, nil, emitter, nil
+}
+
+// withoutRejected leaves the rejected records out of work.
+func withoutRejected(work []Record, rejected []Rejection) []Record {
+	if len(rejected) == 0 {
+		return work
+	}
+	gone := make(map[int64]bool, len(rejected))
+	for _, r := range rejected {
+		gone[r.Record.Offset] = true
+	}
+	kept := make([]Record, 0, len(work)-len(rejected))
+	for _, r := range work {
+		if !gone[r.Offset] {
+			kept = append(kept, r)
+		}
+	}
+	return kept
+}
+
+// dropRejected leaves out the outbox rows emitted for rejected records.
+func dropRejected(rows []outbox.Row, rejected []Rejection) []outbox.Row {
+	if len(rejected) == 0 {
+		return rows
+	}
+	gone := make(map[int64]bool, len(rejected))
+	for _, r := range rejected {
+		gone[r.Record.Offset] = true
+	}
+	kept := rows[:0]
+	for _, r := range rows {
+		if !gone[r.Origin.Offset] {
+			kept = append(kept, r)
+		}
+	}
+	return kept
 }
 
 // deadLetter parks rec in its own transaction and moves the lane past it.
@@ -572,14 +631,15 @@ func DeadLetterHeaders(rec Record) []inbox.Header {
 	return headers
 }
 
-// HandleRecord applies rec through fn's Handler inside tx, the way a lane
-// does but without the inbox, the fence or retries, and returns the outbox
-// rows of the events it emitted (validated as the worker validates them)
-// without writing them. A panic in the handler is returned as an error. It
-// is for the author's test helper and the benchmark's naive mode.
+// HandleRecord applies rec through fn's Handler (or its BatchHandler, with
+// a batch of one) inside tx, the way a lane does but without the inbox, the
+// fence or retries, and returns the outbox rows of the events it emitted
+// (validated as the worker validates them) without writing them. A panic in
+// the handler is returned as an error, and so is a rejection (Permanent).
+// It is for the author's test helper and the benchmark's naive mode.
 func HandleRecord(ctx context.Context, tx pgx.Tx, fn Function, rec Record) (rows []outbox.Row, err error) {
-	if fn.Handler == nil {
-		return nil, fmt.Errorf("function %s has no Handler", fn.Name)
+	if fn.Handler == nil && fn.BatchHandler == nil {
+		return nil, fmt.Errorf("function %s has no Handler or BatchHandler", fn.Name)
 	}
 	defer func() {
 		if v := recover(); v != nil {
@@ -590,6 +650,16 @@ func HandleRecord(ctx context.Context, tx pgx.Tx, fn Function, rec Record) (rows
 		rec.Attempt = 1
 	}
 	emitter := newEmitCollector(fn, 0)
+	if fn.BatchHandler != nil {
+		out := &BatchEvents{emit: emitter.emit}
+		if err := fn.BatchHandler(ctx, tx, []Record{rec}, out); err != nil {
+			return nil, err
+		}
+		if rejected := out.Rejected(); len(rejected) > 0 {
+			return nil, rejected[0].Err
+		}
+		return emitter.rows, emitter.err
+	}
 	if err := fn.Handler(ctx, tx, rec, &Events{emit: emitter.emit, rec: rec}); err != nil {
 		return nil, err
 	}
