@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"sort"
 	"strings"
 	"testing"
 
@@ -237,5 +238,50 @@ func TestBatchHandlerRejectsARecordWithoutFailingTheBatch(t *testing.T) {
 	}
 	if reason != "permanent" || !strings.Contains(errText, "asked to be rejected") {
 		t.Errorf("dead letter: reason %q, error %q; want permanent, with the handler's reason", reason, errText)
+	}
+}
+
+// TestABatchTakesTwoRoundTripsOfKfnsOwn counts the Postgres round trips of
+// a batch transaction whose handler makes one: begin, fence and claim in
+// one, the handler's statement, the outbox rows and the commit in one.
+func TestABatchTakesTwoRoundTripsOfKfnsOwn(t *testing.T) {
+	b := setup(t, 1)
+	b.cfg.NoRelay = true
+	table := pgx.Identifier{"bulk_" + b.fn}.Sanitize()
+	fn := runtime.Function{
+		Name: b.fn, Topic: b.topic, Emits: []string{effects.Subject(b.fn)},
+		Setup: func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` ("offset" bigint PRIMARY KEY)`)
+			return err
+		},
+		BatchHandler: func(ctx context.Context, tx pgx.Tx, recs []runtime.Record, out *runtime.BatchEvents) error {
+			offsets := make([]int64, len(recs))
+			for i, r := range recs {
+				offsets[i] = r.Offset
+				out.Emit(r, runtime.Event{Subject: effects.Subject(b.fn), Data: r.Value})
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO `+table+` SELECT unnest($1::bigint[])`, offsets)
+			return err
+		},
+	}
+	w, stop := b.run(t, fn)
+	defer stop()
+	b.produceN(t, 1, 20) // the first batches prepare their statements
+	b.waitCaughtUp(t, b.fn)
+	var perBatch []float64
+	for round := 0; round < 5; round++ {
+		trips, batches := w.Stats().BatchRoundTrips.Load(), w.Stats().Batches.Load()
+		b.produceN(t, 1, 20)
+		b.waitCaughtUp(t, b.fn)
+		dt, db := w.Stats().BatchRoundTrips.Load()-trips, w.Stats().Batches.Load()-batches
+		if db == 0 {
+			t.Fatalf("round %d: no batch committed", round)
+		}
+		perBatch = append(perBatch, float64(dt)/float64(db))
+	}
+	t.Logf("round trips per batch, by round: %v", perBatch)
+	sort.Float64s(perBatch)
+	if median := perBatch[len(perBatch)/2]; median != 3 {
+		t.Errorf("median round trips per batch %.1f, want 3: BEGIN+fence+claim, the handler's INSERT, outbox+COMMIT (%v)", median, perBatch)
 	}
 }

@@ -150,20 +150,23 @@ func (a *applier) retryAlone(ctx context.Context, rec Record, firstErr error) er
 // (transaction rolled back, nothing applied) when a handler fails.
 func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (*handlerFailure, error) {
 	began := time.Now()
-	conn, tx, err := a.begin(ctx)
+	ctx = context.WithValue(ctx, roundTripCounterKey{}, &a.stats.BatchRoundTrips)
+	conn, tx, claim, err := a.beginClaim(ctx, recs)
 	if err != nil {
 		return nil, err
 	}
-	abandoned := false
+	abandoned, committed := false, false
 	defer func() {
 		if abandoned {
 			return // the abandoned handler's goroutine still holds tx; its connection is out of the pool
 		}
-		tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+		if !committed { // the pipelined COMMIT leaves pgx's tx open, the session idle
+			tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the transaction may have ended already
+		}
 		conn.pooled.Release()
 	}()
 
-	fresh, err := a.tracker.claim(ctx, tx, recs)
+	fresh, err := claim(ctx, tx)
 	if err != nil {
 		return nil, err
 	}
@@ -212,22 +215,21 @@ func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (*hand
 		}
 		dead = append(dead, deadRecord{rec: r.Record, reason: failureReason(r.Err), err: r.Err})
 	}
-	if err := outbox.Insert(ctx, tx, rows); err != nil {
-		if failure := recordsFault(recs, "write the outbox rows", err); failure != nil {
+	// The outbox rows and the COMMIT go in one round trip. Once COMMIT is
+	// sent, wait for its reply even if the lane is being stopped (shutdown,
+	// lease lost): otherwise a commit that lands would be counted nowhere.
+	// The wait stays bounded by the round-trip limit, and the fence makes a
+	// late commit safe: it was serialised in Postgres.
+	if what, err := commitWithOutbox(context.WithoutCancel(ctx), tx, rows); err != nil {
+		if failure := recordsFault(recs, what, err); failure != nil { // a data error in the outbox rows, a deferred constraint the records' writes broke
 			return failure, nil
+		}
+		if what == "commit" {
+			return nil, fmt.Errorf("commit %d records of %s: %w", len(recs), a.part, err)
 		}
 		return nil, err
 	}
-	// Once COMMIT is sent, wait for its reply even if the lane is being
-	// stopped (shutdown, lease lost): otherwise a commit that lands would be
-	// counted nowhere. The wait stays bounded by the round-trip limit, and
-	// the fence makes a late commit safe: it was serialised in Postgres.
-	if err := tx.Commit(context.WithoutCancel(ctx)); err != nil {
-		if failure := recordsFault(recs, "commit", err); failure != nil { // e.g. a deferred constraint the records' writes broke
-			return failure, nil
-		}
-		return nil, fmt.Errorf("commit %d records of %s: %w", len(recs), a.part, err)
-	}
+	committed = true
 
 	deadReasons := make([]string, len(dead))
 	for i, d := range dead {
