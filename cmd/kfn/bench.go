@@ -280,7 +280,7 @@ func printBench(w io.Writer, results []bench.Result, procs []bench.Process, batc
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	header := "MODE\tRECORDS\tSECONDS\tMSGS/S\tCPU-S/10K"
 	for _, p := range procs {
-		header += "\t" + strings.ToUpper(p.Name)
+		header += "\t" + strings.ToUpper(strings.ReplaceAll(p.Name, " ", "-"))
 	}
 	fmt.Fprintln(tw, header+"\tROUNDS (MSGS/S)")
 	for _, r := range results {
