@@ -7,6 +7,7 @@ import (
 	"errors"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -283,5 +284,66 @@ func TestABatchTakesTwoRoundTripsOfKfnsOwn(t *testing.T) {
 	sort.Float64s(perBatch)
 	if median := perBatch[len(perBatch)/2]; median != 3 {
 		t.Errorf("median round trips per batch %.1f, want 3: BEGIN+fence+claim, the handler's INSERT, outbox+COMMIT (%v)", median, perBatch)
+	}
+}
+
+// TestPipelinedExecsTakeOneRoundTripPerBatchAndChargeTheirRecord: with
+// PipelineExecs a per-record handler's Execs go to Postgres together, in
+// one round trip per batch; a Query sees the earlier records' writes; a
+// statement that fails is charged to the record that queued it, which is
+// dead-lettered while the others are applied.
+func TestPipelinedExecsTakeOneRoundTripPerBatchAndChargeTheirRecord(t *testing.T) {
+	b := setup(t, 1)
+	b.cfg.NoRelay = true
+	table := pgx.Identifier{"piped_" + b.fn}.Sanitize()
+	var sawEarlierWrites atomic.Bool
+	fn := runtime.Function{
+		Name: b.fn, Topic: b.topic, PipelineExecs: true,
+		Setup: func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` ("offset" bigint PRIMARY KEY, value text NOT NULL CHECK (value <> 'bad'))`)
+			return err
+		},
+		Handler: func(ctx context.Context, tx pgx.Tx, rec runtime.Record, out *runtime.Events) error {
+			if string(rec.Value) == "count" { // reads what the batch wrote so far
+				var n int64
+				if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE "offset" < $1`, rec.Offset).Scan(&n); err != nil {
+					return err
+				}
+				if n == rec.Offset {
+					sawEarlierWrites.Store(true)
+				}
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ($1, $2)`, rec.Offset, string(rec.Value))
+			return err
+		},
+	}
+	w, stop := b.run(t, fn)
+	defer stop()
+	produced := b.produce(t, 0, []byte("a"), []byte("b"), []byte("count"), []byte("c"))
+	b.waitCaughtUp(t, b.fn)
+	if !sawEarlierWrites.Load() {
+		t.Errorf("the handler's query did not see the batch's earlier writes")
+	}
+	for round := 0; round < 3; round++ {
+		trips, batches := w.Stats().BatchRoundTrips.Load(), w.Stats().Batches.Load()
+		produced = append(produced, b.produceN(t, 1, 20)...)
+		b.waitCaughtUp(t, b.fn)
+		dt, db := w.Stats().BatchRoundTrips.Load()-trips, w.Stats().Batches.Load()-batches
+		t.Logf("round %d: %d round trips in %d batches", round, dt, db)
+		if db == 0 || dt > 3*db {
+			t.Errorf("round %d: %d round trips in %d batches of 20 records; want 3 per batch (the 20 Execs in one)", round, dt, db)
+		}
+	}
+	bad := b.produce(t, 0, []byte("d"), []byte("bad"), []byte("e"))
+	produced = append(produced, bad...)
+	b.waitCaughtUp(t, b.fn)
+	stop()
+	var dead int64
+	if err := b.pg.Pool.QueryRow(context.Background(), `SELECT "offset" FROM kfn.dead_letters WHERE consumer = $1`, b.fn).Scan(&dead); err != nil || dead != bad[1].Offset {
+		t.Errorf("dead letter at offset %d (%v), want the failing record at %d", dead, err, bad[1].Offset)
+	}
+	var stored int
+	if err := b.pg.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&stored); err != nil || stored != len(produced)-1 {
+		t.Errorf("%d rows stored (%v), want %d: every record but the failing one", stored, err, len(produced)-1)
 	}
 }

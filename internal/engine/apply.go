@@ -415,16 +415,31 @@ func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work
 		}
 		return dropRejected(emitter.rows, rejected), rejected, emitter, nil
 	}
+	htx := tx
+	var pipelined *pipelinedTx
+	if a.fn.PipelineExecs {
+		pipelined = newPipelinedTx(tx)
+		htx = pipelined
+	}
 	for _, r := range work {
+		if pipelined != nil {
+			pipelined.record = indexIn(r)
+		}
 		err := a.call(ctx, conn, func(ctx context.Context) error {
-			return a.fn.Handler(ctx, tx, r, &Events{emit: emitter.emit, rec: r})
+			return a.fn.Handler(ctx, htx, r, &Events{emit: emitter.emit, rec: r})
 		})
+		if pipelined != nil && pipelined.failed != nil {
+			return nil, nil, nil, pipelined.failed // an earlier record's statement, maybe
+		}
 		if err == nil {
 			err = emitter.err
 		}
 		if err != nil {
 			return nil, nil, nil, &handlerFailure{index: indexIn(r), err: err}
 		}
+	}
+	if pipelined != nil && pipelined.flush(ctx) != nil {
+		return nil, nil, nil, pipelined.failed
 	}
 	return emitter.rows, nil, emitter, nil
 }
@@ -662,8 +677,19 @@ func HandleRecord(ctx context.Context, tx pgx.Tx, fn Function, rec Record) (rows
 		}
 		return emitter.rows, emitter.err
 	}
-	if err := fn.Handler(ctx, tx, rec, &Events{emit: emitter.emit, rec: rec}); err != nil {
+	htx := tx
+	var pipelined *pipelinedTx
+	if fn.PipelineExecs {
+		pipelined = newPipelinedTx(tx)
+		htx = pipelined
+	}
+	if err := fn.Handler(ctx, htx, rec, &Events{emit: emitter.emit, rec: rec}); err != nil {
 		return nil, err
+	}
+	if pipelined != nil {
+		if err := pipelined.flush(ctx); err != nil {
+			return nil, err
+		}
 	}
 	return emitter.rows, emitter.err
 }

@@ -39,6 +39,15 @@ type Function struct {
 	// writes. When it fails, the records are retried one at a time so the
 	// failing one can be found and dead-lettered.
 	BatchHandler BatchHandler
+	// PipelineExecs makes the Exec calls of a Handler (not a BatchHandler)
+	// cheap: each is queued instead of sent, and the queue goes to Postgres
+	// in one round trip before the handler's next Query, QueryRow,
+	// CopyFrom, SendBatch or savepoint (so reads see every earlier write)
+	// and after the batch's last record. Exec then returns an empty command
+	// tag and no error: a failing statement fails the record that queued
+	// it, later. Set it only for a handler that does not look at Exec's
+	// result or error.
+	PipelineExecs bool
 	// Setup creates the function's business tables. It runs in a transaction
 	// at every start and must be idempotent (CREATE TABLE IF NOT EXISTS …).
 	Setup func(ctx context.Context, tx pgx.Tx) error
@@ -263,6 +272,8 @@ func (f Function) validate() error {
 		return fmt.Errorf("function %s: set Handler or BatchHandler", f.Name)
 	case f.Handler != nil && f.BatchHandler != nil:
 		return fmt.Errorf("function %s: set only one of Handler and BatchHandler", f.Name)
+	case f.PipelineExecs && f.Handler == nil:
+		return fmt.Errorf("function %s: PipelineExecs applies to a Handler: a BatchHandler sends its own statements", f.Name)
 	case f.KeyOrder != Continue && f.KeyOrder != ParkKey:
 		return fmt.Errorf("function %s: KeyOrder %v is neither Continue nor ParkKey", f.Name, f.KeyOrder)
 	case f.KeyOrder == ParkKey && f.Subject != "":
