@@ -44,6 +44,9 @@ func (a *applier) beginClaim(ctx context.Context, recs []Record) (*txConn, pgx.T
 	if err := br.Close(); err != nil {
 		tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the session may be gone; Release then drops it
 		conn.pooled.Release()
+		if b.Len() > 1 {
+			return nil, nil, nil, fmt.Errorf("begin transaction on %s with its fence and inbox claim: %w", a.part, err)
+		}
 		return nil, nil, nil, fmt.Errorf("begin transaction on %s: %w", a.part, err)
 	}
 	return conn, tx, claim, nil
