@@ -215,11 +215,11 @@ func (pr *partitionRun) fetch(ctx context.Context, reader *kafka.Reader) ([]Reco
 		return nil, fmt.Errorf("read %s: %w", pr.part, err)
 	}
 	batch = append(batch, toRecord(msg))
-	deadline := time.Now().Add(pr.w.cfg.BatchWait)
+	// One deadline for the rest of the batch, not a timer per record.
+	fctx, cancel := context.WithDeadline(ctx, time.Now().Add(pr.w.cfg.BatchWait))
+	defer cancel()
 	for len(batch) < max {
-		fctx, cancel := context.WithDeadline(ctx, deadline)
 		msg, err := reader.FetchMessage(fctx)
-		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
