@@ -213,13 +213,25 @@ func TakeOver(ctx context.Context, db interface {
 	Begin(context.Context) (pgx.Tx, error)
 	Querier
 }, p Partition, token int64, owner string, startOffset int64, wait time.Duration) (Cursor, error) {
+	return takeOver(ctx, db, p, token, wait, func(tx pgx.Tx) (Cursor, error) {
+		return ClaimPartition(ctx, tx, p, token, owner, startOffset)
+	})
+}
+
+// takeOver runs claim in a transaction whose lock waits end after wait,
+// and ends the session of an older owner that held p's cursor row locked
+// that long (see TakeOver).
+func takeOver(ctx context.Context, db interface {
+	Begin(context.Context) (pgx.Tx, error)
+	Querier
+}, p Partition, token int64, wait time.Duration, claim func(pgx.Tx) (Cursor, error)) (Cursor, error) {
 	var c Cursor
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", wait.Milliseconds())); err != nil {
 			return err
 		}
 		var err error
-		c, err = ClaimPartition(ctx, tx, p, token, owner, startOffset)
+		c, err = claim(tx)
 		return err
 	})
 	var pgErr *pgconn.PgError

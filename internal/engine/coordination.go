@@ -93,12 +93,22 @@ func (w *worker) newPartitionLeases(fn Function) (*lease.Manager, error) {
 
 // own runs the lanes of fn that the lease manager hands this worker, each in
 // its own goroutine, until ctx ends: the partitions of a Kafka topic, or the
-// single lane of a JetStream subject (one active consumer keeps per-key order).
+// Lanes lanes of a JetStream subject (a key's events all go to one lane,
+// which keeps their order).
 func (w *worker) own(ctx context.Context, fn Function, leases *lease.Manager) error {
 	if fn.Subject != "" {
-		single := func(context.Context) ([]string, error) { return []string{LeaseItem(0)}, nil }
-		return leases.Run(ctx, single, func(ctx context.Context, c lease.Claim) {
-			w.runSubject(ctx, fn, int64(c.Token))
+		items := make([]string, w.cfg.Lanes)
+		for k := range items {
+			items[k] = LeaseItem(int32(k))
+		}
+		lanes := func(context.Context) ([]string, error) { return items, nil }
+		return leases.Run(ctx, lanes, func(ctx context.Context, c lease.Claim) {
+			lane, err := parseLeaseItem(c.Item)
+			if err != nil {
+				w.cfg.Logger.Error("ignoring lease", "function", fn.Name, "err", err)
+				return
+			}
+			w.runSubject(ctx, fn, lane, int64(c.Token))
 		})
 	}
 	partitions := func(ctx context.Context) ([]string, error) {
