@@ -120,11 +120,11 @@ func (sr *subjectRun) run(ctx context.Context) error {
 	}
 }
 
-// consumerName is the durable JetStream consumer of a lane: the function's
+// LaneConsumer is the durable JetStream consumer of a lane: the function's
 // name when it has one lane (as before lanes existed), else one name per
 // lane and lane count, so that a change of the count starts fresh
 // consumers at the new lanes' cursors.
-func consumerName(fn string, lane, lanes int) string {
+func LaneConsumer(fn string, lane, lanes int) string {
 	if lanes == 1 {
 		return fn
 	}
@@ -141,7 +141,7 @@ func consumerName(fn string, lane, lanes int) string {
 // were applied are delivered again and skipped by the inbox; a zombie still
 // pulling from the old consumer is fenced in Postgres.
 func (sr *subjectRun) newTermConsumer(ctx context.Context) (jetstream.Consumer, error) {
-	name := consumerName(sr.fn.Name, sr.lane, sr.lanes)
+	name := LaneConsumer(sr.fn.Name, sr.lane, sr.lanes)
 	cfg := jetstream.ConsumerConfig{
 		Durable:       name,
 		FilterSubject: sr.fn.Subject,
