@@ -316,7 +316,7 @@ func (b *relayBench) naiveRelay(ctx context.Context, name string) (int, time.Dur
 			break
 		}
 		for i := range batch {
-			msg, _ := buildMessage(&batch[i], stream)
+			msg, _ := buildMessage(&batch[i], stream, CloudEventsSourcePrefix+batch[i].Source)
 			if _, err := b.cfg.JetStream.PublishMsg(ctx, msg); err != nil {
 				return 0, 0, fmt.Errorf("naive relay: publish: %w", err)
 			}
