@@ -43,13 +43,13 @@ type RelayBenchConfig struct {
 
 // RelayBenchResult holds the figures of one RunRelayBenchmark.
 type RelayBenchResult struct {
-	Events             int
-	RelayElapsed       time.Duration
-	RelayPerSecond     float64 // relay throughput on the backlog
-	NaiveEvents        int
-	NaiveElapsed       time.Duration
-	NaivePerSecond     float64 // one synchronous publish and one DELETE per row
-	Ratio              float64 // RelayPerSecond / NaivePerSecond
+	Events         int
+	RelayElapsed   time.Duration
+	RelayPerSecond float64 // relay throughput on the backlog
+	NaiveEvents    int
+	NaiveElapsed   time.Duration
+	NaivePerSecond float64 // one synchronous publish and one DELETE per row
+	Ratio          float64 // RelayPerSecond / NaivePerSecond
 	// RelayCost is the cost per event of relaying the backlog; LatencyCost
 	// that of the latency run, which includes the committing sessions'
 	// client side.

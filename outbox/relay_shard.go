@@ -43,7 +43,8 @@ type shardLoop struct {
 	dbRetry      *backoff.ExponentialBackOff
 	timer        *time.Timer
 
-	batch batchState
+	batch   batchState
+	scratch readScratch
 	// sources caches ce-source values by the emitting function's name.
 	sources map[string]string
 }
@@ -109,7 +110,7 @@ func (l *shardLoop) run(ctx context.Context) {
 	defer l.timer.Stop()
 	var acked []int64 // relayed rows not deleted yet: the next read deletes them
 	for ctx.Err() == nil {
-		rows, err := readBatch(ctx, l.r.cfg.Pool, l.shard, l.parkedKeys(), l.r.cfg.BatchSize, acked, l.batch.rows[:0])
+		rows, err := readBatch(ctx, l.r.cfg.Pool, l.shard, l.parkedKeys(), l.r.cfg.BatchSize, acked, l.batch.rows[:0], &l.scratch)
 		if err != nil {
 			if ctx.Err() != nil {
 				break
