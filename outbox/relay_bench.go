@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,9 +27,10 @@ type RelayBenchConfig struct {
 	// Keys is how many event keys the backlog spreads over. Default 1000.
 	Keys int
 	// Rate and Duration shape the latency run: events committed per second,
-	// in transactions of TxSize events by Committers sessions. Defaults:
-	// 80% of the relay's backlog throughput, 5s, 1/200 of Rate (at least
-	// 20), 4.
+	// in transactions of TxSize events by Committers sessions, with the
+	// relay running. Defaults: 80% of the maximum rate (measured first: the
+	// same sessions committing as fast as they can for Duration, with the
+	// relay running), 5s, 50, 4.
 	Rate       int
 	Duration   time.Duration
 	TxSize     int
@@ -55,7 +57,8 @@ type RelayBenchResult struct {
 	// client side.
 	RelayCost          EventCost
 	LatencyCost        EventCost
-	LatencyRate        int // the rate asked for
+	MaxRate            float64 // events/s committed and relayed when committing as fast as possible
+	LatencyRate        int     // the rate asked for
 	LatencyEvents      int
 	LatencyP50         time.Duration // commit → stream ack, at Rate
 	LatencyP99         time.Duration
@@ -68,12 +71,14 @@ func (r RelayBenchResult) String() string {
 		"relay cost on the backlog: %s\n"+
 		"naive relay (sync publish + DELETE per row): %d events in %v = %.0f events/s\n"+
 		"ratio relay/naive: %.1fx\n"+
+		"max rate committing and relaying: %.0f events/s\n"+
 		"commit→ack latency at %.0f events/s (asked %d/s, %d events): p50 %v, p99 %v, max %v\n"+
 		"cost in the latency run (relay and committers): %s",
 		r.Events, r.RelayElapsed.Round(time.Millisecond), r.RelayPerSecond,
 		r.RelayCost,
 		r.NaiveEvents, r.NaiveElapsed.Round(time.Millisecond), r.NaivePerSecond,
 		r.Ratio,
+		r.MaxRate,
 		r.LatencyRateReached, r.LatencyRate, r.LatencyEvents, r.LatencyP50.Round(10*time.Microsecond), r.LatencyP99.Round(10*time.Microsecond), r.LatencyMax.Round(10*time.Microsecond),
 		r.LatencyCost)
 }
@@ -133,13 +138,6 @@ func RunRelayBenchmark(ctx context.Context, cfg RelayBenchConfig) (RelayBenchRes
 		return res, err
 	}
 	res.RelayElapsed, res.RelayPerSecond, res.RelayCost = elapsed, float64(len(rows))/elapsed.Seconds(), cost
-	if bench.cfg.Rate == 0 {
-		bench.cfg.Rate = int(0.8 * res.RelayPerSecond)
-	}
-	if bench.cfg.TxSize == 0 {
-		bench.cfg.TxSize = max(20, bench.cfg.Rate/200)
-	}
-	res.LatencyRate = bench.cfg.Rate
 
 	// 2. The naive relay on the same backlog, for NaiveFor.
 	if err := bench.insert(ctx, rows, 1000); err != nil {
@@ -155,8 +153,20 @@ func RunRelayBenchmark(ctx context.Context, cfg RelayBenchConfig) (RelayBenchRes
 		return res, fmt.Errorf("relay benchmark: clear the naive relay's leftovers: %w", err)
 	}
 
-	// 3. Latency at a steady rate.
-	lat, rate, cost, err := bench.latency(ctx, "LAT")
+	// 3. The maximum rate, then latency at 80% of it.
+	if bench.cfg.TxSize == 0 {
+		bench.cfg.TxSize = 50
+	}
+	if bench.cfg.Rate == 0 {
+		_, maxRate, _, err := bench.latency(ctx, "MAX", 0)
+		if err != nil {
+			return res, err
+		}
+		res.MaxRate = maxRate
+		bench.cfg.Rate = int(0.8 * maxRate)
+	}
+	res.LatencyRate = bench.cfg.Rate
+	lat, rate, cost, err := bench.latency(ctx, "LAT", bench.cfg.Rate)
 	if err != nil {
 		return res, err
 	}
@@ -175,7 +185,7 @@ type relayBench struct {
 	cfg     RelayBenchConfig
 	tag     string
 	streams []string
-	offset  int64
+	offset  atomic.Int64
 }
 
 func (b *relayBench) cleanup() {
@@ -205,9 +215,9 @@ func (b *relayBench) rows(kind string, n int) []Row {
 	payload := []byte(strings.Repeat("x", 100))
 	rows := make([]Row, n)
 	for i := range rows {
-		b.offset++
+		offset := b.offset.Add(1)
 		key := fmt.Sprintf("key-%d", i%b.cfg.Keys)
-		origin := Origin{Consumer: "bench", Topic: "bench", Offset: b.offset, SourceID: KafkaSourceID("bench-"+kind+b.tag, 0, b.offset)}
+		origin := Origin{Consumer: "bench", Topic: "bench", Offset: offset, SourceID: KafkaSourceID("bench-"+kind+b.tag, 0, offset)}
 		rows[i] = NewRow(origin, 0, key, Event{Subject: b.tag + ".SUBJECT.evt", Key: key, Data: payload})
 	}
 	return rows
@@ -332,11 +342,12 @@ func (b *relayBench) naiveRelay(ctx context.Context, name string) (int, time.Dur
 	return done, time.Since(start), nil
 }
 
-// latency commits Rate events per second for Duration with the relay running,
-// from Committers sessions, and returns, per event, the time from just
-// before COMMIT to its stream ack, the rate actually reached and the cost
-// per event.
-func (b *relayBench) latency(ctx context.Context, name string) ([]time.Duration, float64, EventCost, error) {
+// latency commits rate events per second (0: as fast as it can) for
+// Duration with the relay running, from Committers sessions, and returns,
+// per event, the time from just before COMMIT to its stream ack, the rate
+// actually reached (events committed over the time until the last ack)
+// and the cost per event.
+func (b *relayBench) latency(ctx context.Context, name string, rate int) ([]time.Duration, float64, EventCost, error) {
 	stream, subject, err := b.stream(ctx, name)
 	if err != nil {
 		return nil, 0, EventCost{}, err
@@ -369,11 +380,14 @@ func (b *relayBench) latency(ctx context.Context, name string) ([]time.Duration,
 		}
 	}
 
-	// Each committer makes its own rows, so the rows are made before the
-	// clock starts, and commits its share of the rate.
-	perCommitter := float64(b.cfg.Rate) / float64(b.cfg.Committers)
-	interval := time.Duration(float64(time.Second) * float64(b.cfg.TxSize) / perCommitter)
-	txs := int(b.cfg.Duration / interval)
+	// Each committer commits its share of the rate, one transaction every
+	// interval (none: back to back), with rows made beforehand when paced.
+	var interval time.Duration
+	txs := 0
+	if rate > 0 {
+		interval = time.Duration(float64(time.Second) * float64(b.cfg.TxSize*b.cfg.Committers) / float64(rate))
+		txs = int(b.cfg.Duration / interval)
+	}
 	batches := make([][][]Row, b.cfg.Committers)
 	for c := range batches {
 		for range txs {
@@ -383,15 +397,27 @@ func (b *relayBench) latency(ctx context.Context, name string) ([]time.Duration,
 	cost := readProcessCost()
 	start := time.Now()
 	errs := make(chan error, b.cfg.Committers)
+	var total atomic.Int64
 	var commitWG sync.WaitGroup
 	for c := range batches {
 		commitWG.Add(1)
 		go func() {
 			defer commitWG.Done()
 			offset := time.Duration(c) * interval / time.Duration(b.cfg.Committers)
-			for i, rows := range batches[c] {
-				if wait := time.Until(start.Add(offset + time.Duration(i)*interval)); wait > 0 {
-					sleepCtx(ctx, wait)
+			for i := 0; ; i++ {
+				var rows []Row
+				switch {
+				case rate > 0 && i == len(batches[c]):
+					return
+				case rate > 0:
+					rows = batches[c][i]
+					if wait := time.Until(start.Add(offset + time.Duration(i)*interval)); wait > 0 {
+						sleepCtx(ctx, wait)
+					}
+				case time.Since(start) >= b.cfg.Duration:
+					return
+				default:
+					rows = withSubject(b.rows("lat", b.cfg.TxSize), subject)
 				}
 				at, err := b.commit(ctx, rows)
 				if err != nil {
@@ -403,6 +429,7 @@ func (b *relayBench) latency(ctx context.Context, name string) ([]time.Duration,
 					committedAt[r.EventID] = at
 				}
 				mu.Unlock()
+				total.Add(int64(len(rows)))
 			}
 		}()
 	}
@@ -411,29 +438,29 @@ func (b *relayBench) latency(ctx context.Context, name string) ([]time.Duration,
 	if err := <-errs; err != nil {
 		return nil, 0, EventCost{}, err
 	}
-	total := b.cfg.Committers * txs * b.cfg.TxSize
-	rate := float64(total) / time.Since(start).Seconds()
+	n := int(total.Load())
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		mu.Lock()
 		acked := len(ackedAt)
 		mu.Unlock()
-		if acked >= total {
+		if acked >= n {
 			break
 		}
 		if time.Now().After(deadline) {
-			return nil, 0, EventCost{}, fmt.Errorf("latency run: only %d of %d events acked 30s after the last commit", acked, total)
+			return nil, 0, EventCost{}, fmt.Errorf("latency run: only %d of %d events acked 30s after the last commit", acked, n)
 		}
-		sleepCtx(ctx, 5*time.Millisecond)
+		sleepCtx(ctx, 2*time.Millisecond)
 	}
-	spent := cost.perEvent(total)
+	reached := float64(n) / time.Since(start).Seconds()
+	spent := cost.perEvent(n)
 	mu.Lock()
 	defer mu.Unlock()
-	lat := make([]time.Duration, 0, total)
+	lat := make([]time.Duration, 0, n)
 	for id, at := range committedAt {
 		lat = append(lat, ackedAt[id].Sub(at))
 	}
-	return lat, rate, spent, nil
+	return lat, reached, spent, nil
 }
 
 // commit inserts rows in one transaction and returns the time just before

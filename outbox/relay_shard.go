@@ -128,6 +128,9 @@ func (l *shardLoop) run(ctx context.Context) {
 			continue
 		}
 		acked = l.publishBatch(ctx, rows)
+		if len(rows) < l.r.cfg.BatchSize {
+			l.linger(ctx)
+		}
 	}
 	l.deleteWhileStopping(ctx, acked)
 }
@@ -149,6 +152,23 @@ func (l *shardLoop) waitForRows(ctx context.Context) {
 	case <-l.timer.C:
 	case <-ctx.Done():
 	}
+}
+
+// linger waits Linger after a batch that was not full before the next
+// read, so that rows committing meanwhile come in one read rather than one
+// read each: at a steady rate a shard reads at most once per Linger plus a
+// publish round, instead of once per notifying commit. An idle shard that
+// a notification wakes reads at once.
+func (l *shardLoop) linger(ctx context.Context) {
+	if l.r.cfg.Linger <= 0 {
+		return
+	}
+	l.timer.Reset(l.r.cfg.Linger)
+	select {
+	case <-l.timer.C:
+	case <-ctx.Done():
+	}
+	l.timer.Stop()
 }
 
 // keyQueue holds a batch's unpublished rows of one key: head is the first,
