@@ -61,54 +61,23 @@ func TestPartitionedLedgerSurvivesAKilledWorker(t *testing.T) {
 	})
 	t.Logf("spread before the kill: %s", spread(before))
 
-	// Each key's events are numbered in publish order: seq[event id].
-	var produced []orders.Order
-	keyOf := map[string]string{}
-	seqOf := map[string]int{}
-	publish := func(n int) {
-		t.Helper()
-		for range n {
-			i := len(produced)
-			o := order(i)
-			id := fmt.Sprintf("lanes-ev-%06d", i)
-			key := fmt.Sprintf("key-%02d", i%keys)
-			data, err := json.Marshal(o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			m := nats.NewMsg(orders.AcceptedSubject)
-			m.Header.Set(jetstream.MsgIDHeader, id)
-			m.Header.Set(outbox.HeaderKey, key)
-			m.Data = data
-			if _, err := js.PublishMsgAsync(m); err != nil {
-				t.Fatal(err)
-			}
-			produced = append(produced, o)
-			keyOf[id], seqOf[id] = key, i
-		}
-		select {
-		case <-js.PublishAsyncComplete():
-		case <-time.After(10 * time.Second):
-			t.Fatal("publishes not acked within 10s")
-		}
-	}
-
+	p := newKeyedPublisher(t, js, keys)
 	victim := ws[0]
 	var killedAt time.Time
 	start := time.Now()
-	for i := 0; len(produced) < total; i++ {
+	for i := 0; len(p.produced) < total; i++ {
 		if wait := time.Until(start.Add(time.Duration(i) * tick)); wait > 0 {
 			time.Sleep(wait)
 		}
-		publish(perTick)
+		p.publish(perTick)
 		if i == killAt {
 			victim.Kill()
 			killedAt = time.Now()
-			t.Logf("SIGKILL %s, which held lanes %v, after %d events", victim.id, before[victim.id], len(produced))
+			t.Logf("SIGKILL %s, which held lanes %v, after %d events", victim.id, before[victim.id], len(p.produced))
 		}
 		requireAlive(t, ws[1:]...)
 	}
-	t.Logf("published %d events over %d keys in %s", len(produced), keys, time.Since(start).Round(time.Millisecond))
+	t.Logf("published %d events over %d keys in %s", len(p.produced), keys, time.Since(start).Round(time.Millisecond))
 
 	waitUntil(t, 45*time.Second, "the ledger to book every event", func() (bool, string) {
 		entries := c.tableCount("ledger_entries")
@@ -127,9 +96,9 @@ func TestPartitionedLedgerSurvivesAKilledWorker(t *testing.T) {
 	}
 	stopClean(t, ws[1:]...)
 
-	c.requireLedgerBalances(produced)
+	c.requireLedgerBalances(p.produced)
 	c.requireNoDeadLetters()
-	c.requireKeyOrder(keyOf, seqOf)
+	c.requireKeyOrder(p.keyOf, p.seqOf)
 
 	// How long the killed worker's lanes stood still: from the kill to the
 	// first entry booked on each of them by its new owner.
@@ -144,7 +113,7 @@ func TestPartitionedLedgerSurvivesAKilledWorker(t *testing.T) {
 		if err := rows.Scan(&id, &at); err != nil {
 			t.Fatal(err)
 		}
-		lane := outbox.LaneOf([]byte(keyOf[id]), lanes)
+		lane := outbox.LaneOf([]byte(p.keyOf[id]), lanes)
 		if f, ok := firstAfter[lane]; !ok || at.Before(f) {
 			firstAfter[lane] = at
 		}
@@ -232,4 +201,125 @@ func (c *chain) requireKeyOrder(keyOf map[string]string, seqOf map[string]int) {
 	if bad > 0 {
 		c.t.Errorf("%d events booked out of their key's order", bad)
 	}
+}
+
+// keyedPublisher publishes orders.accepted events as a relay would, order i
+// under key i % keys, and remembers each event's key and publish number.
+type keyedPublisher struct {
+	t        *testing.T
+	js       jetstream.JetStream
+	keys     int
+	produced []orders.Order
+	keyOf    map[string]string
+	seqOf    map[string]int
+}
+
+func newKeyedPublisher(t *testing.T, js jetstream.JetStream, keys int) *keyedPublisher {
+	return &keyedPublisher{t: t, js: js, keys: keys, keyOf: map[string]string{}, seqOf: map[string]int{}}
+}
+
+// publish publishes the next n events and waits for their stream acks.
+func (p *keyedPublisher) publish(n int) {
+	p.t.Helper()
+	for range n {
+		i := len(p.produced)
+		o := order(i)
+		id := fmt.Sprintf("lanes-ev-%06d", i)
+		key := fmt.Sprintf("key-%02d", i%p.keys)
+		data, err := json.Marshal(o)
+		if err != nil {
+			p.t.Fatal(err)
+		}
+		m := nats.NewMsg(orders.AcceptedSubject)
+		m.Header.Set(jetstream.MsgIDHeader, id)
+		m.Header.Set(outbox.HeaderKey, key)
+		m.Data = data
+		if _, err := p.js.PublishMsgAsync(m); err != nil {
+			p.t.Fatal(err)
+		}
+		p.produced = append(p.produced, o)
+		p.keyOf[id], p.seqOf[id] = key, i
+	}
+	select {
+	case <-p.js.PublishAsyncComplete():
+	case <-time.After(10 * time.Second):
+		p.t.Fatal("publishes not acked within 10s")
+	}
+}
+
+// TestChangingTheLedgersLaneCount is the documented operation: the ledger
+// runs 2 lanes on two workers; a worker started with 4 lanes switches the
+// count while the old two still run and events keep coming; the old
+// workers are refused (their lanes fenced, their claims turned down with a
+// message naming --lanes) until they are restarted with 4 lanes. Every
+// event is booked once and in its key's order.
+func TestChangingTheLedgersLaneCount(t *testing.T) {
+	const keys, perTick, tick = 32, 20, 100 * time.Millisecond
+	c := newChain(t, 1)
+	js := c.jetStream()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := outbox.ExtendStream(ctx, js, runtime.DefaultStream, []string{orders.AcceptedSubject, ledger.CapturedSubject}, outbox.StreamLimits{Duplicates: time.Minute, MaxAge: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	p := newKeyedPublisher(t, js, keys)
+	booked := func(what string) {
+		t.Helper()
+		waitUntil(t, 45*time.Second, what, func() (bool, string) {
+			entries := c.tableCount("ledger_entries")
+			c.requireEntriesAtMost(entries, 2*int64(len(p.produced)))
+			return entries == 2*int64(len(p.produced)), fmt.Sprintf("%d of %d ledger entries, lanes by owner %v", entries, 2*len(p.produced), c.laneOwners())
+		})
+	}
+	publishFor := func(ticks int) {
+		for range ticks {
+			p.publish(perTick)
+			time.Sleep(tick)
+		}
+	}
+
+	old := []*worker{c.startLedger("KFN_LANES=2"), c.startLedger("KFN_LANES=2")}
+	publishFor(10)
+	booked("the 2 lanes to book the first events")
+	t.Logf("2 lanes: %s", spread(c.laneOwners()))
+
+	// A worker with 4 lanes joins while events keep coming.
+	newer := []*worker{c.startLedger("KFN_LANES=4")}
+	waitUntil(t, 30*time.Second, "the newer worker to switch the count to 4", func() (bool, string) {
+		p.publish(perTick)
+		n := c.count(`SELECT count(*) FROM kfn.subject_lanes WHERE consumer = $1 AND lanes = 4`, ledger.Name)
+		return n == 1, fmt.Sprintf("lanes by owner %v", c.laneOwners())
+	})
+	publishFor(10)
+	waitUntil(t, 30*time.Second, "an old worker to be refused", func() (bool, string) {
+		for _, w := range old {
+			if strings.Contains(w.LogTail(200), "restart it with --lanes 4 (KFN_LANES)") {
+				return true, ""
+			}
+		}
+		return false, "no refusal logged yet"
+	})
+
+	// Restart the old workers with the new count.
+	stopClean(t, old...)
+	newer = append(newer, c.startLedger("KFN_LANES=4"), c.startLedger("KFN_LANES=4"))
+	publishFor(10)
+	booked("the 4 lanes to book every event")
+	after := c.laneOwners()
+	t.Logf("4 lanes: %s", spread(after))
+	lanes := 0
+	for _, ls := range after {
+		lanes += len(ls)
+	}
+	if lanes != 4 {
+		t.Errorf("%d cursor rows after the change, want the 4 lanes: %v", lanes, after)
+	}
+	if n := c.count(`SELECT count(*) FROM kfn.audit_log WHERE action = 'lanes_changed' AND consumer = $1`, ledger.Name); n < 2 {
+		t.Errorf("%d lanes_changed rows in the audit log, want the change to 2 and the change to 4", n)
+	}
+	requireAlive(t, newer...)
+	stopClean(t, newer...)
+	c.requireLedgerBalances(p.produced)
+	c.requireNoDeadLetters()
+	c.requireKeyOrder(p.keyOf, p.seqOf)
 }
