@@ -44,7 +44,6 @@ type Relay struct {
 	log      *slog.Logger
 	wake     [Shards]chan struct{}
 	counters relayCounters
-	reader   batchReader
 
 	streamMu       sync.Mutex
 	streamSubjects []string // subjects the stream captures; nil until known
@@ -63,7 +62,6 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	for i := range r.wake {
 		r.wake[i] = make(chan struct{}, 1)
 	}
-	r.reader.r = r
 	return r, nil
 }
 

@@ -24,8 +24,7 @@ var errAckTimeout = errors.New("no stream ack within the ack timeout")
 // shardLoop relays one shard. It works in batches: read the shard's oldest
 // rows, publish them (per key one at a time, up to MaxInFlight keys at
 // once), then delete the acked ones and read the next batch in one
-// statement, shared with the other shards asking at the same time
-// (batchReader). A batch is fully settled before the next read, which is what
+// statement. A batch is fully settled before the next read, which is what
 // lets the read go without a cursor (see selectShardBatch). The batch's
 // bookkeeping lives in the loop and is reused from batch to batch.
 type shardLoop struct {
@@ -44,7 +43,8 @@ type shardLoop struct {
 	dbRetry      *backoff.ExponentialBackOff
 	timer        *time.Timer
 
-	batch batchState
+	batch   batchState
+	scratch readScratch
 	// sources caches ce-source values by the emitting function's name.
 	sources map[string]string
 }
@@ -110,7 +110,7 @@ func (l *shardLoop) run(ctx context.Context) {
 	defer l.timer.Stop()
 	var acked []int64 // relayed rows not deleted yet: the next read deletes them
 	for ctx.Err() == nil {
-		rows, err := l.r.reader.read(ctx, l.shard, l.parkedKeys(), acked, l.batch.rows[:0])
+		rows, err := readBatch(ctx, l.r.cfg.Pool, l.shard, l.parkedKeys(), l.r.cfg.BatchSize, acked, l.batch.rows[:0], &l.scratch)
 		if err != nil {
 			if ctx.Err() != nil {
 				break

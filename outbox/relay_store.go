@@ -27,10 +27,10 @@ type relayRow struct {
 	CreatedAt       time.Time
 }
 
-// selectShardBatch reads the oldest rows of each of the shards $1.
+// selectShardBatch reads the oldest rows of one shard.
 //
 // Why it cannot skip a row. It has no lower bound: no "id > last relayed id"
-// cursor. Each read returns the lowest-id rows of a shard that are
+// cursor. Each read returns the lowest-id rows of the shard that are
 // committed and still present, and a row leaves the table only when the
 // stream has acked it. A transaction that took id 5 but commits after the
 // one that took id 6 (ids come from a sequence, so commit order and id order
@@ -38,8 +38,8 @@ type relayRow struct {
 // returns it, ahead of any higher id still present. A cursor-based relay
 // loses exactly that row (watermill-sql did, and fixed it with xid8 and
 // pg_snapshot_xmin); with no cursor there is nothing to fall behind. The
-// txid column is not needed for this and the relay ignores it. A shard is
-// also never read again before its previous batch is settled: every row of
+// txid column is not needed for this and the relay ignores it. The caller
+// also never reads again before the previous batch is settled: every row of
 // it is deleted (acked) or belongs to a parked key, which this query
 // excludes, so no exclusion list of in-flight ids is needed.
 //
@@ -52,119 +52,101 @@ type relayRow struct {
 // that is the order its writer committed them, which is the order that
 // matters (a partition's transactions commit one after another).
 //
-// The range condition on shard (instead of "shard = r.shard") makes the
-// planner read the (shard, id) index in order: with an equality it may
-// instead walk the primary key in id order and filter on shard, which
-// passes over every other shard's backlog. Parked keys ($2) are excluded
-// whatever their shard: a key has one shard.
+// The range condition on shard (instead of "shard = $1") makes the planner
+// read the (shard, id) index in order: with an equality it may instead walk
+// the primary key in id order and filter on shard, which passes over every
+// other shard's backlog.
 //
-// The same statement deletes the rows of the previous batches that the
-// stream acked ($3): no round trip of their own. Its SELECT sees the table
-// as it was before the DELETE, so it leaves those ids out itself.
+// The same statement deletes the rows of the previous batch that the
+// stream acked ($4): one round trip per batch instead of two. Its SELECT
+// sees the table as it was before the DELETE, so it leaves those ids out
+// itself.
 const selectShardBatch = `
-WITH relayed AS (DELETE FROM kfn.outbox WHERE id = ANY($3::bigint[]))
-SELECT o.shard, o.id, o.event_id, o.subject, o.event_type, o.event_key, o.data, o.headers,
-       o.source, o.source_topic, o.source_partition, o.source_offset, o.created_at
-FROM unnest($1::integer[]) AS r(shard)
-CROSS JOIN LATERAL (
-    SELECT * FROM kfn.outbox x
-    WHERE x.shard >= r.shard AND x.shard <= r.shard
-      AND NOT (x.event_key = ANY($2::bytea[]))
-      AND NOT (x.id = ANY($3::bigint[]))
-    ORDER BY x.shard, x.id
-    LIMIT $4) o
-ORDER BY o.shard, o.id`
+WITH relayed AS (DELETE FROM kfn.outbox WHERE id = ANY($4::bigint[]))
+SELECT id, event_id, subject, event_type, event_key, data, headers,
+       source, source_topic, source_partition, source_offset, created_at
+FROM kfn.outbox
+WHERE shard >= $1 AND shard <= $1
+  AND NOT (event_key = ANY($2::bytea[]))
+  AND NOT (id = ANY($4::bigint[]))
+ORDER BY shard, id
+LIMIT $3`
 
-// readShards deletes the rows the requests' shards relayed (acked by the
-// stream), then reads up to limit rows of each request's shard in id
-// order, leaving out the rows of parked keys, and appends them to the
-// request's rows. scratch is reused from call to call.
-func readShards(ctx context.Context, db *pgxpool.Pool, reqs []*readRequest, limit int, scratch *readScratch) error {
-	shards := make([]int32, len(reqs))
-	byShard := make(map[int32]*readRequest, len(reqs))
-	parked := [][]byte{} // not nil: NULL would match no row
-	relayed := []int64{}
-	for i, req := range reqs {
-		shards[i] = int32(req.shard)
-		byShard[int32(req.shard)] = req
-		for _, k := range req.parked {
-			parked = append(parked, []byte(k))
-		}
-		relayed = append(relayed, req.relayed...)
+// readBatch deletes the rows relayed (acked by the stream), then returns up
+// to limit rows of the shard in id order, leaving out the rows of the
+// parked keys, appended to out. scratch is reused from call to call.
+func readBatch(ctx context.Context, db *pgxpool.Pool, shard int, parkedKeys []string, limit int, relayed []int64, out []relayRow, scratch *readScratch) ([]relayRow, error) {
+	parked := make([][]byte, len(parkedKeys)) // not nil: NULL would match no row
+	for i, k := range parkedKeys {
+		parked[i] = []byte(k)
+	}
+	if relayed == nil {
+		relayed = []int64{}
 	}
 	// The extended protocol, whatever the pool's default: the simple one
 	// would send every column as text.
-	rows, err := db.Query(ctx, selectShardBatch, pgx.QueryExecModeCacheDescribe, relayResultFormats, shards, parked, relayed, limit)
+	rows, err := db.Query(ctx, selectShardBatch, pgx.QueryExecModeCacheDescribe, relayResultFormats, shard, parked, limit, relayed)
 	if err != nil {
-		return fmt.Errorf("read outbox shards %v (after deleting %d relayed rows): %w", shards, len(relayed), err)
+		return nil, fmt.Errorf("read outbox shard %d (after deleting %d relayed rows): %w", shard, len(relayed), err)
 	}
 	defer rows.Close()
 	for i, f := range rows.FieldDescriptions() {
 		if i >= len(relayResultFormats) || f.Format != relayResultFormats[i] {
-			return fmt.Errorf("read outbox shards %v: column %s came in format %d, not the one asked for", shards, f.Name, f.Format)
+			return nil, fmt.Errorf("read outbox shard %d: column %s came in format %d, not the one asked for", shard, f.Name, f.Format)
 		}
 	}
-	// The read's text columns and keys go into one string, its payloads
-	// into one byte slice: two allocations per read instead of about ten
-	// per row. The payloads get a fresh slice per read (a message keeps
+	first := len(out)
+	// The batch's text columns and keys go into one string, its payloads
+	// into one byte slice: two allocations per batch instead of about ten
+	// per row. The payloads get a fresh slice per batch (a message keeps
 	// its Data while its publish may be retried).
 	texts, spans := scratch.texts[:0], scratch.spans[:0]
 	blobs := make([]byte, 0, scratch.blobs)
-	type placed struct {
-		req *readRequest
-		at  int
-	}
-	var where []placed
 	for rows.Next() {
 		raw := rows.RawValues()
-		if len(raw) != 13 {
-			return fmt.Errorf("read outbox shards %v: %d columns, want 13", shards, len(raw))
+		if len(raw) != 12 {
+			return nil, fmt.Errorf("read outbox shard %d: %d columns, want 12", shard, len(raw))
 		}
 		for _, v := range raw {
 			if v == nil {
-				return fmt.Errorf("read outbox shards %v: a NULL in a NOT NULL column", shards)
+				return nil, fmt.Errorf("read outbox shard %d: a NULL in a NOT NULL column", shard)
 			}
 		}
-		if len(raw[0]) != 4 || len(raw[1]) != 8 || len(raw[10]) != 4 || len(raw[11]) != 8 || len(raw[12]) != 8 {
-			return fmt.Errorf("read outbox shards %v: unexpected binary sizes of shard, id, source_partition, source_offset or created_at", shards)
-		}
-		req := byShard[int32(binary.BigEndian.Uint32(raw[0]))]
-		if req == nil {
-			return fmt.Errorf("read outbox shards %v: a row of shard %d, which was not asked for", shards, binary.BigEndian.Uint32(raw[0]))
+		if len(raw[0]) != 8 || len(raw[9]) != 4 || len(raw[10]) != 8 || len(raw[11]) != 8 {
+			return nil, fmt.Errorf("read outbox shard %d: unexpected binary sizes of id, source_partition, source_offset or created_at", shard)
 		}
 		var sp [7]span
-		for i, col := range [6]int{2, 3, 4, 5, 8, 9} {
+		for i, col := range [6]int{1, 2, 3, 4, 7, 8} {
 			sp[i] = span{len(texts), len(texts) + len(raw[col])}
 			texts = append(texts, raw[col]...)
 		}
-		sp[6] = span{len(blobs), len(blobs) + len(raw[6])}
-		blobs = append(blobs, raw[6]...)
+		sp[6] = span{len(blobs), len(blobs) + len(raw[5])}
+		blobs = append(blobs, raw[5]...)
 		spans = append(spans, sp)
-		where = append(where, placed{req, len(req.rows)})
-		req.rows = append(req.rows, relayRow{
-			ID:              int64(binary.BigEndian.Uint64(raw[1])),
-			Headers:         decodeHeaders(raw[7]),
-			SourcePartition: int32(binary.BigEndian.Uint32(raw[10])),
-			SourceOffset:    int64(binary.BigEndian.Uint64(raw[11])),
-			CreatedAt:       pgEpoch.Add(time.Duration(int64(binary.BigEndian.Uint64(raw[12]))) * time.Microsecond),
+		out = append(out, relayRow{
+			ID:              int64(binary.BigEndian.Uint64(raw[0])),
+			Headers:         decodeHeaders(raw[6]),
+			SourcePartition: int32(binary.BigEndian.Uint32(raw[9])),
+			SourceOffset:    int64(binary.BigEndian.Uint64(raw[10])),
+			CreatedAt:       pgEpoch.Add(time.Duration(int64(binary.BigEndian.Uint64(raw[11]))) * time.Microsecond),
 		})
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read outbox shards %v: %w", shards, err)
+		return nil, fmt.Errorf("read outbox shard %d: %w", shard, err)
 	}
 	scratch.texts, scratch.spans, scratch.blobs = texts, spans, len(blobs)
 	all := string(texts)
 	text := func(s span) string { return all[s.from:s.to] }
 	for i, sp := range spans {
-		r := &where[i].req.rows[where[i].at]
+		r := &out[first+i]
 		r.EventID, r.Subject, r.Type, r.Key = text(sp[0]), text(sp[1]), text(sp[2]), text(sp[3])
 		r.Source, r.SourceTopic = text(sp[4]), text(sp[5])
 		r.Data = blobs[sp[6].from:sp[6].to:sp[6].to]
 	}
-	return nil
+	return out, nil
 }
 
-// readScratch is readShards' memory from one read to the next: the text
+// readScratch is readBatch's memory from one batch to the next: the text
 // buffer and the row spans are reused, the payload buffer is sized like the
 // last one.
 type readScratch struct {
@@ -176,11 +158,10 @@ type readScratch struct {
 type span struct{ from, to int }
 
 // relayResultFormats asks for selectShardBatch's columns in the formats
-// readShards decodes: integers and the timestamp in binary (big-endian;
+// readBatch decodes: integers and the timestamp in binary (big-endian;
 // timestamptz as microseconds since pgEpoch), bytea in binary (its bytes),
 // text and jsonb as text.
 var relayResultFormats = pgx.QueryResultFormats{
-	pgx.BinaryFormatCode,
 	pgx.BinaryFormatCode, pgx.TextFormatCode, pgx.TextFormatCode, pgx.TextFormatCode,
 	pgx.BinaryFormatCode, pgx.BinaryFormatCode, pgx.TextFormatCode,
 	pgx.TextFormatCode, pgx.TextFormatCode, pgx.BinaryFormatCode, pgx.BinaryFormatCode, pgx.BinaryFormatCode,
