@@ -1,6 +1,7 @@
-// Package inbox owns the bookkeeping that makes a Kafka-sourced function
-// exactly-once in Postgres: the partition cursors with their fencing epochs,
-// the inbox of handled records, the dead letters, replays and retention.
+// Package inbox owns the bookkeeping that makes a function exactly-once in
+// Postgres: the partition cursors with their fencing epochs, the lane
+// counts of NATS-triggered functions, the inboxes of handled records and
+// events, the dead letters, replays and retention.
 //
 // Every write that moves a cursor checks the caller's fencing token, so a
 // worker that lost its partition (a zombie) cannot commit anything.

@@ -20,7 +20,9 @@ import (
 func TestChangingTheLaneCountFencesOldLanesAndStartsAtTheSlowest(t *testing.T) {
 	db := kfntest.Postgres(t)
 	ctx := context.Background()
-	lane := func(k int32) inbox.Partition { return inbox.Partition{Consumer: "ledger", Topic: "orders.accepted", Partition: k} }
+	lane := func(k int32) inbox.Partition {
+		return inbox.Partition{Consumer: "ledger", Topic: "orders.accepted", Partition: k}
+	}
 	oldStart := time.Now().Add(-time.Hour)
 
 	// Four lanes, claimed by w-old with tokens 10–13, at different progress.
