@@ -71,6 +71,7 @@ func (sr *subjectRun) run(ctx context.Context) error {
 			return backoff.Permanent(err) // this worker's configuration is out of date
 		}
 		if err != nil {
+			sr.w.claimBlocked(sr.fn.Name, sr.log, err)
 			return err
 		}
 		sr.generation, sr.start = cur.Generation, cur.NextOffset

@@ -1,3 +1,8 @@
+-- kfn:additive
+-- (A new table that workers built before it never read or write; but they
+-- do not check the lane count either, so --lanes above 1 waits until every
+-- worker of the function is built with it.)
+
 -- Lanes of NATS-triggered functions: a function's events on a subject are
 -- spread over `lanes` lanes by a hash of their key (outbox.LaneOf), each
 -- lane with its own lease and its own cursor row (kfn.cursors, partition =
