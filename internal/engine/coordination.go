@@ -96,22 +96,7 @@ func (w *worker) newPartitionLeases(fn Function) (*lease.Manager, error) {
 // Lanes lanes of a JetStream subject (a key's events all go to one lane,
 // which keeps their order).
 func (w *worker) own(ctx context.Context, fn Function, leases *lease.Manager) error {
-	if fn.Subject != "" {
-		items := make([]string, w.cfg.Lanes)
-		for k := range items {
-			items[k] = LeaseItem(int32(k))
-		}
-		lanes := func(context.Context) ([]string, error) { return items, nil }
-		return leases.Run(ctx, lanes, func(ctx context.Context, c lease.Claim) {
-			lane, err := parseLeaseItem(c.Item)
-			if err != nil {
-				w.cfg.Logger.Error("ignoring lease", "function", fn.Name, "err", err)
-				return
-			}
-			w.runSubject(ctx, fn, lane, int64(c.Token))
-		})
-	}
-	partitions := func(ctx context.Context) ([]string, error) {
+	items := func(ctx context.Context) ([]string, error) {
 		parts, err := w.kafka.partitions(ctx, fn.Topic)
 		if err != nil {
 			return nil, err
@@ -122,12 +107,21 @@ func (w *worker) own(ctx context.Context, fn Function, leases *lease.Manager) er
 		}
 		return items, nil
 	}
-	return leases.Run(ctx, partitions, func(ctx context.Context, c lease.Claim) {
+	run := w.runPartition
+	if fn.Subject != "" {
+		lanes := make([]string, w.cfg.Lanes)
+		for k := range lanes {
+			lanes[k] = LeaseItem(int32(k))
+		}
+		items = func(context.Context) ([]string, error) { return lanes, nil }
+		run = w.runSubject
+	}
+	return leases.Run(ctx, items, func(ctx context.Context, c lease.Claim) {
 		p, err := parseLeaseItem(c.Item)
 		if err != nil {
 			w.cfg.Logger.Error("ignoring lease", "function", fn.Name, "err", err)
 			return
 		}
-		w.runPartition(ctx, fn, p, int64(c.Token))
+		run(ctx, fn, p, int64(c.Token))
 	})
 }

@@ -35,13 +35,9 @@ func TestPartitionedLedgerSurvivesAKilledWorker(t *testing.T) {
 		tick    = 100 * time.Millisecond
 		killAt  = 40 // tick
 	)
-	c := newChain(t, 1)
-	js := c.jetStream()
+	c, js := newLedgerChain(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if _, err := outbox.ExtendStream(ctx, js, runtime.DefaultStream, []string{orders.AcceptedSubject, ledger.CapturedSubject}, outbox.StreamLimits{Duplicates: time.Minute, MaxAge: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
 	setting := fmt.Sprintf("KFN_LANES=%d", lanes)
 	ws := []*worker{c.startLedger(setting), c.startLedger(setting), c.startLedger(setting)}
 
@@ -255,13 +251,7 @@ func (p *keyedPublisher) publish(n int) {
 // event is booked once and in its key's order.
 func TestChangingTheLedgersLaneCount(t *testing.T) {
 	const keys, perTick, tick = 32, 20, 100 * time.Millisecond
-	c := newChain(t, 1)
-	js := c.jetStream()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if _, err := outbox.ExtendStream(ctx, js, runtime.DefaultStream, []string{orders.AcceptedSubject, ledger.CapturedSubject}, outbox.StreamLimits{Duplicates: time.Minute, MaxAge: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
+	c, js := newLedgerChain(t)
 	p := newKeyedPublisher(t, js, keys)
 	booked := func(what string) {
 		t.Helper()
@@ -322,4 +312,18 @@ func TestChangingTheLedgersLaneCount(t *testing.T) {
 	c.requireLedgerBalances(p.produced)
 	c.requireNoDeadLetters()
 	c.requireKeyOrder(p.keyOf, p.seqOf)
+}
+
+// newLedgerChain is a chain whose event stream exists and captures the
+// ledger's subjects, for tests that publish orders.accepted themselves.
+func newLedgerChain(t *testing.T) (*chain, jetstream.JetStream) {
+	t.Helper()
+	c := newChain(t, 1)
+	js := c.jetStream()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := outbox.ExtendStream(ctx, js, runtime.DefaultStream, []string{orders.AcceptedSubject, ledger.CapturedSubject}, outbox.StreamLimits{Duplicates: time.Minute, MaxAge: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	return c, js
 }
