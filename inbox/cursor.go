@@ -1,6 +1,7 @@
-// Package inbox owns the bookkeeping that makes a Kafka-sourced function
-// exactly-once in Postgres: the partition cursors with their fencing epochs,
-// the inbox of handled records, the dead letters, replays and retention.
+// Package inbox owns the bookkeeping that makes a function exactly-once in
+// Postgres: the partition cursors with their fencing epochs, the lane
+// counts of NATS-triggered functions, the inboxes of handled records and
+// events, the dead letters, replays and retention.
 //
 // Every write that moves a cursor checks the caller's fencing token, so a
 // worker that lost its partition (a zombie) cannot commit anything.
@@ -274,13 +275,25 @@ func TakeOver(ctx context.Context, db interface {
 	Begin(context.Context) (pgx.Tx, error)
 	Querier
 }, p Partition, token int64, owner string, startOffset int64, wait time.Duration) (Cursor, error) {
+	return takeOver(ctx, db, p, token, wait, func(tx pgx.Tx) (Cursor, error) {
+		return ClaimPartition(ctx, tx, p, token, owner, startOffset)
+	})
+}
+
+// takeOver runs claim in a transaction whose lock waits end after wait,
+// and ends the session of an older owner that held p's cursor row locked
+// that long (see TakeOver).
+func takeOver(ctx context.Context, db interface {
+	Begin(context.Context) (pgx.Tx, error)
+	Querier
+}, p Partition, token int64, wait time.Duration, claim func(pgx.Tx) (Cursor, error)) (Cursor, error) {
 	var c Cursor
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", wait.Milliseconds())); err != nil {
 			return err
 		}
 		var err error
-		c, err = ClaimPartition(ctx, tx, p, token, owner, startOffset)
+		c, err = claim(tx)
 		return err
 	})
 	var pgErr *pgconn.PgError

@@ -9,7 +9,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"hash/fnv"
 	"strconv"
 	"time"
 
@@ -105,10 +104,28 @@ func EventID(consumer, sourceID string, index int) string {
 
 // ShardOf returns the relay shard of an event key: a hash of its bytes,
 // whatever they are.
-func ShardOf(key string) int {
-	h := fnv.New32a()
-	h.Write([]byte(key))
-	return int(h.Sum32() % Shards)
+func ShardOf(key string) int { return int(keyHash(key) % Shards) }
+
+// LaneOf returns which of lanes lanes of a NATS-triggered function handles
+// the events of key: the same 32-bit FNV-1a hash of the key's bytes as
+// ShardOf (and as kafka-go's Hash balancer), modulo lanes. It is stable
+// across processes and versions: lanes of one function must agree on it.
+func LaneOf(key []byte, lanes int) int {
+	if lanes <= 1 {
+		return 0
+	}
+	return int(keyHash(key) % uint32(lanes))
+}
+
+// keyHash is the 32-bit FNV-1a hash of a key's bytes.
+func keyHash[K string | []byte](key K) uint32 {
+	const offset, prime = 2166136261, 16777619
+	h := uint32(offset)
+	for i := 0; i < len(key); i++ {
+		h ^= uint32(key[i])
+		h *= prime
+	}
+	return h
 }
 
 // Row is one outbox row ready to be written.

@@ -40,6 +40,7 @@ type worker struct {
 	relay            *outbox.Relay             // nil with NoRelay, or when no function emits
 	// installation scopes the lease groups (kfn.installation.id).
 	installation string
+	startedAt    time.Time // when this worker started, by the database's clock
 	offsets      *offsetCommitter
 	stats        *Stats
 	ready        readiness // the last probe of the services, for /readyz
@@ -198,8 +199,15 @@ func (w *worker) connectPostgres(ctx context.Context) error {
 		w.cfg.Logger.Info("running against a newer schema whose later migrations do not break this binary (a rolling upgrade)",
 			"schema", v, "built_for", schema.Latest())
 	}
-	w.installation, err = InstallationID(ctx, w.pool)
-	return err
+	if w.installation, err = InstallationID(ctx, w.pool); err != nil {
+		return err
+	}
+	// By the database's clock, which all workers share: a change of a lane
+	// count is honoured only from workers started after the last one.
+	if err := w.pool.QueryRow(ctx, `SELECT now()`).Scan(&w.startedAt); err != nil {
+		return fmt.Errorf("read the database's clock: %w", err)
+	}
+	return nil
 }
 
 // connectNATS connects to NATS (reconnecting forever after a loss) and
