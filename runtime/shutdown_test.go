@@ -1,0 +1,126 @@
+package runtime_test
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Shutdown timing of the workers in TestShutdownHandsPartitionsOverAtOnce:
+// kfn's defaults, so that a handoff bound by the lease TTL would show.
+const (
+	shutdownTTL   = 5 * time.Second
+	shutdownRenew = time.Second
+	// shutdownHandoff is the promise: every partition of a worker stopped
+	// with SIGTERM is claimed by another worker within this long of the
+	// signal.
+	shutdownHandoff = time.Second
+	// shutdownExit bounds the stopped worker's exit. On SIGTERM the lanes
+	// roll their in-flight batch back (a handler ignoring its ctx is
+	// abandoned after a grace of 1 s), then each lease is deleted (one
+	// round trip, bounded by --lease-renew) after the heartbeat (bounded
+	// by --lease-renew too); the relay stops its shards the same way.
+	shutdownExit = time.Second + 2*shutdownRenew + time.Second
+)
+
+// Two workers share 12 partitions under load; one is stopped with SIGTERM
+// in the middle of a batch transaction. It must exit 0 within shutdownExit, and the other worker must claim each
+// of its partitions within shutdownHandoff of the signal: the leases are
+// deleted, not left to expire. Nothing is lost or applied twice.
+func TestShutdownHandsPartitionsOverAtOnce(t *testing.T) {
+	c := newCluster(t)
+	timing := []string{"KFN_LEASE_TTL=" + shutdownTTL.String(), "KFN_LEASE_RENEW=" + shutdownRenew.String()}
+	stopped := c.startWorkerEnv(c.nextID(), timing...)
+	survivor := c.startWorkerEnv(c.nextID(), timing...)
+	prod := c.startProducer()
+	c.waitBalanced([]string{stopped.id, survivor.id}, 30*time.Second)
+	time.Sleep(time.Second) // work a while under load
+
+	before := ownedBy(c.cursors(), stopped.id)
+	if len(before) != failoverPartitions/2 {
+		t.Fatalf("%s owns %d partitions, want %d", stopped.id, len(before), failoverPartitions/2)
+	}
+	// The signal lands inside a batch transaction past its fence: frozen
+	// there, signalled, then thawed, the worker must roll that batch back
+	// (or finish it) before it lets the partition go.
+	if !c.pauseInTransaction(stopped, "kfn.cursors", 30*time.Second) {
+		t.Fatalf("could not catch %s inside a fenced transaction within 30s", stopped.id)
+	}
+	signalled := time.Now()
+	if err := stopped.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	stopped.Resume()
+	select {
+	case <-stopped.Exited():
+	case <-time.After(shutdownExit + 10*time.Second):
+		t.Fatalf("%s did not exit within %s of SIGTERM; output:\n%s", stopped.id, shutdownExit+10*time.Second, stopped.LogTail(40))
+	}
+	exited := time.Since(signalled)
+	if err := stopped.ExitErr(); err != nil {
+		t.Errorf("%s exited with %v on SIGTERM, want status 0; output:\n%s", stopped.id, err, stopped.LogTail(40))
+	}
+
+	var claims map[int]time.Time
+	waitUntil(t, 30*time.Second, survivor.id+" to claim every partition of "+stopped.id, func() (bool, string) {
+		claims = c.claimsBy(survivor.id)
+		for p := range before {
+			if _, ok := claims[p]; !ok {
+				return false, fmt.Sprintf("partition %d not claimed by %s yet", p, survivor.id)
+			}
+		}
+		return true, ""
+	})
+	var first, last time.Duration
+	for i, p := range slices.Sorted(maps.Keys(before)) {
+		d := claims[p].Sub(signalled)
+		if i == 0 || d < first {
+			first = d
+		}
+		last = max(last, d)
+	}
+	line := fmt.Sprintf("shutdown handoff (SIGTERM of 1 of 2 workers, %d records/s, lease TTL %s): exit 0 after %s; its %d partitions claimed by the other worker %s (first) to %s (last) after the signal",
+		produceRate, shutdownTTL, exited.Round(time.Millisecond), len(before), first.Round(time.Millisecond), last.Round(time.Millisecond))
+	t.Log(line)
+	fmt.Println(line)
+	if exited > shutdownExit {
+		t.Errorf("%s took %s to exit after SIGTERM, over the bound %s", stopped.id, exited, shutdownExit)
+	}
+	if last > shutdownHandoff {
+		t.Errorf("the last partition of %s was claimed %s after SIGTERM, over %s: the handoff waited for something (the TTL is %s)", stopped.id, last, shutdownHandoff, shutdownTTL)
+	}
+
+	hw := c.finishProduction(prod)
+	c.waitCaughtUp(hw, 60*time.Second)
+	stopClean(t, survivor)
+	c.check(hw)
+}
+
+// claimsBy returns when worker id claimed each partition it owns now
+// (kfn.cursors.claimed_at: the start of its claim's transaction).
+func (c *cluster) claimsBy(id string) map[int]time.Time {
+	c.t.Helper()
+	rows, err := c.pg.Pool.Query(context.Background(),
+		`SELECT partition, claimed_at FROM kfn.cursors WHERE consumer = $1 AND topic = $2 AND owner = $3`, c.fn, c.topic, id)
+	if err != nil {
+		c.t.Fatalf("read cursors: %v", err)
+	}
+	defer rows.Close()
+	out := map[int]time.Time{}
+	for rows.Next() {
+		var p int
+		var at time.Time
+		if err := rows.Scan(&p, &at); err != nil {
+			c.t.Fatalf("read cursors: %v", err)
+		}
+		out[p] = at
+	}
+	if err := rows.Err(); err != nil {
+		c.t.Fatalf("read cursors: %v", err)
+	}
+	return out
+}
