@@ -94,6 +94,21 @@ func TestShutdownHandsPartitionsOverAtOnce(t *testing.T) {
 		t.Errorf("the last partition of %s was claimed %s after SIGTERM, over %s: the handoff waited for something (the TTL is %s)", stopped.id, last, shutdownHandoff, shutdownTTL)
 	}
 
+	// The worker's JSON log writes durations as text.
+	starting := 0
+	for _, e := range logSince(t, stopped, 0) {
+		if e.str("msg") != "lease manager starting" {
+			continue
+		}
+		starting++
+		if ttl, ok := e["ttl"].(string); !ok || ttl != shutdownTTL.String() {
+			t.Errorf("log line %q has ttl %#v, want the string %q", e.str("msg"), e["ttl"], shutdownTTL.String())
+		}
+	}
+	if starting == 0 {
+		t.Errorf("%s logged no \"lease manager starting\" line", stopped.id)
+	}
+
 	hw := c.finishProduction(prod)
 	c.waitCaughtUp(hw, 60*time.Second)
 	stopClean(t, survivor)

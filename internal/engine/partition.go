@@ -70,7 +70,7 @@ func (pr *partitionRun) run(ctx context.Context) error {
 	if err := retryInfra(ctx, pr.log, "claim partition", pr.claim); err != nil {
 		return err
 	}
-	pr.log.Info("partition claimed", "next_offset", pr.cursor.next)
+	pr.log.Debug("partition claimed", "next_offset", pr.cursor.next)
 	reader, err := pr.w.kafka.reader(pr.part.Topic, pr.part.Partition, pr.cursor.next, 2*pr.w.cfg.BatchSize)
 	if err != nil {
 		return err

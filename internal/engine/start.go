@@ -67,7 +67,7 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 	}
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(logLevel)) // checked by settings.LogLevel; a rejected value left "info"
-	cfg.Logger = slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	cfg.Logger = newLogger(stderr, level)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

@@ -66,7 +66,7 @@ func (sr *subjectRun) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	sr.log.Info("subject claimed")
+	sr.log.Debug("subject claimed")
 	msgs, err := cons.Messages(jetstream.PullMaxMessages(2 * sr.w.cfg.BatchSize))
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", sr.fn.Subject, err)

@@ -157,6 +157,7 @@ type run struct {
 	nextAcquire  time.Time
 	wake         *time.Timer // fires at nextAcquire
 	unhealthy    error       // the member's health as last checked; nil when healthy
+	loggedHeld   []string    // the held items last logged (logHeld)
 }
 
 type claimEnd struct {
@@ -212,7 +213,22 @@ func (r *run) loop(ctx context.Context) error {
 		if changed {
 			r.reconcile(ctx)
 		}
+		r.logHeld()
 	}
+}
+
+// logHeld logs the items this member holds leases on, at Info, when they
+// differ from the last line. Each acquire, renewal and release is logged
+// per item at Debug only: with many items, one line per change of the
+// set says what an operator needs.
+func (r *run) logHeld() {
+	held := slices.AppendSeq([]string{}, maps.Keys(r.claims)) // [] rather than null in JSON
+	slices.Sort(held)
+	if slices.Equal(held, r.loggedHeld) {
+		return
+	}
+	r.loggedHeld = held
+	r.log.Info("leases held", "held", len(held), "items", held)
 }
 
 func (r *run) shutdown() {
@@ -226,6 +242,8 @@ func (r *run) shutdown() {
 	// Every claim's ctx derives from Run's, so all are stopping; each
 	// releases its lease once its work returns.
 	r.claimWG.Wait()
+	clear(r.claims)
+	r.logHeld()
 	for item := range r.uncertain {
 		if err := r.reclaim(context.Background(), item); err != nil {
 			r.log.Warn("delete an abandoned lease", "item", item, "err", err)

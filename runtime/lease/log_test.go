@@ -1,0 +1,102 @@
+package lease
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// lockedBuffer is a log destination safe for the manager's goroutines.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) lines(t *testing.T) []map[string]any {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []map[string]any
+	sc := bufio.NewScanner(bytes.NewReader(b.buf.Bytes()))
+	for sc.Scan() {
+		var e map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			t.Fatalf("log line is not JSON: %v: %s", err, sc.Text())
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// At Info, a member logs its held leases once per change of the set (a
+// "leases held" line with the count and the items), never a line per
+// item's acquire, renewal or release; those are Debug.
+func TestManagerLogsItsHeldLeasesOncePerChange(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tr := newTracker()
+	defer tr.check(t)
+	items := &itemList{}
+	items.set(names("orders/", 6))
+
+	var logA lockedBuffer
+	cfgA := testManagerConfig("A")
+	cfgA.Logger = slog.New(slog.NewJSONHandler(&logA, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	stopA := runMember(t, newManager(t, connect(t, b.nats.URL), cfgA), items, tr)
+	waitFor(t, livenessBound, "A to own all 6 items", func() bool { return len(tr.owners()) == 6 })
+	time.Sleep(3 * testRenew) // renewals, which log nothing at Info
+	stopB := runMember(t, newManager(t, connect(t, b.nats.URL), testManagerConfig("B")), items, tr)
+	wantB := 0
+	for _, owner := range Assign([]string{"A", "B"}, names("orders/", 6)) {
+		if owner == "B" {
+			wantB++
+		}
+	}
+	waitFor(t, livenessBound, "B to take its share", func() bool {
+		n := 0
+		for _, owner := range tr.owners() {
+			if owner == "B" {
+				n++
+			}
+		}
+		return n == wantB
+	})
+	stopA()
+	stopB()
+
+	var held []int
+	for _, e := range logA.lines(t) {
+		msg, _ := e["msg"].(string)
+		if slices.Contains([]string{"claimed", "released", "stopping claim", "claim ended; lease not released"}, msg) {
+			t.Errorf("per-item line %q logged at %v, want Debug only", msg, e["level"])
+		}
+		if msg != "leases held" {
+			continue
+		}
+		n, ok := e["held"].(float64)
+		if list, isList := e["items"].([]any); !ok || !isList || len(list) != int(n) {
+			t.Errorf("leases held line with held %v and items %v: want the count and the list", e["held"], e["items"])
+		}
+		held = append(held, int(n))
+	}
+	t.Logf("A's leases held lines: %v", held)
+	if len(held) < 3 || held[len(held)-1] != 0 || !slices.Contains(held, 6) || !slices.Contains(held, 6-wantB) {
+		t.Errorf("A logged the held counts %v; want them to reach 6, then %d after B joined, and end at 0", held, 6-wantB)
+	}
+	for i := 1; i < len(held); i++ {
+		if held[i] == held[i-1] {
+			t.Errorf("A logged %d held leases twice in a row (%v): a line without a change", held[i], held)
+		}
+	}
+}
