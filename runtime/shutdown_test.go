@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -94,19 +95,32 @@ func TestShutdownHandsPartitionsOverAtOnce(t *testing.T) {
 		t.Errorf("the last partition of %s was claimed %s after SIGTERM, over %s: the handoff waited for something (the TTL is %s)", stopped.id, last, shutdownHandoff, shutdownTTL)
 	}
 
-	// The worker's JSON log writes durations as text.
-	starting := 0
+	// The worker logs the signal and how long its shutdown took, and its
+	// JSON log writes durations as text.
+	var starting, signal, took int
 	for _, e := range logSince(t, stopped, 0) {
-		if e.str("msg") != "lease manager starting" {
-			continue
-		}
-		starting++
-		if ttl, ok := e["ttl"].(string); !ok || ttl != shutdownTTL.String() {
-			t.Errorf("log line %q has ttl %#v, want the string %q", e.str("msg"), e["ttl"], shutdownTTL.String())
+		switch msg := e.str("msg"); {
+		case msg == "lease manager starting":
+			starting++
+			if ttl, ok := e["ttl"].(string); !ok || ttl != shutdownTTL.String() {
+				t.Errorf("log line %q has ttl %#v, want the string %q", msg, e["ttl"], shutdownTTL.String())
+			}
+		case strings.HasPrefix(msg, "stopping:"):
+			signal++
+			if cause := e.str("cause"); cause != "terminated signal received" {
+				t.Errorf("log line %q has cause %q, want the SIGTERM", msg, cause)
+			}
+		case msg == "worker stopped cleanly":
+			took++
+			if d, ok := e["shutdown_took"].(string); !ok {
+				t.Errorf("log line %q has shutdown_took %#v, want a duration as a string", msg, e["shutdown_took"])
+			} else if _, err := time.ParseDuration(d); err != nil {
+				t.Errorf("log line %q: shutdown_took %q: %v", msg, d, err)
+			}
 		}
 	}
-	if starting == 0 {
-		t.Errorf("%s logged no \"lease manager starting\" line", stopped.id)
+	if starting == 0 || signal != 1 || took != 1 {
+		t.Errorf("%s logged %d lease manager starting, %d stopping and %d worker stopped cleanly lines; want at least 1, 1 and 1", stopped.id, starting, signal, took)
 	}
 
 	hw := c.finishProduction(prod)
