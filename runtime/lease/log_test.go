@@ -39,9 +39,32 @@ func (b *lockedBuffer) lines(t *testing.T) []map[string]any {
 	return out
 }
 
+// heldCounts checks a member's Info lines: none per item, and each "leases
+// held" line with its count and items. It returns the counts in order.
+func heldCounts(t *testing.T, log *lockedBuffer) []int {
+	t.Helper()
+	var held []int
+	for _, e := range log.lines(t) {
+		msg, _ := e["msg"].(string)
+		if slices.Contains([]string{"claimed", "released", "stopping claim", "claim ended; lease not released"}, msg) {
+			t.Errorf("per-item line %q logged at %v, want Debug only", msg, e["level"])
+		}
+		if msg != "leases held" {
+			continue
+		}
+		n, ok := e["held"].(float64)
+		if list, isList := e["items"].([]any); !ok || !isList || len(list) != int(n) {
+			t.Errorf("leases held line with held %v and items %v: want the count and the list", e["held"], e["items"])
+		}
+		held = append(held, int(n))
+	}
+	return held
+}
+
 // At Info, a member logs its held leases once per change of the set (a
-// "leases held" line with the count and the items), never a line per
-// item's acquire, renewal or release; those are Debug.
+// "leases held" line with the count and the items, once the set has
+// settled), never a line per item's acquire, renewal or release; those
+// are Debug.
 func TestManagerLogsItsHeldLeasesOncePerChange(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -72,24 +95,12 @@ func TestManagerLogsItsHeldLeasesOncePerChange(t *testing.T) {
 		}
 		return n == wantB
 	})
+	// The line comes once the set has settled, RenewEvery after the change.
+	waitFor(t, livenessBound, "A to log its smaller set", func() bool { return slices.Contains(heldCounts(t, &logA), 6-wantB) })
 	stopA()
 	stopB()
 
-	var held []int
-	for _, e := range logA.lines(t) {
-		msg, _ := e["msg"].(string)
-		if slices.Contains([]string{"claimed", "released", "stopping claim", "claim ended; lease not released"}, msg) {
-			t.Errorf("per-item line %q logged at %v, want Debug only", msg, e["level"])
-		}
-		if msg != "leases held" {
-			continue
-		}
-		n, ok := e["held"].(float64)
-		if list, isList := e["items"].([]any); !ok || !isList || len(list) != int(n) {
-			t.Errorf("leases held line with held %v and items %v: want the count and the list", e["held"], e["items"])
-		}
-		held = append(held, int(n))
-	}
+	held := heldCounts(t, &logA)
 	t.Logf("A's leases held lines: %v", held)
 	if len(held) < 3 || held[len(held)-1] != 0 || !slices.Contains(held, 6) || !slices.Contains(held, 6-wantB) {
 		t.Errorf("A logged the held counts %v; want them to reach 6, then %d after B joined, and end at 0", held, 6-wantB)

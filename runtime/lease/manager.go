@@ -158,6 +158,8 @@ type run struct {
 	wake         *time.Timer // fires at nextAcquire
 	unhealthy    error       // the member's health as last checked; nil when healthy
 	loggedHeld   []string    // the held items last logged (logHeld)
+	heldLine     *time.Timer // fires when the held set's change is to be logged
+	heldLineDue  bool        // heldLine is armed
 }
 
 type claimEnd struct {
@@ -177,6 +179,9 @@ func (r *run) loop(ctx context.Context) error {
 	r.wake = time.NewTimer(time.Hour)
 	r.wake.Stop()
 	defer r.wake.Stop()
+	r.heldLine = time.NewTimer(time.Hour)
+	r.heldLine.Stop()
+	defer r.heldLine.Stop()
 	var healthC <-chan time.Time // the health hook is asked more often than the tick
 	if r.cfg.Healthy != nil {
 		ht := time.NewTicker(r.cfg.RenewEvery / 4)
@@ -206,6 +211,10 @@ func (r *run) loop(ctx context.Context) error {
 		case <-r.wake.C:
 		case <-healthC:
 			changed = false
+		case <-r.heldLine.C:
+			r.heldLineDue = false
+			r.logHeld()
+			changed = false
 		}
 		if r.checkHealth() {
 			changed = true
@@ -213,8 +222,21 @@ func (r *run) loop(ctx context.Context) error {
 		if changed {
 			r.reconcile(ctx)
 		}
-		r.logHeld()
+		if !r.heldLineDue && !slices.Equal(r.held(), r.loggedHeld) {
+			// A rebalance acquires or releases items one after another:
+			// one line once it has settled (RenewEvery later), not one
+			// per item.
+			r.heldLineDue = true
+			r.heldLine.Reset(r.cfg.RenewEvery)
+		}
 	}
+}
+
+// held lists the items this member holds leases on, sorted.
+func (r *run) held() []string {
+	held := slices.AppendSeq([]string{}, maps.Keys(r.claims)) // [] rather than null in JSON
+	slices.Sort(held)
+	return held
 }
 
 // logHeld logs the items this member holds leases on, at Info, when they
@@ -222,8 +244,7 @@ func (r *run) loop(ctx context.Context) error {
 // per item at Debug only: with many items, one line per change of the
 // set says what an operator needs.
 func (r *run) logHeld() {
-	held := slices.AppendSeq([]string{}, maps.Keys(r.claims)) // [] rather than null in JSON
-	slices.Sort(held)
+	held := r.held()
 	if slices.Equal(held, r.loggedHeld) {
 		return
 	}
