@@ -6,11 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fn=${1:-orders}
-export CONTAINERS_CONF=${CONTAINERS_CONF:-$(mktemp)}
-if [ ! -s "$CONTAINERS_CONF" ]; then
-  # crun fails on this kind of machine's cgroup setup; runc with cgroupfs works.
-  printf '[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = "cgroupfs"\n' >"$CONTAINERS_CONF"
-fi
+export CONTAINERS_CONF=${CONTAINERS_CONF:-$PWD/deploy/containers.conf}
 mkdir -p deploy/.build
 # GOWORK=off: built from the main module alone, as deploy/Containerfile does.
 CGO_ENABLED=0 GOWORK=off go build -trimpath -ldflags="-s -w" -o deploy/.build/function "./functions/$fn/cmd/$fn"
