@@ -31,16 +31,23 @@ type sample struct {
 
 func scrapeMetrics(t *testing.T, url string) scrape {
 	t.Helper()
+	_, body := httpGet(t, url)
+	return parseExposition(t, body)
+}
+
+// httpGet returns the status and body of a GET of url.
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
+	data, err := io.ReadAll(resp.Body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return parseExposition(t, string(body))
+	return resp.StatusCode, string(data)
 }
 
 // parseExposition reads the text format as client_golang writes it: label
@@ -326,15 +333,6 @@ func TestMetricsDuringKafkaOutage(t *testing.T) {
 		}
 		return v
 	}
-	status := func(path string) (int, string) {
-		resp, err := http.Get(srv.URL + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
-	}
 	waitFor(t, 10*time.Second, "the worker to be ready before the outage", func() bool { return ready() == 1 })
 
 	pk.Stop()
@@ -342,10 +340,10 @@ func TestMetricsDuringKafkaOutage(t *testing.T) {
 	// The probe runs every 2 s and may take 2 s: two periods and a margin.
 	waitFor(t, 5*time.Second, "kfn_ready to drop to 0 in the outage", func() bool { return ready() == 0 })
 	notReady := time.Since(stopped)
-	if code, body := status("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "kafka: brokers") {
+	if code, body := httpGet(t, srv.URL+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "kafka: brokers") {
 		t.Errorf("/readyz in the Kafka outage = %d %q, want 503 naming Kafka", code, body)
 	}
-	if code, body := status("/healthz"); code != http.StatusOK {
+	if code, body := httpGet(t, srv.URL+"/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz in the Kafka outage = %d %q, want 200: an outage of another service must not restart the worker", code, body)
 	}
 	time.Sleep(8*time.Second - time.Since(stopped)) // the readers fail and the lanes wait for the broker

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kfn-dev/kfn/internal/effects"
 )
 
 // Shutdown timing of the workers in TestShutdownHandsPartitionsOverAtOnce:
@@ -68,7 +70,10 @@ func TestShutdownHandsPartitionsOverAtOnce(t *testing.T) {
 
 	var claims map[int]time.Time
 	waitUntil(t, 30*time.Second, survivor.id+" to claim every partition of "+stopped.id, func() (bool, string) {
-		claims = c.claimsBy(survivor.id)
+		var err error
+		if claims, err = effects.ClaimedAt(context.Background(), c.pg.Pool, c.fn, c.topic, survivor.id); err != nil {
+			t.Fatal(err)
+		}
 		for p := range before {
 			if _, ok := claims[p]; !ok {
 				return false, fmt.Sprintf("partition %d not claimed by %s yet", p, survivor.id)
@@ -127,29 +132,4 @@ func TestShutdownHandsPartitionsOverAtOnce(t *testing.T) {
 	c.waitCaughtUp(hw, 60*time.Second)
 	stopClean(t, survivor)
 	c.check(hw)
-}
-
-// claimsBy returns when worker id claimed each partition it owns now
-// (kfn.cursors.claimed_at: the start of its claim's transaction).
-func (c *cluster) claimsBy(id string) map[int]time.Time {
-	c.t.Helper()
-	rows, err := c.pg.Pool.Query(context.Background(),
-		`SELECT partition, claimed_at FROM kfn.cursors WHERE consumer = $1 AND topic = $2 AND owner = $3`, c.fn, c.topic, id)
-	if err != nil {
-		c.t.Fatalf("read cursors: %v", err)
-	}
-	defer rows.Close()
-	out := map[int]time.Time{}
-	for rows.Next() {
-		var p int
-		var at time.Time
-		if err := rows.Scan(&p, &at); err != nil {
-			c.t.Fatalf("read cursors: %v", err)
-		}
-		out[p] = at
-	}
-	if err := rows.Err(); err != nil {
-		c.t.Fatalf("read cursors: %v", err)
-	}
-	return out
 }

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfn-dev/kfn/functions/orders"
+	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
@@ -70,7 +72,7 @@ func TestContainersKilledAndStoppedUnderLoad(t *testing.T) {
 	c.waitOwners(names[1:], 60*time.Second)
 	t.Logf("podman kill %s: its partitions were taken over after %s (lease TTL 5s)", killed, time.Since(killedAt).Round(time.Millisecond))
 
-	before := c.ownedBy(stopped)
+	before := c.claimsBy(stopped)
 	select {
 	case <-producer.Exited():
 		t.Fatalf("kfn produce finished before the SIGTERM: the stop was not under load (raise containerOrders)")
@@ -272,39 +274,14 @@ func (c *chain) produceWithKfn(kfn string, n, rate int) *kfntest.Process {
 	return kfntest.StartProcess(c.t, cmd)
 }
 
-// ownedBy returns the partitions worker id owns now.
-func (c *chain) ownedBy(id string) map[int]bool {
-	c.t.Helper()
-	out := map[int]bool{}
-	for p := range c.claimsBy(id) {
-		out[p] = true
-	}
-	return out
-}
-
-// claimsBy returns when worker id claimed each partition it owns now
-// (kfn.cursors.claimed_at: the start of its claim's transaction).
+// claimsBy returns when worker id claimed each partition it owns now.
 func (c *chain) claimsBy(id string) map[int]time.Time {
 	c.t.Helper()
-	rows, err := c.pg.Pool.Query(context.Background(),
-		`SELECT partition, claimed_at FROM kfn.cursors WHERE consumer = 'orders' AND topic = $1 AND owner = $2`, c.topic, id)
+	claims, err := effects.ClaimedAt(context.Background(), c.pg.Pool, orders.Function().Name, c.topic, id)
 	if err != nil {
-		c.t.Fatalf("read cursors: %v", err)
+		c.t.Fatal(err)
 	}
-	defer rows.Close()
-	out := map[int]time.Time{}
-	for rows.Next() {
-		var p int
-		var at time.Time
-		if err := rows.Scan(&p, &at); err != nil {
-			c.t.Fatalf("read cursors: %v", err)
-		}
-		out[p] = at
-	}
-	if err := rows.Err(); err != nil {
-		c.t.Fatalf("read cursors: %v", err)
-	}
-	return out
+	return claims
 }
 
 // waitOwners waits until the workers live own every partition, each of

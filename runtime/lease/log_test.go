@@ -1,38 +1,28 @@
 package lease
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 )
 
-// lockedBuffer is a log destination safe for the manager's goroutines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) lines(t *testing.T) []map[string]any {
+// logLines reads the JSON log lines written to file so far.
+func logLines(t *testing.T, file string) []map[string]any {
 	t.Helper()
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var out []map[string]any
-	sc := bufio.NewScanner(bytes.NewReader(b.buf.Bytes()))
-	for sc.Scan() {
+	for line := range bytes.Lines(data) {
 		var e map[string]any
-		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
-			t.Fatalf("log line is not JSON: %v: %s", err, sc.Text())
+		if err := json.Unmarshal(line, &e); err != nil {
+			t.Fatalf("log line is not JSON: %v: %s", err, line)
 		}
 		out = append(out, e)
 	}
@@ -41,10 +31,10 @@ func (b *lockedBuffer) lines(t *testing.T) []map[string]any {
 
 // heldCounts checks a member's Info lines: none per item, and each "leases
 // held" line with its count and items. It returns the counts in order.
-func heldCounts(t *testing.T, log *lockedBuffer) []int {
+func heldCounts(t *testing.T, file string) []int {
 	t.Helper()
 	var held []int
-	for _, e := range log.lines(t) {
+	for _, e := range logLines(t, file) {
 		msg, _ := e["msg"].(string)
 		if slices.Contains([]string{"claimed", "released", "stopping claim", "claim ended; lease not released"}, msg) {
 			t.Errorf("per-item line %q logged at %v, want Debug only", msg, e["level"])
@@ -73,9 +63,14 @@ func TestManagerLogsItsHeldLeasesOncePerChange(t *testing.T) {
 	items := &itemList{}
 	items.set(names("orders/", 6))
 
-	var logA lockedBuffer
+	logA := filepath.Join(t.TempDir(), "a.log")
+	f, err := os.Create(logA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
 	cfgA := testManagerConfig("A")
-	cfgA.Logger = slog.New(slog.NewJSONHandler(&logA, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	cfgA.Logger = slog.New(slog.NewJSONHandler(f, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	stopA := runMember(t, newManager(t, connect(t, b.nats.URL), cfgA), items, tr)
 	waitFor(t, livenessBound, "A to own all 6 items", func() bool { return len(tr.owners()) == 6 })
 	time.Sleep(3 * testRenew) // renewals, which log nothing at Info
@@ -96,11 +91,11 @@ func TestManagerLogsItsHeldLeasesOncePerChange(t *testing.T) {
 		return n == wantB
 	})
 	// The line comes once the set has settled, RenewEvery after the change.
-	waitFor(t, livenessBound, "A to log its smaller set", func() bool { return slices.Contains(heldCounts(t, &logA), 6-wantB) })
+	waitFor(t, livenessBound, "A to log its smaller set", func() bool { return slices.Contains(heldCounts(t, logA), 6-wantB) })
 	stopA()
 	stopB()
 
-	held := heldCounts(t, &logA)
+	held := heldCounts(t, logA)
 	t.Logf("A's leases held lines: %v", held)
 	if len(held) < 3 || held[len(held)-1] != 0 || !slices.Contains(held, 6) || !slices.Contains(held, 6-wantB) {
 		t.Errorf("A logged the held counts %v; want them to reach 6, then %d after B joined, and end at 0", held, 6-wantB)
