@@ -53,6 +53,7 @@ const (
 // (one orders row per order, each with one revision, one inbox row per
 // record) and none is dead-lettered.
 func TestContainersKilledAndStoppedUnderLoad(t *testing.T) {
+	start := time.Now()
 	pm := newPodman(t)
 	c := &chain{t: t, pg: kfntest.Postgres(t), kafka: kfntest.Kafka(t), nats: kfntest.NATSProcess(t), partitions: containerPartitions}
 	c.topic = c.kafka.CreateTopic(t, containerPartitions)
@@ -64,7 +65,9 @@ func TestContainersKilledAndStoppedUnderLoad(t *testing.T) {
 		names[i] = pm.run(c, i+1)
 	}
 	producer := c.produceWithKfn(kfn, containerOrders, containerRate)
+	produceStart := time.Now()
 	c.waitOwners(names, 60*time.Second)
+	t.Logf("%s in: 3 containers own the partitions, balanced", time.Since(start).Round(time.Millisecond))
 
 	killed, stopped, last := names[0], names[1], names[2]
 	pm.cmd("kill", killed)
@@ -77,6 +80,7 @@ func TestContainersKilledAndStoppedUnderLoad(t *testing.T) {
 	case <-producer.Exited():
 		t.Fatalf("kfn produce finished before the SIGTERM: the stop was not under load (raise containerOrders)")
 	default:
+		t.Logf("%s in: podman stop %s, %s into production", time.Since(start).Round(time.Millisecond), stopped, time.Since(produceStart).Round(time.Millisecond))
 	}
 	stopCalled := time.Now()
 	stopDone := make(chan []byte, 1)
