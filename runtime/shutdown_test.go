@@ -22,18 +22,21 @@ const (
 	// with SIGTERM is claimed by another worker within this long of the
 	// signal.
 	shutdownHandoff = time.Second
-	// shutdownExit bounds the stopped worker's exit. On SIGTERM the lanes
-	// roll their in-flight batch back (a handler ignoring its ctx is
-	// abandoned after a grace of 1 s), then each lease is deleted (one
-	// round trip, bounded by --lease-renew) after the heartbeat (bounded
-	// by --lease-renew too); the relay stops its shards the same way.
-	shutdownExit = time.Second + 2*shutdownRenew + time.Second
+	// shutdownExit bounds the stopped worker's exit, from its settings:
+	// the lanes roll their in-flight batch back at once (unless it is committing), but a handler that
+	// ignores its ctx is abandoned only after a grace of 1 s, and its
+	// session ended (a round trip of at most 5/4 of the statement timeout,
+	// 0.4 × TTL by default); then the heartbeat and the lease keys are
+	// deleted (round trips bounded by --lease-renew, the leases in
+	// parallel).
+	shutdownExit = time.Second + 5*(shutdownTTL*4/10)/4 + 2*shutdownRenew
 )
 
 // Two workers share 12 partitions under load; one is stopped with SIGTERM
-// in the middle of a batch transaction. It must exit 0 within shutdownExit, and the other worker must claim each
-// of its partitions within shutdownHandoff of the signal: the leases are
-// deleted, not left to expire. Nothing is lost or applied twice.
+// in the middle of a batch transaction. It must exit 0 within
+// shutdownExit, and the other worker must claim each of its partitions
+// within shutdownHandoff of the signal: the leases are deleted, not left
+// to expire. Nothing is lost or applied twice.
 func TestShutdownHandsPartitionsOverAtOnce(t *testing.T) {
 	c := newCluster(t)
 	timing := []string{"KFN_LEASE_TTL=" + shutdownTTL.String(), "KFN_LEASE_RENEW=" + shutdownRenew.String()}
