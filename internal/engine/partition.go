@@ -75,7 +75,10 @@ func (pr *partitionRun) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer func() { reader.Close() }()
+	// Closing a reader waits for its fetch in flight (up to its MaxWait);
+	// the lease is not held for that: the reader touches nothing the next
+	// owner uses. Run waits for the close.
+	defer func() { pr.w.readersClosing.Go(func() { reader.Close() }) }()
 
 	outage := newKafkaOutage(pr.log)
 	for {

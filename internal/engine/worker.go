@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -47,6 +48,8 @@ type worker struct {
 	// retries are the running lanes, woken for dead letters marked for
 	// retry (retry.go).
 	retries *retryLanes
+	// readersClosing are the Kafka readers of lanes that have returned.
+	readersClosing sync.WaitGroup
 }
 
 // NewWorker validates cfg and fns, connects to Postgres, Kafka and NATS,
@@ -229,6 +232,7 @@ func (wk *Worker) RelayStats() (outbox.RelayStats, bool) {
 func (wk *Worker) Run(ctx context.Context) error {
 	w := wk.w
 	defer w.close()
+	defer w.readersClosing.Wait()
 	defer w.runHealth(ctx)()
 	if w.offsets != nil {
 		// Stopped after the lanes, so the last commits are mirrored too.
