@@ -198,7 +198,12 @@ func (r *run) loop(ctx context.Context) error {
 			changed = r.setMembers(list) || !r.membersKnown
 			r.membersKnown = true
 		case ev := <-r.events:
-			changed = r.handleEvent(ev)
+			if ev.kind == leaseFree {
+				r.takeFreed(ctx, ev.name)
+				changed = false
+			} else {
+				changed = r.handleEvent(ev)
+			}
 		case list := <-r.itemList:
 			changed = !r.itemsKnown || !slices.Equal(list, r.itemSet)
 			r.itemSet, r.itemsKnown = list, true
@@ -353,11 +358,24 @@ func (r *run) handleEvent(ev event) bool {
 		r.log.Info("member left", "left", ev.name)
 		r.triggerItemsPoll()
 		return true
-	case leaseFree:
-		// The next owner may take it now.
-		return r.claims[ev.name] == nil
 	}
 	return false
+}
+
+// takeFreed acquires an item whose lease was just deleted or ran out, if
+// this member is its target. It tries that item alone: a full reconcile
+// would also try every item still held elsewhere, at two round trips each,
+// on every release of a handoff. The tick's reconcile retries the rest.
+func (r *run) takeFreed(ctx context.Context, item string) {
+	now := time.Now()
+	if ctx.Err() != nil || r.unhealthy != nil || !r.itemsKnown || !r.membersKnown || r.claims[item] != nil ||
+		now.Before(r.nextAcquire) || now.Before(r.cooldown[item]) || !slices.Contains(r.itemSet, item) {
+		return
+	}
+	if Assign(slices.Collect(maps.Keys(r.members)), r.itemSet)[item] != r.cfg.MemberID {
+		return
+	}
+	r.take(ctx, item)
 }
 
 func (r *run) triggerItemsPoll() {
@@ -409,27 +427,36 @@ func (r *run) reconcile(ctx context.Context) {
 		if r.claims[item] != nil || owners[item] != r.cfg.MemberID || now.Before(r.cooldown[item]) {
 			continue
 		}
-		delete(r.cooldown, item)
-		l, err := r.acquire(ctx, item)
-		switch {
-		case err == nil:
-			r.acquireBO.Reset()
-			r.startClaim(ctx, l)
-		case errors.Is(err, ErrHeld):
-			r.acquireBO.Reset()
-			r.log.Debug("lease held elsewhere; will retry", "item", item)
-		case errors.Is(err, ErrBucketNew):
-			r.uncertain[item] = true // the Create may have landed, and its undo failed
-			r.nextAcquire = r.m.store.QuietUntil()
-			r.wakeAt(r.nextAcquire)
-			r.log.Info("not acquiring until the leases of the lost bucket have run out", "until", time.Until(r.nextAcquire).Round(time.Millisecond))
-			return
-		default:
-			r.uncertain[item] = true
-			r.backOff("acquire failed", item, err)
+		if !r.take(ctx, item) {
 			return
 		}
 	}
+}
+
+// take acquires item and starts its claim. It reports false when acquiring
+// must pause (a lost bucket, or a failure to back off from).
+func (r *run) take(ctx context.Context, item string) bool {
+	delete(r.cooldown, item)
+	l, err := r.acquire(ctx, item)
+	switch {
+	case err == nil:
+		r.acquireBO.Reset()
+		r.startClaim(ctx, l)
+	case errors.Is(err, ErrHeld):
+		r.acquireBO.Reset()
+		r.log.Debug("lease held elsewhere; will retry", "item", item)
+	case errors.Is(err, ErrBucketNew):
+		r.uncertain[item] = true // the Create may have landed, and its undo failed
+		r.nextAcquire = r.m.store.QuietUntil()
+		r.wakeAt(r.nextAcquire)
+		r.log.Info("not acquiring until the leases of the lost bucket have run out", "until", time.Until(r.nextAcquire).Round(time.Millisecond))
+		return false
+	default:
+		r.uncertain[item] = true
+		r.backOff("acquire failed", item, err)
+		return false
+	}
+	return true
 }
 
 func (r *run) backOff(msg, item string, err error) {
