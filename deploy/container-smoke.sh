@@ -1,34 +1,76 @@
 #!/usr/bin/env bash
-# Builds a function image the way deploy/Containerfile.scratch describes and
-# runs it with podman: without configuration it must exit 2 naming every
-# missing setting, and with unreachable services it must exit 1 saying which.
+# Builds a function image with deploy/image.sh (FROM scratch) and runs it
+# with podman: the image must hold the CA certificates and the non-root user
+# it runs as, and be tagged with the version; without configuration it must
+# exit 2 naming every missing setting; with unreachable services it must
+# exit 1 saying which; its health check must fail naming KFN_METRICS_ADDR
+# when there is no metrics address. It also checks that .containerignore
+# keeps .git, bin/ and the Kafka cache out of a build from the repository root.
 # Usage: deploy/container-smoke.sh [function]   (default: orders)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fn=${1:-orders}
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$PWD/deploy/containers.conf}
-mkdir -p deploy/.build
-# GOWORK=off: built from the main module alone, as deploy/Containerfile does.
-CGO_ENABLED=0 GOWORK=off go build -trimpath -ldflags="-s -w" -o deploy/.build/function "./functions/$fn/cmd/$fn"
-podman build -q -f deploy/Containerfile.scratch -t "kfn-$fn" deploy >/dev/null
-echo "built image kfn-$fn ($(podman image inspect "kfn-$fn" --format '{{.Size}}') bytes)"
+export VERSION=${VERSION:-$(git describe --tags --always --dirty 2>/dev/null || echo 0.0.0-dev)}
+image="kfn-$fn:$VERSION"
+deploy/image.sh "./functions/$fn/cmd/$fn" "kfn-$fn"
+fail() { echo "container smoke test: $*"; exit 1; }
+
+# What the image holds: the files of a created (never started) container.
+ctr=$(podman create "$image")
+files=$(podman export "$ctr" | tar -t)
+passwd=$(podman export "$ctr" | tar -xO etc/passwd)
+podman rm "$ctr" >/dev/null
+for f in function etc/passwd etc/group etc/ssl/certs/ca-certificates.crt; do
+  grep -qx "$f" <<<"$files" || fail "the image has no /$f"
+done
+user=$(podman image inspect "$image" --format '{{.Config.User}}')
+[ "${user%%:*}" != 0 ] && [ -n "$user" ] || fail "the image runs as root ($user)"
+grep -q "^[^:]*:x:${user%%:*}:" <<<"$passwd" || fail "user ${user%%:*} has no /etc/passwd entry"
+[ "$(podman image inspect "$image" --format '{{index .Config.Labels "org.opencontainers.image.version"}}')" = "$VERSION" ] ||
+  fail "the image's version label is not $VERSION"
+echo "image $image: user $user ($(grep "^[^:]*:x:${user%%:*}:" <<<"$passwd" | cut -d: -f1)), CA certificates, version $VERSION"
 
 run() { podman run --rm --runtime runc --network=host "$@"; }
 
 set +e
-out=$(run "kfn-$fn" 2>&1); code=$?
+out=$(run "$image" 2>&1); code=$?
 set -e
 echo "$out"
-[ $code -eq 2 ] || { echo "want exit 2 without configuration, got $code"; exit 1; }
+[ $code -eq 2 ] || fail "want exit 2 without configuration, got $code"
 for setting in KFN_KAFKA_BROKERS DATABASE_URL KFN_NATS_URL; do
-  grep -q "$setting" <<<"$out" || { echo "the error does not name $setting"; exit 1; }
+  grep -q "$setting" <<<"$out" || fail "the error does not name $setting"
 done
 
 set +e
 out=$(run -e KFN_KAFKA_BROKERS=127.0.0.1:1 -e DATABASE_URL='postgres://kfn@127.0.0.1:1/kfn?connect_timeout=2' \
-  -e KFN_NATS_URL=nats://127.0.0.1:1 "kfn-$fn" 2>&1); code=$?
+  -e KFN_NATS_URL=nats://127.0.0.1:1 "$image" 2>&1); code=$?
 set -e
 echo "$out"
-[ $code -eq 1 ] || { echo "want exit 1 with unreachable services, got $code"; exit 1; }
-grep -q "cannot reach Postgres" <<<"$out" || { echo "the error does not say Postgres is unreachable"; exit 1; }
+[ $code -eq 1 ] || fail "want exit 1 with unreachable services, got $code"
+grep -q "cannot reach Postgres" <<<"$out" || fail "the error does not say Postgres is unreachable"
+
+set +e
+out=$(run "$image" --healthcheck 2>&1); code=$?
+set -e
+echo "$out"
+[ $code -eq 1 ] && grep -q KFN_METRICS_ADDR <<<"$out" || fail "--healthcheck without a metrics address: want exit 1 naming KFN_METRICS_ADDR, got $code"
+set +e
+out=$(run -e KFN_METRICS_ADDR=127.0.0.1:1 "$image" --healthcheck 2>&1); code=$?
+set -e
+echo "$out"
+[ $code -eq 1 ] && grep -q "not ready" <<<"$out" || fail "--healthcheck with nothing serving: want exit 1, not ready, got $code"
+
+# .containerignore: what a build from the repository root sees.
+ctx=kfn-context-check-$$
+printf 'FROM scratch\nCOPY . /ctx\n' | podman build -q -f - -t "$ctx" . >/dev/null
+ctr=$(podman create "$ctx" /none)
+seen=$(podman export "$ctr" | tar -t)
+podman rm "$ctr" >/dev/null
+podman rmi "$ctx" >/dev/null
+grep -qx 'ctx/go.mod' <<<"$seen" || fail "the build context has no go.mod"
+for junk in .git bin deploy/local/kafka/.cache deploy/.build; do
+  ! grep -qE "^ctx/$junk(/|$)" <<<"$seen" || fail "the build context holds $junk: .containerignore must keep it out"
+done
+echo "build context from the repository root: $(wc -l <<<"$seen") entries, without .git, bin/, deploy/.build or the Kafka cache"
 echo "container smoke test passed"

@@ -18,7 +18,7 @@ trap cleanup EXIT
 
 GOWORK=off go build -o "$work/kfn" ./cmd/kfn
 "$work/kfn" new payments --topic payments --dir "$work/payments" --kfn "$PWD"
-deploy/image.sh "$work/payments/cmd/payments" kfn-e2e-payments
+VERSION=e2e deploy/image.sh "$work/payments/cmd/payments" kfn-e2e-payments
 
 "$work/kfn" dev --duration 5m --rate 1 >"$work/dev.out" 2>&1 &
 dev_pid=$!
@@ -28,7 +28,7 @@ eval "$(grep '^export ' "$work/dev.out")"
 
 "$work/kfn" topic create payments --partitions 2
 podman run -d --name "$container" --runtime runc --network=host \
-  -e DATABASE_URL -e KFN_NATS_URL -e KFN_KAFKA_BROKERS kfn-e2e-payments >/dev/null
+  -e DATABASE_URL -e KFN_NATS_URL -e KFN_KAFKA_BROKERS -e KFN_METRICS_ADDR=127.0.0.1:0 kfn-e2e-payments:e2e >/dev/null
 for i in $(seq 1 20); do echo "{\"key\": \"p-$i\", \"value\": {\"id\": \"p-$i\", \"amount_cents\": $((100 + i))}}"; done >"$work/records.jsonl"
 "$work/kfn" produce payments --file "$work/records.jsonl"
 
@@ -43,4 +43,9 @@ if [ "$rows" != 20 ]; then
   echo "the function's container stored $rows rows, want 20"
   exit 1
 fi
-echo "image end to end: the kfn new function's container applied 20 records"
+# The image's health check (no shell in it: the binary asks its own /readyz).
+addr=$(podman logs "$container" 2>&1 | sed -n 's/.*"msg":"serving metrics","addr":"\([^"]*\)".*/\1/p' | head -1)
+[ -n "$addr" ] || { podman logs "$container" | tail -20; echo "the container logged no metrics address"; exit 1; }
+podman exec -e KFN_METRICS_ADDR="$addr" "$container" /function --healthcheck ||
+  { echo "the container's health check (/function --healthcheck on $addr) failed while it applies records"; exit 1; }
+echo "image end to end: the kfn new function's container applied 20 records and its health check passed"

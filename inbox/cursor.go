@@ -193,6 +193,12 @@ func SkipExpired(ctx context.Context, tx pgx.Tx, p Partition, token, from, to in
 	return writeAudit(ctx, tx, "kfn-worker", "skip_expired", p, map[string]any{"from": from, "to": to, "epoch": token})
 }
 
+// ErrCannotEndOlderOwner means an older owner's open transaction holds the
+// partition's cursor row and the caller's role may not end its session
+// (neither the same role nor pg_signal_backend, or the older session is a
+// superuser's): the claim waits until that transaction ends on its own.
+var ErrCannotEndOlderOwner = errors.New("its cursor row is locked by an older owner's session that this role may not end")
+
 // ErrOlderOwnerBlocked means an older owner's transaction held the cursor
 // row and was ended; claiming again will succeed.
 var ErrOlderOwnerBlocked = errors.New("an older owner's open transaction held the partition's cursor; its session was ended")
@@ -207,8 +213,8 @@ var ErrOlderOwnerBlocked = errors.New("an older owner's open transaction held th
 // expired, and ending the session only discards work that never committed.
 // It needs the privilege to signal the workers' sessions (the same role, or
 // pg_signal_backend, which does not cover a superuser's sessions); without
-// it, it returns an error saying so, and the caller's retries wait until
-// the older session ends on its own.
+// it, it returns an error wrapping ErrCannotEndOlderOwner, and the caller's
+// retries wait until the older session ends on its own.
 func TakeOver(ctx context.Context, db interface {
 	Begin(context.Context) (pgx.Tx, error)
 	Querier
@@ -233,7 +239,7 @@ SELECT count(pg_terminate_backend(l.pid))
   JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = c.xmax AND l.granted AND l.pid <> pg_backend_pid()
  WHERE c.consumer = $1 AND c.topic = $2 AND c.partition = $3 AND c.epoch < $4`, p.Consumer, p.Topic, p.Partition, token).Scan(&ended)
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
-		return Cursor{}, fmt.Errorf("claim %s: its cursor row stayed locked for %s by a session that could not be ended: no permission to signal it (%s); run every worker as one role, or grant pg_signal_backend (which cannot signal a superuser's sessions)", p, wait, pgErr.Message)
+		return Cursor{}, fmt.Errorf("claim %s: %w (waited %s; %s): run every worker as one role, or grant it pg_signal_backend (which cannot signal a superuser's sessions)", p, ErrCannotEndOlderOwner, wait, pgErr.Message)
 	}
 	if err != nil {
 		return Cursor{}, fmt.Errorf("end the older owner's transaction on %s: %w", p, err)

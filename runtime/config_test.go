@@ -153,6 +153,32 @@ func TestMainRejectsUnknownFlagsAndArguments(t *testing.T) {
 	}
 }
 
+// The migrate mode (`orders migrate`) takes --database-url and nothing
+// else; a mistake in how it is called exits 2 and says what is wrong.
+func TestMainMigrateModeRejectsBadInvocations(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	fn := effects.Function("fn", "topic")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"migrate"}, "fn migrate: --database-url is required (or set DATABASE_URL)"},
+		{[]string{"migrate", "--database-url", "postgres://x@127.0.0.1:1/d", "stray"}, `fn migrate: unexpected argument "stray"`},
+		{[]string{"migrate", "--batch-size", "5"}, "flag provided but not defined: -batch-size"},
+		{[]string{"migrate", "--database-url", "mysql://x@h/d"}, "fn migrate: invalid configuration: --database-url (DATABASE_URL):"},
+		{[]string{"--database-url", "postgres://x@127.0.0.1:1/d", "migrate"}, "fn: migrate must come first: fn migrate --database-url …"},
+	} {
+		var stderr strings.Builder
+		if code := runtime.Main(fn, tc.args, &stderr); code != 2 || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("Main(%q) = %d, stderr %q; want 2 and %q", tc.args, code, stderr.String(), tc.want)
+		}
+	}
+	var help strings.Builder
+	if code := runtime.Main(fn, []string{"migrate", "-h"}, &help); code != 0 || !strings.Contains(help.String(), "-database-url") || strings.Contains(help.String(), "-batch-size") {
+		t.Errorf("migrate -h: exit %d, %q; want only --database-url listed", code, help.String())
+	}
+}
+
 // bindConfig binds a Config to a fresh flag set and parses args.
 func bindConfig(t *testing.T, args ...string) runtime.Config {
 	t.Helper()
@@ -240,7 +266,8 @@ func TestMainHelpShowsEachDefaultOnce(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"[KFN_BATCH_SIZE] (default 500)", "[KFN_BATCH_WAIT] (default 20ms)", "[KFN_EVENT_RETENTION] (default 168h)",
-		"[DATABASE_URL, or a file: DATABASE_URL_FILE]\n", "  -no-relay\n", "[KFN_LOG_LEVEL] (default \"info\")", "[KFN_METRICS_ADDR]\n", "(default host-pid)"} {
+		"[DATABASE_URL, or a file: DATABASE_URL_FILE]\n", "  -no-relay\n", "[KFN_LOG_LEVEL] (default \"info\")", "[KFN_METRICS_ADDR]\n", "(default host-pid)",
+		"  -skip-setup\n", "fn migrate applies kfn's schema migrations and the function's Setup"} {
 		if !strings.Contains(help, want) {
 			t.Errorf("-h lacks %q:\n%s", want, help)
 		}
@@ -262,5 +289,16 @@ func TestConfigRejectedValueIsNotAlsoMissing(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `"kafka" is not host:port`) || !strings.Contains(err.Error(), "not a postgres:// URL") ||
 		strings.Contains(err.Error(), "no Kafka broker given") || strings.Contains(err.Error(), "no Postgres URL given") {
 		t.Errorf("err = %v; want the given values named, not reported missing", err)
+	}
+}
+
+// One consumer group cannot take the offsets of two Kafka functions.
+func TestConsumerGroupIsRefusedForSeveralKafkaFunctions(t *testing.T) {
+	cfg := validConfig()
+	cfg.ConsumerGroup = "shared"
+	_, err := runtime.NewWorker(context.Background(), cfg, effects.Function("fa", "ta"), effects.Function("fb", "tb"))
+	var cfgErr *engine.ConfigError
+	if !errors.As(err, &cfgErr) || !strings.Contains(err.Error(), "--consumer-group (KFN_CONSUMER_GROUP)") || !strings.Contains(err.Error(), "2 Kafka functions (fa, fb)") {
+		t.Errorf("err = %v, want a ConfigError naming --consumer-group and both functions", err)
 	}
 }

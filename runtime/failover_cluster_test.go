@@ -114,10 +114,17 @@ func (c *cluster) startWorker(id string) *proc {
 // over the cluster's ("DATABASE_URL=…" through a proxy, "KFN_METRICS_ADDR=…").
 func (c *cluster) startWorkerEnv(id string, env ...string) *proc {
 	c.t.Helper()
+	return c.startWorkerFrom(kfntest.BuildBinary(c.t, effectsWorkerPkg), id, env...)
+}
+
+// startWorkerFrom is startWorkerEnv with an effects-worker binary of the
+// caller's (built for another schema version, say).
+func (c *cluster) startWorkerFrom(bin, id string, env ...string) *proc {
+	c.t.Helper()
 	// Port 0: the kernel picks a free port and the worker logs it (a port
 	// found free beforehand could be taken by another process meanwhile).
 	metrics := "127.0.0.1:0"
-	cmd := osexec.Command(kfntest.BuildBinary(c.t, effectsWorkerPkg))
+	cmd := osexec.Command(bin)
 	cmd.Env = append(os.Environ(),
 		"DATABASE_URL="+c.databaseURL(id),
 		"KFN_KAFKA_BROKERS="+strings.Join(c.kafka.Brokers, ","),

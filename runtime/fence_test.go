@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"maps"
 	"net/url"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -220,32 +222,19 @@ SELECT $1::text, $2::text, c.epoch, c.xmin = pg_current_xact_id()::xid
 
 // TestTakeOverWaitsForAnOlderSessionItCannotEnd: A is frozen right after
 // its fence succeeded, so its open transaction holds the cursor row's lock,
-// until its lease has expired. B connects as a role that may not signal
-// A's session (A runs as a superuser, B does not), so its claim can neither
-// get the lock nor end A's transaction: it must be refused with an error
-// that says so, and retried. Once A wakes, its commit lands (legitimately:
-// nobody claimed the partition before it), and B's claim follows it.
+// until its lease has expired. A and B run as two roles, neither a
+// superuser nor a member of pg_signal_backend, so B may not signal A's
+// session: its claim can neither get the lock nor end A's
+// transaction: it must be refused and retried, counted in
+// kfn_fence_terminate_denied_total, with one WARN that says why, not one
+// per retry. Once A wakes, its commit lands (legitimately: nobody claimed
+// the partition before it), and B's claim follows it.
 func TestTakeOverWaitsForAnOlderSessionItCannotEnd(t *testing.T) {
 	b := setup(t, 1)
-	b.cfg.LeaseTTL, b.cfg.LeaseRenew = fenceTTL, fenceRenew
-	gate, freezer := newLaneGate(t, b.fn), newLeaseFreezer(t)
-	defer freezer.end()
-	defer gate.releaseAll()
-	idA, idB := fenceWorkerIDs(b.fn)
-	fn := effects.Function(b.fn, b.topic)
-	const n = 30
-	produced := b.produceN(t, 1, n)
-	lane := inbox.Partition{Consumer: b.fn, Topic: b.topic, Partition: 0}
-
-	holdA := gate.hold(faults.AfterFence, func(int64) bool { return true })
-	cfgA := b.cfg
-	cfgA.BatchWait = time.Second // the n records, all in Kafka already, make one batch
-	wa, stopA := b.runAs(t, cfgA, idA, fn)
-	tA := holdA.wait(t, 30*time.Second, "A's lane to pass the fence of its first batch")
-	freezer.freeze(tA)
-	// A second batch of A's would race B's claim for the row lock; it is
-	// held at its fence (and reported) instead.
-	secondA := gate.hold(faults.BeforeFence, func(token int64) bool { return token == tA })
+	a := freezeAfterFence(t, b)
+	const n = frozenRecords
+	fn, idA, idB, tA, lane := a.fn, a.idA, a.idB, a.tA, a.lane
+	holdA, wa, stopA, produced, gate, freezer := a.hold, a.w, a.stop, a.produced, a.gate, a.freezer
 
 	cfgB := b.cfg
 	cfgB.DatabaseURL = restrictedRole(t, b)
@@ -253,12 +242,12 @@ func TestTakeOverWaitsForAnOlderSessionItCannotEnd(t *testing.T) {
 	cfgB.Logger = slog.New(&logCapture{next: b.cfg.Logger.Handler(), store: logsB})
 	wb, stopB := b.runAs(t, cfgB, idB, fn)
 
-	const refused = "claim partition failed, retrying"
-	const unendable = "could not be ended"
-	refusals := func() []capturedLog {
-		return logsB.find(func(r capturedLog) bool { return r.msg == refused && strings.Contains(r.attrs["err"], unendable) })
+	const warning = "cannot end a frozen older owner's Postgres session"
+	warnings := func() []capturedLog {
+		return logsB.find(func(r capturedLog) bool { return strings.HasPrefix(r.msg, warning) })
 	}
-	waitFor(t, fenceTakeover, "B's claim to be refused because A's session could not be ended", func() bool { return len(refusals()) >= 2 })
+	denied := func() int64 { return wb.Stats().Functions()[b.fn].FenceTerminateDenied }
+	waitFor(t, fenceTakeover, "B's claim to be refused twice because A's session could not be ended", func() bool { return denied() >= 2 })
 	if cur := readCursor(t, b, lane); cur.Epoch != tA || cur.Owner != idA {
 		t.Fatalf("cursor while A holds its row lock: epoch %d owner %q, want A's token %d and owner %q", cur.Epoch, cur.Owner, tA, idA)
 	}
@@ -277,7 +266,7 @@ func TestTakeOverWaitsForAnOlderSessionItCannotEnd(t *testing.T) {
 	freezer.end()
 	// A's lane, woken with its ctx cancelled, stops; B applies what comes next.
 	waitFor(t, 10*time.Second, "A to give the partition up", func() bool {
-		if secondA.arrived() {
+		if a.second.arrived() {
 			t.Fatalf("A fetched a second batch: the test's precondition (A's first batch holds all %d records) failed", n)
 		}
 		return len(wa.Stats().Partitions()) == 0
@@ -294,9 +283,25 @@ func TestTakeOverWaitsForAnOlderSessionItCannotEnd(t *testing.T) {
 	if len(claimed) != 1 {
 		t.Fatalf("B logged %d lease claims of the partition, want 1", len(claimed))
 	}
-	all := refusals()
-	t.Logf("A's lane stood still %s holding the cursor row (lease TTL %s, renewed every %s); B held the lease %s before its claim landed, refused %d times meanwhile; first refusal: %s",
-		stoodStill.Round(time.Millisecond), fenceTTL, fenceRenew, landed.Sub(claimed[0].at).Round(time.Millisecond), len(all), all[0].attrs["err"])
+	warned := warnings()
+	if len(warned) != 1 || !strings.Contains(warned[0].attrs["err"], inbox.ErrCannotEndOlderOwner.Error()) || !strings.Contains(warned[0].msg, "pg_signal_backend") {
+		t.Errorf("B logged %d warnings %v, want one that names pg_signal_backend, with the refusal as its err", len(warned), warned)
+	}
+	if retries := logsB.find(func(r capturedLog) bool {
+		return strings.HasSuffix(r.msg, "failed, retrying") && strings.Contains(r.attrs["err"], inbox.ErrCannotEndOlderOwner.Error())
+	}); len(retries) != 0 {
+		t.Errorf("B logged %d refused claims at info level or above, want none besides the one warning", len(retries))
+	}
+	refused := denied()
+	series := `kfn_fence_terminate_denied_total\{function="` + regexp.QuoteMeta(b.fn) + `",worker="` + regexp.QuoteMeta(idB) + `"\}`
+	if got := metric(t, wb, series); got != strconv.FormatInt(refused, 10) {
+		t.Errorf("B's kfn_fence_terminate_denied_total = %q, want %d", got, refused)
+	}
+	if len(warned) == 0 {
+		return
+	}
+	t.Logf("A's lane stood still %s holding the cursor row (lease TTL %s, renewed every %s); B held the lease %s before its claim landed, refused %d times meanwhile; the warning: %s: %s",
+		stoodStill.Round(time.Millisecond), fenceTTL, fenceRenew, landed.Sub(claimed[0].at).Round(time.Millisecond), refused, warned[0].msg, warned[0].attrs["err"])
 	wantStats(t, "A", wa, stats{applied: n})
 	wantStats(t, "B", wb, stats{applied: 10})
 	if got, want := effectTokens(t, b), map[int64]int{tA: n, cur.Epoch: 10}; !maps.Equal(got, want) {
@@ -306,6 +311,95 @@ func TestTakeOverWaitsForAnOlderSessionItCannotEnd(t *testing.T) {
 		t.Errorf("A's fence was refused %d times, want none: nobody claimed the partition before its commit", got)
 	}
 	b.check(t, b.fn, produced)
+}
+
+// frozenRecords are the records of the takeover tests, all in A's first
+// batch.
+const frozenRecords = 30
+
+// frozenOwner is worker A of the takeover tests, frozen with its lane's
+// transaction open right after the fence of its first batch (the cursor
+// row locked), and its lease.
+type frozenOwner struct {
+	fn       runtime.Function
+	idA, idB string // B takes the lane once A's lease has expired
+	produced []effects.Produced
+	lane     inbox.Partition
+	gate     *laneGate
+	freezer  *leaseFreezer
+	hold     *laneHold // where A is held
+	second   *laneHold // a second batch of A's, held at its fence
+	tA       int64
+	w        *runtime.Worker
+	stop     func()
+}
+
+// freezeAfterFence runs A as a role of its own (not a superuser, no
+// pg_signal_backend) and freezes it after the fence of its first batch.
+func freezeAfterFence(t *testing.T, b *bundle) *frozenOwner {
+	t.Helper()
+	b.cfg.LeaseTTL, b.cfg.LeaseRenew = fenceTTL, fenceRenew
+	a := &frozenOwner{gate: newLaneGate(t, b.fn), freezer: newLeaseFreezer(t), fn: effects.Function(b.fn, b.topic)}
+	t.Cleanup(a.gate.releaseAll)
+	t.Cleanup(a.freezer.end)
+	a.idA, a.idB = fenceWorkerIDs(b.fn)
+	a.produced = b.produceN(t, 1, frozenRecords)
+	a.lane = inbox.Partition{Consumer: b.fn, Topic: b.topic, Partition: 0}
+
+	a.hold = a.gate.hold(faults.AfterFence, func(int64) bool { return true })
+	cfgA := b.cfg
+	cfgA.BatchWait = time.Second // the n records, all in Kafka already, make one batch
+	cfgA.DatabaseURL = restrictedRole(t, b)
+	a.w, a.stop = b.runAs(t, cfgA, a.idA, a.fn)
+	a.tA = a.hold.wait(t, 30*time.Second, "A's lane to pass the fence of its first batch")
+	a.freezer.freeze(a.tA)
+	// A second batch of A's would race B's claim for the row lock; it is
+	// held at its fence (and reported) instead.
+	a.second = a.gate.hold(faults.BeforeFence, func(token int64) bool { return token == a.tA })
+	return a
+}
+
+// TestTakeOverEndsAnotherRolesSessionWithPgSignalBackend: as above, but
+// B's role is a member of pg_signal_backend. B's claim ends A's session,
+// which rolls A's open transaction back, while A is still frozen, and
+// never waits for A: no claim is refused for lack of privilege, and B
+// applies every record. A, woken, cannot commit anything.
+func TestTakeOverEndsAnotherRolesSessionWithPgSignalBackend(t *testing.T) {
+	b := setup(t, 1)
+	a := freezeAfterFence(t, b)
+	cfgB := b.cfg
+	cfgB.DatabaseURL = restrictedRole(t, b, "pg_signal_backend")
+	wb, stopB := b.runAs(t, cfgB, a.idB, a.fn)
+
+	var cur inbox.Cursor
+	waitFor(t, fenceTakeover, "B's claim to land while A is frozen", func() bool {
+		cur = readCursor(t, b, a.lane)
+		return cur.Epoch != a.tA
+	})
+	claimedAfter := time.Since(a.hold.at)
+	if cur.Owner != a.idB || cur.NextOffset != 0 {
+		t.Errorf("cursor after B's claim: owner %q next offset %d; want %q at 0 (A's open batch rolled back)", cur.Owner, cur.NextOffset, a.idB)
+	}
+	a.hold.free()
+	a.freezer.end()
+	b.waitCaughtUp(t, b.fn)
+	awaitApplied(wb, frozenRecords)
+	stopB()
+	a.stop()
+
+	t.Logf("B's claim landed %s after A froze holding the cursor row (lease TTL %s, renewed every %s)",
+		claimedAfter.Round(time.Millisecond), fenceTTL, fenceRenew)
+	if got := wb.Stats().Functions()[b.fn].FenceTerminateDenied; got != 0 {
+		t.Errorf("B's claims refused for lack of privilege: %d, want 0 (B is a member of pg_signal_backend)", got)
+	}
+	if got := a.w.Stats().Applied.Load(); got != 0 {
+		t.Errorf("A applied %d records after its session was ended, want 0", got)
+	}
+	wantStats(t, "B", wb, stats{applied: frozenRecords})
+	if got, want := effectTokens(t, b), map[int64]int{cur.Epoch: frozenRecords}; !maps.Equal(got, want) {
+		t.Errorf("effects by the epoch their transaction saw after its fence: %v, want %v (all B's)", got, want)
+	}
+	b.check(t, b.fn, a.produced)
 }
 
 // fenceWorkerIDs names workers A and B so that the lease item "0" (the
@@ -383,10 +477,12 @@ func wantStats(t *testing.T, name string, w *runtime.Worker, want stats) {
 }
 
 // restrictedRole creates a login role that is not a superuser, with the
-// privileges a worker needs in the test's database, and returns a URL of
-// the database for it. It cannot signal the sessions of the superuser the
-// other workers run as.
-func restrictedRole(t *testing.T, b *bundle) string {
+// privileges a worker needs in the test's database, and the roles of
+// memberOf (none: no pg_signal_backend), and returns a URL of the database
+// for it. It cannot signal the
+// sessions of another role: the superuser the other workers run as, or
+// another restricted role.
+func restrictedRole(t *testing.T, b *bundle, memberOf ...string) string {
 	t.Helper()
 	role := strings.ToLower(strings.ReplaceAll(kfntest.Name(t, "role"), "-", "_"))
 	const password = "kfn-test"
@@ -405,6 +501,9 @@ func restrictedRole(t *testing.T, b *bundle) string {
 		`GRANT ALL ON ALL SEQUENCES IN SCHEMA kfn, public TO ` + quoted,
 	} {
 		execSQL(t, b, sql)
+	}
+	for _, group := range memberOf {
+		execSQL(t, b, `GRANT `+pgx.Identifier{group}.Sanitize()+` TO `+quoted)
 	}
 	var super bool
 	if err := b.pg.Pool.QueryRow(context.Background(), `SELECT rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&super); err != nil || !super {

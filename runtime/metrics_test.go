@@ -226,11 +226,11 @@ func requireMetricsDocumented(t *testing.T, sc scrape) {
 }
 
 // requireAlertMetricsExist checks that every kfn metric the example alert
-// rules (deploy/kubernetes/alerts.yaml) use is in the scrape of a running
+// rules (deploy/kubernetes/base/alerts.yaml) use is in the scrape of a running
 // worker, so that no alert refers to a metric that does not exist.
 func requireAlertMetricsExist(t *testing.T, sc scrape) {
 	t.Helper()
-	data, err := os.ReadFile("../deploy/kubernetes/alerts.yaml")
+	data, err := os.ReadFile("../deploy/kubernetes/base/alerts.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

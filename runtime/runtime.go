@@ -55,7 +55,11 @@
 //
 // Start reads its settings from flags and environment variables (run the
 // binary with -h), connects to Kafka, Postgres and NATS, and runs until
-// SIGTERM. A function deploys as one container image; kfn dev runs one
+// SIGTERM. Run with the argument migrate (`orders migrate
+// --database-url …`), the binary applies kfn's schema migrations and the
+// function's Setup instead, and exits: run it once as the role that owns
+// the schema, and the workers with --skip-setup under a role that has only
+// DML rights (see the README, "Running in production"). A function deploys as one container image; kfn dev runs one
 // locally. To run several functions in one process, or inside a program of
 // your own, use NewWorker.
 //
@@ -86,7 +90,8 @@ import (
 // letters, digits, '-' and '_'); Topic, the Kafka topic it consumes, or
 // Subject (wildcards allowed) and Stream for a NATS-triggered function;
 // Emits, the subjects it emits events on; Handler or BatchHandler; Setup,
-// which creates its tables at every start (idempotently); and KeyOrder,
+// which creates its tables (idempotently) at every start, unless
+// --skip-setup, and in the binary's migrate mode; and KeyOrder,
 // what a dead-lettered record does to the later records of its key
 // (Continue, the default, or ParkKey).
 type Function = engine.Function

@@ -41,7 +41,9 @@ func TestWorkerRefusesAMissingOrNewerSchema(t *testing.T) {
 	fn := effects.Function(b.fn, b.topic)
 	ctx := context.Background()
 
-	execSQL(t, b, `UPDATE kfn.schema_migrations SET version = version + 100`)
+	// A newer schema whose newer migration breaks this binary, as a newer
+	// migrator records it.
+	execSQL(t, b, `INSERT INTO kfn.schema_migrations (version, name, breaks_before) VALUES ($1, 'newer', $1)`, schema.Latest()+1)
 	_, err := runtime.NewWorker(ctx, b.cfg, fn)
 	var verr *schema.VersionError
 	if !errors.As(err, &verr) || !strings.Contains(err.Error(), "upgrade this binary") {

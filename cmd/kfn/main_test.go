@@ -34,6 +34,18 @@ func kfn(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	return code, out.String(), errOut.String()
 }
 
+// waitFor polls cond every 20 ms for up to 30 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func TestBadInvocationsExitWithUsageErrors(t *testing.T) {
 	cases := []struct {
 		args []string
@@ -74,7 +86,8 @@ func TestMigrateAppliesOnceThenReportsUpToDate(t *testing.T) {
 		versions = append(versions, m.Version)
 	}
 	code, out, stderr := kfn(t, "migrate", "--database-url", db.URL)
-	if code != 0 || !strings.Contains(out, fmt.Sprintf("applied migrations %v", versions)) {
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("applied migrations %v", versions)) ||
+		!strings.Contains(out, fmt.Sprintf("workers built for schema version %d or later run against it", schema.OldestCompatible())) {
 		t.Fatalf("first migrate: exit %d, out %q, err %q", code, out, stderr)
 	}
 	code, out, _ = kfn(t, "migrate", "--database-url", db.URL)

@@ -15,7 +15,7 @@ import (
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("migrate", stderr)
-	fs.describe("usage: kfn migrate --database-url URL\n\nApplies kfn's embedded, numbered schema migrations; safe to run again (it says the schema is up to date). Workers refuse to start on a missing or newer schema.",
+	fs.describe("usage: kfn migrate --database-url URL\n\nApplies kfn's embedded, numbered schema migrations; safe to run again (it says the schema is up to date). Workers refuse to start on a missing schema, an older one, or a newer one whose migrations break them (a migration is additive or says which older workers it breaks); the output names the oldest worker version that runs against the result.",
 		"kfn migrate --database-url postgres://kfn@db:5432/kfn",
 		"DATABASE_URL=postgres://kfn@db:5432/kfn kfn migrate")
 	dbURL := bind(fs, settings.DatabaseURL)
@@ -31,11 +31,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	if len(applied) == 0 {
-		fmt.Fprintf(stdout, "schema is up to date at version %d\n", schema.Latest())
-		return nil
-	}
-	fmt.Fprintf(stdout, "applied migrations %v; schema is at version %d\n", applied, schema.Latest())
+	fmt.Fprintln(stdout, schema.Outcome(applied))
 	return nil
 }
 

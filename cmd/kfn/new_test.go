@@ -8,12 +8,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
 // TestNewScaffoldBuildsAndItsTestPasses generates a Kafka-triggered and a
 // NATS-triggered function against this checkout, and runs go vet and the
-// generated unit test in each, as a user would right after kfn new. It
-// then breaks the generated handler and sees the generated test fail.
+// generated unit test in each, as a user would right after kfn new, and
+// the binary's migrate mode. It then breaks the generated handler and sees
+// the generated test fail.
 func TestNewScaffoldBuildsAndItsTestPasses(t *testing.T) {
 	root, err := filepath.Abs("../..")
 	if err != nil {
@@ -43,6 +46,17 @@ func TestNewScaffoldBuildsAndItsTestPasses(t *testing.T) {
 			}
 			if out, err := goRun("test", "-count=1", "./..."); err != nil {
 				t.Fatalf("the scaffold's test fails: %v\n%s", err, out)
+			}
+			// Its binary's migrate mode applies kfn's schema and the
+			// function's Setup, as the migrator of a production database
+			// would run it once.
+			db := kfntest.PostgresEmpty(t)
+			if out, err := goRun("run", "./cmd/"+c.name, "migrate", "--database-url", db.URL); err != nil || !strings.Contains(out, "function "+c.name+": Setup applied") {
+				t.Fatalf("%s migrate: %v\n%s", c.name, err, out)
+			}
+			var tables int
+			if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_tables WHERE (schemaname, tablename) IN (('kfn', 'cursors'), ('public', $1))`, c.name+"_records").Scan(&tables); err != nil || tables != 2 {
+				t.Errorf("after %s migrate: %d of kfn.cursors and %s_records exist (%v), want both", c.name, tables, c.name, err)
 			}
 			// The generated test can fail: a handler that stores nothing.
 			src := filepath.Join(dir, c.name+".go")

@@ -32,8 +32,12 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	every := fs.Duration("stats-every", 5*time.Second, "how often to print the relay's counters")
 	verbose := fs.Bool("v", false, "show the relay's logs")
 	metricsAddr := bind(fs, settings.MetricsAddr)
+	healthcheck := fs.Bool("healthcheck", false, engine.HealthcheckUsage)
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *healthcheck {
+		return engine.ProbeReady(ctx, *metricsAddr)
 	}
 	if err := requiredSetting(settings.DatabaseURL, cfg.DatabaseURL); err != nil {
 		return err

@@ -71,16 +71,6 @@ func TestStatusShowsKafkaAndNATSLanes(t *testing.T) {
 	}
 	defer nc.Close()
 	ctx := context.Background()
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
 	count := func(sql string, args ...any) int {
 		var n int
 		if err := db.Pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
@@ -112,7 +102,7 @@ func TestStatusShowsKafkaAndNATSLanes(t *testing.T) {
 	// The NATS lane before it handled any event: only its JetStream
 	// consumer tells it from a Kafka partition. Without NATS, Kafka does not
 	// know its "topic": a note, not a failure.
-	waitFor("the NATS lane claimed and its consumer created", func() bool {
+	waitFor(t, "the NATS lane claimed and its consumer created", func() bool {
 		_, err := js.Consumer(ctx, stream, dst)
 		return err == nil && count(`SELECT count(*) FROM kfn.cursors WHERE consumer = $1`, dst) == 1
 	})
@@ -131,8 +121,8 @@ func TestStatusShowsKafkaAndNATSLanes(t *testing.T) {
 		msgs[i] = kafka.Message{Partition: i % 2, Value: []byte(fmt.Sprintf("v%d", i))}
 	}
 	k.Produce(t, topic, msgs...)
-	waitFor("6 events handled downstream", func() bool { return count(`SELECT count(*) FROM `+table) == 6 && consumerIdle() })
-	waitFor("the Kafka cursors at the end", func() bool {
+	waitFor(t, "6 events handled downstream", func() bool { return count(`SELECT count(*) FROM `+table) == 6 && consumerIdle() })
+	waitFor(t, "the Kafka cursors at the end", func() bool {
 		return count(`SELECT count(*) FROM kfn.cursors WHERE consumer = $1 AND next_offset = 3`, src) == 2
 	})
 	parts = statusJSON(append(cloneArgs(withKafka), withNATS...)...)

@@ -7,20 +7,25 @@ import (
 	goruntime "runtime"
 	"runtime/debug"
 	"strings"
+
+	"github.com/kfn-dev/kfn/runtime/schema"
 )
 
 // runVersion prints the version of kfn's module this binary was built from,
-// its VCS revision and time when the build recorded them, and the Go
-// version.
+// its VCS revision and time when the build recorded them, the Go version
+// and the schema version it is built for.
 func runVersion(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("version", stderr)
-	fs.describe("usage: kfn version\n\nPrints the kfn module version this binary was built from, its VCS revision and time when the build recorded them, and the Go version.",
+	fs.describe("usage: kfn version\n\nPrints the kfn module version this binary was built from, its VCS revision and time when the build recorded them, the Go version, and the schema version it is built for (see Upgrades in the README).",
 		"kfn version")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	bi, _ := debug.ReadBuildInfo()
-	_, err := io.WriteString(stdout, versionText(bi))
+	if _, err := io.WriteString(stdout, versionText(bi)); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(stdout, "schema   %d (workers built for schema %d or later run against it)\n", schema.Latest(), schema.OldestCompatible())
 	return err
 }
 

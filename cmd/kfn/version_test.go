@@ -6,11 +6,14 @@ import (
 	"runtime/debug"
 	"strings"
 	"testing"
+
+	"github.com/kfn-dev/kfn/runtime/schema"
 )
 
 func TestVersionPrintsModuleRevisionAndGo(t *testing.T) {
 	code, out, stderr := kfn(t, "version")
-	if code != 0 || !strings.HasPrefix(out, "kfn ") || !strings.Contains(out, "go       "+goruntime.Version()+" "+goruntime.GOOS+"/"+goruntime.GOARCH+"\n") {
+	if code != 0 || !strings.HasPrefix(out, "kfn ") || !strings.Contains(out, "go       "+goruntime.Version()+" "+goruntime.GOOS+"/"+goruntime.GOARCH+"\n") ||
+		!strings.Contains(out, fmt.Sprintf("schema   %d (workers built for schema %d or later run against it)\n", schema.Latest(), schema.OldestCompatible())) {
 		t.Errorf("kfn version: exit %d, out %q, err %q", code, out, stderr)
 	}
 	if code, _, stderr := kfn(t, "version", "extra"); code != 2 || !strings.Contains(stderr, `unexpected argument "extra"`) {

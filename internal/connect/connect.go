@@ -7,6 +7,8 @@ package connect
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/url"
@@ -59,9 +61,23 @@ func Postgres(ctx context.Context, databaseURL, appName string, configure func(*
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
 		pool.Close()
+		if untrustedCertificate(err) {
+			return nil, fmt.Errorf("the certificate of Postgres at %s does not verify: check sslrootcert (the CA that signs the server's certificate) and the host name in %s: %w", Redact(databaseURL), setting, scrub(err, databaseURL))
+		}
 		return nil, fmt.Errorf("cannot reach Postgres at %s (is it running? check %s): %w", Redact(databaseURL), setting, scrub(err, databaseURL))
 	}
 	return pool, nil
+}
+
+// untrustedCertificate reports whether err is a server certificate that
+// TLS verification refused (sslmode=verify-ca or verify-full): an unknown
+// authority, a name it was not issued for, or one that is invalid.
+func untrustedCertificate(err error) bool {
+	var verify *tls.CertificateVerificationError
+	var unknown x509.UnknownAuthorityError
+	var host x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	return errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &host) || errors.As(err, &invalid)
 }
 
 // NATSAuth is how kfn proves itself to NATS besides what the URL holds

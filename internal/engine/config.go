@@ -42,10 +42,12 @@ type Config struct {
 	StatementTimeout time.Duration
 
 	StartFrom      string        // KFN_START_FROM: earliest|latest, where a partition with no cursor starts
+	ConsumerGroup  string        // KFN_CONSUMER_GROUP: the Kafka consumer group committed offsets are mirrored to; default the function's name
 	LeaseTTL       time.Duration // KFN_LEASE_TTL: partition lease lifetime without renewal
 	LeaseRenew     time.Duration // KFN_LEASE_RENEW: how often leases and heartbeats are renewed
 	LeaseBucket    string        // KFN_LEASE_BUCKET: the NATS KV bucket of the leases; all workers of a function share it
 	NoRelay        bool          // KFN_NO_RELAY (true/false, 1/0): do not run the outbox relay in this process (run `kfn relay` instead)
+	SkipSetup      bool          // KFN_SKIP_SETUP: do not run the functions' Setup at start (run the binary's migrate mode as the schema owner instead)
 	EventStream    string        // KFN_EVENT_STREAM: the JetStream stream outbox events are relayed to
 	EventDedup     time.Duration // KFN_EVENT_DEDUP: the stream's duplicate window, when the relay creates it
 	EventRetention time.Duration // KFN_EVENT_RETENTION: the event stream's max age, when the relay creates it
@@ -250,10 +252,12 @@ func (c *Config) bind(b *settings.Binder) {
 	settings.HandlerTimeout.Bind(b, &c.HandlerTimeout)
 	settings.StatementTimeout.Bind(b, &c.StatementTimeout)
 	settings.StartFrom.Bind(b, &c.StartFrom)
+	settings.ConsumerGroup.Bind(b, &c.ConsumerGroup)
 	settings.LeaseTTL.Bind(b, &c.LeaseTTL)
 	settings.LeaseRenew.Bind(b, &c.LeaseRenew)
 	settings.LeaseBucket.Bind(b, &c.LeaseBucket)
 	settings.NoRelay.Bind(b, &c.NoRelay)
+	settings.SkipSetup.Bind(b, &c.SkipSetup)
 	settings.EventStream.Bind(b, &c.EventStream)
 	settings.EventDedup.Bind(b, &c.EventDedup)
 	settings.InboxRetention.Bind(b, &c.InboxRetention)

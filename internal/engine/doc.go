@@ -4,7 +4,8 @@
 // leases, reads records in batches and applies each batch in one Postgres
 // transaction together with the inbox claim, the fenced cursor move and the
 // outbox rows the handler emitted; it runs the outbox relay's shards, the
-// health probe, readiness, metrics and inbox retention. Its dependencies
+// health probe, readiness, metrics, inbox retention and the mirror of the
+// cursors into a Kafka consumer group of kfn's own. Its dependencies
 // are explicit: inbox (cursors, fencing, dead letters), outbox (rows, event
 // identity, the relay), runtime/lease (leases and their timing),
 // internal/settings (configuration) and internal/connect (connections).
@@ -108,8 +109,9 @@
 //     when it holds the cursor row (inbox.TakeOver), so the takeover never
 //     waits for these timeouts, provided the new owner's role may signal
 //     the older session (the same role, or pg_signal_backend for a role
-//     that is not a superuser); otherwise its claim is refused, saying so,
-//     and retried until the older session ends.
+//     that is not a superuser); otherwise its claim is refused and retried
+//     until the older session ends: the worker says so once (WARN) and
+//     counts each refusal in kfn_fence_terminate_denied_total.
 //   - Connections use TCP keepalive on both ends (idle --lease-ttl, interval
 //     --lease-renew, 3 probes), so a vanished peer is noticed without the
 //     kernel's defaults of hours. The server-side settings are sent as
@@ -128,6 +130,19 @@
 //     from the freeze to the new owner's first commit). A worker paused
 //     (SIGSTOP) is not unhealthy on waking: only an unanswered probe makes it
 //     so.
+//
+// # The Kafka consumer group mirror
+//
+// Every second the cursors committed since the last flush are committed as
+// the offsets of the function's consumer group (--consumer-group, default
+// the function's name), with generation -1, no member and the metadata
+// "kfn-mirror": lag tools and KEDA read them, kfn never does. Before its
+// first commit to a group a worker checks that the group is not another
+// consumer's: it has no members (kfn never joins a group) and no offset
+// without kfn's metadata. Otherwise nothing is written to it; a WARN names
+// --consumer-group, and the group is looked at again every minute. A failed
+// commit is retried at the next flush and logged at WARN at most every 30 s
+// per group and topic, with the count of failures held back.
 //
 // # Failures and what they do to records
 //

@@ -40,7 +40,8 @@ type Function struct {
 	// failing one can be found and dead-lettered.
 	BatchHandler BatchHandler
 	// Setup creates the function's business tables. It runs in a transaction
-	// at every start and must be idempotent (CREATE TABLE IF NOT EXISTS …).
+	// at every start of a worker (unless --skip-setup) and in the binary's
+	// migrate mode, so it must be idempotent (CREATE TABLE IF NOT EXISTS …).
 	Setup func(ctx context.Context, tx pgx.Tx) error
 	// KeyOrder says what a dead-lettered record does to the later records
 	// of its key (Kafka-triggered functions only). Continue, the default:

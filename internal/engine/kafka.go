@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -130,107 +129,6 @@ func (k *kafkaSource) reader(topic string, partition int32, offset int64, queue 
 		return nil, fmt.Errorf("position reader of %s/%d at %d: %w", topic, partition, offset, err)
 	}
 	return r, nil
-}
-
-// offsetCommitter mirrors committed cursors into the Kafka consumer group,
-// asynchronously and best effort, so standard lag tools see progress. The
-// worker never reads these offsets back: Postgres holds the truth.
-type offsetCommitter struct {
-	source *kafkaSource
-	log    *slog.Logger
-
-	mu      sync.Mutex
-	pending map[groupTopic]map[int]int64
-}
-
-// groupTopic is a consumer group (a function's name) and a topic.
-type groupTopic struct{ group, topic string }
-
-func newOffsetCommitter(source *kafkaSource, log *slog.Logger) *offsetCommitter {
-	return &offsetCommitter{source: source, log: log, pending: map[groupTopic]map[int]int64{}}
-}
-
-// note records that everything below next is committed in Postgres.
-func (c *offsetCommitter) note(group, topic string, partition int32, next int64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	k := groupTopic{group, topic}
-	if c.pending[k] == nil {
-		c.pending[k] = map[int]int64{}
-	}
-	c.pending[k][int(partition)] = next
-}
-
-// run flushes noted offsets every interval until ctx ends, then once more.
-func (c *offsetCommitter) run(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			c.flush(flushCtx)
-			cancel()
-			return
-		case <-t.C:
-			c.flush(ctx)
-		}
-	}
-}
-
-func (c *offsetCommitter) flush(ctx context.Context) {
-	c.mu.Lock()
-	batch := c.pending
-	c.pending = map[groupTopic]map[int]int64{}
-	c.mu.Unlock()
-	for k, parts := range batch {
-		commits := make([]kafka.OffsetCommit, 0, len(parts))
-		for p, off := range parts {
-			commits = append(commits, kafka.OffsetCommit{Partition: p, Offset: off})
-		}
-		resp, err := c.source.client.OffsetCommit(ctx, &kafka.OffsetCommitRequest{
-			GroupID: k.group, GenerationID: -1, Topics: map[string][]kafka.OffsetCommit{k.topic: commits},
-		})
-		failed := parts
-		if err == nil {
-			// The request went through; some partitions may still have failed
-			// (a coordinator still loading the group, say).
-			failed = map[int]int64{}
-			for _, pr := range resp.Topics[k.topic] {
-				if pr.Error != nil {
-					failed[pr.Partition] = parts[pr.Partition]
-					err = pr.Error
-				}
-			}
-		}
-		if err != nil && !isShutdown(ctx, err) {
-			c.log.Debug("mirror offsets to Kafka consumer group (best effort; retried at the next flush)", "group", k.group, "err", err)
-		}
-		c.requeue(k, failed, err)
-	}
-}
-
-// requeue puts back the offsets of a commit that failed, unless a newer
-// offset was noted for the partition meanwhile: after the last record of a
-// partition nothing else would commit it again.
-func (c *offsetCommitter) requeue(k groupTopic, failed map[int]int64, err error) {
-	if err == nil || len(failed) == 0 {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.pending[k] == nil {
-		c.pending[k] = map[int]int64{}
-	}
-	for p, off := range failed {
-		if cur, ok := c.pending[k][p]; !ok || cur < off {
-			c.pending[k][p] = off
-		}
-	}
-}
-
-func isShutdown(ctx context.Context, err error) bool {
-	return ctx.Err() != nil || errors.Is(err, context.Canceled)
 }
 
 // OffsetRange returns the first offset Kafka still holds in a partition and

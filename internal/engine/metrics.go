@@ -21,6 +21,8 @@ type metricsCollector struct {
 	infraRetries, traceDropped                                  *prometheus.Desc
 	abandoned, abandonedRunning, commitRepliesLost              *prometheus.Desc
 	deadLetterRetries, parkedKeys, keyParked                    *prometheus.Desc
+	groupRefused, mirrorFailures                                *prometheus.Desc
+	fenceTerminateDenied                                        *prometheus.Desc
 
 	// issue 12: outbox, stalled lanes, leases, relay ack latency (metrics_ops.go)
 	ops *opsMetrics
@@ -32,31 +34,34 @@ func newMetricsCollector(wk *Worker) *metricsCollector {
 	}
 	part := []string{"function", "source", "partition"}
 	return &metricsCollector{
-		wk:                wk,
-		applied:           d("records_applied_total", "Records whose handler transaction committed.", "function"),
-		duplicates:        d("records_duplicate_total", "Records skipped because they were handled before.", "function"),
-		deadLettered:      d("records_dead_lettered_total", "Records parked in kfn.dead_letters, per reason (panic, timeout, data_error, permanent, handler_error, oversized).", "function", "reason"),
-		retries:           d("handler_retries_total", "Handler retries.", "function"),
-		batches:           d("batches_committed_total", "Committed batch transactions.", "function"),
-		fenced:            d("lanes_fenced_total", "Partitions or subjects dropped because a newer owner claimed them.", "function"),
-		lag:               d("partition_lag", "Records behind the cursor, per owned partition.", part...),
-		cursor:            d("partition_cursor", "Next offset to apply, per owned partition.", part...),
-		epoch:             d("partition_epoch", "Fencing token the partition is owned with.", part...),
-		ready:             d("ready", "1 when Postgres (with a compatible schema), NATS JetStream and Kafka answer and every consumed topic exists, as /readyz says."),
-		topicMissing:      d("topic_missing", "1 while a consumed topic does not exist: the function waits for it.", "function", "topic"),
-		relayed:           d("outbox_published_total", "Outbox events the stream acked as new."),
-		relayDuplicates:   d("outbox_duplicates_total", "Outbox events the stream reported as duplicates."),
-		relayFailures:     d("outbox_publish_failures_total", "Failed outbox publishes (retried)."),
-		relayLatency:      d("outbox_last_latency_seconds", "Commit-to-ack latency of the last relayed event."),
-		infraRetries:      d("batch_infra_retries_total", "Batches retried after an infrastructure error (never a record's fault).", "function"),
-		traceDropped:      d("trace_context_dropped_total", "Records whose invalid W3C traceparent or tracestate was not propagated.", "function"),
-		abandoned:         d("handlers_abandoned_total", "Handler calls that overran --handler-timeout without returning: their session was ended and the record dead-lettered (reason timeout).", "function"),
-		abandonedRunning:  d("handlers_abandoned_running", "Abandoned handler calls still running (Go cannot stop them).", "function"),
-		commitRepliesLost: d("commit_replies_lost_total", "Commits that landed although their reply was lost; the lane resumed from the stored cursor.", "function"),
-		deadLetterRetries: d("dead_letter_retries_total", "Dead letters marked for retry (kfn dlq retry) that this worker applied (outcome applied) or whose retry failed again (outcome failed: the letter stays).", "function", "outcome"),
-		ops:               newOpsMetrics(wk.w),
-		parkedKeys:        d("parked_keys", "Keys whose records are held back in this worker's partitions (KeyOrder ParkKey): parked behind a dead letter until it is retried or discarded, or released with parked records still to retry.", "function"),
-		keyParked:         d("records_key_parked_total", "Records dead-lettered with reason key_parked: parked behind an earlier dead letter of their key (KeyOrder ParkKey). Also in kfn_records_dead_lettered_total.", "function"),
+		wk:                   wk,
+		applied:              d("records_applied_total", "Records whose handler transaction committed.", "function"),
+		duplicates:           d("records_duplicate_total", "Records skipped because they were handled before.", "function"),
+		deadLettered:         d("records_dead_lettered_total", "Records parked in kfn.dead_letters, per reason (panic, timeout, data_error, permanent, handler_error, oversized).", "function", "reason"),
+		retries:              d("handler_retries_total", "Handler retries.", "function"),
+		batches:              d("batches_committed_total", "Committed batch transactions.", "function"),
+		fenced:               d("lanes_fenced_total", "Partitions or subjects dropped because a newer owner claimed them.", "function"),
+		lag:                  d("partition_lag", "Records behind the cursor, per owned partition.", part...),
+		cursor:               d("partition_cursor", "Next offset to apply, per owned partition.", part...),
+		epoch:                d("partition_epoch", "Fencing token the partition is owned with.", part...),
+		ready:                d("ready", "1 when Postgres (with a compatible schema), NATS JetStream and Kafka answer and every consumed topic exists, as /readyz says."),
+		topicMissing:         d("topic_missing", "1 while a consumed topic does not exist: the function waits for it.", "function", "topic"),
+		relayed:              d("outbox_published_total", "Outbox events the stream acked as new."),
+		relayDuplicates:      d("outbox_duplicates_total", "Outbox events the stream reported as duplicates."),
+		relayFailures:        d("outbox_publish_failures_total", "Failed outbox publishes (retried)."),
+		relayLatency:         d("outbox_last_latency_seconds", "Commit-to-ack latency of the last relayed event."),
+		infraRetries:         d("batch_infra_retries_total", "Batches retried after an infrastructure error (never a record's fault).", "function"),
+		traceDropped:         d("trace_context_dropped_total", "Records whose invalid W3C traceparent or tracestate was not propagated.", "function"),
+		abandoned:            d("handlers_abandoned_total", "Handler calls that overran --handler-timeout without returning: their session was ended and the record dead-lettered (reason timeout).", "function"),
+		abandonedRunning:     d("handlers_abandoned_running", "Abandoned handler calls still running (Go cannot stop them).", "function"),
+		commitRepliesLost:    d("commit_replies_lost_total", "Commits that landed although their reply was lost; the lane resumed from the stored cursor.", "function"),
+		deadLetterRetries:    d("dead_letter_retries_total", "Dead letters marked for retry (kfn dlq retry) that this worker applied (outcome applied) or whose retry failed again (outcome failed: the letter stays).", "function", "outcome"),
+		groupRefused:         d("consumer_group_refused", "1 while the Kafka consumer group offsets are mirrored to (--consumer-group) is another consumer's (members, or offsets kfn did not write): nothing is mirrored there.", "group"),
+		mirrorFailures:       d("offset_mirror_failures_total", "Failed commits of offsets to the Kafka consumer group (best effort, retried at the next flush)."),
+		ops:                  newOpsMetrics(wk.w),
+		parkedKeys:           d("parked_keys", "Keys whose records are held back in this worker's partitions (KeyOrder ParkKey): parked behind a dead letter until it is retried or discarded, or released with parked records still to retry.", "function"),
+		fenceTerminateDenied: d("fence_terminate_denied_total", "Lane claims refused because a frozen older owner's session held the cursor row and this worker's role may not end it (no pg_signal_backend, another role): the claim waits for the older transaction to end.", "function"),
+		keyParked:            d("records_key_parked_total", "Records dead-lettered with reason key_parked: parked behind an earlier dead letter of their key (KeyOrder ParkKey). Also in kfn_records_dead_lettered_total.", "function"),
 	}
 }
 
@@ -92,6 +97,7 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		fc(c.abandoned, f.AbandonedHandlers)
 		fc(c.commitRepliesLost, f.CommitRepliesLost)
 		fc(c.keyParked, f.KeyParked)
+		fc(c.fenceTerminateDenied, f.FenceTerminateDenied)
 		ch <- prometheus.MustNewConstMetric(c.abandonedRunning, prometheus.GaugeValue, float64(f.AbandonedHandlersRunning), name)
 		ch <- prometheus.MustNewConstMetric(c.deadLetterRetries, prometheus.CounterValue, float64(f.DeadLetterRetriesApplied), name, "applied")
 		ch <- prometheus.MustNewConstMetric(c.deadLetterRetries, prometheus.CounterValue, float64(f.DeadLetterRetriesFailed), name, "failed")
@@ -130,6 +136,17 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 			v = 1
 		}
 		ch <- prometheus.MustNewConstMetric(c.topicMissing, prometheus.GaugeValue, v, ft[0], ft[1])
+	}
+	if c.wk.w.offsets != nil {
+		refused, failures := c.wk.w.offsets.mirrorState()
+		counter(c.mirrorFailures, float64(failures))
+		for group, no := range refused {
+			v := 0.0
+			if no {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(c.groupRefused, prometheus.GaugeValue, v, group)
+		}
 	}
 	if r, ok := c.wk.RelayStats(); ok {
 		counter(c.relayed, float64(r.Published))

@@ -22,6 +22,10 @@ type FunctionCounters struct {
 	DeadLetterRetriesApplied, DeadLetterRetriesFailed                                   int64
 	// KeyParked counts records dead-lettered as key_parked (KeyOrder ParkKey).
 	KeyParked int64
+	// FenceTerminateDenied counts lane claims refused because an older
+	// owner's session held the cursor row and this worker's role may not
+	// end it (inbox.ErrCannotEndOlderOwner); each is retried.
+	FenceTerminateDenied int64
 	// Leases is how many lanes (partitions or subjects) of the function this
 	// worker holds now.
 	Leases int64

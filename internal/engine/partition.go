@@ -28,7 +28,7 @@ type partitionRun struct {
 func (w *worker) runPartition(ctx context.Context, fn Function, partition int32, token int64) {
 	part := inbox.Partition{Consumer: fn.Name, Topic: fn.Topic, Partition: partition}
 	cursor := &partitionTracker{part: part, token: token, stats: w.stats, onCommit: func(next int64) {
-		w.offsets.note(fn.Name, part.Topic, part.Partition, next)
+		w.offsets.note(w.consumerGroup(fn), part.Topic, part.Partition, next)
 	}}
 	var lane tracker = cursor
 	if w.partitionTracker != nil {
@@ -131,6 +131,7 @@ func (pr *partitionRun) claim(ctx context.Context) error {
 	}
 	cur, err := inbox.TakeOver(ctx, pr.w.pool, pr.part, pr.token, pr.w.cfg.WorkerID, start, pr.w.cfg.LeaseRenew)
 	if err != nil {
+		pr.w.claimBlocked(pr.fn.Name, pr.log, err)
 		return err
 	}
 	pr.cursor.next, pr.cursor.highWater, pr.generation = cur.NextOffset, cur.HighWater, cur.Generation
@@ -271,6 +272,28 @@ func retryInfra(ctx context.Context, log *slog.Logger, what string, op func(cont
 		}
 		return err
 	}, backoff.WithContext(policy, ctx), func(err error, wait time.Duration) {
-		log.Warn(what+" failed, retrying", "err", err, "retry_in", wait)
+		level := slog.LevelWarn
+		if errors.Is(err, inbox.ErrCannotEndOlderOwner) {
+			level = slog.LevelDebug // claimBlocked has said it once, and counts it
+		}
+		log.Log(ctx, level, what+" failed, retrying", "err", err, "retry_in", wait)
+	})
+}
+
+// claimBlocked counts a claim of fn's lane refused because an older
+// owner's session holds the cursor row and this worker's role may not end
+// it (inbox.ErrCannotEndOlderOwner), and says so once per worker: the
+// claim is retried until that session's transaction ends on its own, which
+// can take up to --handler-timeout (the server's idle-in-transaction
+// limit) instead of about --lease-renew.
+func (w *worker) claimBlocked(fn string, log *slog.Logger, err error) {
+	if !errors.Is(err, inbox.ErrCannotEndOlderOwner) {
+		return
+	}
+	w.stats.countFn(fn, func(c *FunctionCounters) { c.FenceTerminateDenied++ })
+	w.terminateDenied.Do(func() {
+		log.Warn("cannot end a frozen older owner's Postgres session: this worker's role may not signal it (another role, and no pg_signal_backend; or the older session is a superuser's), "+
+			"so claims wait for the older transaction to end on its own (counted in kfn_fence_terminate_denied_total); "+
+			"run every worker as one role, or GRANT pg_signal_backend to the workers' role", "err", err)
 	})
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kfn-dev/kfn/internal/settings"
+	"github.com/kfn-dev/kfn/runtime/schema"
 )
 
 // Start runs fn as this process's only function, the way lambda.Start does:
@@ -30,16 +31,22 @@ func Start(fn Function) {
 
 // Main is Start without the exit, for tests and wrappers: it parses args,
 // writes errors and logs to stderr, and returns the process exit code.
+// With the first argument "migrate" it runs the migrate mode instead of a
+// worker: kfn's schema migrations and fn's Setup, then exit.
 func Main(fn Function, args []string, stderr io.Writer) int {
 	name := fn.Name
 	if name == "" {
 		name = "kfn-function"
+	}
+	if len(args) > 0 && args[0] == MigrateCommand {
+		return migrateMain(fn, name, args[1:], os.Stdout, stderr)
 	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage of %s (every flag can also be set by the environment variable in brackets):\n", name)
 		settings.PrintDefaults(fs)
+		fmt.Fprintf(fs.Output(), "\n%s %s applies kfn's schema migrations and the function's Setup, then exits (-h for its flags).\n", name, MigrateCommand)
 	}
 	var cfg Config
 	var logLevel, metricsAddr string
@@ -48,11 +55,16 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 	settings.LogLevel.Bind(b, &logLevel)
 	settings.MetricsAddr.Bind(b, &metricsAddr)
 	describe := fs.Bool("describe", false, "print the function's name, source and emitted subjects as JSON on stdout, and exit (kfn dev reads it)")
+	healthcheck := fs.Bool("healthcheck", false, HealthcheckUsage)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2 // the flag package has printed the error and the usage
+	}
+	if fs.NArg() > 0 && fs.Arg(0) == MigrateCommand {
+		fmt.Fprintf(stderr, "%s: %s must come first: %s %s --%s …\n", name, MigrateCommand, name, MigrateCommand, settings.DatabaseURL.Flag)
+		return 2
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "%s: unexpected argument %q (all settings are --flags; see -h)\n", name, fs.Arg(0))
@@ -60,6 +72,13 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 	}
 	if *describe {
 		if err := json.NewEncoder(os.Stdout).Encode(Describe(fn)); err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", name, err)
+			return 1
+		}
+		return 0
+	}
+	if *healthcheck {
+		if err := ProbeReady(context.Background(), metricsAddr); err != nil {
 			fmt.Fprintf(stderr, "%s: %v\n", name, err)
 			return 1
 		}
@@ -96,7 +115,7 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 		go srv.Serve(ln)                         //nolint:errcheck // ends with Shutdown below
 		defer srv.Shutdown(context.Background()) //nolint:errcheck // best effort at exit
 	}
-	cfg.Logger.Info("worker started", "function", fn.Name, "source", fn.source(), "worker", w.w.cfg.WorkerID)
+	cfg.Logger.Info("worker started", "function", fn.Name, "source", fn.source(), "worker", w.w.cfg.WorkerID, "schema", schema.Latest())
 	// The signal's arrival, logged: the start of the shutdown, which the
 	// next owners' claims are measured from.
 	signalled := make(chan time.Time, 1)

@@ -57,6 +57,7 @@ func (sr *subjectRun) run(ctx context.Context) error {
 	err := retryInfra(ctx, sr.log, "claim subject", func(ctx context.Context) error {
 		cur, err := inbox.TakeOver(ctx, sr.w.pool, sr.part, sr.token, sr.w.cfg.WorkerID, 0, sr.w.cfg.LeaseRenew)
 		if err != nil {
+			sr.w.claimBlocked(sr.fn.Name, sr.log, err)
 			return err
 		}
 		sr.generation = cur.Generation

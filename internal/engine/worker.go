@@ -50,11 +50,15 @@ type worker struct {
 	retries *retryLanes
 	// readersClosing are the Kafka readers of lanes that have returned.
 	readersClosing sync.WaitGroup
+
+	// terminateDenied logs, once, that this worker's role may not end an
+	// older owner's session (claimBlocked).
+	terminateDenied sync.Once
 }
 
 // NewWorker validates cfg and fns, connects to Postgres, Kafka and NATS,
-// checks the schema version and runs each function's Setup. Every failure
-// says which setting or service is at fault.
+// checks the schema version and runs each function's Setup (unless
+// cfg.SkipSetup). Every failure says which setting or service is at fault.
 func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(kafkaTopic(fns) != ""); err != nil {
@@ -64,6 +68,7 @@ func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error
 		return nil, errors.New("no function to run")
 	}
 	seen := map[string]bool{}
+	var fromKafka []string
 	for _, fn := range fns {
 		if err := fn.validate(); err != nil {
 			return nil, err
@@ -72,6 +77,13 @@ func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error
 			return nil, fmt.Errorf("function %s is given twice", fn.Name)
 		}
 		seen[fn.Name] = true
+		if fn.Topic != "" {
+			fromKafka = append(fromKafka, fn.Name)
+		}
+	}
+	if cfg.ConsumerGroup != "" && len(fromKafka) > 1 {
+		return nil, configError(settings.ConsumerGroup, "%q is set for a worker that runs %d Kafka functions (%s), and each needs a group of its own: leave it unset (each function's name) or run them in separate processes",
+			cfg.ConsumerGroup, len(fromKafka), strings.Join(fromKafka, ", "))
 	}
 	w := &worker{cfg: cfg, fns: fns, stats: &Stats{}, retries: newRetryLanes()}
 	ok := false
@@ -83,27 +95,9 @@ func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error
 	if err := w.connect(ctx); err != nil {
 		return nil, err
 	}
-	for _, fn := range fns {
-		if fn.Setup == nil {
-			continue
-		}
-		// A Setup may migrate large tables: it runs without the round-trip
-		// and statement limits of the record path.
-		setupCtx := noRoundTripLimit(ctx)
-		err := pgx.BeginFunc(setupCtx, w.pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(setupCtx, `SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0`); err != nil {
-				return err
-			}
-			// CREATE TABLE IF NOT EXISTS is not safe against itself: two
-			// workers starting at once could both create the table, and one
-			// would fail. The lock makes the other wait and find it.
-			if _, err := tx.Exec(setupCtx, `SELECT pg_advisory_xact_lock(hashtext('kfn function setup: ' || $1))`, fn.Name); err != nil {
-				return err
-			}
-			return fn.Setup(setupCtx, tx)
-		})
-		if err != nil {
-			return nil, fmt.Errorf("function %s: setup: %w", fn.Name, err)
+	if !cfg.SkipSetup {
+		if err := runSetup(ctx, w.pool, fns); err != nil {
+			return nil, setupDenied(err)
 		}
 	}
 	ok = true
@@ -112,6 +106,10 @@ func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error
 
 func (w *worker) connect(ctx context.Context) error {
 	if err := w.connectPostgres(ctx); err != nil {
+		return err
+	}
+	relay := !w.cfg.NoRelay && len(emittedSubjects(w.fns)) > 0
+	if err := checkPrivileges(ctx, w.pool, neededPrivileges(w.fns, relay)); err != nil {
 		return err
 	}
 	if topic := kafkaTopic(w.fns); topic != "" {
@@ -167,6 +165,15 @@ func kafkaTopic(fns []Function) string {
 	return ""
 }
 
+// consumerGroup is the Kafka consumer group fn's committed offsets are
+// mirrored to: --consumer-group, or the function's name.
+func (w *worker) consumerGroup(fn Function) string {
+	if w.cfg.ConsumerGroup != "" {
+		return w.cfg.ConsumerGroup
+	}
+	return fn.Name
+}
+
 // connectPostgres opens the pool, checks the schema version and reads the
 // installation id.
 func (w *worker) connectPostgres(ctx context.Context) error {
@@ -188,6 +195,10 @@ func (w *worker) connectPostgres(ctx context.Context) error {
 	}
 	if err := schema.Check(ctx, w.pool); err != nil {
 		return err
+	}
+	if v, err := schema.Version(ctx, w.pool); err == nil && v > schema.Latest() {
+		w.cfg.Logger.Info("running against a newer schema whose later migrations do not break this binary (a rolling upgrade)",
+			"schema", v, "built_for", schema.Latest())
 	}
 	w.installation, err = InstallationID(ctx, w.pool)
 	return err

@@ -177,6 +177,10 @@ var (
 			return nil
 		},
 	}
+	ConsumerGroup = Setting[string]{
+		Flag: "consumer-group", Env: "KFN_CONSUMER_GROUP", DefaultText: "the function's name",
+		Usage: "Kafka consumer group kfn mirrors its committed offsets to, for lag tools; never one with members or offsets kfn did not write",
+	}
 	LeaseTTL = Setting[time.Duration]{
 		Flag: "lease-ttl", Env: "KFN_LEASE_TTL", Default: DefaultLeaseTTL,
 		Usage: "partition lease lifetime without renewal", Check: positive[time.Duration],
@@ -188,6 +192,10 @@ var (
 	NoRelay = Setting[bool]{
 		Flag: "no-relay", Env: "KFN_NO_RELAY",
 		Usage: "do not run the outbox relay in this process (run kfn relay instead)",
+	}
+	SkipSetup = Setting[bool]{
+		Flag: "skip-setup", Env: "KFN_SKIP_SETUP",
+		Usage: "do not run the function's Setup DDL at start (run `<function binary> migrate` once as the schema owner instead), so the worker needs only DML rights",
 	}
 	EventDedup = Setting[time.Duration]{
 		Flag: "event-dedup", Env: "KFN_EVENT_DEDUP", Default: DefaultEventDedup,

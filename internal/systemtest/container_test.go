@@ -28,6 +28,7 @@ import (
 // It needs podman, so it is behind the container build tag
 // (go tool task container:faults; CI runs it).
 const (
+	// containerImage is built by deploy/image.sh, which tags it :dev too.
 	containerImage      = "kfn-orders-faults"
 	containerPartitions = 12
 	// containerOrders at containerRate keep the topic under load for the
@@ -202,7 +203,7 @@ func (pm *podman) run(c *chain, n int) string {
 		"-e", "KFN_WORKER_ID="+name,
 		"-e", "ORDERS_TOPIC="+c.topic,
 		"-e", "KFN_LOG_LEVEL=info",
-		containerImage)
+		containerImage+":dev")
 	pm.t.Cleanup(func() {
 		if pm.t.Failed() {
 			pm.t.Logf("last log lines of container %s:\n%s", name, pm.logs(name, 40))

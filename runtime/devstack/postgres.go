@@ -40,6 +40,10 @@ type PostgresOptions struct {
 	Settings map[string]string
 	// Logger receives start/stop events; nil discards them.
 	Logger *slog.Logger
+	// TLSCert and TLSKey (PEM), both or neither, turn TLS on (ssl=on) with
+	// this server certificate and its key; clients may still connect
+	// without TLS (trust authentication for every host connection).
+	TLSCert, TLSKey []byte
 }
 
 // defaultPostgresSettings are the server settings of every throwaway cluster.
@@ -80,6 +84,9 @@ type Postgres struct {
 // `postgres` user, since PostgreSQL refuses to run as root. The server is a
 // child of this process: on Linux it dies with it.
 func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error) {
+	if (opts.TLSCert == nil) != (opts.TLSKey == nil) {
+		return nil, errors.New("start postgres: PostgresOptions: give both TLSCert and TLSKey, or neither")
+	}
 	if opts.StartTimeout <= 0 {
 		opts.StartTimeout = 60 * time.Second
 	}
@@ -141,6 +148,10 @@ func (p *Postgres) prepare(ctx context.Context) error {
 		}
 	}
 
+	if err := p.writeTLS(); err != nil {
+		return err
+	}
+
 	// Unix socket paths must stay below ~100 bytes (sun_path); long data
 	// directory paths get a short socket directory of their own.
 	if len(p.DataDir)+len("/.s.PGSQL.65535.lock") < 100 {
@@ -153,6 +164,33 @@ func (p *Postgres) prepare(ctx context.Context) error {
 		p.socketDir, p.rmSocket = dir, true
 		if err := p.user.prepareDir(dir); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// The server's certificate and key in the data directory (PostgresOptions.TLSCert).
+const (
+	tlsCertFile = "kfn-server.crt"
+	tlsKeyFile  = "kfn-server.key"
+)
+
+// writeTLS writes the server's certificate and key, if given, into the data
+// directory, readable by the server's user only (PostgreSQL refuses a key
+// that others can read).
+func (p *Postgres) writeTLS() error {
+	if p.opts.TLSCert == nil {
+		return nil
+	}
+	for name, data := range map[string][]byte{tlsCertFile: p.opts.TLSCert, tlsKeyFile: p.opts.TLSKey} {
+		path := filepath.Join(p.DataDir, name)
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			return fmt.Errorf("write %s: %w", path, err)
+		}
+		if p.user.cred != nil {
+			if err := os.Chown(path, p.user.uid, p.user.gid); err != nil {
+				return fmt.Errorf("hand %s to user %s: %w", path, p.user.name, err)
+			}
 		}
 	}
 	return nil
@@ -220,6 +258,11 @@ func (p *Postgres) start(ctx context.Context) error {
 	settings := map[string]string{}
 	for k, v := range defaultPostgresSettings {
 		settings[k] = v
+	}
+	if p.opts.TLSCert != nil {
+		settings["ssl"] = "on"
+		settings["ssl_cert_file"] = filepath.Join(p.DataDir, tlsCertFile)
+		settings["ssl_key_file"] = filepath.Join(p.DataDir, tlsKeyFile)
 	}
 	for k, v := range p.opts.Settings {
 		settings[k] = v

@@ -147,6 +147,14 @@ func TestPostgresBinariesMissing(t *testing.T) {
 	}
 }
 
+func TestPostgresTLSNeedsCertAndKey(t *testing.T) {
+	for _, opts := range []PostgresOptions{{TLSCert: []byte("cert")}, {TLSKey: []byte("key")}} {
+		if _, err := StartPostgres(context.Background(), opts); err == nil || !strings.Contains(err.Error(), "give both TLSCert and TLSKey") {
+			t.Errorf("StartPostgres with only one of TLSCert and TLSKey: err = %v", err)
+		}
+	}
+}
+
 func connect(t *testing.T, url string) *pgx.Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -16,8 +16,8 @@ import (
 
 var builds struct {
 	mu      sync.Mutex
-	dir     string // removed by Main
-	byPkg   map[string]*buildResult
+	dir     string                  // removed by Main
+	byBuild map[string]*buildResult // by package and flags
 	dirOnce sync.Once
 	dirErr  error
 }
@@ -32,28 +32,31 @@ type buildResult struct {
 // its dependencies, such as github.com/kfn-dev/kfn/cmd/kfn) with `go build`
 // once per test binary and returns the executable's path. Fault tests use it
 // to run real worker processes. A race-enabled test binary builds with -race.
-func BuildBinary(t testing.TB, pkg string) string {
+// flags go to `go build` as they are ("-tags=…", "-ldflags=-X …"); each set
+// of flags is a binary of its own.
+func BuildBinary(t testing.TB, pkg string, flags ...string) string {
 	t.Helper()
 	requireMain(t, "kfntest.BuildBinary (its output directory)")
+	key := strings.Join(append([]string{pkg}, flags...), "\x00")
 	builds.mu.Lock()
-	if builds.byPkg == nil {
-		builds.byPkg = map[string]*buildResult{}
+	if builds.byBuild == nil {
+		builds.byBuild = map[string]*buildResult{}
 	}
-	r := builds.byPkg[pkg]
+	r := builds.byBuild[key]
 	if r == nil {
 		r = &buildResult{}
-		builds.byPkg[pkg] = r
+		builds.byBuild[key] = r
 	}
 	builds.mu.Unlock()
 
-	r.once.Do(func() { r.path, r.err = goBuild(pkg) })
+	r.once.Do(func() { r.path, r.err = goBuild(pkg, flags) })
 	if r.err != nil {
 		t.Fatalf("kfntest: %v", r.err)
 	}
 	return r.path
 }
 
-func goBuild(pkg string) (string, error) {
+func goBuild(pkg string, flags []string) (string, error) {
 	builds.dirOnce.Do(func() {
 		builds.dir, builds.dirErr = os.MkdirTemp("", "kfntest-bin-")
 		if builds.dirErr == nil {
@@ -72,12 +75,12 @@ func goBuild(pkg string) (string, error) {
 			return "", fmt.Errorf("build %s: the go command is not on PATH: %w", pkg, err)
 		}
 	}
-	out := filepath.Join(builds.dir, sanitizeName(pkg))
+	out := filepath.Join(builds.dir, sanitizeName(strings.Join(append([]string{pkg}, flags...), "_")))
 	args := []string{"build", "-o", out}
 	if raceEnabled {
 		args = append(args, "-race")
 	}
-	args = append(args, pkg)
+	args = append(append(args, flags...), pkg)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	start := time.Now()

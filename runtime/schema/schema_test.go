@@ -7,8 +7,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 	"github.com/kfn-dev/kfn/runtime/schema"
@@ -29,20 +27,8 @@ type legacyHeader struct {
 func TestMigration5MovesRecordDataToBytes(t *testing.T) {
 	db := kfntest.PostgresEmpty(t)
 	ctx := context.Background()
-	for _, m := range schema.Migrations() {
-		if m.Version > 4 {
-			break
-		}
-		err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, m.SQL); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, `INSERT INTO kfn.schema_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name)
-			return err
-		})
-		if err != nil {
-			t.Fatalf("apply %s: %v", m.Name, err)
-		}
+	if _, err := schema.MigrateTo(ctx, db.Pool, 4); err != nil {
+		t.Fatal(err)
 	}
 	if v, err := schema.Version(ctx, db.Pool); err != nil || v != 4 {
 		t.Fatalf("version = %d, %v; want 4", v, err)

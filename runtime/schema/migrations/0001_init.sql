@@ -1,3 +1,6 @@
+-- kfn:breaks-before 1
+-- (The first schema: no worker is older.)
+
 -- kfn bookkeeping lives in its own schema so it never collides with a
 -- function's business tables.
 CREATE SCHEMA IF NOT EXISTS kfn;

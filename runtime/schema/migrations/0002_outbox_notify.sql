@@ -1,3 +1,6 @@
+-- kfn:additive
+-- (A trigger: older workers write the outbox as before.)
+
 -- Wake the outbox relay as soon as outbox rows commit, instead of waiting for
 -- its next poll. One notification per INSERT/COPY statement (not per row);
 -- the payload lists the relay shards the statement wrote to, comma separated,

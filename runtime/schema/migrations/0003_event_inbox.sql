@@ -1,3 +1,6 @@
+-- kfn:additive
+-- (A new table, used only by NATS-triggered functions of newer workers.)
+
 -- Events a NATS-triggered function has handled, keyed by event id (the
 -- Nats-Msg-Id the relay published them with). A redelivered or republished
 -- event finds its row and is skipped. Dead-lettered events are recorded too,

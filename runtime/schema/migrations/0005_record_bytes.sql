@@ -1,3 +1,7 @@
+-- kfn:breaks-before 5
+-- (Drops kfn.dead_letters.headers and turns kfn.outbox.event_key into
+-- bytea: an older worker's writes fail.)
+
 -- A record's bytes are stored as bytes. Kafka keys, values and header names
 -- and values may hold any byte (NUL, invalid UTF-8, the 0x00 that starts
 -- every Confluent-framed key); a text or jsonb column refuses some of them,

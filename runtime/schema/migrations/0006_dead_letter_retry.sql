@@ -1,3 +1,7 @@
+-- kfn:additive
+-- (Nullable columns: older workers write dead letters as before and leave
+-- retry marks to newer workers.)
+
 -- `kfn dlq retry`: an operator marks dead letters for retry, and the worker
 -- lane that owns each record's partition (or subject) applies it through
 -- the function in a transaction of its own, under its own fence. That

@@ -1,3 +1,7 @@
+-- kfn:breaks-before 7
+-- (An older worker would apply the later records of a parked key, out of
+-- order for a function with KeyOrder ParkKey.)
+
 -- Park by key (Function.KeyOrder = ParkKey): when a record of a function
 -- that keeps per-key order is dead-lettered, its key is blocked on its
 -- partition until the dead letter is retried successfully or discarded.
