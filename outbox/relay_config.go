@@ -40,6 +40,9 @@ type RelayConfig struct {
 	// removed. Used only when the relay creates the stream. Default 7 days
 	// (DefaultStreamMaxAge).
 	MaxAge time.Duration
+	// Replicas is the number of replicas of the stream the relay creates.
+	// Used only when the relay creates the stream. Default 1.
+	Replicas int
 
 	// BatchSize is how many rows one shard reads per query. Default 500.
 	BatchSize int

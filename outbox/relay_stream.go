@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
 // StreamMismatchError means the configured stream exists but does not
@@ -30,7 +32,7 @@ func (r *Relay) ensureStream(ctx context.Context) ([]string, error) {
 	for attempt := 0; ; attempt++ {
 		stream, err := r.cfg.JetStream.Stream(ctx, r.cfg.Stream)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			_, err = r.cfg.JetStream.CreateStream(ctx, streamConfig(r.cfg.Stream, r.cfg.Subjects, StreamLimits{Duplicates: r.cfg.Duplicates, MaxAge: r.cfg.MaxAge}))
+			_, err = r.cfg.JetStream.CreateStream(ctx, streamConfig(r.cfg.Stream, r.cfg.Subjects, StreamLimits{Duplicates: r.cfg.Duplicates, MaxAge: r.cfg.MaxAge, Replicas: r.cfg.Replicas}))
 			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) && attempt == 0 {
 				continue // another relay created it just now: check its subjects
 			}
@@ -65,6 +67,10 @@ type StreamLimits struct {
 	// MaxAge bounds the stream: events older than this are removed, so it
 	// does not grow without bound. Consumers must keep up within it.
 	MaxAge time.Duration
+	// Replicas is the number of replicas of the stream (0: the server's
+	// default, 1). An existing stream with another number is refused with
+	// a *lease.ReplicasError, never changed.
+	Replicas int
 }
 
 // Defaults of the event stream.
@@ -78,7 +84,7 @@ const (
 func streamConfig(name string, subjects []string, limits StreamLimits) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name: name, Description: "kfn outbox events", Subjects: subjects,
-		Duplicates: limits.Duplicates, MaxAge: limits.MaxAge, Storage: jetstream.FileStorage,
+		Duplicates: limits.Duplicates, MaxAge: limits.MaxAge, Storage: jetstream.FileStorage, Replicas: limits.Replicas,
 	}
 }
 
@@ -90,7 +96,7 @@ func streamConfig(name string, subjects []string, limits StreamLimits) jetstream
 func ExtendStream(ctx context.Context, js jetstream.JetStream, name string, subjects []string, limits StreamLimits) ([]string, error) {
 	// A stream update replaces the whole subject list, so two processes
 	// adding different subjects at once would drop one of them: take turns.
-	unlock, err := lockStream(ctx, js, name)
+	unlock, err := lockStream(ctx, js, name, limits.Replicas)
 	if err != nil {
 		return nil, err
 	}
@@ -104,12 +110,15 @@ func ExtendStream(ctx context.Context, js jetstream.JetStream, name string, subj
 		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			return nil, fmt.Errorf("create stream %s: %w", name, err)
 		}
-		stream, err = js.Stream(ctx, name) // created by another process just now
+		stream, err = streamJustCreated(ctx, js, name) // by another process
 	}
 	if err != nil {
 		return nil, fmt.Errorf("look up stream %s: %w", name, err)
 	}
 	cfg := stream.CachedInfo().Config
+	if limits.Replicas > 0 && cfg.Replicas != limits.Replicas {
+		return nil, &lease.ReplicasError{Stream: name, Have: cfg.Replicas, Want: limits.Replicas}
+	}
 	var missing []string
 	for _, s := range subjects {
 		if !CoversSubject(cfg.Subjects, s) {
@@ -126,16 +135,42 @@ func ExtendStream(ctx context.Context, js jetstream.JetStream, name string, subj
 	return cfg.Subjects, nil
 }
 
+// streamJustCreated looks up a stream that another process created a
+// moment ago. On a NATS cluster the server that answers may not know it
+// yet, so "not found" is asked again for up to 5 s.
+func streamJustCreated(ctx context.Context, js jetstream.JetStream, name string) (jetstream.Stream, error) {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		stream, err := js.Stream(ctx, name)
+		if !errors.Is(err, jetstream.ErrStreamNotFound) || time.Now().After(deadline) {
+			return stream, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // streamLocksBucket holds one short-lived key per stream being extended.
 const streamLocksBucket = "kfn_stream_locks"
 
 // lockStream takes the stream's extension lock, waiting for another
 // holder to release it (or for its key to expire, if it died holding it).
-func lockStream(ctx context.Context, js jetstream.JetStream, name string) (func(), error) {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: streamLocksBucket, Description: "kfn: serialises updates of event stream subjects",
-		History: 1, TTL: 30 * time.Second, Storage: jetstream.FileStorage,
-	})
+// The bucket is created with replicas if it is missing; an existing one is
+// used as it is.
+func lockStream(ctx context.Context, js jetstream.JetStream, name string, replicas int) (func(), error) {
+	kv, err := js.KeyValue(ctx, streamLocksBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: streamLocksBucket, Description: "kfn: serialises updates of event stream subjects",
+			History: 1, TTL: 30 * time.Second, Storage: jetstream.FileStorage, Replicas: replicas,
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, streamLocksBucket) // created by another process just now
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("stream lock bucket %s: %w", streamLocksBucket, err)
 	}
@@ -157,4 +192,26 @@ func lockStream(ctx context.Context, js jetstream.JetStream, name string) (func(
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// ProvisionedStream returns the subjects of stream name, which someone else
+// created (kfn: `kfn migrate --nats`), after checking that they cover
+// subjects and that it has replicas (unless 0); it changes nothing. The
+// error wraps jetstream.ErrStreamNotFound when the stream does not exist,
+// and is a *StreamMismatchError when a subject is not captured.
+func ProvisionedStream(ctx context.Context, js jetstream.JetStream, name string, subjects []string, replicas int) ([]string, error) {
+	stream, err := js.Stream(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("look up stream %s: %w", name, err)
+	}
+	cfg := stream.CachedInfo().Config
+	if replicas > 0 && cfg.Replicas != replicas {
+		return nil, &lease.ReplicasError{Stream: name, Have: cfg.Replicas, Want: replicas}
+	}
+	for _, want := range subjects {
+		if !CoversSubject(cfg.Subjects, want) {
+			return nil, &StreamMismatchError{Stream: name, Has: cfg.Subjects, Uncovered: want}
+		}
+	}
+	return cfg.Subjects, nil
 }

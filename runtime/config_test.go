@@ -40,6 +40,9 @@ func TestBadConfigurationNamesTheField(t *testing.T) {
 		{"lease ttl too short", func(c *runtime.Config) { c.LeaseTTL = c.LeaseRenew }, "--lease-ttl", "3 × --lease-renew"},
 		{"retry max below initial", func(c *runtime.Config) { c.RetryInitial = 2e9; c.RetryMax = 1e9 }, "--retry-max", "at least --retry-initial"},
 		{"statement timeout past the lease", func(c *runtime.Config) { c.StatementTimeout = 3 * time.Second }, "--statement-timeout", "raise --lease-ttl to at least 5.357s"},
+		{"NATS CA file unreadable", func(c *runtime.Config) { c.NATSSecurity.CAFile = "/nonexistent/ca.pem" }, "--nats-ca (KFN_NATS_CA)", "cannot read the CA file"},
+		{"NATS cert without key", func(c *runtime.Config) { c.NATSSecurity.CertFile = "/etc/hostname" }, "--nats-key (KFN_NATS_KEY)", "without its private key"},
+		{"NATS creds and token", func(c *runtime.Config) { c.NATSSecurity.Creds, c.NATSSecurity.TokenFile = "a.creds", "token" }, "--nats-token-file (KFN_NATS_TOKEN_FILE)", "give only one of"},
 		{"handler timeout below a round trip", func(c *runtime.Config) { c.HandlerTimeout = time.Second; c.StatementTimeout = time.Second }, "--handler-timeout", "lower --statement-timeout to at most 800ms"},
 	}
 	for _, tc := range cases {
@@ -209,6 +212,8 @@ func TestConfigExplicitZeroIsRejectedOrHonoured(t *testing.T) {
 		{args: []string{"--lease-ttl", "0s"}, want: "--lease-ttl (KFN_LEASE_TTL): must be positive"},
 		{env: "KFN_HANDLER_TIMEOUT", want: "--handler-timeout (KFN_HANDLER_TIMEOUT): must be positive"},
 		{args: []string{"--max-record-bytes", "0"}, want: "--max-record-bytes (KFN_MAX_RECORD_BYTES): must be positive"},
+		{env: "KFN_NATS_REPLICAS", want: "--nats-replicas (KFN_NATS_REPLICAS): 0 is out of range 1..5"},
+		{args: []string{"--nats-replicas", "7"}, want: "--nats-replicas (KFN_NATS_REPLICAS): 7 is out of range 1..5"},
 	} {
 		if tc.env != "" {
 			t.Setenv(tc.env, "0")
@@ -233,7 +238,7 @@ func TestConfigExplicitZeroIsRejectedOrHonoured(t *testing.T) {
 			t.Errorf("batch wait 0: err = %v; want it accepted", err)
 		}
 	}
-	if got := (runtime.Config{}).WithDefaults(); got.BatchSize != engine.DefaultBatchSize || got.BatchWait != engine.DefaultBatchWait || got.RetryAttempts != engine.DefaultRetryAttempts {
+	if got := (runtime.Config{}).WithDefaults(); got.BatchSize != engine.DefaultBatchSize || got.BatchWait != engine.DefaultBatchWait || got.RetryAttempts != engine.DefaultRetryAttempts || got.NATSReplicas != 1 {
 		t.Errorf("a Go caller's zero fields: %+v; want the defaults", got)
 	}
 }

@@ -58,9 +58,12 @@ type cluster struct {
 	pg    *kfntest.PG
 	kafka *kfntest.KafkaCluster
 	nats  *kfntest.NATSServer
-	topic string
-	fn    string
-	seq   int // last worker number handed out
+	// natsURL is what the workers and the checker connect to: nats's URL,
+	// or a cluster's URL list.
+	natsURL string
+	topic   string
+	fn      string
+	seq     int // last worker number handed out
 }
 
 func newCluster(t *testing.T) *cluster {
@@ -73,6 +76,7 @@ func newCluster(t *testing.T) *cluster {
 func newClusterOn(t *testing.T, kafka *kfntest.KafkaCluster) *cluster {
 	t.Helper()
 	c := &cluster{t: t, pg: kfntest.Postgres(t), kafka: kafka, nats: kfntest.NATSProcess(t)}
+	c.natsURL = c.nats.URL
 	c.topic = c.kafka.CreateTopic(t, failoverPartitions)
 	c.fn = kfntest.Name(t, "fn")
 	return c
@@ -128,7 +132,7 @@ func (c *cluster) startWorkerFrom(bin, id string, env ...string) *proc {
 	cmd.Env = append(os.Environ(),
 		"DATABASE_URL="+c.databaseURL(id),
 		"KFN_KAFKA_BROKERS="+strings.Join(c.kafka.Brokers, ","),
-		"KFN_NATS_URL="+c.nats.URL,
+		"KFN_NATS_URL="+c.natsURL,
 		"KFN_WORKER_ID="+id,
 		"KFN_TEST_FUNCTION="+c.fn,
 		"KFN_TEST_TOPIC="+c.topic,
@@ -622,11 +626,20 @@ func (c *cluster) waitCaughtUp(hw map[int]int64, limit time.Duration) {
 // the dead-lettered records to be exactly dead (none if omitted).
 func (c *cluster) check(hw map[int]int64, dead ...effects.Produced) effects.Report {
 	c.t.Helper()
-	rep, err := effects.Check(context.Background(), c.pg.Pool, c.fn, c.topic, producedUpTo(hw),
-		effects.Events(jetStream(c.t, c.nats.URL), runtime.DefaultStream))
-	if err != nil {
-		c.t.Fatal(err)
-	}
+	// A read that fails is tried again: a NATS cluster that lost a server
+	// may refuse a request while it settles (no responders).
+	js := jetStream(c.t, c.natsURL)
+	var rep effects.Report
+	waitUntil(c.t, 30*time.Second, "the checker to read Postgres and the event stream", func() (bool, string) {
+		var err error
+		rep, err = effects.Check(context.Background(), c.pg.Pool, c.fn, c.topic, producedUpTo(hw), effects.Events(js, runtime.DefaultStream))
+		if err != nil {
+			c.t.Logf("checker: %v (trying again)", err)
+			time.Sleep(500 * time.Millisecond)
+			return false, err.Error()
+		}
+		return true, ""
+	})
 	c.t.Logf("checker: %s", rep)
 	if v := rep.Violations(dead...); len(v) > 0 || rep.Expected == 0 {
 		c.t.Errorf("exactly-once violated (of %d records): %s", rep.Expected, strings.Join(v, "; "))

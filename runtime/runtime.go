@@ -194,6 +194,11 @@ type Config = engine.Config
 // KFN_KAFKA_SASL_PASSWORD and --kafka-sasl-password-file.
 type KafkaSecurity = engine.KafkaSecurity
 
+// NATSSecurity is Config.NATSSecurity: credentials (--nats-creds,
+// --nats-nkey or --nats-token-file) and TLS (--nats-ca, --nats-cert,
+// --nats-key) for NATS; zero: what --nats-url says.
+type NATSSecurity = engine.NATSSecurity
+
 // Worker runs functions: it owns partitions through leases, reads them and
 // applies their records exactly once. Run runs it until ctx ends; Stats
 // returns its live counters; HTTPHandler serves /metrics, /healthz and

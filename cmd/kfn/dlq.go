@@ -590,7 +590,7 @@ func runDLQPark(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := newFlags("dlq park", stderr)
 	dbURL := bind(fs, settings.DatabaseURL)
 	natsURL := bind(fs, settings.NATSURL)
-	natsAuth := bindNATSAuth(fs)
+	natsSec := bindNATSSecurity(fs)
 	brokers := bind(fs, settings.KafkaBrokers)
 	sec := bindKafkaSecurity(fs)
 	bucket := bind(fs, settings.LeaseBucket)
@@ -638,7 +638,7 @@ example:
 		return err
 	}
 	defer pool.Close()
-	js, closeNATS, err := connectJetStream(*natsURL, "kfn dlq park", natsAuth.auth())
+	js, closeNATS, err := connectJetStream(*natsURL, "kfn dlq park", natsSec)
 	if err != nil {
 		return err
 	}

@@ -35,7 +35,7 @@ func TestRelayHelpListsOnlyTheRelaysFlags(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d", code)
 	}
-	for _, want := range []string{"-database-url", "-nats-url", "-subjects", "-lease-ttl", "-lease-renew", "-lease-bucket", "-event-stream", "-event-dedup", "-event-retention", "-statement-timeout", "-worker-id", "-stats-every", "-metrics-addr", "(default kfn-relay-host-pid)"} {
+	for _, want := range []string{"-database-url", "-nats-url", "-subjects", "-lease-ttl", "-lease-renew", "-lease-bucket", "-event-stream", "-event-dedup", "-event-retention", "-statement-timeout", "-worker-id", "-stats-every", "-metrics-addr", "-nats-creds", "-nats-nkey", "-nats-ca", "-nats-cert", "-nats-key", "-nats-replicas", "-nats-provisioned", "(default kfn-relay-host-pid)"} {
 		if !strings.Contains(help, want) {
 			t.Errorf("kfn relay -h lacks %s", want)
 		}
@@ -69,6 +69,8 @@ func TestCommandsRejectAnExplicitZero(t *testing.T) {
 		{args: relay, env: "KFN_LEASE_RENEW", want: "--lease-renew (KFN_LEASE_RENEW): must be positive"},
 		{args: append(relay, "--event-retention", "0s"), want: "--event-retention (KFN_EVENT_RETENTION): must be positive"},
 		{args: append(relay, "--statement-timeout", "0"), want: "--statement-timeout (KFN_STATEMENT_TIMEOUT): 0s is too short"},
+		{args: append(relay, "--nats-replicas", "0"), want: "--nats-replicas (KFN_NATS_REPLICAS): 0 is out of range 1..5"},
+		{args: []string{"migrate", "--database-url", "postgres://x@y/z", "--nats", "--nats-url", "nats://n"}, env: "KFN_NATS_REPLICAS", want: "--nats-replicas (KFN_NATS_REPLICAS): 0 is out of range 1..5"},
 		{args: []string{"status", "--database-url", "postgres://x@y/z", "--kafka-brokers", "kafka"}, want: `--kafka-brokers (KFN_KAFKA_BROKERS): "kafka" is not host:port`},
 		{args: []string{"migrate", "--database-url", "mysql://x@y/z"}, want: `--database-url (DATABASE_URL): "mysql://xxxxx@y/z" is not a postgres:// URL`},
 		{args: []string{"migrate"}, env: "DATABASE_URL", want: `--database-url (DATABASE_URL): "0" is not a postgres:// URL`},

@@ -5,22 +5,42 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kfn-dev/kfn/internal/connect"
+	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/settings"
+	"github.com/kfn-dev/kfn/outbox"
+	"github.com/kfn-dev/kfn/runtime"
+	"github.com/kfn-dev/kfn/runtime/lease"
 	"github.com/kfn-dev/kfn/runtime/schema"
 )
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("migrate", stderr)
-	fs.describe("usage: kfn migrate --database-url URL\n\nApplies kfn's embedded, numbered schema migrations; safe to run again (it says the schema is up to date). Workers refuse to start on a missing schema, an older one, or a newer one whose migrations break them (a migration is additive or says which older workers it breaks); the output names the oldest worker version that runs against the result.",
+	fs.describe("usage: kfn migrate --database-url URL [--nats --nats-url URL --subjects S[,S…]]\n\nApplies kfn's embedded, numbered schema migrations; safe to run again (it says the schema is up to date). Workers refuse to start on a missing schema, an older one, or a newer one whose migrations break them (a migration is additive or says which older workers it breaks); the output names the oldest worker version that runs against the result.\n\nWith --nats it also creates, once and with --nats-replicas, the JetStream state the workers use: the lease bucket and the event stream capturing --subjects (an existing stream gets the subjects it lacks). Run it with a NATS user allowed to create streams; workers started with --nats-provisioned then need no such right.",
 		"kfn migrate --database-url postgres://kfn@db:5432/kfn",
-		"DATABASE_URL=postgres://kfn@db:5432/kfn kfn migrate")
+		"DATABASE_URL=postgres://kfn@db:5432/kfn kfn migrate",
+		"kfn migrate --nats --nats-url nats://nats:4222 --nats-creds admin.creds --nats-replicas 3 --subjects 'orders.>,payments.>'")
 	dbURL := bind(fs, settings.DatabaseURL)
+	withNATS := fs.Bool("nats", false, "also create the lease bucket and the event stream in NATS (see --nats-provisioned)")
+	var cfg runtime.Config
+	bindNATSState(fs.settings, &cfg)
+	subjects := bind(fs, settings.RelaySubjects)
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *withNATS {
+		if err := requiredSetting(settings.NATSURL, cfg.NATSURL); err != nil {
+			return err
+		}
+		if len(*subjects) == 0 {
+			return &usageError{msg: fmt.Sprintf("--nats needs --%s (%s): the subjects the functions emit on, which the event stream must capture, e.g. orders.>,payments.>", settings.RelaySubjects.Flag, settings.RelaySubjects.Env)}
+		}
 	}
 	pool, err := openDatabase(ctx, *dbURL)
 	if err != nil {
@@ -32,6 +52,37 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	fmt.Fprintln(stdout, schema.Outcome(applied))
+	if !*withNATS {
+		return nil
+	}
+	return provisionNATS(ctx, pool, cfg.WithDefaults(), *subjects, stdout)
+}
+
+// provisionNATS creates the lease bucket and the event stream that
+// workers started with --nats-provisioned expect, or checks that they
+// exist with cfg's replicas and TTL.
+func provisionNATS(ctx context.Context, pool *pgxpool.Pool, cfg runtime.Config, subjects []string, stdout io.Writer) error {
+	js, closeNATS, err := connectJetStream(cfg.NATSURL, appName, &cfg.NATSSecurity)
+	if err != nil {
+		return err
+	}
+	defer closeNATS()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err = lease.OpenStore(ctx, js, lease.StoreConfig{
+		Bucket: cfg.LeaseBucket, TTL: cfg.LeaseTTL, Replicas: cfg.NATSReplicas,
+		TokenFloor: engine.TokenFloor(pool), Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		return fmt.Errorf("lease bucket in NATS at %s: %w", connect.Redact(cfg.NATSURL), engine.ReplicasSetting(err, cfg.NATSReplicas))
+	}
+	fmt.Fprintf(stdout, "lease bucket %s is ready (TTL %s, %d replicas)\n", cfg.LeaseBucket, cfg.LeaseTTL, cfg.NATSReplicas)
+	all, err := outbox.ExtendStream(ctx, js, cfg.EventStream, subjects,
+		outbox.StreamLimits{Duplicates: cfg.EventDedup, MaxAge: cfg.EventRetention, Replicas: cfg.NATSReplicas})
+	if err != nil {
+		return fmt.Errorf("event stream in NATS at %s: %w", connect.Redact(cfg.NATSURL), engine.ReplicasSetting(err, cfg.NATSReplicas))
+	}
+	fmt.Fprintf(stdout, "event stream %s is ready (subjects %s, %d replicas)\n", cfg.EventStream, strings.Join(all, ","), cfg.NATSReplicas)
 	return nil
 }
 

@@ -113,22 +113,30 @@ func bindRelayConfig(fs *flagSet) *runtime.Config {
 	var cfg runtime.Config
 	b := fs.settings
 	settings.DatabaseURL.Bind(b, &cfg.DatabaseURL)
-	settings.NATSURL.Bind(b, &cfg.NATSURL)
-	settings.NATSCreds.Bind(b, &cfg.NATSCreds)
-	settings.NATSTokenFile.Bind(b, &cfg.NATSTokenFile)
+	bindNATSState(b, &cfg)
+	settings.NATSProvisioned.Bind(b, &cfg.NATSProvisioned)
 	id := settings.WorkerID
 	id.DefaultText = "kfn-relay-host-pid"
 	id.Bind(b, &cfg.WorkerID)
 	st := settings.StatementTimeout
 	st.DefaultText = fmt.Sprintf("0.4 × --lease-ttl, at most %s", settings.DefaultHandlerTimeout*8/10)
 	st.Bind(b, &cfg.StatementTimeout)
+	settings.LeaseRenew.Bind(b, &cfg.LeaseRenew)
+	return &cfg
+}
+
+// bindNATSState binds the settings of a process that may create kfn's
+// JetStream state: the NATS connection, the replicas, the lease bucket and
+// its TTL, and the event stream with its limits.
+func bindNATSState(b *settings.Binder, cfg *runtime.Config) {
+	settings.NATSURL.Bind(b, &cfg.NATSURL)
+	engine.BindNATSSecurity(b, &cfg.NATSSecurity)
+	settings.NATSReplicas.Bind(b, &cfg.NATSReplicas)
 	settings.LeaseBucket.Bind(b, &cfg.LeaseBucket)
 	settings.LeaseTTL.Bind(b, &cfg.LeaseTTL)
-	settings.LeaseRenew.Bind(b, &cfg.LeaseRenew)
 	settings.EventStream.Bind(b, &cfg.EventStream)
 	settings.EventDedup.Bind(b, &cfg.EventDedup)
 	settings.EventRetention.Bind(b, &cfg.EventRetention)
-	return &cfg
 }
 
 // printRelayStats prints one line of relay counters; the rate is over the

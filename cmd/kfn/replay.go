@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/internal/connect"
+	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/operator"
 )
@@ -59,7 +60,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	dbURL := bind(fs, settings.DatabaseURL)
 	natsURL := bind(fs, settings.NATSURL)
-	natsAuth := bindNATSAuth(fs)
+	natsSec := bindNATSSecurity(fs)
 	brokersSetting := settings.KafkaBrokers
 	brokersSetting.Usage += "; the range is checked against the records Kafka holds, and --from-time resolved there (required)"
 	brokers := bind(fs, brokersSetting)
@@ -144,7 +145,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer pool.Close()
-	js, closeNATS, err := connectJetStream(*natsURL, "kfn replay", natsAuth.auth())
+	js, closeNATS, err := connectJetStream(*natsURL, "kfn replay", natsSec)
 	if err != nil {
 		return err
 	}
@@ -382,26 +383,26 @@ func actor(command string) string {
 	return fmt.Sprintf("kfn-%s:%s@%s", command, name, host)
 }
 
-// natsAuthFlags are --nats-creds and --nats-token-file.
-type natsAuthFlags struct{ creds, tokenFile *string }
-
-func bindNATSAuth(fs *flagSet) natsAuthFlags {
-	return natsAuthFlags{creds: bind(fs, settings.NATSCreds), tokenFile: bind(fs, settings.NATSTokenFile)}
-}
-
-// auth is their values, once the flags are parsed.
-func (f natsAuthFlags) auth() connect.NATSAuth {
-	return connect.NATSAuth{Creds: *f.creds, TokenFile: *f.tokenFile}
+// bindNATSSecurity binds the NATS credential and TLS flags; the value is
+// theirs once the flags are parsed.
+func bindNATSSecurity(fs *flagSet) *connect.NATSSecurity {
+	var sec connect.NATSSecurity
+	engine.BindNATSSecurity(fs.settings, &sec)
+	return &sec
 }
 
 // connectJetStream connects to NATS and returns its JetStream API and a
 // function that closes the connection.
-func connectJetStream(url, name string, auth ...connect.NATSAuth) (jetstream.JetStream, func(), error) {
-	var a connect.NATSAuth
-	if len(auth) > 0 {
-		a = auth[0]
+func connectJetStream(url, name string, sec ...*connect.NATSSecurity) (jetstream.JetStream, func(), error) {
+	var s connect.NATSSecurity
+	if len(sec) > 0 {
+		s = *sec[0]
 	}
-	nc, js, err := connect.NATSWith(url, name, a)
+	nc, js, err := connect.NATSWith(url, name, s)
+	var bad *connect.SettingError
+	if errors.As(err, &bad) {
+		return nil, nil, &usageError{msg: err.Error()}
+	}
 	if err != nil {
 		return nil, nil, err
 	}

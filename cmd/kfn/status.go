@@ -26,7 +26,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	nats := settings.NATSURL
 	nats.Usage += "; with it, the live lease holders and the JetStream consumers of NATS-triggered functions are shown"
 	natsURL := bind(fs, nats)
-	natsAuth := bindNATSAuth(fs)
+	natsSec := bindNATSSecurity(fs)
 	bucket := bind(fs, settings.LeaseBucket)
 	function := fs.String("function", "", "only this function (default: all)")
 	asJSON := fs.Bool("json", false, "print JSON for scripts")
@@ -48,7 +48,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	var js jetstream.JetStream
 	if *natsURL != "" {
 		var closeNATS func()
-		js, closeNATS, err = connectJetStream(*natsURL, "kfn status", natsAuth.auth())
+		js, closeNATS, err = connectJetStream(*natsURL, "kfn status", natsSec)
 		if err != nil {
 			return err
 		}

@@ -51,7 +51,7 @@ func runTail(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		printFlags(fs.FlagSet)
 	}
 	natsURL := bind(fs, settings.NATSURL)
-	natsAuth := bindNATSAuth(fs)
+	natsSec := bindNATSSecurity(fs)
 	stream := bind(fs, settings.EventStream)
 	all := fs.Bool("all", false, "start with the oldest event the stream holds (default: only new ones)")
 	count := fs.Int("count", 0, "stop after this many events (default: run until Ctrl-C)")
@@ -66,7 +66,7 @@ func runTail(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := requiredSetting(settings.NATSURL, *natsURL); err != nil {
 		return err
 	}
-	js, closeNATS, err := connectJetStream(*natsURL, "kfn tail", natsAuth.auth())
+	js, closeNATS, err := connectJetStream(*natsURL, "kfn tail", natsSec)
 	if err != nil {
 		return err
 	}

@@ -12,13 +12,10 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // pingTimeout bounds the first round trip to a service.
@@ -78,64 +75,6 @@ func untrustedCertificate(err error) bool {
 	var host x509.HostnameError
 	var invalid x509.CertificateInvalidError
 	return errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &host) || errors.As(err, &invalid)
-}
-
-// NATSAuth is how kfn proves itself to NATS besides what the URL holds
-// (user:pass@ or token@): at most one of a credentials file and a token file.
-type NATSAuth struct {
-	Creds     string // --nats-creds (KFN_NATS_CREDS): a .creds file (user JWT and NKey seed)
-	TokenFile string // --nats-token-file (KFN_NATS_TOKEN_FILE): a file holding the token
-}
-
-// options reads the token file (once) and returns the connection options.
-func (a NATSAuth) options() ([]nats.Option, error) {
-	if a.Creds != "" && a.TokenFile != "" {
-		return nil, errors.New("invalid configuration: give --nats-creds (KFN_NATS_CREDS) or --nats-token-file (KFN_NATS_TOKEN_FILE), not both")
-	}
-	if a.Creds != "" {
-		if _, err := os.Stat(a.Creds); err != nil {
-			return nil, fmt.Errorf("invalid configuration: --nats-creds (KFN_NATS_CREDS): cannot read the credentials file: %v", err)
-		}
-		return []nats.Option{nats.UserCredentials(a.Creds)}, nil
-	}
-	if a.TokenFile != "" {
-		data, err := os.ReadFile(a.TokenFile)
-		if err != nil {
-			return nil, fmt.Errorf("invalid configuration: --nats-token-file (KFN_NATS_TOKEN_FILE): cannot read the token file: %v", err)
-		}
-		token := strings.TrimSpace(string(data))
-		if token == "" {
-			return nil, fmt.Errorf("invalid configuration: --nats-token-file (KFN_NATS_TOKEN_FILE): the token file %s is empty", a.TokenFile)
-		}
-		return []nats.Option{nats.Token(token)}, nil
-	}
-	return nil, nil
-}
-
-// NATS connects to the NATS server at natsURL as name, reconnecting forever
-// after a loss, and opens JetStream.
-func NATS(natsURL, name string) (*nats.Conn, jetstream.JetStream, error) {
-	return NATSWith(natsURL, name, NATSAuth{})
-}
-
-// NATSWith is NATS with a credentials or token file.
-func NATSWith(natsURL, name string, auth NATSAuth) (*nats.Conn, jetstream.JetStream, error) {
-	opts, err := auth.options()
-	if err != nil {
-		return nil, nil, err
-	}
-	opts = append(opts, nats.Name(name), nats.Timeout(5*time.Second),
-		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
-	nc, err := nats.Connect(natsURL, opts...)
-	if err != nil {
-		return nil, nil, fmt.Errorf("cannot reach NATS at %s (check --nats-url / KFN_NATS_URL): %w", Redact(natsURL), scrub(err, natsURL))
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, nil, fmt.Errorf("NATS JetStream at %s: %w", Redact(natsURL), scrub(err, natsURL))
-	}
-	return nc, js, nil
 }
 
 // parseProblem is what pgx found wrong in connString, without the string:

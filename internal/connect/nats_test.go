@@ -1,6 +1,13 @@
 package connect
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,12 +15,21 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
 )
 
 // tokenServer starts a real NATS server, in this process, that wants token.
 func tokenServer(t *testing.T, token string) string {
 	t.Helper()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), Authorization: token, NoLog: true, NoSigs: true})
+	return startServer(t, &server.Options{JetStream: true, StoreDir: t.TempDir(), Authorization: token})
+}
+
+// startServer starts a real NATS server, in this process, with opts on a
+// free loopback port, and returns its URL.
+func startServer(t *testing.T, opts *server.Options) string {
+	t.Helper()
+	opts.Host, opts.Port, opts.NoLog, opts.NoSigs = "127.0.0.1", -1, true, true
+	s, err := server.NewServer(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +49,7 @@ func TestNATSTokenFromAFileOrTheURL(t *testing.T) {
 	if err := os.WriteFile(file, []byte(token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	nc, _, err := NATSWith(natsURL, "test", NATSAuth{TokenFile: file})
+	nc, _, err := NATSWith(natsURL, "test", NATSSecurity{TokenFile: file})
 	if err != nil {
 		t.Fatalf("token file: %v", err)
 	}
@@ -47,14 +63,14 @@ func TestNATSTokenFromAFileOrTheURL(t *testing.T) {
 
 	for _, tc := range []struct {
 		name, url string
-		auth      NATSAuth
+		auth      NATSSecurity
 		want      string
 	}{
-		{"no token", natsURL, NATSAuth{}, "cannot reach NATS"},
-		{"wrong token in the URL", strings.Replace(natsURL, "nats://", "nats://wrongTok4Qsecret@", 1), NATSAuth{}, "cannot reach NATS at nats://xxxxx@"},
-		{"unreadable token file", natsURL, NATSAuth{TokenFile: filepath.Join(dir, "missing")}, "--nats-token-file (KFN_NATS_TOKEN_FILE): cannot read the token file"},
-		{"unreadable creds file", natsURL, NATSAuth{Creds: filepath.Join(dir, "missing.creds")}, "--nats-creds (KFN_NATS_CREDS): cannot read the credentials file"},
-		{"both", natsURL, NATSAuth{Creds: file, TokenFile: file}, "not both"},
+		{"no token", natsURL, NATSSecurity{}, "wants credentials: set --nats-creds (KFN_NATS_CREDS)"},
+		{"wrong token in the URL", strings.Replace(natsURL, "nats://", "nats://wrongTok4Qsecret@", 1), NATSSecurity{}, "NATS at nats://xxxxx@127.0.0.1"},
+		{"unreadable token file", natsURL, NATSSecurity{TokenFile: filepath.Join(dir, "missing")}, "--nats-token-file (KFN_NATS_TOKEN_FILE): cannot read the token file"},
+		{"unreadable creds file", natsURL, NATSSecurity{Creds: filepath.Join(dir, "missing.creds")}, "--nats-creds (KFN_NATS_CREDS): cannot read the credentials file"},
+		{"both", natsURL, NATSSecurity{Creds: file, TokenFile: file}, "--nats-token-file (KFN_NATS_TOKEN_FILE): is given with --nats-creds (KFN_NATS_CREDS): give only one of"},
 	} {
 		nc, _, err := NATSWith(tc.url, "test", tc.auth)
 		if err == nil {
@@ -66,4 +82,73 @@ func TestNATSTokenFromAFileOrTheURL(t *testing.T) {
 			t.Errorf("%s: %v; want %q and no token", tc.name, err, tc.want)
 		}
 	}
+}
+
+// An NKey user connects with its seed file; a bad CA, a certificate
+// without its key and a file that is no .creds are refused before any
+// connection, naming the setting and never quoting the seed.
+func TestNATSNKeySeedFileAndBadFiles(t *testing.T) {
+	user, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := user.PublicKey()
+	seed, _ := user.Seed()
+	natsURL := startServer(t, &server.Options{Nkeys: []*server.NkeyUser{{Nkey: pub}}})
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	seedFile := write("user.nk", string(seed)+"\n")
+	nc, _, err := NATSWith(natsURL, "test", NATSSecurity{NKeyFile: seedFile})
+	if err != nil {
+		t.Fatalf("nkey seed file: %v", err)
+	}
+	nc.Close()
+
+	notPEM := write("ca.pem", "not a certificate")
+	for _, tc := range []struct {
+		name string
+		sec  NATSSecurity
+		want string
+	}{
+		{"no nkey", NATSSecurity{}, "wants credentials: set --nats-creds (KFN_NATS_CREDS)"},
+		{"seed file holds no seed", NATSSecurity{NKeyFile: notPEM}, "--nats-nkey (KFN_NATS_NKEY): cannot use"},
+		{"CA file holds no PEM", NATSSecurity{NKeyFile: seedFile, CAFile: notPEM}, "--nats-ca (KFN_NATS_CA): " + notPEM + " holds no PEM certificate"},
+		{"unreadable CA", NATSSecurity{CAFile: filepath.Join(dir, "missing.pem")}, "--nats-ca (KFN_NATS_CA): cannot read the CA file"},
+		{"cert without key", NATSSecurity{CertFile: notPEM}, "--nats-key (KFN_NATS_KEY): --nats-cert " + notPEM + " is given without its private key"},
+		{"not a creds file", NATSSecurity{Creds: seedFile}, "--nats-creds (KFN_NATS_CREDS): " + seedFile + " is not a NATS credentials file"},
+		{"creds and nkey", NATSSecurity{Creds: seedFile, NKeyFile: seedFile}, "--nats-nkey (KFN_NATS_NKEY): is given with --nats-creds (KFN_NATS_CREDS): give only one of"},
+		{"TLS to a server without TLS", NATSSecurity{NKeyFile: seedFile, CAFile: write("ok.pem", testCA(t))}, "does not offer TLS: drop --nats-ca"},
+	} {
+		nc, _, err := NATSWith(natsURL, "test", tc.sec)
+		if err == nil {
+			nc.Close()
+			t.Errorf("%s: connected", tc.name)
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), string(seed)) {
+			t.Errorf("%s: %v; want %q and no seed", tc.name, err, tc.want)
+		}
+	}
+}
+
+// testCA is the PEM of a self-signed CA certificate.
+func testCA(t *testing.T) string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/runtime/lease"
@@ -23,8 +24,6 @@ type Config struct {
 	KafkaBrokers   []string      // KFN_KAFKA_BROKERS: comma-separated host:port list
 	DatabaseURL    string        // DATABASE_URL: Postgres connection URL
 	NATSURL        string        // KFN_NATS_URL: NATS server URL
-	NATSCreds      string        // KFN_NATS_CREDS: NATS credentials file
-	NATSTokenFile  string        // KFN_NATS_TOKEN_FILE: file holding the NATS token
 	WorkerID       string        // KFN_WORKER_ID: unique per process; default host-pid
 	BatchSize      int           // KFN_BATCH_SIZE: max records per transaction
 	BatchWait      time.Duration // KFN_BATCH_WAIT: max time to wait to fill a batch; negative: no wait (the flag's 0)
@@ -70,12 +69,45 @@ type Config struct {
 	// Zero: plain TCP.
 	KafkaSecurity KafkaSecurity
 
+	// NATSSecurity is how the worker proves itself to NATS and checks the
+	// server: a credentials file (KFN_NATS_CREDS), an NKey seed file
+	// (KFN_NATS_NKEY) or a token file (KFN_NATS_TOKEN_FILE), and TLS
+	// (KFN_NATS_CA, KFN_NATS_CERT, KFN_NATS_KEY). Zero: what NATSURL says.
+	NATSSecurity NATSSecurity
+
+	// NATSReplicas (KFN_NATS_REPLICAS) is the number of replicas of the
+	// lease bucket and the event stream when the worker creates them; an
+	// existing one with another number is an error, never changed.
+	// Default 1; 3 in production.
+	NATSReplicas int
+
+	// NATSProvisioned (KFN_NATS_PROVISIONED): the lease bucket and the
+	// event stream were made by `kfn migrate --nats`; the worker never
+	// creates nor changes them, and says what is missing.
+	NATSProvisioned bool
+
 	bound *settings.Binder // the flags and variables of Bind, whose bad values validate reports
 }
 
 // KafkaSecurity is the TLS and SASL configuration of the worker's Kafka
 // connections (runtime.KafkaSecurity).
 type KafkaSecurity = kafkaconn.Security
+
+// NATSSecurity is the credentials and TLS configuration of the worker's
+// NATS connection (runtime.NATSSecurity).
+type NATSSecurity = connect.NATSSecurity
+
+// BindNATSSecurity registers the NATS credential and TLS flags (and their
+// variables) on b, for a worker, the relay and every kfn command that
+// connects to NATS.
+func BindNATSSecurity(b *settings.Binder, s *NATSSecurity) {
+	settings.NATSCreds.Bind(b, &s.Creds)
+	settings.NATSNKey.Bind(b, &s.NKeyFile)
+	settings.NATSTokenFile.Bind(b, &s.TokenFile)
+	settings.NATSCA.Bind(b, &s.CAFile)
+	settings.NATSCert.Bind(b, &s.CertFile)
+	settings.NATSKey.Bind(b, &s.KeyFile)
+}
 
 // Defaults, chosen from the benchmark in the README (`kfn bench`). The
 // README's Configuration table and a function binary's -h show their values.
@@ -115,6 +147,7 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.LeaseRenew, DefaultLeaseRenew)
 	setDefault(&c.StatementTimeout, min(c.LeaseTTL*4/10, c.HandlerTimeout*8/10))
 	setDefault(&c.LeaseBucket, settings.LeaseBucket.Default)
+	setDefault(&c.NATSReplicas, settings.DefaultNATSReplicas)
 	setDefault(&c.EventStream, DefaultStream)
 	setDefault(&c.EventDedup, DefaultEventDedup)
 	setDefault(&c.InboxRetention, DefaultInboxRetention)
@@ -187,6 +220,11 @@ func (c Config) validate(needKafka bool) error {
 	if c.NATSURL == "" {
 		bad(configError(settings.NATSURL, "no NATS URL given: set it to nats://host:port"))
 	}
+	var badNATS *connect.SettingError
+	if err := c.NATSSecurity.Check(); errors.As(err, &badNATS) && !rejected[badNATS.Flag] {
+		bad(&ConfigError{Field: badNATS.Flag, Env: badNATS.Env, Msg: badNATS.Msg})
+	}
+	add(settings.NATSReplicas.Problems(c.NATSReplicas))
 	// BatchWait: any value goes, a negative one is no wait.
 	add(settings.BatchSize.Problems(c.BatchSize))
 	add(settings.MaxRecordBytes.Problems(c.MaxRecordBytes))
@@ -240,8 +278,9 @@ func (c *Config) bind(b *settings.Binder) {
 	settings.KafkaBrokers.Bind(b, &c.KafkaBrokers)
 	settings.DatabaseURL.Bind(b, &c.DatabaseURL)
 	settings.NATSURL.Bind(b, &c.NATSURL)
-	settings.NATSCreds.Bind(b, &c.NATSCreds)
-	settings.NATSTokenFile.Bind(b, &c.NATSTokenFile)
+	BindNATSSecurity(b, &c.NATSSecurity)
+	settings.NATSReplicas.Bind(b, &c.NATSReplicas)
+	settings.NATSProvisioned.Bind(b, &c.NATSProvisioned)
 	settings.WorkerID.Bind(b, &c.WorkerID)
 	settings.BatchSize.Bind(b, &c.BatchSize)
 	settings.BatchWait.Bind(b, &c.BatchWait)

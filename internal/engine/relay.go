@@ -2,12 +2,14 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
 
 	"github.com/kfn-dev/kfn/internal/connect"
+	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime/lease"
 )
@@ -30,10 +32,20 @@ func emittedSubjects(fns []Function) []string {
 // extendEventStream makes the event stream capture subjects, creating it if
 // needed, and returns every subject it captures.
 func (w *worker) extendEventStream(ctx context.Context, subjects []string) ([]string, error) {
-	all, err := outbox.ExtendStream(ctx, w.js, w.cfg.EventStream, subjects,
-		outbox.StreamLimits{Duplicates: w.cfg.EventDedup, MaxAge: w.cfg.EventRetention})
+	var all []string
+	var err error
+	if w.cfg.NATSProvisioned {
+		all, err = outbox.ProvisionedStream(ctx, w.js, w.cfg.EventStream, subjects, w.cfg.NATSReplicas)
+		var mismatch *outbox.StreamMismatchError
+		if errors.As(err, &mismatch) {
+			err = fmt.Errorf("%w (with --%s, add it with `kfn migrate --nats --subjects …`)", err, settings.NATSProvisioned.Flag)
+		}
+	} else {
+		all, err = outbox.ExtendStream(ctx, w.js, w.cfg.EventStream, subjects,
+			outbox.StreamLimits{Duplicates: w.cfg.EventDedup, MaxAge: w.cfg.EventRetention, Replicas: w.cfg.NATSReplicas})
+	}
 	if err != nil {
-		return nil, fmt.Errorf("event stream %s in NATS at %s: %w", w.cfg.EventStream, connect.Redact(w.cfg.NATSURL), err)
+		return nil, fmt.Errorf("event stream %s in NATS at %s: %w", w.cfg.EventStream, connect.Redact(w.cfg.NATSURL), w.explainNATSState(err))
 	}
 	return all, nil
 }
@@ -45,13 +57,13 @@ func (w *worker) newRelay(ctx context.Context, subjects []string) (*outbox.Relay
 	if err != nil {
 		return nil, err
 	}
-	shards, err := lease.NewManager(w.js, w.leaseConfig(relayLeaseGroup(w.installation), w.cfg.Logger.With("component", "outbox-relay")))
+	shards, err := lease.NewManager(ctx, w.js, w.leaseConfig(relayLeaseGroup(w.installation), w.cfg.Logger.With("component", "outbox-relay")))
 	if err != nil {
-		return nil, fmt.Errorf("relay shard leases: %w", err)
+		return nil, fmt.Errorf("relay shard leases: %w", w.explainNATSState(err))
 	}
 	return outbox.NewRelay(outbox.RelayConfig{
 		Pool: w.pool, JetStream: w.js, Stream: w.cfg.EventStream, Subjects: streamSubjects,
-		Duplicates: w.cfg.EventDedup, MaxAge: w.cfg.EventRetention, Logger: w.cfg.Logger,
+		Duplicates: w.cfg.EventDedup, MaxAge: w.cfg.EventRetention, Replicas: w.cfg.NATSReplicas, Logger: w.cfg.Logger,
 		Scheduler: LeasedShards(shards, w.cfg.Logger.With("component", "outbox-relay")),
 	})
 }

@@ -132,7 +132,7 @@ func (w *worker) connect(ctx context.Context) error {
 	w.leases = map[string]*lease.Manager{}
 	for _, fn := range w.fns {
 		var err error
-		if w.leases[fn.Name], err = w.newPartitionLeases(fn); err != nil {
+		if w.leases[fn.Name], err = w.newPartitionLeases(ctx, fn); err != nil {
 			return err
 		}
 	}
@@ -208,8 +208,7 @@ func (w *worker) connectPostgres(ctx context.Context) error {
 // opens JetStream.
 func (w *worker) connectNATS() error {
 	var err error
-	w.nc, w.js, err = connect.NATSWith(w.cfg.NATSURL, "kfn "+w.cfg.WorkerID,
-		connect.NATSAuth{Creds: w.cfg.NATSCreds, TokenFile: w.cfg.NATSTokenFile})
+	w.nc, w.js, err = connect.NATSWith(w.cfg.NATSURL, "kfn "+w.cfg.WorkerID, w.cfg.NATSSecurity)
 	return err
 }
 

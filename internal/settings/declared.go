@@ -31,6 +31,7 @@ const (
 	DefaultEventDedup     = outbox.DefaultDuplicates
 	DefaultEventRetention = outbox.DefaultStreamMaxAge
 	DefaultInboxRetention = 7 * 24 * time.Hour
+	DefaultNATSReplicas   = 1
 
 	DefaultDeadLetterRetention = 30 * 24 * time.Hour
 )
@@ -56,6 +57,30 @@ var (
 	NATSTokenFile = Setting[string]{
 		Flag: "nats-token-file", Env: "KFN_NATS_TOKEN_FILE",
 		Usage: "file holding the NATS token, read once at start",
+	}
+	NATSNKey = Setting[string]{
+		Flag: "nats-nkey", Env: "KFN_NATS_NKEY",
+		Usage: "file holding a NATS user NKey seed (SU…), for a server that lists the user's public key",
+	}
+	NATSCA = Setting[string]{
+		Flag: "nats-ca", Env: "KFN_NATS_CA",
+		Usage: "PEM file of the CA certificates that sign the NATS servers' certificates (connects over TLS)",
+	}
+	NATSCert = Setting[string]{
+		Flag: "nats-cert", Env: "KFN_NATS_CERT",
+		Usage: "PEM file of the client certificate for NATS (mutual TLS; needs --nats-key)",
+	}
+	NATSKey = Setting[string]{
+		Flag: "nats-key", Env: "KFN_NATS_KEY",
+		Usage: "PEM file of the private key of --nats-cert",
+	}
+	NATSReplicas = Setting[int]{
+		Flag: "nats-replicas", Env: "KFN_NATS_REPLICAS", Default: DefaultNATSReplicas,
+		Usage: "replicas of the JetStream state kfn creates (lease bucket, event stream); 3 in production, on a NATS cluster of 3 or more", Check: between(1, 5),
+	}
+	NATSProvisioned = Setting[bool]{
+		Flag: "nats-provisioned", Env: "KFN_NATS_PROVISIONED",
+		Usage: "never create or change the lease bucket and the event stream: kfn migrate --nats made them (the NATS user then needs no JetStream admin rights)",
 	}
 	KafkaBrokers = Setting[[]string]{
 		Flag: "kafka-brokers", Env: "KFN_KAFKA_BROKERS",

@@ -23,7 +23,10 @@
 //	func TestMain(m *testing.M) { kfntest.Main(m) }
 //
 // Fault tests run real processes with BuildBinary and StartProcess (SIGTERM,
-// SIGKILL, SIGSTOP/SIGCONT) and a separate nats-server with NATSProcess. On
+// SIGKILL, SIGSTOP/SIGCONT), a separate nats-server with NATSProcess, or a
+// cluster of them with clustered JetStream (NATSClusterProcesses).
+// StartSecureNATS runs a nats-server as production does: TLS with a CA the
+// test makes, and operator/account/user JWTs (its User writes .creds). On
 // Linux every child process dies with the test binary, even when
 // `go test -timeout` kills it.
 package kfntest

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -30,9 +31,14 @@ type NATSServer struct {
 	// StoreDir is the JetStream store directory.
 	StoreDir string
 
+	// Name is the server's name (-n): "kfntest", or "kfntest-N" in a
+	// cluster, as JetStream's cluster info reports leaders.
+	Name string
+
 	t    testing.TB
 	bin  string
 	port int
+	args []string // more arguments: the cluster's
 	mu   sync.Mutex
 	proc *Process
 }
@@ -42,27 +48,83 @@ type NATSServer struct {
 // ends.
 func NATSProcess(t testing.TB) *NATSServer {
 	t.Helper()
-	bin := BuildBinary(t, natsServerPkg)
-	port, err := devstack.FreePort()
-	if err != nil {
-		t.Fatalf("kfntest: %v", err)
-	}
-	s := &NATSServer{
-		URL:      "nats://127.0.0.1:" + strconv.Itoa(port),
-		StoreDir: t.TempDir(),
-		t:        t,
-		bin:      bin,
-		port:     port,
-	}
+	s := newNATSServer(t, "kfntest")
 	if err := s.Start(); err != nil {
 		t.Fatalf("kfntest: %v", err)
 	}
 	return s
 }
 
+func newNATSServer(t testing.TB, name string) *NATSServer {
+	t.Helper()
+	port, err := devstack.FreePort()
+	if err != nil {
+		t.Fatalf("kfntest: %v", err)
+	}
+	return &NATSServer{
+		URL:      "nats://127.0.0.1:" + strconv.Itoa(port),
+		StoreDir: t.TempDir(),
+		Name:     name,
+		t:        t,
+		bin:      BuildBinary(t, natsServerPkg),
+		port:     port,
+	}
+}
+
+// NATSClusterProcesses starts n nats-server processes (n ≥ 3 for a
+// JetStream quorum that survives one loss) routed into one cluster with
+// clustered JetStream, and waits until each one's JetStream answers. Each
+// can be killed and started again like a NATSProcess; JoinURLs gives the
+// URL list clients take.
+func NATSClusterProcesses(t testing.TB, n int) []*NATSServer {
+	t.Helper()
+	servers := make([]*NATSServer, n)
+	routes := make([]string, n)
+	clusterPorts := make([]int, n)
+	for i := range servers {
+		servers[i] = newNATSServer(t, "kfntest-"+strconv.Itoa(i+1))
+		port, err := devstack.FreePort()
+		if err != nil {
+			t.Fatalf("kfntest: %v", err)
+		}
+		clusterPorts[i] = port
+		routes[i] = "nats://127.0.0.1:" + strconv.Itoa(port)
+	}
+	for i, s := range servers {
+		s.args = []string{"--cluster_name", "kfntest", "--cluster", routes[i], "--routes", strings.Join(routes, ",")}
+		// A JetStream quorum needs the others: launch all, then wait.
+		if err := s.launch(); err != nil {
+			t.Fatalf("kfntest: %v", err)
+		}
+	}
+	for _, s := range servers {
+		if err := s.ready(); err != nil {
+			t.Fatalf("kfntest: %v", err)
+		}
+	}
+	return servers
+}
+
+// JoinURLs is the comma-separated URL list of servers, as --nats-url takes it.
+func JoinURLs(servers []*NATSServer) string {
+	urls := make([]string, len(servers))
+	for i, s := range servers {
+		urls[i] = s.URL
+	}
+	return strings.Join(urls, ",")
+}
+
 // Start starts the server (again) on the same port with the same store and
 // waits until it accepts clients and JetStream answers.
 func (s *NATSServer) Start() error {
+	if err := s.launch(); err != nil {
+		return err
+	}
+	return s.ready()
+}
+
+// launch starts the server process (again) without waiting for it.
+func (s *NATSServer) launch() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.proc != nil {
@@ -72,12 +134,19 @@ func (s *NATSServer) Start() error {
 			return fmt.Errorf("nats-server on %s is already running", s.URL)
 		}
 	}
-	cmd := exec.Command(s.bin, "-js", "-sd", s.StoreDir, "-a", "127.0.0.1", "-p", strconv.Itoa(s.port), "-n", "kfntest")
-	proc, err := startProcess(s.t, cmd)
+	args := append([]string{"-js", "-sd", s.StoreDir, "-a", "127.0.0.1", "-p", strconv.Itoa(s.port), "-n", s.Name}, s.args...)
+	proc, err := startProcess(s.t, exec.Command(s.bin, args...))
 	if err != nil {
 		return fmt.Errorf("start nats-server: %w", err)
 	}
 	s.proc = proc
+	return nil
+}
+
+// ready waits until the launched server accepts clients and JetStream
+// answers, and kills it if it does not within natsStartTimeout.
+func (s *NATSServer) ready() error {
+	proc := s.current()
 	ctx, cancel := context.WithTimeout(context.Background(), natsStartTimeout)
 	defer cancel()
 	if err := s.waitReady(ctx); err != nil {

@@ -71,6 +71,16 @@ type StoreConfig struct {
 	// TokenMargin is added to the floor when a bucket is created. Default
 	// DefaultTokenMargin.
 	TokenMargin uint64
+	// Replicas is the number of replicas of the bucket's stream when this
+	// Store creates it (3 on a NATS cluster survives the loss of a server).
+	// An existing bucket with another number is refused with a
+	// *ReplicasError, never changed. Default 1.
+	Replicas int
+	// NoCreate: the bucket was made beforehand (kfn: `kfn migrate --nats`)
+	// and this Store never creates it, not even again after it was lost: a
+	// missing bucket is an error wrapping jetstream.ErrBucketNotFound. For
+	// NATS users without the right to create streams.
+	NoCreate bool
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -90,6 +100,9 @@ func (c StoreConfig) WithDefaults() StoreConfig {
 	if c.TokenMargin == 0 {
 		c.TokenMargin = DefaultTokenMargin
 	}
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
 	return c
 }
 
@@ -102,6 +115,9 @@ func (c StoreConfig) validate() error {
 	}
 	if c.SafetyMargin <= 0 || c.SafetyMargin >= c.TTL {
 		return fmt.Errorf("lease config: SafetyMargin %v must be > 0 and < TTL (%v)", c.SafetyMargin, c.TTL)
+	}
+	if c.Replicas < 1 || c.Replicas > 5 {
+		return fmt.Errorf("lease config: Replicas %d must be between 1 and 5", c.Replicas)
 	}
 	return nil
 }
@@ -137,6 +153,9 @@ type Config struct {
 	// bucket first creates it again.
 	TokenFloor  func(ctx context.Context) (uint64, error)
 	TokenMargin uint64
+	// Replicas and NoCreate; see StoreConfig.
+	Replicas int
+	NoCreate bool
 	// Healthy, if set, reports whether this member can do the work of its
 	// claims now (for kfn: whether it reaches Postgres); nil means always.
 	// It must be cheap and must not block: the Manager calls it every
@@ -154,7 +173,7 @@ type Config struct {
 // The bucket's settings take StoreConfig's defaults.
 func (c Config) WithDefaults() Config {
 	sc := c.storeConfig().WithDefaults()
-	c.Bucket, c.TTL, c.SafetyMargin, c.Logger, c.TokenMargin = sc.Bucket, sc.TTL, sc.SafetyMargin, sc.Logger, sc.TokenMargin
+	c.Bucket, c.TTL, c.SafetyMargin, c.Logger, c.TokenMargin, c.Replicas = sc.Bucket, sc.TTL, sc.SafetyMargin, sc.Logger, sc.TokenMargin, sc.Replicas
 	if c.MemberID == "" {
 		c.MemberID = defaultMemberID()
 	}
@@ -169,7 +188,7 @@ func (c Config) WithDefaults() Config {
 
 func (c Config) storeConfig() StoreConfig {
 	return StoreConfig{Bucket: c.Bucket, TTL: c.TTL, SafetyMargin: c.SafetyMargin, Logger: c.Logger,
-		TokenFloor: c.TokenFloor, TokenMargin: c.TokenMargin}
+		TokenFloor: c.TokenFloor, TokenMargin: c.TokenMargin, Replicas: c.Replicas, NoCreate: c.NoCreate}
 }
 
 func (c Config) validate() error {

@@ -203,7 +203,18 @@
 //     hand, and lanes resume about one TTL after the loss (measured with a
 //     2 s TTL: 2.3–2.5 s from the delete to each lane's first commit). The
 //     replay and status tools read revisions, which carry the base, so they
-//     need no base of their own.
+//     need no base of their own. A Store with NoCreate (a bucket made
+//     beforehand, for users without the right to create streams) never
+//     creates it again: its holders stop as above and the lanes wait until
+//     the bucket is made again (kfn: `kfn migrate --nats`, which takes the
+//     same floor).
+//   - Leader of a replicated bucket lost (Replicas 3 on a NATS cluster, the
+//     server leading the bucket's stream killed). The other replicas elect
+//     a new leader after nats-server's election timeout (4–9 s); writes fail
+//     until then, so holders stop at TTL − SafetyMargin as with NATS down,
+//     and acquire again, with larger tokens, once the bucket answers. The
+//     bucket and its revisions survive, so nothing else changes (measured
+//     with a 2 s TTL: lanes stood still 4.3–7.0 s over 7 runs).
 //   - Member unhealthy (Config.Healthy; for kfn a worker that cannot reach
 //     Postgres). It steps out as described in "Health": its items move
 //     within about RenewEvery/4 of the hook reporting an error (measured

@@ -37,7 +37,7 @@ func ExampleManager() {
 		return
 	}
 
-	m, err := lease.NewManager(js, lease.Config{
+	m, err := lease.NewManager(context.Background(), js, lease.Config{
 		Group:    "orders-fn/orders",
 		MemberID: "worker-1",
 		Logger:   slog.New(slog.DiscardHandler),

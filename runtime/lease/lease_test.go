@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 func TestAcquireRenewRelease(t *testing.T) {
@@ -256,6 +258,33 @@ func TestOpenStoreRefusesABucketWithAnotherTTL(t *testing.T) {
 	_, err := OpenStore(ctx, b.js, cfg)
 	if err == nil || !strings.Contains(err.Error(), "TTL") {
 		t.Fatalf("open with another TTL: err = %v; want an error about TTL", err)
+	}
+}
+
+// A bucket with other replicas than configured is refused, not changed; a
+// Store that may not create its bucket says it is missing.
+func TestOpenStoreRefusesOtherReplicasAndNoCreateCreatesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := testContext(t)
+	cfg := b.store.Config()
+	cfg.Replicas = 3
+	_, err := OpenStore(ctx, b.js, cfg)
+	var re *ReplicasError
+	if !errors.As(err, &re) || re.Have != 1 || re.Want != 3 || !strings.Contains(err.Error(), "kfn does not change an existing stream") {
+		t.Fatalf("open with 3 replicas a bucket of 1: err = %v; want a *ReplicasError 1 vs 3", err)
+	}
+	if st, err := b.store.kv.Status(ctx); err != nil || st.(*jetstream.KeyValueBucketStatus).StreamInfo().Config.Replicas != 1 {
+		t.Fatalf("the bucket's replicas changed: %v", err)
+	}
+	cfg = b.store.Config()
+	cfg.Bucket += "-missing"
+	cfg.NoCreate = true
+	if _, err := OpenStore(ctx, b.js, cfg); !errors.Is(err, jetstream.ErrBucketNotFound) {
+		t.Fatalf("open a missing bucket with NoCreate: err = %v; want bucket not found", err)
+	}
+	if _, err := b.js.KeyValue(ctx, cfg.Bucket); !errors.Is(err, jetstream.ErrBucketNotFound) {
+		t.Fatalf("NoCreate created the bucket: %v", err)
 	}
 }
 

@@ -43,13 +43,13 @@ type Manager struct {
 const openTimeout = 10 * time.Second
 
 // NewManager validates cfg (after WithDefaults) and creates or opens the
-// bucket.
-func NewManager(js jetstream.JetStream, cfg Config) (*Manager, error) {
+// bucket, within ctx and openTimeout (plus TTL).
+func NewManager(ctx context.Context, js jetstream.JetStream, cfg Config) (*Manager, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), openTimeout+cfg.TTL)
+	ctx, cancel := context.WithTimeout(ctx, openTimeout+cfg.TTL)
 	defer cancel()
 	store, err := OpenStore(ctx, js, cfg.storeConfig())
 	if err != nil {

@@ -78,7 +78,7 @@ func (s *Store) Config() StoreConfig { return s.cfg }
 // how a lost bucket is created again.
 func (s *Store) openBucket(ctx context.Context) (jetstream.KeyValue, error) {
 	kv, err := s.openExisting(ctx)
-	if !errors.Is(err, jetstream.ErrBucketNotFound) {
+	if !errors.Is(err, jetstream.ErrBucketNotFound) || s.cfg.NoCreate {
 		return kv, err
 	}
 	return s.createBucket(ctx)
@@ -100,8 +100,24 @@ func (s *Store) openExisting(ctx context.Context) (jetstream.KeyValue, error) {
 		return nil, fmt.Errorf("lease bucket %s has TTL %v but TTL is configured as %v: every member of a bucket must use the same TTL (use another Bucket, or delete the bucket when no worker runs)",
 			s.cfg.Bucket, st.TTL(), s.cfg.TTL)
 	}
+	if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok && bs.StreamInfo() != nil && bs.StreamInfo().Config.Replicas != s.cfg.Replicas {
+		return nil, &ReplicasError{Stream: bs.StreamInfo().Config.Name, Have: bs.StreamInfo().Config.Replicas, Want: s.cfg.Replicas}
+	}
 	s.noteBucket(st)
 	return kv, nil
+}
+
+// ReplicasError is an existing stream (a lease bucket's, or kfn's event
+// stream) with another number of replicas than configured. kfn never
+// changes it: scaling a stream is an operator's decision.
+type ReplicasError struct {
+	Stream     string
+	Have, Want int
+}
+
+func (e *ReplicasError) Error() string {
+	return fmt.Sprintf("stream %s has %d replicas, not the %d configured: kfn does not change an existing stream; configure %d, or change the stream (nats stream edit %s --replicas %d)",
+		e.Stream, e.Have, e.Want, e.Have, e.Stream, e.Want)
 }
 
 // createBucket creates the bucket with its revisions starting above every
@@ -160,7 +176,7 @@ func (s *Store) createBucket(ctx context.Context) (jetstream.KeyValue, error) {
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 		// Another member created it first (or it exists with another
 		// configuration): use it if its TTL is ours.
-		return s.openExisting(ctx)
+		return s.openCreated(ctx)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("create lease bucket %s: %w", s.cfg.Bucket, err)
@@ -171,8 +187,31 @@ func (s *Store) createBucket(ctx context.Context) (jetstream.KeyValue, error) {
 		// whose holders may still be inside their validity.
 		s.startQuiet()
 	}
-	return s.openExisting(ctx)
+	return s.openCreated(ctx)
 }
+
+// openCreated opens a bucket that was just created, by this Store or
+// another. On a NATS cluster the server that answers may not know a
+// stream created a moment ago through another (seen: "bucket not found"
+// right after the create), so that answer is taken again for a while.
+func (s *Store) openCreated(ctx context.Context) (jetstream.KeyValue, error) {
+	deadline := time.Now().Add(openCreatedWait)
+	for {
+		kv, err := s.openExisting(ctx)
+		if !errors.Is(err, jetstream.ErrBucketNotFound) || time.Now().After(deadline) {
+			return kv, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("open lease bucket %s just created: %w", s.cfg.Bucket, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// openCreatedWait bounds how long openCreated waits for a new bucket to
+// be known.
+const openCreatedWait = 5 * time.Second
 
 // tokenFloor asks the TokenFloor hook, if any.
 func (s *Store) tokenFloor(ctx context.Context) (uint64, error) {
@@ -233,7 +272,7 @@ func (s *Store) streamConfig(markers bool) jetstream.StreamConfig {
 		MaxMsgSize:        -1,
 		MaxConsumers:      -1,
 		Storage:           jetstream.FileStorage,
-		Replicas:          1,
+		Replicas:          s.cfg.Replicas,
 		Discard:           jetstream.DiscardNew,
 		AllowRollup:       true, // purges of a key roll it up
 		DenyDelete:        true, // keys are deleted with markers, not by sequence

@@ -114,7 +114,7 @@ func runMember(t *testing.T, m *Manager, items *itemList, tr *tracker) (stop fun
 
 func newManager(t *testing.T, js jetstream.JetStream, cfg Config) *Manager {
 	t.Helper()
-	m, err := NewManager(js, cfg)
+	m, err := NewManager(context.Background(), js, cfg)
 	if err != nil {
 		t.Fatalf("new manager %s: %v", cfg.MemberID, err)
 	}

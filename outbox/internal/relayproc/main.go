@@ -90,7 +90,7 @@ func run() error {
 		Logger:    log,
 	}
 	if group := os.Getenv("KFN_LEASE_GROUP"); group != "" {
-		mgr, err := lease.NewManager(js, lease.Config{
+		mgr, err := lease.NewManager(ctx, js, lease.Config{
 			Group:    group,
 			MemberID: os.Getenv("KFN_MEMBER"),
 			Logger:   log,
