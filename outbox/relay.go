@@ -110,11 +110,11 @@ func (r *Relay) Run(ctx context.Context) error {
 // runScheduled works the shards the scheduler hands out.
 func (r *Relay) runScheduled(ctx context.Context) error {
 	work := func(ctx context.Context, shard int) {
-		r.log.Info("relaying shard", "shard", shard)
+		r.log.Debug("relaying shard", "shard", shard)
 		if err := r.RunShard(ctx, shard); err != nil {
 			r.log.Error("relay shard stopped", "shard", shard, "err", err)
 		}
-		r.log.Info("stopped relaying shard", "shard", shard)
+		r.log.Debug("stopped relaying shard", "shard", shard)
 	}
 	if err := r.cfg.Scheduler.Run(ctx, work); err != nil {
 		return fmt.Errorf("relay shard scheduler: %w", err)

@@ -70,12 +70,15 @@ func (pr *partitionRun) run(ctx context.Context) error {
 	if err := retryInfra(ctx, pr.log, "claim partition", pr.claim); err != nil {
 		return err
 	}
-	pr.log.Info("partition claimed", "next_offset", pr.cursor.next)
+	pr.log.Debug("partition claimed", "next_offset", pr.cursor.next)
 	reader, err := pr.w.kafka.reader(pr.part.Topic, pr.part.Partition, pr.cursor.next, 2*pr.w.cfg.BatchSize)
 	if err != nil {
 		return err
 	}
-	defer func() { reader.Close() }()
+	// Closing a reader waits for its fetch in flight (up to its MaxWait);
+	// the lease is not held for that: the reader touches nothing the next
+	// owner uses. Run waits for the close.
+	defer func() { pr.w.readersClosing.Go(func() { reader.Close() }) }()
 	// The next batch is read while the current one commits: a prefetch
 	// runs in its own goroutine, one at a time, on the lane's reader.
 	prefetchCtx, stopPrefetch := context.WithCancel(ctx)

@@ -81,7 +81,7 @@ func (sr *subjectRun) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	sr.log.Info("subject lane claimed", "next_seq", sr.start)
+	sr.log.Debug("subject lane claimed", "next_seq", sr.start)
 	msgs, err := cons.Messages(jetstream.PullMaxMessages(2 * sr.w.cfg.BatchSize))
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", sr.fn.Subject, err)

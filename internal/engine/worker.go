@@ -49,6 +49,8 @@ type worker struct {
 	// retries are the running lanes, woken for dead letters marked for
 	// retry (retry.go).
 	retries *retryLanes
+	// readersClosing are the Kafka readers of lanes that have returned.
+	readersClosing sync.WaitGroup
 
 	// terminateDenied logs, once, that this worker's role may not end an
 	// older owner's session (claimBlocked).
@@ -248,6 +250,7 @@ func (wk *Worker) RelayStats() (outbox.RelayStats, bool) {
 func (wk *Worker) Run(ctx context.Context) error {
 	w := wk.w
 	defer w.close()
+	defer w.readersClosing.Wait()
 	defer w.runHealth(ctx)()
 	if w.offsets != nil {
 		// Stopped after the lanes, so the last commits are mirrored too.
