@@ -10,11 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fn=${1:-orders}
-export CONTAINERS_CONF=${CONTAINERS_CONF:-$(mktemp)}
-if [ ! -s "$CONTAINERS_CONF" ]; then
-  # crun fails on this kind of machine's cgroup setup; runc with cgroupfs works.
-  printf '[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = "cgroupfs"\n' >"$CONTAINERS_CONF"
-fi
+export CONTAINERS_CONF=${CONTAINERS_CONF:-$PWD/deploy/containers.conf}
 export VERSION=${VERSION:-$(git describe --tags --always --dirty 2>/dev/null || echo 0.0.0-dev)}
 image="kfn-$fn:$VERSION"
 deploy/image.sh "./functions/$fn/cmd/$fn" "kfn-$fn"

@@ -5,10 +5,7 @@
 # table. CI runs this after the container smoke test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export CONTAINERS_CONF=${CONTAINERS_CONF:-$(mktemp)}
-if [ ! -s "$CONTAINERS_CONF" ]; then
-  printf '[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = "cgroupfs"\n' >"$CONTAINERS_CONF"
-fi
+export CONTAINERS_CONF=${CONTAINERS_CONF:-$PWD/deploy/containers.conf}
 work=$(mktemp -d)
 container=kfn-e2e-payments-$$
 dev_pid=

@@ -1,6 +1,7 @@
-// Package inbox owns the bookkeeping that makes a Kafka-sourced function
-// exactly-once in Postgres: the partition cursors with their fencing epochs,
-// the inbox of handled records, the dead letters, replays and retention.
+// Package inbox owns the bookkeeping that makes a function exactly-once in
+// Postgres: the partition cursors with their fencing epochs, the lane
+// counts of NATS-triggered functions, the inboxes of handled records and
+// events, the dead letters, replays and retention.
 //
 // Every write that moves a cursor checks the caller's fencing token, so a
 // worker that lost its partition (a zombie) cannot commit anything.
@@ -155,16 +156,71 @@ func Advance(ctx context.Context, tx pgx.Tx, p Partition, token, from, to int64)
 		return fmt.Errorf("advance cursor of %s to %d: %w", p, to, err)
 	}
 	if tag.RowsAffected() == 0 {
-		stored, err := ReadCursor(ctx, tx, p)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("advance cursor of %s to %d: it did not move; reading it: %w", p, to, err)
-		}
-		if err == nil && stored.Epoch == token {
-			return &CursorMovedError{Partition: p, Token: token, From: from, Cursor: stored}
-		}
-		return &FencedError{Partition: p, Token: token, Epoch: stored.Epoch}
+		return advanceRefused(ctx, tx, p, token, from, to)
 	}
 	return nil
+}
+
+// advanceRefused says why the cursor did not move from `from` to `to`
+// under token: a *FencedError or a *CursorMovedError.
+func advanceRefused(ctx context.Context, tx pgx.Tx, p Partition, token, from, to int64) error {
+	stored, err := ReadCursor(ctx, tx, p)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("advance cursor of %s to %d: it did not move; reading it: %w", p, to, err)
+	}
+	if err == nil && stored.Epoch == token {
+		return &CursorMovedError{Partition: p, Token: token, From: from, Cursor: stored}
+	}
+	return &FencedError{Partition: p, Token: token, Epoch: stored.Epoch}
+}
+
+// fenceAndClaimSQL is advanceSQL and claimSQL in one statement: the inbox
+// rows are inserted only if the fenced cursor update changed its row.
+const fenceAndClaimSQL = `
+WITH fence AS (
+  UPDATE kfn.cursors
+     SET next_offset = $6, high_water = greatest(high_water, $6), updated_at = now()
+   WHERE consumer = $1 AND topic = $2 AND partition = $3 AND epoch = $4 AND next_offset = $5
+  RETURNING 1
+), claim AS (
+  INSERT INTO kfn.inbox (consumer, topic, partition, "offset", epoch, outcome)
+  SELECT $1, $2, $3, o, $4, 'applied' FROM unnest($7::bigint[]) AS o
+   WHERE EXISTS (SELECT FROM fence)
+  ON CONFLICT DO NOTHING
+  RETURNING "offset"
+)
+SELECT (SELECT count(*) FROM fence), coalesce((SELECT array_agg("offset" ORDER BY "offset") FROM claim), '{}')`
+
+// QueueFenceAndClaim queues on b, for a transaction b begins
+// (pgx.Batch.BeginTx), Advance (from `from` to `to` under token) and Claim
+// (of offsets, as applied) as one statement, so that beginning the
+// transaction, fencing and claiming take one round trip. Once b has been
+// sent and closed, the returned function, given b's transaction, returns
+// the offsets that were not in the inbox yet, in ascending order, or
+// Advance's errors; when the cursor did not move nothing was claimed.
+func QueueFenceAndClaim(b *pgx.Batch, p Partition, token, from, to int64, offsets []int64) func(context.Context, pgx.Tx) ([]int64, error) {
+	if offsets == nil {
+		offsets = []int64{}
+	}
+	var moved int64
+	var fresh []int64
+	scanned := false
+	b.Queue(fenceAndClaimSQL, p.Consumer, p.Topic, p.Partition, token, from, to, offsets).QueryRow(func(row pgx.Row) error {
+		if err := row.Scan(&moved, &fresh); err != nil {
+			return fmt.Errorf("advance cursor of %s to %d and claim its inbox: %w", p, to, err)
+		}
+		scanned = true
+		return nil
+	})
+	return func(ctx context.Context, tx pgx.Tx) ([]int64, error) {
+		switch {
+		case !scanned:
+			return nil, fmt.Errorf("advance cursor of %s to %d and claim its inbox: the statement did not run", p, to)
+		case moved == 0:
+			return nil, advanceRefused(ctx, tx, p, token, from, to)
+		}
+		return fresh, nil
+	}
 }
 
 // CursorMovedError means the cursor is not where the caller moved it from,
@@ -219,13 +275,25 @@ func TakeOver(ctx context.Context, db interface {
 	Begin(context.Context) (pgx.Tx, error)
 	Querier
 }, p Partition, token int64, owner string, startOffset int64, wait time.Duration) (Cursor, error) {
+	return takeOver(ctx, db, p, token, wait, func(tx pgx.Tx) (Cursor, error) {
+		return ClaimPartition(ctx, tx, p, token, owner, startOffset)
+	})
+}
+
+// takeOver runs claim in a transaction whose lock waits end after wait,
+// and ends the session of an older owner that held p's cursor row locked
+// that long (see TakeOver).
+func takeOver(ctx context.Context, db interface {
+	Begin(context.Context) (pgx.Tx, error)
+	Querier
+}, p Partition, token int64, wait time.Duration, claim func(pgx.Tx) (Cursor, error)) (Cursor, error) {
 	var c Cursor
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", wait.Milliseconds())); err != nil {
 			return err
 		}
 		var err error
-		c, err = ClaimPartition(ctx, tx, p, token, owner, startOffset)
+		c, err = claim(tx)
 		return err
 	})
 	var pgErr *pgconn.PgError

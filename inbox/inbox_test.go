@@ -127,6 +127,54 @@ func TestAdvanceIsFencedByTokenAndCursor(t *testing.T) {
 	}
 }
 
+// QueueFenceAndClaim is Advance and Claim in one statement: it claims only the
+// fresh offsets, and claims nothing when the fence refuses (a stale token,
+// or a cursor that is not where the caller moves it from).
+func TestQueueFenceAndClaimClaimsOnlyBehindTheFence(t *testing.T) {
+	db := kfntest.Postgres(t)
+	ctx := context.Background()
+	if _, err := inbox.ClaimPartition(ctx, db.Pool, part, 5, "old", 0); err != nil {
+		t.Fatal(err)
+	}
+	claim := func(token, from, to int64, offsets ...int64) (fresh []int64, err error) {
+		err = inTx(t, db, func(tx pgx.Tx) (err error) {
+			b := &pgx.Batch{}
+			result := inbox.QueueFenceAndClaim(b, part, token, from, to, offsets)
+			if err := tx.SendBatch(ctx, b).Close(); err != nil {
+				return err
+			}
+			fresh, err = result(ctx, tx)
+			return err
+		})
+		return fresh, err
+	}
+	if fresh, err := claim(5, 0, 3, 0, 1, 2); err != nil || len(fresh) != 3 {
+		t.Fatalf("owner's first batch: fresh %v, %v; want [0 1 2]", fresh, err)
+	}
+	// Offset 2 is claimed already (say a replay moved the cursor back).
+	if _, err := inbox.ClaimPartition(ctx, db.Pool, part, 6, "new", 0); err != nil {
+		t.Fatal(err)
+	}
+	if fresh, err := claim(6, 3, 5, 2, 3, 4); err != nil || len(fresh) != 2 || fresh[0] != 3 || fresh[1] != 4 {
+		t.Errorf("batch with a handled offset: fresh %v, %v; want [3 4]", fresh, err)
+	}
+	if _, err := claim(5, 5, 7, 5, 6); !errors.Is(err, inbox.ErrFenced) {
+		t.Errorf("old owner after takeover: err = %v, want fenced", err)
+	}
+	var moved *inbox.CursorMovedError
+	if _, err := claim(6, 3, 7, 5, 6); errors.Is(err, inbox.ErrFenced) || !errors.As(err, &moved) || moved.Cursor.NextOffset != 5 {
+		t.Errorf("same token, cursor elsewhere: err = %v, want a CursorMovedError at 5", err)
+	}
+	var claimed int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM kfn.inbox WHERE consumer = $1`, part.Consumer).Scan(&claimed); err != nil || claimed != 5 {
+		t.Errorf("%d inbox rows (%v); want 5: refused batches claim nothing", claimed, err)
+	}
+	cur, err := inbox.ReadCursor(ctx, db.Pool, part)
+	if err != nil || cur.NextOffset != 5 || cur.HighWater != 5 {
+		t.Errorf("cursor = %+v, %v; want 5", cur, err)
+	}
+}
+
 func TestClaimReturnsOnlyFreshOffsets(t *testing.T) {
 	db := kfntest.Postgres(t)
 	ctx := context.Background()

@@ -290,7 +290,8 @@ SELECT partition, next_offset, high_water, generation, epoch, owner FROM kfn.cur
 // inbox and its JetStream consumer, not by an offset.
 func refuseSubjectLane(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, function, topic string) error {
 	var handledEvents bool
-	err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM kfn.event_inbox WHERE consumer = $1)`, function).Scan(&handledEvents)
+	err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM kfn.event_inbox WHERE consumer = $1)
+	    OR EXISTS (SELECT 1 FROM kfn.subject_lanes WHERE consumer = $1 AND subject = $2)`, function, topic).Scan(&handledEvents)
 	if err != nil {
 		return fmt.Errorf("read the event inbox of %s: %w", function, err)
 	}

@@ -21,12 +21,12 @@ import (
 // Lane kinds of PartitionStatus.Kind.
 const (
 	KindKafka   = "kafka" // a partition of a Kafka topic
-	KindSubject = "nats"  // the single lane of a NATS-triggered function (its Subject)
+	KindSubject = "nats"  // a lane of a NATS-triggered function (its Subject)
 )
 
 // PartitionStatus is what `kfn status` shows for one lane of one function:
-// a Kafka partition, or the lane of a NATS-triggered function, whose cursor
-// row has the subject as its topic and partition 0.
+// a Kafka partition, or a lane of a NATS-triggered function, whose cursor
+// row has the subject as its topic and the lane as its partition.
 type PartitionStatus struct {
 	Function      string    `json:"function"`
 	Kind          string    `json:"kind"`  // KindKafka or KindSubject
@@ -43,8 +43,11 @@ type PartitionStatus struct {
 	Lag           int64     `json:"lag"`                  // -1 when unknown; NATS: events not delivered yet plus delivered and not acked
 	LastCommit    time.Time `json:"last_commit"`
 	LastCommitAge string    `json:"last_commit_age"`
-	// The durable JetStream consumer of a NATS lane (named after the
-	// function), when NATS could be asked.
+	// Lanes is how many lanes a NATS-triggered function's subject is
+	// spread over (0 for a Kafka partition).
+	Lanes int `json:"lanes,omitempty"`
+	// The durable JetStream consumer of a NATS lane (engine.LaneConsumer),
+	// when NATS could be asked.
 	Stream     string `json:"stream,omitempty"`
 	Pending    *int64 `json:"pending,omitempty"`     // events matching the subject not delivered yet
 	AckPending *int64 `json:"ack_pending,omitempty"` // events delivered and not acked yet
@@ -109,7 +112,8 @@ func (r *StatusReader) Read(ctx context.Context, function string) ([]PartitionSt
 	}
 	rows, err := r.pool.Query(ctx, `
 SELECT c.consumer, c.topic, c.partition, c.owner, c.epoch, c.next_offset, c.high_water, c.generation, c.updated_at,
-       EXISTS (SELECT 1 FROM kfn.event_inbox e WHERE e.consumer = c.consumer)
+       EXISTS (SELECT 1 FROM kfn.event_inbox e WHERE e.consumer = c.consumer),
+       coalesce((SELECT l.lanes FROM kfn.subject_lanes l WHERE l.consumer = c.consumer AND l.subject = c.topic), 0)
   FROM kfn.cursors c WHERE c.consumer = $1 OR $1 = '' ORDER BY c.consumer, c.topic, c.partition`, function)
 	if err != nil {
 		return nil, fmt.Errorf("read cursors: %w", err)
@@ -117,9 +121,9 @@ SELECT c.consumer, c.topic, c.partition, c.owner, c.epoch, c.next_offset, c.high
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (PartitionStatus, error) {
 		var s PartitionStatus
 		var handledEvents bool
-		err := row.Scan(&s.Function, &s.Topic, &s.Partition, &s.Owner, &s.Epoch, &s.Cursor, &s.HighWater, &s.Generation, &s.LastCommit, &handledEvents)
+		err := row.Scan(&s.Function, &s.Topic, &s.Partition, &s.Owner, &s.Epoch, &s.Cursor, &s.HighWater, &s.Generation, &s.LastCommit, &handledEvents, &s.Lanes)
 		s.Kind = KindKafka
-		if handledEvents {
+		if handledEvents || s.Lanes > 0 {
 			s.Kind = KindSubject // a function consumes a topic or a subject, never both
 		}
 		s.KafkaHighMark, s.Lag = -1, -1
@@ -150,16 +154,17 @@ SELECT c.consumer, c.topic, c.partition, c.owner, c.epoch, c.next_offset, c.high
 func (r *StatusReader) readNATS(ctx context.Context, out []PartitionStatus) error {
 	for i := range out {
 		s := &out[i]
-		if s.Partition != 0 {
+		if s.Partition != 0 && s.Kind != KindSubject {
 			continue
 		}
-		lane, err := findSubjectLane(ctx, r.js, s.Function, s.Topic)
+		consumer := engine.LaneConsumer(s.Function, int(s.Partition), max(s.Lanes, 1))
+		lane, err := findSubjectLane(ctx, r.js, consumer, s.Topic)
 		if err != nil {
 			return fmt.Errorf("read JetStream consumers: %w", err)
 		}
 		if lane == nil {
 			if s.Kind == KindSubject {
-				s.Problem = fmt.Sprintf("no durable JetStream consumer %q filters %s", s.Function, s.Topic)
+				s.Problem = fmt.Sprintf("no durable JetStream consumer %q filters %s", consumer, s.Topic)
 			}
 			continue
 		}
@@ -240,11 +245,10 @@ type subjectLane struct {
 	*jetstream.ConsumerInfo
 }
 
-// findSubjectLane returns the consumer through which function reads
-// subject, or nil when there is none: the durable consumer named after the
-// function (see internal/engine/subject.go) on the stream that captures
-// the subject, filtering it.
-func findSubjectLane(ctx context.Context, js jetstream.JetStream, function, subject string) (*subjectLane, error) {
+// findSubjectLane returns the durable consumer named consumer (a lane's,
+// engine.LaneConsumer) on the stream that captures subject, or nil when
+// there is none or it does not filter subject.
+func findSubjectLane(ctx context.Context, js jetstream.JetStream, consumer, subject string) (*subjectLane, error) {
 	if js == nil {
 		return nil, nil
 	}
@@ -255,19 +259,19 @@ func findSubjectLane(ctx context.Context, js jetstream.JetStream, function, subj
 	if err != nil {
 		return nil, fmt.Errorf("find the stream of %s: %w", subject, err)
 	}
-	cons, err := js.Consumer(ctx, stream, function)
+	cons, err := js.Consumer(ctx, stream, consumer)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrInvalidConsumerName) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read consumer %s of stream %s: %w", function, stream, err)
+		return nil, fmt.Errorf("read consumer %s of stream %s: %w", consumer, stream, err)
 	}
 	info, err := cons.Info(ctx)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read consumer %s of stream %s: %w", function, stream, err)
+		return nil, fmt.Errorf("read consumer %s of stream %s: %w", consumer, stream, err)
 	}
 	if info.Config.FilterSubject != subject && !slices.Contains(info.Config.FilterSubjects, subject) {
 		return nil, nil

@@ -7,8 +7,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
-	"hash/fnv"
 	"strconv"
 	"time"
 
@@ -109,10 +109,28 @@ func EventID(consumer, sourceID string, index int) string {
 
 // ShardOf returns the relay shard of an event key: a hash of its bytes,
 // whatever they are.
-func ShardOf(key string) int {
-	h := fnv.New32a()
-	h.Write([]byte(key))
-	return int(h.Sum32() % Shards)
+func ShardOf(key string) int { return int(keyHash(key) % Shards) }
+
+// LaneOf returns which of lanes lanes of a NATS-triggered function handles
+// the events of key: the same 32-bit FNV-1a hash of the key's bytes as
+// ShardOf (and as kafka-go's Hash balancer), modulo lanes. It is stable
+// across processes and versions: lanes of one function must agree on it.
+func LaneOf(key []byte, lanes int) int {
+	if lanes <= 1 {
+		return 0
+	}
+	return int(keyHash(key) % uint32(lanes))
+}
+
+// keyHash is the 32-bit FNV-1a hash of a key's bytes.
+func keyHash[K string | []byte](key K) uint32 {
+	const offset, prime = 2166136261, 16777619
+	h := uint32(offset)
+	for i := 0; i < len(key); i++ {
+		h ^= uint32(key[i])
+		h *= prime
+	}
+	return h
 }
 
 // Row is one outbox row ready to be written.
@@ -143,45 +161,71 @@ func NewRow(origin Origin, index int, sourceKey string, ev Event) Row {
 	}
 }
 
-var insertColumns = []string{
-	"event_id", "subject", "event_type", "event_key", "shard", "data", "headers",
-	"source", "source_topic", "source_partition", "source_offset", "created_at",
-}
+const insertSQL = `
+INSERT INTO kfn.outbox (event_id, subject, event_type, event_key, shard, data, headers,
+                        source, source_topic, source_partition, source_offset, created_at)
+SELECT r.event_id, r.subject, r.event_type, r.event_key, r.shard, r.data, r.headers::jsonb,
+       r.source, r.source_topic, r.source_partition, r.source_offset, $12
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::int[], $6::bytea[], $7::text[],
+              $8::text[], $9::text[], $10::int[], $11::bigint[])
+       WITH ORDINALITY AS r(event_id, subject, event_type, event_key, shard, data, headers,
+                            source, source_topic, source_partition, source_offset, n)
+ ORDER BY r.n`
 
 // Insert writes rows into the outbox inside tx, in slice order (ids grow in
-// that order), with one COPY. A row whose event id already exists fails the
-// transaction: ids are deterministic, so that would mean a record was
-// applied twice.
+// that order), with one statement (QueueInsert) in one round trip. A row
+// whose event id already exists fails the transaction: ids are
+// deterministic, so that would mean a record was applied twice.
 func Insert(ctx context.Context, tx pgx.Tx, rows []Row) error {
 	if len(rows) == 0 {
 		return nil
 	}
-	now := time.Now()
-	_, err := tx.CopyFrom(ctx, pgx.Identifier{"kfn", "outbox"}, insertColumns,
-		pgx.CopyFromSlice(len(rows), func(i int) ([]any, error) {
-			r := rows[i]
-			headers := r.Event.Headers
-			if headers == nil {
-				headers = map[string]string{}
-			}
-			if _, own := headers[HeaderTraceParent]; !own && ValidTraceParent(r.Origin.TraceParent) {
-				headers = withHeader(headers, HeaderTraceParent, r.Origin.TraceParent)
-				if _, ownState := headers[HeaderTraceState]; !ownState && r.Origin.TraceState != "" && ValidTraceState(r.Origin.TraceState) {
-					headers = withHeader(headers, HeaderTraceState, r.Origin.TraceState)
-				}
-				if _, ownBaggage := headers[HeaderBaggage]; !ownBaggage && r.Origin.Baggage != "" && ValidHeaderValue(r.Origin.Baggage) {
-					headers = withHeader(headers, HeaderBaggage, r.Origin.Baggage)
-				}
-			}
-			return []any{
-				r.EventID, r.Event.Subject, r.Event.Type, []byte(r.Event.Key), r.Shard, r.Event.Data, headers,
-				r.Origin.Consumer, pgdata.Text(r.Origin.Topic), r.Origin.Partition, r.Origin.Offset, now,
-			}, nil
-		}))
-	if err != nil {
+	b := &pgx.Batch{}
+	QueueInsert(b, rows)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("insert %d outbox rows: %w", len(rows), err)
 	}
 	return nil
+}
+
+// QueueInsert queues on b the statement that writes rows into the outbox,
+// in slice order, as Insert does; nothing when rows is empty. A caller
+// pipelines it with its COMMIT: Postgres skips the COMMIT if the INSERT
+// fails.
+func QueueInsert(b *pgx.Batch, rows []Row) {
+	if len(rows) == 0 {
+		return
+	}
+	n := len(rows)
+	ids, subjects, types, sources, topics, headers := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	keys, data := make([][]byte, n), make([][]byte, n)
+	shards, partitions := make([]int32, n), make([]int32, n)
+	offsets := make([]int64, n)
+	for i, r := range rows {
+		h, _ := json.Marshal(r.headers()) // a map of strings always marshals
+		ids[i], subjects[i], types[i], keys[i], shards[i], data[i], headers[i] = r.EventID, r.Event.Subject, r.Event.Type, []byte(r.Event.Key), int32(r.Shard), r.Event.Data, string(h)
+		sources[i], topics[i], partitions[i], offsets[i] = r.Origin.Consumer, pgdata.Text(r.Origin.Topic), r.Origin.Partition, r.Origin.Offset
+	}
+	b.Queue(insertSQL, ids, subjects, types, keys, shards, data, headers, sources, topics, partitions, offsets, time.Now())
+}
+
+// headers are the row's message headers: the event's own, plus the source
+// record's trace context unless the event sets its own.
+func (r Row) headers() map[string]string {
+	headers := r.Event.Headers
+	if headers == nil {
+		headers = map[string]string{}
+	}
+	if _, own := headers[HeaderTraceParent]; !own && ValidTraceParent(r.Origin.TraceParent) {
+		headers = withHeader(headers, HeaderTraceParent, r.Origin.TraceParent)
+		if _, ownState := headers[HeaderTraceState]; !ownState && r.Origin.TraceState != "" && ValidTraceState(r.Origin.TraceState) {
+			headers = withHeader(headers, HeaderTraceState, r.Origin.TraceState)
+		}
+		if _, ownBaggage := headers[HeaderBaggage]; !ownBaggage && r.Origin.Baggage != "" && ValidHeaderValue(r.Origin.Baggage) {
+			headers = withHeader(headers, HeaderBaggage, r.Origin.Baggage)
+		}
+	}
+	return headers
 }
 
 func withHeader(h map[string]string, k, v string) map[string]string {

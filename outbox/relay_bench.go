@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,10 +27,14 @@ type RelayBenchConfig struct {
 	// Keys is how many event keys the backlog spreads over. Default 1000.
 	Keys int
 	// Rate and Duration shape the latency run: events committed per second,
-	// in transactions of TxSize events. Defaults 2000/s, 5s, 20.
-	Rate     int
-	Duration time.Duration
-	TxSize   int
+	// in transactions of TxSize events by Committers sessions, with the
+	// relay running. Defaults: 80% of the maximum rate (measured first: the
+	// same sessions committing as fast as they can for Duration, with the
+	// relay running), 5s, 50, 4.
+	Rate       int
+	Duration   time.Duration
+	TxSize     int
+	Committers int
 	// NaiveFor is how long the naive relay runs on the same backlog (it is
 	// too slow to finish it). Default 5s.
 	NaiveFor time.Duration
@@ -40,13 +45,20 @@ type RelayBenchConfig struct {
 
 // RelayBenchResult holds the figures of one RunRelayBenchmark.
 type RelayBenchResult struct {
-	Events             int
-	RelayElapsed       time.Duration
-	RelayPerSecond     float64 // relay throughput on the backlog
-	NaiveEvents        int
-	NaiveElapsed       time.Duration
-	NaivePerSecond     float64 // one synchronous publish and one DELETE per row
-	Ratio              float64 // RelayPerSecond / NaivePerSecond
+	Events         int
+	RelayElapsed   time.Duration
+	RelayPerSecond float64 // relay throughput on the backlog
+	NaiveEvents    int
+	NaiveElapsed   time.Duration
+	NaivePerSecond float64 // one synchronous publish and one DELETE per row
+	Ratio          float64 // RelayPerSecond / NaivePerSecond
+	// RelayCost is the cost per event of relaying the backlog; LatencyCost
+	// that of the latency run, which includes the committing sessions'
+	// client side.
+	RelayCost          EventCost
+	LatencyCost        EventCost
+	MaxRate            float64 // events/s committed and relayed when committing as fast as possible
+	LatencyRate        int     // the rate asked for
 	LatencyEvents      int
 	LatencyP50         time.Duration // commit → stream ack, at Rate
 	LatencyP99         time.Duration
@@ -56,13 +68,19 @@ type RelayBenchResult struct {
 
 func (r RelayBenchResult) String() string {
 	return fmt.Sprintf("relay: %d events in %v = %.0f events/s\n"+
+		"relay cost on the backlog: %s\n"+
 		"naive relay (sync publish + DELETE per row): %d events in %v = %.0f events/s\n"+
 		"ratio relay/naive: %.1fx\n"+
-		"commit→ack latency at %.0f events/s (%d events): p50 %v, p99 %v, max %v",
+		"max rate committing and relaying: %.0f events/s\n"+
+		"commit→ack latency at %.0f events/s (asked %d/s, %d events): p50 %v, p99 %v, max %v\n"+
+		"cost in the latency run (relay and committers): %s",
 		r.Events, r.RelayElapsed.Round(time.Millisecond), r.RelayPerSecond,
+		r.RelayCost,
 		r.NaiveEvents, r.NaiveElapsed.Round(time.Millisecond), r.NaivePerSecond,
 		r.Ratio,
-		r.LatencyRateReached, r.LatencyEvents, r.LatencyP50.Round(10*time.Microsecond), r.LatencyP99.Round(10*time.Microsecond), r.LatencyMax.Round(10*time.Microsecond))
+		r.MaxRate,
+		r.LatencyRateReached, r.LatencyRate, r.LatencyEvents, r.LatencyP50.Round(10*time.Microsecond), r.LatencyP99.Round(10*time.Microsecond), r.LatencyMax.Round(10*time.Microsecond),
+		r.LatencyCost)
 }
 
 func (c RelayBenchConfig) withDefaults() RelayBenchConfig {
@@ -72,14 +90,11 @@ func (c RelayBenchConfig) withDefaults() RelayBenchConfig {
 	if c.Keys == 0 {
 		c.Keys = 1000
 	}
-	if c.Rate == 0 {
-		c.Rate = 2000
-	}
 	if c.Duration == 0 {
 		c.Duration = 5 * time.Second
 	}
-	if c.TxSize == 0 {
-		c.TxSize = 20
+	if c.Committers == 0 {
+		c.Committers = 4
 	}
 	if c.NaiveFor == 0 {
 		c.NaiveFor = 5 * time.Second
@@ -91,7 +106,9 @@ func (c RelayBenchConfig) withDefaults() RelayBenchConfig {
 //   - the relay's throughput on a backlog of Events pre-inserted rows;
 //   - a naive relay (one synchronous publish and one DELETE per row) on the
 //     same backlog, and the ratio;
-//   - commit → stream ack latency (p50, p99) at a steady Rate.
+//   - commit → stream ack latency (p50, p99) at a steady Rate, by default
+//     80% of the relay's throughput on the backlog;
+//   - the cost per event (CPU, allocations, syscalls) of both relay runs.
 //
 // It uses streams of its own, deletes them afterwards, and leaves the outbox
 // empty.
@@ -116,11 +133,11 @@ func RunRelayBenchmark(ctx context.Context, cfg RelayBenchConfig) (RelayBenchRes
 	if err := bench.insert(ctx, rows, 1000); err != nil {
 		return res, err
 	}
-	elapsed, err := bench.relayBacklog(ctx, "THR", len(rows))
+	elapsed, cost, err := bench.relayBacklog(ctx, "THR", len(rows))
 	if err != nil {
 		return res, err
 	}
-	res.RelayElapsed, res.RelayPerSecond = elapsed, float64(len(rows))/elapsed.Seconds()
+	res.RelayElapsed, res.RelayPerSecond, res.RelayCost = elapsed, float64(len(rows))/elapsed.Seconds(), cost
 
 	// 2. The naive relay on the same backlog, for NaiveFor.
 	if err := bench.insert(ctx, rows, 1000); err != nil {
@@ -136,11 +153,24 @@ func RunRelayBenchmark(ctx context.Context, cfg RelayBenchConfig) (RelayBenchRes
 		return res, fmt.Errorf("relay benchmark: clear the naive relay's leftovers: %w", err)
 	}
 
-	// 3. Latency at a steady rate.
-	lat, rate, err := bench.latency(ctx, "LAT")
+	// 3. The maximum rate, then latency at 80% of it.
+	if bench.cfg.TxSize == 0 {
+		bench.cfg.TxSize = 50
+	}
+	if bench.cfg.Rate == 0 {
+		_, maxRate, _, err := bench.latency(ctx, "MAX", 0)
+		if err != nil {
+			return res, err
+		}
+		res.MaxRate = maxRate
+		bench.cfg.Rate = int(0.8 * maxRate)
+	}
+	res.LatencyRate = bench.cfg.Rate
+	lat, rate, cost, err := bench.latency(ctx, "LAT", bench.cfg.Rate)
 	if err != nil {
 		return res, err
 	}
+	res.LatencyCost = cost
 	res.LatencyEvents, res.LatencyRateReached = len(lat), rate
 	slices.Sort(lat)
 	if len(lat) > 0 {
@@ -155,7 +185,7 @@ type relayBench struct {
 	cfg     RelayBenchConfig
 	tag     string
 	streams []string
-	offset  int64
+	offset  atomic.Int64
 }
 
 func (b *relayBench) cleanup() {
@@ -185,9 +215,9 @@ func (b *relayBench) rows(kind string, n int) []Row {
 	payload := []byte(strings.Repeat("x", 100))
 	rows := make([]Row, n)
 	for i := range rows {
-		b.offset++
+		offset := b.offset.Add(1)
 		key := fmt.Sprintf("key-%d", i%b.cfg.Keys)
-		origin := Origin{Consumer: "bench", Topic: "bench", Offset: b.offset, SourceID: KafkaSourceID("bench-"+kind+b.tag, 0, b.offset)}
+		origin := Origin{Consumer: "bench", Topic: "bench", Offset: offset, SourceID: KafkaSourceID("bench-"+kind+b.tag, 0, offset)}
 		rows[i] = NewRow(origin, 0, key, Event{Subject: b.tag + ".SUBJECT.evt", Key: key, Data: payload})
 	}
 	return rows
@@ -218,24 +248,25 @@ func (b *relayBench) relayConfig(stream, subject string) RelayConfig {
 }
 
 // relayBacklog retargets the outbox rows to a fresh stream, runs the relay
-// until the outbox is empty and returns how long that took.
-func (b *relayBench) relayBacklog(ctx context.Context, name string, n int) (time.Duration, error) {
+// until the outbox is empty and returns how long that took and its cost.
+func (b *relayBench) relayBacklog(ctx context.Context, name string, n int) (time.Duration, EventCost, error) {
 	stream, subject, err := b.stream(ctx, name)
 	if err != nil {
-		return 0, err
+		return 0, EventCost{}, err
 	}
 	if _, err := b.cfg.Pool.Exec(ctx, "UPDATE kfn.outbox SET subject = $1", subject+".evt"); err != nil {
-		return 0, fmt.Errorf("relay benchmark: %w", err)
+		return 0, EventCost{}, fmt.Errorf("relay benchmark: %w", err)
 	}
 	if _, err := b.cfg.Pool.Exec(ctx, "VACUUM ANALYZE kfn.outbox"); err != nil {
-		return 0, fmt.Errorf("relay benchmark: %w", err)
+		return 0, EventCost{}, fmt.Errorf("relay benchmark: %w", err)
 	}
 	relay, err := NewRelay(b.relayConfig(stream, subject))
 	if err != nil {
-		return 0, err
+		return 0, EventCost{}, err
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
+	cost := readProcessCost()
 	start := time.Now()
 	wg.Add(1)
 	go func() {
@@ -247,14 +278,14 @@ func (b *relayBench) relayBacklog(ctx context.Context, name string, n int) (time
 		if relay.Stats().Published+relay.Stats().Duplicates >= uint64(n) {
 			var left int
 			if err := b.cfg.Pool.QueryRow(ctx, "SELECT count(*) FROM kfn.outbox").Scan(&left); err != nil {
-				return 0, fmt.Errorf("relay benchmark: %w", err)
+				return 0, EventCost{}, fmt.Errorf("relay benchmark: %w", err)
 			}
 			if left == 0 {
-				return time.Since(start), nil
+				return time.Since(start), cost.perEvent(n), nil
 			}
 		}
 		if !sleepCtx(ctx, 2*time.Millisecond) {
-			return 0, ctx.Err()
+			return 0, EventCost{}, ctx.Err()
 		}
 	}
 }
@@ -295,7 +326,7 @@ func (b *relayBench) naiveRelay(ctx context.Context, name string) (int, time.Dur
 			break
 		}
 		for i := range batch {
-			msg, _ := buildMessage(&batch[i], stream)
+			msg, _ := buildMessage(&batch[i], stream, CloudEventsSourcePrefix+batch[i].Source)
 			if _, err := b.cfg.JetStream.PublishMsg(ctx, msg); err != nil {
 				return 0, 0, fmt.Errorf("naive relay: publish: %w", err)
 			}
@@ -311,13 +342,15 @@ func (b *relayBench) naiveRelay(ctx context.Context, name string) (int, time.Dur
 	return done, time.Since(start), nil
 }
 
-// latency commits Rate events per second for Duration with the relay running
-// and returns, per event, the time from just before COMMIT to its stream
-// ack, and the rate actually reached.
-func (b *relayBench) latency(ctx context.Context, name string) ([]time.Duration, float64, error) {
+// latency commits rate events per second (0: as fast as it can) for
+// Duration with the relay running, from Committers sessions, and returns,
+// per event, the time from just before COMMIT to its stream ack, the rate
+// actually reached (events committed over the time until the last ack)
+// and the cost per event.
+func (b *relayBench) latency(ctx context.Context, name string, rate int) ([]time.Duration, float64, EventCost, error) {
 	stream, subject, err := b.stream(ctx, name)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, EventCost{}, err
 	}
 	var mu sync.Mutex
 	committedAt := map[string]time.Time{}
@@ -330,7 +363,7 @@ func (b *relayBench) latency(ctx context.Context, name string) ([]time.Duration,
 	}
 	relay, err := NewRelay(rc)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, EventCost{}, err
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -343,57 +376,104 @@ func (b *relayBench) latency(ctx context.Context, name string) ([]time.Duration,
 	// Let the relay reach its steady state (LISTEN up, shards idle).
 	for !relay.Stats().Listening {
 		if !sleepCtx(ctx, 5*time.Millisecond) {
-			return nil, 0, ctx.Err()
+			return nil, 0, EventCost{}, ctx.Err()
 		}
 	}
 
-	txPerSecond := float64(b.cfg.Rate) / float64(b.cfg.TxSize)
-	interval := time.Duration(float64(time.Second) / txPerSecond)
-	start := time.Now()
-	total := 0
-	for i := 0; time.Since(start) < b.cfg.Duration; i++ {
-		if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
-			sleepCtx(ctx, wait)
-		}
-		rows := withSubject(b.rows("lat", b.cfg.TxSize), subject)
-		tx, err := b.cfg.Pool.Begin(ctx)
-		if err != nil {
-			return nil, 0, fmt.Errorf("latency run: %w", err)
-		}
-		if err := Insert(ctx, tx, rows); err != nil {
-			tx.Rollback(ctx) //nolint:errcheck
-			return nil, 0, fmt.Errorf("latency run: %w", err)
-		}
-		before := time.Now()
-		if err := tx.Commit(ctx); err != nil {
-			return nil, 0, fmt.Errorf("latency run: %w", err)
-		}
-		mu.Lock()
-		for _, r := range rows {
-			committedAt[r.EventID] = before
-		}
-		mu.Unlock()
-		total += len(rows)
+	// Each committer commits its share of the rate, one transaction every
+	// interval (none: back to back), with rows made beforehand when paced.
+	var interval time.Duration
+	txs := 0
+	if rate > 0 {
+		interval = time.Duration(float64(time.Second) * float64(b.cfg.TxSize*b.cfg.Committers) / float64(rate))
+		txs = int(b.cfg.Duration / interval)
 	}
-	rate := float64(total) / time.Since(start).Seconds()
+	batches := make([][][]Row, b.cfg.Committers)
+	for c := range batches {
+		for range txs {
+			batches[c] = append(batches[c], withSubject(b.rows("lat", b.cfg.TxSize), subject))
+		}
+	}
+	cost := readProcessCost()
+	start := time.Now()
+	errs := make(chan error, b.cfg.Committers)
+	var total atomic.Int64
+	var commitWG sync.WaitGroup
+	for c := range batches {
+		commitWG.Add(1)
+		go func() {
+			defer commitWG.Done()
+			offset := time.Duration(c) * interval / time.Duration(b.cfg.Committers)
+			for i := 0; ; i++ {
+				var rows []Row
+				switch {
+				case rate > 0 && i == len(batches[c]):
+					return
+				case rate > 0:
+					rows = batches[c][i]
+					if wait := time.Until(start.Add(offset + time.Duration(i)*interval)); wait > 0 {
+						sleepCtx(ctx, wait)
+					}
+				case time.Since(start) >= b.cfg.Duration:
+					return
+				default:
+					rows = withSubject(b.rows("lat", b.cfg.TxSize), subject)
+				}
+				at, err := b.commit(ctx, rows)
+				if err != nil {
+					errs <- fmt.Errorf("latency run: %w", err)
+					return
+				}
+				mu.Lock()
+				for _, r := range rows {
+					committedAt[r.EventID] = at
+				}
+				mu.Unlock()
+				total.Add(int64(len(rows)))
+			}
+		}()
+	}
+	commitWG.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return nil, 0, EventCost{}, err
+	}
+	n := int(total.Load())
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		mu.Lock()
 		acked := len(ackedAt)
 		mu.Unlock()
-		if acked >= total {
+		if acked >= n {
 			break
 		}
 		if time.Now().After(deadline) {
-			return nil, 0, fmt.Errorf("latency run: only %d of %d events acked 30s after the last commit", acked, total)
+			return nil, 0, EventCost{}, fmt.Errorf("latency run: only %d of %d events acked 30s after the last commit", acked, n)
 		}
-		sleepCtx(ctx, 5*time.Millisecond)
+		sleepCtx(ctx, 2*time.Millisecond)
 	}
+	reached := float64(n) / time.Since(start).Seconds()
+	spent := cost.perEvent(n)
 	mu.Lock()
 	defer mu.Unlock()
-	lat := make([]time.Duration, 0, total)
+	lat := make([]time.Duration, 0, n)
 	for id, at := range committedAt {
 		lat = append(lat, ackedAt[id].Sub(at))
 	}
-	return lat, rate, nil
+	return lat, reached, spent, nil
+}
+
+// commit inserts rows in one transaction and returns the time just before
+// its COMMIT.
+func (b *relayBench) commit(ctx context.Context, rows []Row) (time.Time, error) {
+	tx, err := b.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if err := Insert(ctx, tx, rows); err != nil {
+		tx.Rollback(ctx) //nolint:errcheck // the insert's error is the one to report
+		return time.Time{}, err
+	}
+	before := time.Now()
+	return before, tx.Commit(ctx)
 }

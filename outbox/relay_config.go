@@ -54,6 +54,11 @@ type RelayConfig struct {
 	// at once and idle shards poll only every 10 × PollInterval, as a
 	// safety net. Default 500ms.
 	PollInterval time.Duration
+	// Linger is how long a shard waits, after a batch smaller than
+	// BatchSize, before it reads again: commits arriving meanwhile are read
+	// together, which saves a query per commit at a steady rate, for at most
+	// Linger more latency. Negative: no wait. Default 5ms.
+	Linger time.Duration
 	// AckTimeout is how long a publish may wait for its stream ack before it
 	// counts as failed and is sent again. Default 5s.
 	AckTimeout time.Duration
@@ -117,6 +122,9 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = 500 * time.Millisecond
+	}
+	if c.Linger == 0 {
+		c.Linger = 5 * time.Millisecond
 	}
 	if c.AckTimeout == 0 {
 		c.AckTimeout = 5 * time.Second

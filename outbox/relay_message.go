@@ -49,12 +49,19 @@ var relayHeaders = map[string]bool{
 // headers (W3C traceparent among them when the source had one), then the
 // CloudEvents and kfn headers, Nats-Msg-Id = event id for JetStream's
 // duplicate window, and Nats-Expected-Stream so the event lands in the
-// relay's stream or fails. It returns the names of stored headers it had to
-// drop: those NATS headers cannot carry, and those starting with "Nats-",
-// which steer JetStream (rollups, TTLs, expectations) and are the relay's
-// alone.
-func buildMessage(row *relayRow, stream string) (*nats.Msg, []string) {
-	h := make(nats.Header, len(row.Headers)+12)
+// relay's stream or fails. source is the ce-source value,
+// CloudEventsSourcePrefix + row.Source (callers cache it). It returns the
+// names of stored headers it had to drop: those NATS headers cannot carry,
+// and those starting with "Nats-", which steer JetStream (rollups, TTLs,
+// expectations) and are the relay's alone.
+func buildMessage(row *relayRow, stream, source string) (*nats.Msg, []string) {
+	// Every header has one value; they share one backing array.
+	values := make([]string, 0, len(row.Headers)+relayHeaderCount)
+	h := make(nats.Header, len(row.Headers)+relayHeaderCount)
+	set := func(k, v string) {
+		values = append(values, v)
+		h[k] = values[len(values)-1 : len(values) : len(values)]
+	}
 	var dropped []string
 	for k, v := range row.Headers {
 		if relayHeaders[k] {
@@ -64,28 +71,31 @@ func buildMessage(row *relayRow, stream string) (*nats.Msg, []string) {
 			dropped = append(dropped, k)
 			continue
 		}
-		h[k] = []string{v}
+		set(k, v)
 	}
-	h[HeaderSpecVersion] = []string{"1.0"}
-	h[HeaderID] = []string{row.EventID}
-	h[HeaderType] = []string{row.Type}
-	h[HeaderSource] = []string{CloudEventsSourcePrefix + row.Source}
-	h[HeaderTime] = []string{row.CreatedAt.UTC().Format(time.RFC3339Nano)}
+	set(HeaderSpecVersion, "1.0")
+	set(HeaderID, row.EventID)
+	set(HeaderType, row.Type)
+	set(HeaderSource, source)
+	set(HeaderTime, row.CreatedAt.UTC().Format(time.RFC3339Nano))
 	switch {
 	case row.Key == "":
 	case ValidHeaderValue(row.Key):
-		h[HeaderSubject] = []string{row.Key}
-		h[HeaderKey] = []string{row.Key}
+		set(HeaderSubject, row.Key)
+		set(HeaderKey, row.Key)
 	default:
-		h[HeaderKeyBase64] = []string{base64.StdEncoding.EncodeToString([]byte(row.Key))}
+		set(HeaderKeyBase64, base64.StdEncoding.EncodeToString([]byte(row.Key)))
 	}
-	h[HeaderSourceTopic] = []string{row.SourceTopic}
-	h[HeaderSourcePartition] = []string{strconv.Itoa(int(row.SourcePartition))}
-	h[HeaderSourceOffset] = []string{strconv.FormatInt(row.SourceOffset, 10)}
-	h[jetstream.MsgIDHeader] = []string{row.EventID}
-	h[jetstream.ExpectedStreamHeader] = []string{stream}
+	set(HeaderSourceTopic, row.SourceTopic)
+	set(HeaderSourcePartition, strconv.Itoa(int(row.SourcePartition)))
+	set(HeaderSourceOffset, strconv.FormatInt(row.SourceOffset, 10))
+	set(jetstream.MsgIDHeader, row.EventID)
+	set(jetstream.ExpectedStreamHeader, stream)
 	return &nats.Msg{Subject: row.Subject, Header: h, Data: row.Data}, dropped
 }
+
+// relayHeaderCount is the most headers buildMessage sets itself.
+const relayHeaderCount = 12
 
 // ValidHeaderValue reports whether s travels unchanged as a NATS header
 // value that any consumer can read as text: valid UTF-8 without control

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -21,6 +22,10 @@ const NotifyChannel = "kfn_outbox"
 // it is down the shard loops fall back to polling every PollInterval. Run
 // calls it; a caller that drives RunShard itself should run it beside.
 func (r *Relay) Listen(ctx context.Context) {
+	pprof.Do(ctx, profileLabels, r.listen)
+}
+
+func (r *Relay) listen(ctx context.Context) {
 	retry := r.newBackoff()
 	for ctx.Err() == nil {
 		err := r.listenOnce(ctx, retry.Reset)

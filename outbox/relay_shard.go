@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -27,9 +28,10 @@ var errStoppedBeforeAck = errors.New("the shard stopped before the stream ack; t
 
 // shardLoop relays one shard. It works in batches: read the shard's oldest
 // rows, publish them (per key one at a time, up to MaxInFlight keys at
-// once), delete the acked ones, read again. A batch is fully settled before
-// the next read, which is what lets the read go without a cursor (see
-// selectShardBatch).
+// once), then delete the acked ones and read the next batch in one
+// statement. A batch is fully settled before the next read, which is what
+// lets the read go without a cursor (see selectShardBatch). The batch's
+// bookkeeping lives in the loop and is reused from batch to batch.
 type shardLoop struct {
 	r     *Relay
 	shard int
@@ -45,6 +47,52 @@ type shardLoop struct {
 	publishRetry *backoff.ExponentialBackOff
 	dbRetry      *backoff.ExponentialBackOff
 	timer        *time.Timer
+
+	batch   batchState
+	scratch readScratch
+	// sources caches ce-source values by the emitting function's name.
+	sources map[string]string
+}
+
+// batchState is a batch being published: its rows, per key a queue of
+// them (linked through next, in id order), and the publishes in flight.
+type batchState struct {
+	rows       []relayRow
+	next       []int32          // next[i]: the next row of row i's key, or -1
+	queueOf    map[string]int32 // key → index in queues
+	queues     []keyQueue
+	ready      []int32 // queues whose next row can be sent now
+	retryLater []int32 // queues with a failed publish, sent again after the pause
+	tails      []int32 // per queue, its last row, while the queues are built
+	flights    []flight
+	oldest     int // flights[oldest:] are in flight, in publish order
+	acked      []int64
+}
+
+func (b *batchState) reset(rows []relayRow) {
+	b.rows = rows
+	b.next = slices.Grow(b.next[:0], len(rows))[:len(rows)]
+	if b.queueOf == nil {
+		b.queueOf = map[string]int32{}
+	}
+	clear(b.queueOf)
+	b.queues, b.ready, b.retryLater = b.queues[:0], b.ready[:0], b.retryLater[:0]
+	clear(b.flights) // drop the references to the last batch's futures
+	b.flights, b.oldest, b.acked, b.tails = b.flights[:0], 0, b.acked[:0], b.tails[:0]
+	for i := range rows {
+		b.next[i] = -1
+		q, ok := b.queueOf[rows[i].Key]
+		if !ok {
+			q = int32(len(b.queues))
+			b.queueOf[rows[i].Key] = q
+			b.queues = append(b.queues, keyQueue{key: rows[i].Key, head: int32(i)})
+			b.tails = append(b.tails, int32(i))
+			b.ready = append(b.ready, q)
+			continue
+		}
+		b.next[b.tails[q]] = int32(i)
+		b.tails[q] = int32(i)
+	}
 }
 
 func newShardLoop(r *Relay, shard int) *shardLoop {
@@ -59,16 +107,18 @@ func newShardLoop(r *Relay, shard int) *shardLoop {
 		publishRetry: r.newBackoff(),
 		dbRetry:      r.newBackoff(),
 		timer:        t,
+		sources:      map[string]string{},
 	}
 }
 
 func (l *shardLoop) run(ctx context.Context) {
 	defer l.timer.Stop()
+	var acked []int64 // relayed rows not deleted yet: the next read deletes them
 	for ctx.Err() == nil {
-		rows, err := readBatch(ctx, l.r.cfg.Pool, l.shard, l.parkedKeys(), l.r.cfg.BatchSize)
+		rows, err := readBatch(ctx, l.r.cfg.Pool, l.shard, l.parkedKeys(), l.r.cfg.BatchSize, acked, l.batch.rows[:0], &l.scratch)
 		if err != nil {
 			if ctx.Err() != nil {
-				return
+				break
 			}
 			delay := l.dbRetry.NextBackOff()
 			l.log.Warn("outbox read failed; retrying", "err", err, "retry_in", delay)
@@ -76,13 +126,18 @@ func (l *shardLoop) run(ctx context.Context) {
 			continue
 		}
 		l.dbRetry.Reset()
+		acked = nil
 		if len(rows) == 0 {
+			l.batch.rows = rows
 			l.waitForRows(ctx)
 			continue
 		}
-		acked := l.publishBatch(ctx, rows)
-		l.deleteAcked(ctx, acked)
+		acked = l.publishBatch(ctx, rows)
+		if len(rows) < l.r.cfg.BatchSize {
+			l.linger(ctx)
+		}
 	}
+	l.deleteWhileStopping(ctx, acked)
 }
 
 // waitForRows blocks until a notification names this shard, the poll
@@ -104,17 +159,35 @@ func (l *shardLoop) waitForRows(ctx context.Context) {
 	}
 }
 
-// keyQueue holds a batch's unpublished rows of one key, in order.
+// linger waits Linger after a batch that was not full before the next
+// read, so that rows committing meanwhile come in one read rather than one
+// read each: at a steady rate a shard reads at most once per Linger plus a
+// publish round, instead of once per notifying commit. An idle shard that
+// a notification wakes reads at once.
+func (l *shardLoop) linger(ctx context.Context) {
+	if l.r.cfg.Linger <= 0 {
+		return
+	}
+	l.timer.Reset(l.r.cfg.Linger)
+	select {
+	case <-l.timer.C:
+	case <-ctx.Done():
+	}
+	l.timer.Stop()
+}
+
+// keyQueue holds a batch's unpublished rows of one key: head is the first,
+// the others follow through batchState.next.
 type keyQueue struct {
 	key      string
-	rows     []*relayRow
-	attempts int // failed publishes of rows[0] that were the message's fault
+	head     int32
+	attempts int // failed publishes of the head row that were the message's fault
 }
 
 // flight is a publish awaiting its ack.
 type flight struct {
-	queue    *keyQueue
-	row      *relayRow
+	queue    int32
+	row      int32
 	ack      jetstream.PubAckFuture
 	deadline time.Time
 	span     trace.Span // kfn.relay.publish; nil without a tracer
@@ -125,81 +198,67 @@ type flight struct {
 // ends (rows not acked by then stay in the outbox for the next owner).
 func (l *shardLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 	cfg := &l.r.cfg
-	queues := map[string]*keyQueue{}
-	var ready []*keyQueue // keys whose next row can be sent now
-	for i := range rows {
-		q := queues[rows[i].Key]
-		if q == nil {
-			q = &keyQueue{key: rows[i].Key}
-			queues[q.key] = q
-			ready = append(ready, q)
-		}
-		q.rows = append(q.rows, &rows[i])
-	}
-
-	var (
-		inFlight    []*flight   // in publish order
-		retryLater  []*keyQueue // keys with a failed publish, sent again after the pause
-		pausedUntil time.Time   // zero: not paused
-		acked       = make([]int64, 0, len(rows))
-	)
-	failed := func(q *keyQueue, row *relayRow, err error) {
+	b := &l.batch
+	b.reset(rows)
+	var pausedUntil time.Time // zero: not paused
+	failed := func(q int32, row int32, err error) {
 		l.r.counters.failures.Add(1)
-		if l.messageFault(q, row, err) {
+		if l.messageFault(&b.queues[q], &rows[row], err) {
 			return // parked: the rest of the key waits for a later batch
 		}
-		retryLater = append(retryLater, q)
+		b.retryLater = append(b.retryLater, q)
 		if pausedUntil.IsZero() {
 			delay := l.publishRetry.NextBackOff()
 			pausedUntil = time.Now().Add(delay)
-			l.log.Warn("outbox publish failed; pausing the shard", "err", err, "event_id", row.EventID, "retry_in", delay)
+			l.log.Warn("outbox publish failed; pausing the shard", "err", err, "event_id", rows[row].EventID, "retry_in", delay)
 		}
 	}
 
 	for {
 		if !pausedUntil.IsZero() && !time.Now().Before(pausedUntil) {
 			pausedUntil = time.Time{}
-			ready = append(ready, retryLater...)
-			retryLater = retryLater[:0]
+			b.ready = append(b.ready, b.retryLater...)
+			b.retryLater = b.retryLater[:0]
 		}
-		for pausedUntil.IsZero() && len(inFlight) < cfg.MaxInFlight && len(ready) > 0 && ctx.Err() == nil {
-			q := ready[0]
-			ready = ready[1:]
-			row := q.rows[0]
-			if !l.covers(ctx, row.Subject) {
-				l.park(q, row, errors.New("the stream's subjects do not capture the event's subject"))
+		for pausedUntil.IsZero() && len(b.flights)-b.oldest < cfg.MaxInFlight && len(b.ready) > 0 && ctx.Err() == nil {
+			q := b.ready[0]
+			b.ready = b.ready[1:]
+			row := b.queues[q].head
+			if !l.covers(ctx, rows[row].Subject) {
+				l.park(&b.queues[q], &rows[row], errors.New("the stream's subjects do not capture the event's subject"))
 				continue
 			}
-			msg, dropped := buildMessage(row, cfg.Stream)
+			msg, dropped := buildMessage(&rows[row], cfg.Stream, l.source(rows[row].Source))
 			if len(dropped) > 0 {
-				l.log.Warn("dropped event headers NATS cannot carry", "event_id", row.EventID, "headers", dropped)
+				l.log.Warn("dropped event headers NATS cannot carry", "event_id", rows[row].EventID, "headers", dropped)
 			}
-			span := l.startPublish(row, msg)
+			span := l.startPublish(&rows[row], msg)
 			ack, err := cfg.JetStream.PublishMsgAsync(msg)
 			if err != nil {
 				endPublish(span, false, err)
 				failed(q, row, err)
 				continue
 			}
-			inFlight = append(inFlight, &flight{queue: q, row: row, ack: ack, deadline: time.Now().Add(cfg.AckTimeout), span: span})
+			b.flights = append(b.flights, flight{queue: q, row: row, ack: ack, deadline: time.Now().Add(cfg.AckTimeout), span: span})
 		}
 
-		if len(inFlight) == 0 && len(ready) == 0 && len(retryLater) == 0 {
-			return acked
+		inFlight := len(b.flights) - b.oldest
+		if inFlight == 0 && len(b.ready) == 0 && len(b.retryLater) == 0 {
+			return b.acked
 		}
 		if ctx.Err() != nil {
-			for _, f := range inFlight {
+			for _, f := range b.flights[b.oldest:] {
 				endPublish(f.span, false, errStoppedBeforeAck)
 			}
-			return acked
+			return b.acked
 		}
 
 		// Wait for the oldest publish (acks come back in publish order, as
 		// one connection carries them), its deadline, or the end of a pause.
 		var wakeAt time.Time
 		var oldest *flight
-		if len(inFlight) > 0 {
-			oldest = inFlight[0]
+		if inFlight > 0 {
+			oldest = &b.flights[b.oldest]
 			wakeAt = oldest.deadline
 		}
 		if !pausedUntil.IsZero() && (wakeAt.IsZero() || pausedUntil.Before(wakeAt)) {
@@ -208,46 +267,85 @@ func (l *shardLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 		if wakeAt.IsZero() {
 			continue // unreachable: with nothing in flight the shard is paused
 		}
-		l.timer.Reset(time.Until(wakeAt))
 		var okCh <-chan *jetstream.PubAck
 		var errCh <-chan error
 		if oldest != nil {
 			okCh, errCh = oldest.ack.Ok(), oldest.ack.Err()
 		}
+		// An ack that is already in needs no timer.
+		var pubAck *jetstream.PubAck
+		var pubErr error
+		timedOut := false
 		select {
-		case pubAck := <-okCh:
-			inFlight = inFlight[1:]
+		case pubAck = <-okCh:
+		case pubErr = <-errCh:
+		default:
+			l.timer.Reset(time.Until(wakeAt))
+			select {
+			case pubAck = <-okCh:
+			case pubErr = <-errCh:
+			case <-l.timer.C:
+				timedOut = true
+			case <-ctx.Done():
+			}
+			l.timer.Stop()
+		}
+		switch {
+		case pubAck != nil:
+			f := l.popFlight()
 			now := time.Now()
-			q := oldest.queue
+			q := &b.queues[f.queue]
 			q.attempts = 0
-			q.rows = q.rows[1:]
-			if len(q.rows) > 0 {
-				ready = append(ready, q)
+			if q.head = b.next[f.row]; q.head >= 0 {
+				b.ready = append(b.ready, f.queue)
 			}
-			acked = append(acked, oldest.row.ID)
-			endPublish(oldest.span, pubAck.Duplicate, nil)
+			row := &rows[f.row]
+			b.acked = append(b.acked, row.ID)
+			endPublish(f.span, pubAck.Duplicate, nil)
 			l.publishRetry.Reset()
-			l.r.counters.acked(pubAck.Duplicate, oldest.row.CreatedAt, now)
+			l.r.counters.acked(pubAck.Duplicate, row.CreatedAt, now)
 			if cfg.afterAck != nil {
-				cfg.afterAck(oldest.row.EventID, now)
+				cfg.afterAck(row.EventID, now)
 			}
-		case err := <-errCh:
-			inFlight = inFlight[1:]
-			if errors.Is(err, jetstream.ErrNoStreamResponse) {
+		case pubErr != nil:
+			f := l.popFlight()
+			if errors.Is(pubErr, jetstream.ErrNoStreamResponse) {
 				clear(l.covered) // perhaps the stream no longer captures the subject
 			}
-			endPublish(oldest.span, false, err)
-			failed(oldest.queue, oldest.row, err)
-		case <-l.timer.C:
-			if oldest != nil && !time.Now().Before(oldest.deadline) {
-				inFlight = inFlight[1:]
-				endPublish(oldest.span, false, errAckTimeout)
-				failed(oldest.queue, oldest.row, errAckTimeout)
-			}
-		case <-ctx.Done():
+			endPublish(f.span, false, pubErr)
+			failed(f.queue, f.row, pubErr)
+		case timedOut && oldest != nil && !time.Now().Before(oldest.deadline):
+			f := l.popFlight()
+			endPublish(f.span, false, errAckTimeout)
+			failed(f.queue, f.row, errAckTimeout)
 		}
-		l.timer.Stop()
 	}
+}
+
+// popFlight removes the oldest flight, which has been settled, and
+// returns it.
+func (l *shardLoop) popFlight() flight {
+	b := &l.batch
+	f := b.flights[b.oldest]
+	b.flights[b.oldest] = flight{}
+	b.oldest++
+	if b.oldest == len(b.flights) {
+		b.flights, b.oldest = b.flights[:0], 0
+	}
+	return f
+}
+
+// source returns the ce-source of events emitted by function fn.
+func (l *shardLoop) source(fn string) string {
+	s, ok := l.sources[fn]
+	if !ok {
+		if len(l.sources) > 1000 {
+			clear(l.sources)
+		}
+		s = CloudEventsSourcePrefix + fn
+		l.sources[strings.Clone(fn)] = s
+	}
+	return s
 }
 
 // messageFault records a failed publish of row and reports whether its key
@@ -267,7 +365,7 @@ func (l *shardLoop) messageFault(q *keyQueue, row *relayRow, err error) bool {
 }
 
 func (l *shardLoop) park(q *keyQueue, row *relayRow, reason error) {
-	l.parked[q.key] = time.Now().Add(l.r.cfg.ParkFor)
+	l.parked[strings.Clone(q.key)] = time.Now().Add(l.r.cfg.ParkFor)
 	l.r.counters.parked.Add(1)
 	l.log.Error("parking an outbox key: its next event cannot be published; the key's events stay in the outbox and are retried later",
 		"key", q.key, "event_id", row.EventID, "subject", row.Subject, "err", reason, "retry_in", l.r.cfg.ParkFor)
@@ -284,7 +382,7 @@ func (l *shardLoop) covers(ctx context.Context, subject string) bool {
 	if len(l.covered) > 10000 {
 		clear(l.covered)
 	}
-	l.covered[subject] = true
+	l.covered[strings.Clone(subject)] = true
 	return true
 }
 
@@ -295,28 +393,18 @@ func (l *shardLoop) parkedKeys() []string {
 	return slices.Collect(maps.Keys(l.parked))
 }
 
-// deleteAcked deletes acked rows, retrying while Postgres is down. If the
-// shard is being stopped it makes one last short attempt; rows it cannot
-// delete are published again by the next owner and dropped as duplicates.
-func (l *shardLoop) deleteAcked(ctx context.Context, ids []int64) {
-	for {
-		err := deleteRelayed(ctx, l.r.cfg.Pool, ids)
-		if err == nil {
-			l.dbRetry.Reset()
-			return
-		}
-		if ctx.Err() != nil {
-			lastCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			err = deleteRelayed(lastCtx, l.r.cfg.Pool, ids)
-			cancel()
-			if err != nil {
-				l.log.Warn("could not delete relayed outbox rows while stopping; they will be republished and deduplicated", "err", err, "rows", len(ids))
-			}
-			return
-		}
-		delay := l.dbRetry.NextBackOff()
-		l.log.Warn("deleting relayed outbox rows failed; retrying", "err", err, "rows", len(ids), "retry_in", delay)
-		sleepCtx(ctx, delay)
+// deleteWhileStopping makes one last short attempt to delete the rows the
+// shard relayed but could not delete with its next read, as it stops. Rows
+// it cannot delete are published again by the next owner and dropped as
+// duplicates.
+func (l *shardLoop) deleteWhileStopping(ctx context.Context, ids []int64) {
+	if len(ids) == 0 {
+		return
+	}
+	lastCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if err := deleteRelayed(lastCtx, l.r.cfg.Pool, ids); err != nil {
+		l.log.Warn("could not delete relayed outbox rows while stopping; they will be republished and deduplicated", "err", err, "rows", len(ids))
 	}
 }
 

@@ -2,10 +2,12 @@ package outbox
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -54,44 +56,119 @@ type relayRow struct {
 // read the (shard, id) index in order: with an equality it may instead walk
 // the primary key in id order and filter on shard, which passes over every
 // other shard's backlog.
+//
+// The same statement deletes the rows of the previous batch that the
+// stream acked ($4): one round trip per batch instead of two. Its SELECT
+// sees the table as it was before the DELETE, so it leaves those ids out
+// itself.
 const selectShardBatch = `
+WITH relayed AS (DELETE FROM kfn.outbox WHERE id = ANY($4::bigint[]))
 SELECT id, event_id, subject, event_type, event_key, data, headers,
        source, source_topic, source_partition, source_offset, created_at
 FROM kfn.outbox
 WHERE shard >= $1 AND shard <= $1
   AND NOT (event_key = ANY($2::bytea[]))
+  AND NOT (id = ANY($4::bigint[]))
 ORDER BY shard, id
 LIMIT $3`
 
-// readBatch returns up to limit rows of the shard in id order, leaving out
-// the rows of the parked keys.
-func readBatch(ctx context.Context, db *pgxpool.Pool, shard int, parkedKeys []string, limit int) ([]relayRow, error) {
-	parked := make([][]byte, len(parkedKeys))
+// readBatch deletes the rows relayed (acked by the stream), then returns up
+// to limit rows of the shard in id order, leaving out the rows of the
+// parked keys, appended to out. scratch is reused from call to call.
+func readBatch(ctx context.Context, db *pgxpool.Pool, shard int, parkedKeys []string, limit int, relayed []int64, out []relayRow, scratch *readScratch) ([]relayRow, error) {
+	parked := make([][]byte, len(parkedKeys)) // not nil: NULL would match no row
 	for i, k := range parkedKeys {
 		parked[i] = []byte(k)
 	}
-	rows, err := db.Query(ctx, selectShardBatch, shard, parked, limit)
+	if relayed == nil {
+		relayed = []int64{}
+	}
+	// The extended protocol, whatever the pool's default: the simple one
+	// would send every column as text.
+	rows, err := db.Query(ctx, selectShardBatch, pgx.QueryExecModeCacheDescribe, relayResultFormats, shard, parked, limit, relayed)
 	if err != nil {
-		return nil, fmt.Errorf("read outbox shard %d: %w", shard, err)
+		return nil, fmt.Errorf("read outbox shard %d (after deleting %d relayed rows): %w", shard, len(relayed), err)
 	}
 	defer rows.Close()
-	var out []relayRow
-	for rows.Next() {
-		var r relayRow
-		var key, headers []byte
-		if err := rows.Scan(&r.ID, &r.EventID, &r.Subject, &r.Type, &key, &r.Data, &headers,
-			&r.Source, &r.SourceTopic, &r.SourcePartition, &r.SourceOffset, &r.CreatedAt); err != nil {
-			return nil, fmt.Errorf("read outbox shard %d: scan: %w", shard, err)
+	for i, f := range rows.FieldDescriptions() {
+		if i >= len(relayResultFormats) || f.Format != relayResultFormats[i] {
+			return nil, fmt.Errorf("read outbox shard %d: column %s came in format %d, not the one asked for", shard, f.Name, f.Format)
 		}
-		r.Key = string(key)
-		r.Headers = decodeHeaders(headers)
-		out = append(out, r)
+	}
+	first := len(out)
+	// The batch's text columns and keys go into one string, its payloads
+	// into one byte slice: two allocations per batch instead of about ten
+	// per row. The payloads get a fresh slice per batch (a message keeps
+	// its Data while its publish may be retried).
+	texts, spans := scratch.texts[:0], scratch.spans[:0]
+	blobs := make([]byte, 0, scratch.blobs)
+	for rows.Next() {
+		raw := rows.RawValues()
+		if len(raw) != 12 {
+			return nil, fmt.Errorf("read outbox shard %d: %d columns, want 12", shard, len(raw))
+		}
+		for _, v := range raw {
+			if v == nil {
+				return nil, fmt.Errorf("read outbox shard %d: a NULL in a NOT NULL column", shard)
+			}
+		}
+		if len(raw[0]) != 8 || len(raw[9]) != 4 || len(raw[10]) != 8 || len(raw[11]) != 8 {
+			return nil, fmt.Errorf("read outbox shard %d: unexpected binary sizes of id, source_partition, source_offset or created_at", shard)
+		}
+		var sp [7]span
+		for i, col := range [6]int{1, 2, 3, 4, 7, 8} {
+			sp[i] = span{len(texts), len(texts) + len(raw[col])}
+			texts = append(texts, raw[col]...)
+		}
+		sp[6] = span{len(blobs), len(blobs) + len(raw[5])}
+		blobs = append(blobs, raw[5]...)
+		spans = append(spans, sp)
+		out = append(out, relayRow{
+			ID:              int64(binary.BigEndian.Uint64(raw[0])),
+			Headers:         decodeHeaders(raw[6]),
+			SourcePartition: int32(binary.BigEndian.Uint32(raw[9])),
+			SourceOffset:    int64(binary.BigEndian.Uint64(raw[10])),
+			CreatedAt:       pgEpoch.Add(time.Duration(int64(binary.BigEndian.Uint64(raw[11]))) * time.Microsecond),
+		})
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read outbox shard %d: %w", shard, err)
 	}
+	scratch.texts, scratch.spans, scratch.blobs = texts, spans, len(blobs)
+	all := string(texts)
+	text := func(s span) string { return all[s.from:s.to] }
+	for i, sp := range spans {
+		r := &out[first+i]
+		r.EventID, r.Subject, r.Type, r.Key = text(sp[0]), text(sp[1]), text(sp[2]), text(sp[3])
+		r.Source, r.SourceTopic = text(sp[4]), text(sp[5])
+		r.Data = blobs[sp[6].from:sp[6].to:sp[6].to]
+	}
 	return out, nil
 }
+
+// readScratch is readBatch's memory from one batch to the next: the text
+// buffer and the row spans are reused, the payload buffer is sized like the
+// last one.
+type readScratch struct {
+	texts []byte
+	spans [][7]span // per row: event_id, subject, type, key, source, source_topic, data
+	blobs int
+}
+
+type span struct{ from, to int }
+
+// relayResultFormats asks for selectShardBatch's columns in the formats
+// readBatch decodes: integers and the timestamp in binary (big-endian;
+// timestamptz as microseconds since pgEpoch), bytea in binary (its bytes),
+// text and jsonb as text.
+var relayResultFormats = pgx.QueryResultFormats{
+	pgx.BinaryFormatCode, pgx.TextFormatCode, pgx.TextFormatCode, pgx.TextFormatCode,
+	pgx.BinaryFormatCode, pgx.BinaryFormatCode, pgx.TextFormatCode,
+	pgx.TextFormatCode, pgx.TextFormatCode, pgx.BinaryFormatCode, pgx.BinaryFormatCode, pgx.BinaryFormatCode,
+}
+
+// pgEpoch is the zero of Postgres's binary timestamps.
+var pgEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // deleteRelayed removes rows the stream has acked.
 func deleteRelayed(ctx context.Context, db *pgxpool.Pool, ids []int64) error {
@@ -108,7 +185,7 @@ func deleteRelayed(ctx context.Context, db *pgxpool.Pool, ids []int64) error {
 // strings; a row written by hand with other JSON values keeps them as their
 // JSON text rather than stalling the relay.
 func decodeHeaders(raw []byte) map[string]string {
-	if len(raw) == 0 {
+	if len(raw) == 0 || string(raw) == "{}" { // most events have none
 		return nil
 	}
 	var h map[string]string

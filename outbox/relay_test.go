@@ -66,8 +66,12 @@ func TestRelayDeliversCommittedRowsOnceWithHeaders(t *testing.T) {
 				t.Fatalf("message %s: header %s = %q, want %q (headers %v)", id, name, got, v, m.Header)
 			}
 		}
-		if _, err := time.Parse(time.RFC3339Nano, m.Header.Get(HeaderTime)); err != nil {
+		ceTime, err := time.Parse(time.RFC3339Nano, m.Header.Get(HeaderTime))
+		if err != nil {
 			t.Fatalf("message %s: ce-time %q is not RFC 3339: %v", id, m.Header.Get(HeaderTime), err)
+		}
+		if age := time.Since(ceTime); age < -time.Minute || age > 5*time.Minute {
+			t.Fatalf("message %s: ce-time %s is not when the row was written (%s ago)", id, ceTime, age)
 		}
 		if m.Subject != r.Event.Subject || string(m.Data) != string(r.Event.Data) {
 			t.Fatalf("message %s: subject %q data %q, want %q %q", id, m.Subject, m.Data, r.Event.Subject, r.Event.Data)
@@ -506,7 +510,7 @@ func TestBuildMessageHeaders(t *testing.T) {
 			"bad name":    "v",             // cannot travel: dropped
 		},
 	}
-	msg, dropped := buildMessage(row, "S")
+	msg, dropped := buildMessage(row, "S", CloudEventsSourcePrefix+row.Source)
 	want := map[string]string{
 		"ce-specversion": "1.0", "ce-id": "id-1", "ce-type": "a.b.v1", "ce-source": "kfn/fn",
 		"ce-time": "2026-01-02T03:04:05.000006Z", "ce-subject": "k1", "kfn-key": "k1",

@@ -101,6 +101,9 @@ func TestBadFunctionDefinitionIsRejected(t *testing.T) {
 		"no topic":      func(f *runtime.Function) { f.Topic = "" },
 		"no handler":    func(f *runtime.Function) { f.Handler = nil },
 		"both handlers": func(f *runtime.Function) { f.BatchHandler = effects.BatchFunction("fn", "topic").BatchHandler },
+		"PipelineExecs with a BatchHandler": func(f *runtime.Function) {
+			f.Handler, f.BatchHandler, f.PipelineExecs = nil, effects.BatchFunction("fn", "topic").BatchHandler, true
+		},
 	}
 	for name, edit := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -3,6 +3,7 @@ package runtime_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 
 	"github.com/jackc/pgx/v5"
 
@@ -10,7 +11,8 @@ import (
 )
 
 // A function's main: configuration comes from flags and KFN_* variables,
-// SIGTERM stops it after the in-flight batch.
+// SIGTERM stops it after the in-flight batch. The handler gets a batch of
+// records and writes them all with one statement.
 func ExampleStart() {
 	runtime.Start(runtime.Function{
 		Name:  "orders",
@@ -20,18 +22,39 @@ func ExampleStart() {
 			_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS orders (order_id text PRIMARY KEY)`)
 			return err
 		},
+		BatchHandler: func(ctx context.Context, tx pgx.Tx, recs []runtime.Record, out *runtime.BatchEvents) error {
+			var ids []string
+			for _, rec := range recs {
+				var o struct {
+					ID string `json:"order_id"`
+				}
+				if err := json.Unmarshal(rec.Value, &o); err != nil {
+					out.Reject(rec, err) // dead-lettered at once, with the reason; the batch goes on
+					continue
+				}
+				ids = append(ids, o.ID)
+				out.Emit(rec, runtime.Event{Subject: "orders.accepted", Key: o.ID, Data: rec.Value})
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO orders (order_id) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING`, ids)
+			return err // an error rolls the batch back: kfn retries it record by record to find the culprit
+		},
+	})
+}
+
+// A per-record Handler, for simple cases: one call per record, in the
+// batch's transaction. PipelineExecs sends its Execs in one round trip per
+// batch (it must then not look at Exec's result).
+func ExampleHandler() {
+	runtime.Start(runtime.Function{
+		Name:          "audit",
+		Topic:         "payments",
+		PipelineExecs: true,
 		Handler: func(ctx context.Context, tx pgx.Tx, rec runtime.Record, out *runtime.Events) error {
-			var o struct {
-				ID string `json:"order_id"`
+			if rec.Tombstone() {
+				return runtime.Permanent(errors.New("tombstone")) // dead-lettered at once
 			}
-			if err := json.Unmarshal(rec.Value, &o); err != nil {
-				return runtime.Permanent(err) // dead-lettered at once, with the reason
-			}
-			if _, err := tx.Exec(ctx, `INSERT INTO orders (order_id) VALUES ($1)`, o.ID); err != nil {
-				return err // retried with backoff, then dead-lettered
-			}
-			out.Emit(runtime.Event{Subject: "orders.accepted", Key: o.ID, Data: rec.Value})
-			return nil
+			_, err := tx.Exec(ctx, `INSERT INTO payment_log (key, body) VALUES ($1, $2)`, rec.Key, rec.Value)
+			return err
 		},
 	})
 }

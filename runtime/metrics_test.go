@@ -31,16 +31,23 @@ type sample struct {
 
 func scrapeMetrics(t *testing.T, url string) scrape {
 	t.Helper()
+	_, body := httpGet(t, url)
+	return parseExposition(t, body)
+}
+
+// httpGet returns the status and body of a GET of url.
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
+	data, err := io.ReadAll(resp.Body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return parseExposition(t, string(body))
+	return resp.StatusCode, string(data)
 }
 
 // parseExposition reads the text format as client_golang writes it: label
@@ -280,10 +287,12 @@ func TestAlertExprsParsesOneLineAndBlockExprs(t *testing.T) {
 	}
 }
 
-// TestMetricsLagStaysDuringKafkaOutage stops the worker's Kafka broker: the
+// TestMetricsDuringKafkaOutage stops the worker's Kafka broker for 8 s: the
 // lanes keep their partitions (issue 8), so kfn_partition_lag keeps every
-// partition's series with its last value.
-func TestMetricsLagStaysDuringKafkaOutage(t *testing.T) {
+// partition's series with its last value; the worker is not ready
+// (kfn_ready 0, /readyz 503 naming Kafka) within two probe periods, but
+// alive (/healthz 200), and ready again once the broker is back.
+func TestMetricsDuringKafkaOutage(t *testing.T) {
 	pk := kfntest.NewPrivateKafka(t)
 	b := &bundle{pg: kfntest.Postgres(t), kafka: pk.KafkaCluster}
 	b.topic = b.kafka.CreateTopic(t, 2)
@@ -317,9 +326,31 @@ func TestMetricsLagStaysDuringKafkaOutage(t *testing.T) {
 		return len(before) == 2 && before["0"] == 0 && before["1"] == 0
 	})
 
+	ready := func() float64 {
+		v, ok := scrapeMetrics(t, srv.URL+"/metrics").get("kfn_ready")
+		if !ok {
+			t.Fatal("no kfn_ready series")
+		}
+		return v
+	}
+	waitFor(t, 10*time.Second, "the worker to be ready before the outage", func() bool { return ready() == 1 })
+
 	pk.Stop()
-	time.Sleep(8 * time.Second) // the readers fail and the lanes wait for the broker
+	stopped := time.Now()
+	// The probe runs every 2 s and may take 2 s: two periods and a margin.
+	waitFor(t, 5*time.Second, "kfn_ready to drop to 0 in the outage", func() bool { return ready() == 0 })
+	notReady := time.Since(stopped)
+	if code, body := httpGet(t, srv.URL+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "kafka: brokers") {
+		t.Errorf("/readyz in the Kafka outage = %d %q, want 503 naming Kafka", code, body)
+	}
+	if code, body := httpGet(t, srv.URL+"/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz in the Kafka outage = %d %q, want 200: an outage of another service must not restart the worker", code, body)
+	}
+	time.Sleep(8*time.Second - time.Since(stopped)) // the readers fail and the lanes wait for the broker
 	sc := scrapeMetrics(t, srv.URL+"/metrics")
+	if v, _ := sc.get("kfn_ready"); v != 0 {
+		t.Errorf("kfn_ready 8 s into the Kafka outage = %v, want 0", v)
+	}
 	during := lag(sc)
 	if len(during) != 2 || during["0"] != before["0"] || during["1"] != before["1"] {
 		t.Errorf("kfn_partition_lag during the outage %v; before it %v: want the same series and values", during, before)
@@ -330,6 +361,10 @@ func TestMetricsLagStaysDuringKafkaOutage(t *testing.T) {
 	if err := pk.Start(); err != nil {
 		t.Fatal(err)
 	}
+	back := time.Now()
+	waitFor(t, 15*time.Second, "kfn_ready to return to 1 after the outage", func() bool { return ready() == 1 })
+	t.Logf("Kafka outage of %s: kfn_ready 0 after %s, 1 again %s after the broker returned (probe period 2s)",
+		back.Sub(stopped).Round(time.Millisecond), notReady.Round(time.Millisecond), time.Since(back).Round(time.Millisecond))
 }
 
 // TestMetricsCountAStalledLane holds a partition on a record that keeps

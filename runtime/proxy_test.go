@@ -6,15 +6,15 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 )
 
 // pgProxy is a TCP proxy in front of Postgres for fault tests. It forwards
 // bytes both ways, and on request it misbehaves in two ways:
 //
 //   - CutCommits(n): the next n COMMITs are forwarded to the server, which
-//     runs them, and then the connection is cut before the reply reaches the
-//     client: the commit lands, but the client sees an error and cannot know.
+//     runs them, and then the connection is cut instead of passing the
+//     server's "committed" reply to the client: the commit lands, but the
+//     client sees an error and cannot know.
 //   - Freeze/Thaw: a frozen proxy forwards nothing, in either direction, and
 //     connects no new client to the server, but it closes nothing either:
 //     every socket stays open, as on a network path that silently stalls. On
@@ -32,9 +32,11 @@ type pgProxy struct {
 	wg     sync.WaitGroup
 }
 
-// commitMessage is the protocol message pgx sends for Tx.Commit: a simple
-// Query ('Q', length 11) with the text "commit".
-var commitMessage = []byte("Q\x00\x00\x00\x0bcommit\x00")
+// commitComplete is the server's reply to a COMMIT that committed, however
+// the client sent it (a simple query, or pipelined in the extended
+// protocol behind the outbox rows): CommandComplete ('C', length 11) with
+// the tag "COMMIT". When the proxy sees it, the server has committed.
+var commitComplete = []byte("C\x00\x00\x00\x0bCOMMIT\x00")
 
 func newPGProxy(t *testing.T, target string) *pgProxy {
 	t.Helper()
@@ -124,19 +126,20 @@ func (p *pgProxy) serve(client net.Conn) {
 		return
 	}
 	p.track(server)
-	var cut atomic.Bool // set before a COMMIT goes out: its reply must not come back
 	p.wg.Add(2)
-	go func() { // server → client
+	go func() { // server → client, watching for COMMIT replies
 		defer p.wg.Done()
 		defer client.Close()
+		defer server.Close()
 		buf := make([]byte, 64<<10)
 		for {
 			n, err := server.Read(buf)
-			if cut.Load() {
-				return
-			}
 			if n > 0 {
 				p.pass()
+				if bytes.Contains(buf[:n], commitComplete) && p.armed.Add(-1) >= 0 {
+					p.dropped.Add(1)
+					return // both sides close: the commit landed, its reply is lost
+				}
 				if _, werr := client.Write(buf[:n]); werr != nil {
 					return
 				}
@@ -146,7 +149,7 @@ func (p *pgProxy) serve(client net.Conn) {
 			}
 		}
 	}()
-	go func() { // client → server, watching for COMMIT
+	go func() { // client → server
 		defer p.wg.Done()
 		defer server.Close()
 		defer client.Close()
@@ -155,15 +158,6 @@ func (p *pgProxy) serve(client net.Conn) {
 			n, err := client.Read(buf)
 			if n > 0 {
 				p.pass()
-				if bytes.Contains(buf[:n], commitMessage) && p.armed.Add(-1) >= 0 {
-					cut.Store(true)
-					p.dropped.Add(1)
-					if _, werr := server.Write(buf[:n]); werr != nil {
-						return
-					}
-					time.Sleep(100 * time.Millisecond) // the server commits
-					return                             // both sides close: the reply is lost
-				}
 				if _, werr := server.Write(buf[:n]); werr != nil {
 					return
 				}

@@ -46,16 +46,7 @@ func TestMissingTopicMakesTheWorkerNotReadyUntilItIsCreated(t *testing.T) {
 	w, stop := b.run(t, effects.Function(b.fn, topic))
 	srv := httptest.NewServer(w.HTTPHandler())
 	defer srv.Close()
-	get := func(path string) (int, string) {
-		t.Helper()
-		resp, err := http.Get(srv.URL + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		data, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(data)
-	}
+	get := func(path string) (int, string) { t.Helper(); return httpGet(t, srv.URL+path) }
 	missingGauge := `kfn_topic_missing{function="` + b.fn + `",topic="` + topic + `",worker="ready-worker"} `
 
 	waitFor(t, 20*time.Second, "/readyz to report the missing topic", func() bool {

@@ -12,16 +12,19 @@
 //			_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS orders (…)`)
 //			return err
 //		},
-//		Handler: func(ctx context.Context, tx pgx.Tx, rec runtime.Record, out *runtime.Events) error {
-//			var o Order
-//			if err := json.Unmarshal(rec.Value, &o); err != nil {
-//				return runtime.Permanent(err) // dead-lettered at once
+//		BatchHandler: func(ctx context.Context, tx pgx.Tx, recs []runtime.Record, out *runtime.BatchEvents) error {
+//			var ids []string
+//			for _, rec := range recs {
+//				var o Order
+//				if err := json.Unmarshal(rec.Value, &o); err != nil {
+//					out.Reject(rec, err) // dead-lettered at once; the rest of the batch goes on
+//					continue
+//				}
+//				ids = append(ids, o.ID)
+//				out.Emit(rec, runtime.Event{Subject: "orders.accepted", Data: rec.Value})
 //			}
-//			if _, err := tx.Exec(ctx, `INSERT INTO orders …`, …); err != nil {
-//				return err // retried with backoff, then dead-lettered
-//			}
-//			out.Emit(runtime.Event{Subject: "orders.accepted", Data: rec.Value})
-//			return nil
+//			_, err := tx.Exec(ctx, `INSERT INTO orders … SELECT unnest($1::text[]) …`, ids)
+//			return err // the batch is retried record by record, the culprit dead-lettered
 //		},
 //	}
 //
@@ -50,6 +53,12 @@
 //
 // The handler must do all its work on tx, and nothing a retry would repeat
 // outside it (an HTTP call, a message sent): those are what Events are for.
+//
+// A BatchHandler, writing a batch with one statement, is the fast path: a
+// batch then costs kfn two round trips of its own (begin, fence and claim;
+// outbox rows and commit) plus the handler's. A per-record Handler (one
+// call per record, in the same transaction) suits simple cases; with
+// PipelineExecs its Execs go in one round trip per batch.
 //
 // # Running it
 //
@@ -164,8 +173,14 @@ type Header = engine.Header
 type Events = engine.Events
 
 // BatchEvents collects the events a BatchHandler emits: Emit(rec, ev) adds
-// one emitted for source record rec.
+// one emitted for source record rec, and Reject(rec, err) dead-letters a
+// record that cannot be applied without failing the rest of the batch.
 type BatchEvents = engine.BatchEvents
+
+// Rejection is a record a BatchHandler rejected with BatchEvents.Reject:
+// dead-lettered as permanent in the batch's transaction while the other
+// records of the batch commit.
+type Rejection = engine.Rejection
 
 // Event is a downstream event: written to the outbox in the record's
 // transaction and relayed to NATS JetStream. Only Subject is required; Key

@@ -4,13 +4,20 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/effects"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 func TestDeliveringRecordsTwiceAppliesThemOnce(t *testing.T) {
@@ -192,5 +199,161 @@ func TestBatchHandlerFindsTheFailingRecord(t *testing.T) {
 	rep := b.check(t, b.fn, produced, produced[2])
 	if rep.Applied != 4 || rep.DeadLetters != 1 {
 		t.Errorf("applied=%d dead-lettered=%d, want 4 and 1", rep.Applied, rep.DeadLetters)
+	}
+}
+
+// TestBatchHandlerRejectsARecordWithoutFailingTheBatch: a record the batch
+// handler rejects is dead-lettered (reason permanent) in the batch's own
+// transaction, and the other records commit with it: one batch, no
+// retries, no going one record at a time.
+func TestBatchHandlerRejectsARecordWithoutFailingTheBatch(t *testing.T) {
+	b := setup(t, 1)
+	produced := b.produce(t, 0, []byte("a"), []byte("b"), []byte("reject"), []byte("c"), []byte("d"))
+	fn := effects.BatchFunction(b.fn, b.topic)
+	apply := fn.BatchHandler
+	fn.BatchHandler = func(ctx context.Context, tx pgx.Tx, recs []runtime.Record, out *runtime.BatchEvents) error {
+		var keep []runtime.Record
+		for _, r := range recs {
+			if string(r.Value) == "reject" {
+				out.Emit(r, runtime.Event{Subject: effects.Subject(b.fn), Data: r.Value}) // dropped with the record
+				out.Reject(r, errors.New("asked to be rejected"))
+				continue
+			}
+			keep = append(keep, r)
+		}
+		return apply(ctx, tx, keep, out)
+	}
+	w, stop := b.run(t, fn)
+	b.waitCaughtUp(t, b.fn)
+	stop()
+	rep := b.check(t, b.fn, produced, produced[2])
+	if rep.Applied != 4 || rep.DeadLetters != 1 {
+		t.Errorf("applied=%d dead-lettered=%d, want 4 and 1", rep.Applied, rep.DeadLetters)
+	}
+	st := w.Stats()
+	if st.Batches.Load() != 1 || st.Retries.Load() != 0 || st.Applied.Load() != 4 || st.DeadLettered.Load() != 1 {
+		t.Errorf("batches %d, retries %d, applied %d, dead-lettered %d; want 1 batch, no retry, 4 applied and 1 dead-lettered",
+			st.Batches.Load(), st.Retries.Load(), st.Applied.Load(), st.DeadLettered.Load())
+	}
+	var reason, errText string
+	if err := b.pg.Pool.QueryRow(context.Background(), `SELECT reason, error FROM kfn.dead_letters WHERE consumer = $1`, b.fn).Scan(&reason, &errText); err != nil {
+		t.Fatal(err)
+	}
+	if reason != "permanent" || !strings.Contains(errText, "asked to be rejected") {
+		t.Errorf("dead letter: reason %q, error %q; want permanent, with the handler's reason", reason, errText)
+	}
+}
+
+// TestABatchTakesTwoRoundTripsOfKfnsOwn counts the Postgres round trips of
+// a batch transaction whose handler makes one: begin, fence and claim in
+// one, the handler's statement, the outbox rows and the commit in one.
+func TestABatchTakesTwoRoundTripsOfKfnsOwn(t *testing.T) {
+	b := setup(t, 1)
+	b.cfg.NoRelay = true
+	table := pgx.Identifier{"bulk_" + b.fn}.Sanitize()
+	fn := runtime.Function{
+		Name: b.fn, Topic: b.topic, Emits: []string{effects.Subject(b.fn)},
+		Setup: func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` ("offset" bigint PRIMARY KEY)`)
+			return err
+		},
+		BatchHandler: func(ctx context.Context, tx pgx.Tx, recs []runtime.Record, out *runtime.BatchEvents) error {
+			offsets := make([]int64, len(recs))
+			for i, r := range recs {
+				offsets[i] = r.Offset
+				out.Emit(r, runtime.Event{Subject: effects.Subject(b.fn), Data: r.Value})
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO `+table+` SELECT unnest($1::bigint[])`, offsets)
+			return err
+		},
+	}
+	w, stop := b.run(t, fn)
+	defer stop()
+	// The worker counts a batch once it has the COMMIT's reply, which may
+	// be after the cursor moved in Postgres: wait for its counters.
+	applied := func(n int64) {
+		t.Helper()
+		waitFor(t, 30*time.Second, fmt.Sprintf("%d records applied", n), func() bool { return w.Stats().Applied.Load() >= n })
+	}
+	b.produceN(t, 1, 20) // the first batches prepare their statements
+	applied(20)
+	var perBatch []float64
+	for round := 0; round < 5; round++ {
+		trips, batches := w.Stats().BatchRoundTrips.Load(), w.Stats().Batches.Load()
+		b.produceN(t, 1, 20)
+		applied(int64(40 + 20*round))
+		dt, db := w.Stats().BatchRoundTrips.Load()-trips, w.Stats().Batches.Load()-batches
+		if db == 0 {
+			t.Fatalf("round %d: no batch committed", round)
+		}
+		perBatch = append(perBatch, float64(dt)/float64(db))
+	}
+	t.Logf("round trips per batch, by round: %v", perBatch)
+	sort.Float64s(perBatch)
+	if median := perBatch[len(perBatch)/2]; median != 3 {
+		t.Errorf("median round trips per batch %.1f, want 3: BEGIN+fence+claim, the handler's INSERT, outbox+COMMIT (%v)", median, perBatch)
+	}
+}
+
+// TestPipelinedExecsTakeOneRoundTripPerBatchAndChargeTheirRecord: with
+// PipelineExecs a per-record handler's Execs go to Postgres together, in
+// one round trip per batch; a Query sees the earlier records' writes; a
+// statement that fails is charged to the record that queued it, which is
+// dead-lettered while the others are applied.
+func TestPipelinedExecsTakeOneRoundTripPerBatchAndChargeTheirRecord(t *testing.T) {
+	b := setup(t, 1)
+	b.cfg.NoRelay = true
+	table := pgx.Identifier{"piped_" + b.fn}.Sanitize()
+	var sawEarlierWrites atomic.Bool
+	fn := runtime.Function{
+		Name: b.fn, Topic: b.topic, PipelineExecs: true,
+		Setup: func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` ("offset" bigint PRIMARY KEY, value text NOT NULL CHECK (value <> 'bad'))`)
+			return err
+		},
+		Handler: func(ctx context.Context, tx pgx.Tx, rec runtime.Record, out *runtime.Events) error {
+			if string(rec.Value) == "count" { // reads what the batch wrote so far
+				var n int64
+				if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE "offset" < $1`, rec.Offset).Scan(&n); err != nil {
+					return err
+				}
+				if n == rec.Offset {
+					sawEarlierWrites.Store(true)
+				}
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ($1, $2)`, rec.Offset, string(rec.Value))
+			return err
+		},
+	}
+	w, stop := b.run(t, fn)
+	defer stop()
+	produced := b.produce(t, 0, []byte("a"), []byte("b"), []byte("count"), []byte("c"))
+	b.waitCaughtUp(t, b.fn)
+	if !sawEarlierWrites.Load() {
+		t.Errorf("the handler's query did not see the batch's earlier writes")
+	}
+	for round := 0; round < 3; round++ {
+		trips, batches := w.Stats().BatchRoundTrips.Load(), w.Stats().Batches.Load()
+		produced = append(produced, b.produceN(t, 1, 20)...)
+		// The worker counts a batch once it has the COMMIT's reply, which
+		// may be after the cursor moved in Postgres.
+		waitFor(t, 30*time.Second, "the round's records applied", func() bool { return w.Stats().Applied.Load() >= int64(len(produced)) })
+		dt, db := w.Stats().BatchRoundTrips.Load()-trips, w.Stats().Batches.Load()-batches
+		t.Logf("round %d: %d round trips in %d batches", round, dt, db)
+		if db == 0 || dt > 3*db {
+			t.Errorf("round %d: %d round trips in %d batches of 20 records; want 3 per batch (the 20 Execs in one)", round, dt, db)
+		}
+	}
+	bad := b.produce(t, 0, []byte("d"), []byte("bad"), []byte("e"))
+	produced = append(produced, bad...)
+	b.waitCaughtUp(t, b.fn)
+	stop()
+	var dead int64
+	if err := b.pg.Pool.QueryRow(context.Background(), `SELECT "offset" FROM kfn.dead_letters WHERE consumer = $1`, b.fn).Scan(&dead); err != nil || dead != bad[1].Offset {
+		t.Errorf("dead letter at offset %d (%v), want the failing record at %d", dead, err, bad[1].Offset)
+	}
+	var stored int
+	if err := b.pg.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&stored); err != nil || stored != len(produced)-1 {
+		t.Errorf("%d rows stored (%v), want %d: every record but the failing one", stored, err, len(produced)-1)
 	}
 }

@@ -2,18 +2,25 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	neturl "net/url"
+	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/cmd/kfn/internal/bench"
+	"github.com/kfn-dev/kfn/functions/ledger"
 	"github.com/kfn-dev/kfn/functions/orders"
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
@@ -24,12 +31,13 @@ import (
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("bench", stderr)
-	fs.describe("usage: kfn bench [flags]\n\nMeasures exactly-once against at-least-once and a naive consumer on the same records, and the relay against a naive relay, on a throwaway stack (or the services the flags name); prints msgs/s and ratios.",
+	fs.describe("usage: kfn bench [flags]\n\nMeasures, on the same records and in interleaved rounds, the Postgres ingest limit (COPY of the rows exactly-once writes), exactly-once, at-least-once, a naive consumer, the full pipeline (with the relay to JetStream) and the chain orders → ledger, and the relay against a naive relay, on a throwaway stack (or the services the flags name); prints msgs/s, CPU-seconds per 10k records by process, and ratios. Progress goes to stderr.",
 		"kfn bench",
-		"kfn bench --batch-size 100 --records 20000 --rounds 5")
+		"kfn bench --batch-size 100 --records 20000 --rounds 5",
+		"kfn bench --cpuprofile eo.pprof   # then: go tool pprof -top eo.pprof")
 	services := addServiceFlags(fs)
 	records := fs.Int64("records", 50000, "records applied by the batched modes")
-	naive := fs.Int64("naive-records", 3000, "records applied by the naive mode (it is slow)")
+	naive := fs.Int64("naive-records", 3000, "records applied by the naive mode (it is slow); the first is not timed")
 	partitions := fs.Int("partitions", 4, "partitions of the benchmark topic")
 	var worker runtime.Config // the batched modes' batch settings, the workers' flags
 	settings.BatchSize.Bind(fs.settings, &worker.BatchSize)
@@ -38,14 +46,15 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	relayEvents := fs.Int("relay-events", 0, "outbox backlog relayed by the relay benchmark (default: --records)")
 	relayFor := fs.Duration("relay-duration", 5*time.Second, "how long the naive relay and the relay latency run each take")
 	relayRate := fs.Int("relay-rate", 2000, "events committed per second in the relay latency run")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (the worker) during the first exactly-once round to this file")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if *rounds < 1 || *rounds > 20 {
 		return &usageError{msg: fmt.Sprintf("--rounds %d is out of range 1..20", *rounds)}
 	}
-	if *records < 1 || *naive < 1 || *naive > *records {
-		return &usageError{msg: fmt.Sprintf("need 1 <= --naive-records (%d) <= --records (%d)", *naive, *records)}
+	if *records < 2 || *naive < 2 || *naive > *records {
+		return &usageError{msg: fmt.Sprintf("need 2 <= --naive-records (%d) <= --records (%d)", *naive, *records)}
 	}
 	if *partitions < 1 || *partitions > 256 {
 		return &usageError{msg: fmt.Sprintf("--partitions %d is out of range 1..256", *partitions)}
@@ -62,7 +71,17 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer st.stop()
+	// The business tables, before the copy limit writes into them.
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := orders.Setup(ctx, tx); err != nil {
+			return err
+		}
+		return ledger.Setup(ctx, tx)
+	})
 	pool.Close() // the benchmark opens its own connections
+	if err != nil {
+		return fmt.Errorf("create the orders and ledger tables: %w", err)
+	}
 
 	topic := fmt.Sprintf("kfn-bench-%d", time.Now().UnixNano())
 	if err := ensureTopic(ctx, st.Brokers, st.Kafka, topic, *partitions); err != nil {
@@ -72,6 +91,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := produceOrders(ctx, st.Brokers, st.Kafka, topic, *records); err != nil {
 		return err
 	}
+	js, closeNATS, err := connectJetStream(st.NATSURL, "kfn bench")
+	if err != nil {
+		return err
+	}
+	defer closeNATS()
+	procs := bench.FindProcesses(map[string][]string{"postgres": postgresAddr(st.DatabaseURL), "nats-server": hostPorts(st.NATSURL), "kafka": st.Brokers})
+	fmt.Fprintf(stdout, "CPU counted for: %s\n", processList(procs))
 	fn := orders.Function()
 	fn.Topic = topic
 	results, err := bench.Run(ctx, bench.Config{
@@ -79,16 +105,24 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			KafkaBrokers: st.Brokers, KafkaSecurity: st.Kafka, DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
 			BatchSize: worker.BatchSize, BatchWait: worker.BatchWait, Logger: log,
 		},
-		Function: fn, Records: *records, NaiveRecords: *naive, Rounds: *rounds,
+		Function: fn, Next: ledger.Function(), Partitions: *partitions,
+		Records: *records, NaiveRecords: *naive, Rounds: *rounds,
+		Limit: copyOrders(topic, *partitions), Processes: procs, Progress: stderr, CPUProfile: *cpuProfile,
 		Reset: func(ctx context.Context, tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, `TRUNCATE orders`)
-			return err
+			if _, err := tx.Exec(ctx, `TRUNCATE orders, ledger_entries`); err != nil {
+				return err
+			}
+			// The chain's ledger reads the event stream from its start.
+			if s, err := js.Stream(ctx, runtime.DefaultStream); err == nil {
+				return s.Purge(ctx)
+			}
+			return nil
 		},
 	})
 	if err != nil {
 		return err
 	}
-	printBench(stdout, results, worker.BatchSize, worker.BatchWait)
+	printBench(stdout, results, procs, worker.BatchSize, worker.BatchWait)
 
 	fmt.Fprintf(stdout, "\nrelay: a backlog of %d outbox events to JetStream; the naive relay for %s; commit→ack latency for %s at %d events/s\n",
 		*relayEvents, *relayFor, *relayFor, *relayRate)
@@ -101,6 +135,77 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	printRelayBench(stdout, relay)
 	return nil
+}
+
+// copyOrders writes, with COPY, the rows the orders function's exactly-once
+// path writes for benchmark records [first, first+n): the order, the inbox
+// row and the orders.accepted outbox row.
+func copyOrders(topic string, partitions int) func(ctx context.Context, tx pgx.Tx, consumer string, first, n int64) error {
+	return func(ctx context.Context, tx pgx.Tx, consumer string, first, n int64) error {
+		business, inboxRows, outboxRows := make([][]any, n), make([][]any, n), make([][]any, n)
+		now := time.Now()
+		for j := range n {
+			i := first + j
+			key, value := validOrder(int(i))
+			o, err := runtime.DecodeJSON[orders.Order](value)
+			if err != nil {
+				return err
+			}
+			data, _ := json.Marshal(o)
+			partition := int32(i % int64(partitions))
+			business[j] = []any{o.ID, o.Customer, o.AmountCents, o.Currency}
+			inboxRows[j] = []any{consumer, topic, partition, i, int64(1), "applied"}
+			row := outbox.NewRow(outbox.Origin{Consumer: consumer, Topic: topic, Partition: partition, Offset: i, SourceID: outbox.KafkaSourceID(topic, partition, i)},
+				0, key, runtime.Event{Subject: orders.AcceptedSubject, Key: o.ID, Data: data})
+			outboxRows[j] = []any{row.EventID, row.Event.Subject, row.Event.Type, []byte(row.Event.Key), row.Shard, row.Event.Data, map[string]string{},
+				consumer, topic, partition, i, now}
+		}
+		copies := []struct {
+			table   pgx.Identifier
+			columns []string
+			rows    [][]any
+		}{
+			{pgx.Identifier{"orders"}, []string{"order_id", "customer", "amount_cents", "currency"}, business},
+			{pgx.Identifier{"kfn", "inbox"}, []string{"consumer", "topic", "partition", "offset", "epoch", "outcome"}, inboxRows},
+			{pgx.Identifier{"kfn", "outbox"}, []string{"event_id", "subject", "event_type", "event_key", "shard", "data", "headers",
+				"source", "source_topic", "source_partition", "source_offset", "created_at"}, outboxRows},
+		}
+		for _, c := range copies {
+			if _, err := tx.CopyFrom(ctx, c.table, c.columns, pgx.CopyFromRows(c.rows)); err != nil {
+				return fmt.Errorf("copy into %s: %w", c.table.Sanitize(), err)
+			}
+		}
+		return nil
+	}
+}
+
+// postgresAddr is the host:port of a database URL, for finding its server
+// process; nothing for a URL that does not parse or a Unix socket.
+func postgresAddr(url string) []string {
+	cfg, err := pgconn.ParseConfig(url)
+	if err != nil || strings.HasPrefix(cfg.Host, "/") {
+		return nil
+	}
+	return []string{net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))}
+}
+
+// hostPorts lists the host:port of each server of a NATS URL list.
+func hostPorts(urls string) []string {
+	var out []string
+	for _, u := range strings.Split(urls, ",") {
+		if parsed, err := neturl.Parse(strings.TrimSpace(u)); err == nil && parsed.Port() != "" {
+			out = append(out, parsed.Host)
+		}
+	}
+	return out
+}
+
+func processList(procs []bench.Process) string {
+	names := make([]string, len(procs))
+	for i, p := range procs {
+		names[i] = p.String()
+	}
+	return strings.Join(names, ", ") + " (a service not listed runs inside kfn bench, or on another machine)"
 }
 
 // benchRelay runs outbox.RunRelayBenchmark against the stack's database
@@ -163,27 +268,59 @@ func produceOrders(ctx context.Context, brokers []string, sec kafkaconn.Security
 	return nil
 }
 
-func printBench(w io.Writer, results []bench.Result, batchSize int, batchWait time.Duration) {
-	rate := map[string]float64{}
+func printBench(w io.Writer, results []bench.Result, procs []bench.Process, batchSize int, batchWait time.Duration) {
+	byMode := map[string]bench.Result{}
 	for _, r := range results {
-		rate[r.Mode] = r.PerSecond
+		byMode[r.Mode] = r
 	}
 	wait := batchWait.String()
 	if batchWait < 0 {
 		wait = "0 (no wait)"
 	}
-	fmt.Fprintf(w, "\nbatch size %d, batch wait %s, handler: orders (upsert + outbox event); median of the rounds\n", batchSize, wait)
+	fmt.Fprintf(w, "\nbatch size %d, batch wait %s, handler: orders (batch upsert + outbox event); median of the rounds; CPU-s/10k: CPU seconds per 10,000 records\n", batchSize, wait)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MODE\tRECORDS\tSECONDS\tMSGS/S\tROUNDS (MSGS/S)")
+	header := "MODE\tRECORDS\tSECONDS\tMSGS/S\tCPU-S/10K"
+	for _, p := range procs {
+		header += "\t" + strings.ToUpper(strings.ReplaceAll(p.Name, " ", "-"))
+	}
+	fmt.Fprintln(tw, header+"\tROUNDS (MSGS/S)")
 	for _, r := range results {
 		rounds := make([]string, len(r.Rounds))
 		for i, x := range r.Rounds {
 			rounds[i] = fmt.Sprintf("%.0f", x)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%s\n", r.Mode, r.Records, r.Elapsed.Seconds(), r.PerSecond, strings.Join(rounds, " "))
+		line := fmt.Sprintf("%s\t%d\t%.2f\t%.0f\t%.2f", r.Mode, r.Records, r.Elapsed.Seconds(), r.PerSecond, r.CPUPer10k(""))
+		for _, p := range procs {
+			line += fmt.Sprintf("\t%.2f", r.CPUPer10k(p.Name))
+		}
+		fmt.Fprintln(tw, line+"\t"+strings.Join(rounds, " "))
 	}
 	tw.Flush()
-	eo := rate["exactly-once"]
-	fmt.Fprintf(w, "exactly-once / at-least-once = %.2f×\n", eo/rate["at-least-once"])
-	fmt.Fprintf(w, "exactly-once / naive         = %.1f×\n", eo/rate["naive"])
+	eo, alo, naive, limit := byMode[bench.ModeExactlyOnce], byMode[bench.ModeAtLeastOnce], byMode[bench.ModeNaive], byMode[bench.ModeCopy]
+	fmt.Fprintln(w, "ratios: of the medians, and the median of each round's ratio (the modes of a round run back to back)")
+	fmt.Fprintf(w, "exactly-once / copy limit    = %s  (goal >= 0.6)\n", ratios(eo, limit))
+	fmt.Fprintf(w, "exactly-once / at-least-once = %s  (goal >= 0.85)\n", ratios(eo, alo))
+	fmt.Fprintf(w, "exactly-once / naive         = %.1f×\n", eo.PerSecond/naive.PerSecond)
+	if p, ok := byMode[bench.ModePipeline]; ok {
+		fmt.Fprintf(w, "pipeline / copy limit        = %s; pipeline CPU = %.2f CPU-s/10k over all processes (goal <= 1.2)\n", ratios(p, limit), p.CPUPer10k(""))
+	}
+}
+
+// ratios prints a's throughput over b's: of their medians, then the median
+// of the rounds' ratios with each round's.
+func ratios(a, b bench.Result) string {
+	var each []float64
+	for i := range min(len(a.Rounds), len(b.Rounds)) {
+		each = append(each, a.Rounds[i]/b.Rounds[i])
+	}
+	if len(each) == 0 {
+		return fmt.Sprintf("%.2f", a.PerSecond/b.PerSecond)
+	}
+	shown := make([]string, len(each))
+	for i, r := range each {
+		shown[i] = fmt.Sprintf("%.2f", r)
+	}
+	sorted := slices.Clone(each)
+	slices.Sort(sorted)
+	return fmt.Sprintf("%.2f; by round %.2f (%s)", a.PerSecond/b.PerSecond, sorted[len(sorted)/2], strings.Join(shown, " "))
 }

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -57,8 +58,8 @@ func TestRelayRejectsBadFlags(t *testing.T) {
 // against real Postgres and NATS: it extends an existing stream with the
 // subjects it is given, relays rows committed with outbox.Insert before and
 // while it runs (each once, with its event id as Nats-Msg-Id, in order per
-// key), prints its counters, and stops cleanly on Ctrl-C, flushing the
-// span of each publish to the OTLP endpoint OTEL_* names.
+// key), prints its counters, stops cleanly, exit 0, on SIGTERM, and
+// flushes the span of each publish to the OTLP endpoint OTEL_* names.
 func TestRelayProcessForwardsOutboxRows(t *testing.T) {
 	bin := kfntest.BuildBinary(t, "github.com/kfn-dev/kfn/cmd/kfn")
 	db := kfntest.Postgres(t)
@@ -135,17 +136,19 @@ func TestRelayProcessForwardsOutboxRows(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // one more stats line with everything published
 	requireRelayMetrics(t, p)
 
-	if err := p.Cmd.Process.Signal(os.Interrupt); err != nil {
+	// SIGTERM, as Kubernetes or podman stop it (Ctrl-C's SIGINT takes the
+	// same path).
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case <-p.Exited():
 	case <-time.After(20 * time.Second):
-		t.Fatalf("kfn relay did not stop within 20s of Ctrl-C:\n%s", p.LogTail(30))
+		t.Fatalf("kfn relay did not stop within 20s of SIGTERM:\n%s", p.LogTail(30))
 	}
 	out := p.LogTail(1000)
 	if err := p.ExitErr(); err != nil {
-		t.Fatalf("kfn relay exited with %v after Ctrl-C:\n%s", err, out)
+		t.Fatalf("kfn relay exited with %v after SIGTERM, want status 0:\n%s", err, out)
 	}
 	for _, want := range []string{"kfn relay: relaying the outbox to stream " + streamName, "stopped cleanly after publishing 300 events (0 duplicates"} {
 		if !strings.Contains(out, want) {

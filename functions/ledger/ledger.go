@@ -2,9 +2,9 @@
 // the orders chain: it consumes the orders.accepted events the orders
 // function emits, writes a balanced double entry for each order into the
 // ledger_entries table (debit the customer's receivable account, credit
-// revenue) and emits payments.captured, all in the event's transaction. It
-// owns the ledger_entries table. Events that are not valid orders are
-// dead-lettered.
+// revenue) and emits payments.captured, all in the batch's transaction: one
+// INSERT books a whole batch (unnest of arrays). It owns the ledger_entries
+// table. Events that are not valid orders are rejected (dead-lettered).
 //
 // The table has deliberately no unique key per order: exactly-once is the
 // runtime's job (the event inbox), and an event applied twice anywhere in the
@@ -54,11 +54,11 @@ type Captured struct {
 // Function returns the deployable function.
 func Function() runtime.Function {
 	return runtime.Function{
-		Name:    Name,
-		Subject: orders.AcceptedSubject,
-		Emits:   []string{CapturedSubject},
-		Handler: Handle,
-		Setup:   Setup,
+		Name:         Name,
+		Subject:      orders.AcceptedSubject,
+		Emits:        []string{CapturedSubject},
+		BatchHandler: HandleBatch,
+		Setup:        Setup,
 	}
 }
 
@@ -80,26 +80,41 @@ CREATE INDEX IF NOT EXISTS ledger_entries_order ON ledger_entries (order_id)`)
 	return err
 }
 
-// Handle books one orders.accepted event.
-func Handle(ctx context.Context, tx pgx.Tx, rec runtime.Record, out *runtime.Events) error {
-	o, err := runtime.DecodeJSON[orders.Order](rec.Value)
-	if err != nil {
-		return err
-	}
-	if err := o.Validate(); err != nil {
-		return runtime.Permanent(fmt.Errorf("invalid order: %w", err))
-	}
-	_, err = tx.Exec(ctx, `
+// bookSQL books a debit (to the receivable account) and a credit (to
+// revenue) per order, the orders given as parallel arrays.
+const bookSQL = `
 INSERT INTO ledger_entries (account, side, amount_cents, currency, order_id, event_id)
-VALUES ($1, 'debit', $3, $4, $5, $6), ($2, 'credit', $3, $4, $5, $6)`,
-		ReceivableAccount(o.Customer), RevenueAccount, o.AmountCents, o.Currency, o.ID, rec.EventID)
-	if err != nil {
-		return fmt.Errorf("book order %s: %w", o.ID, err)
+SELECT e.account, e.side, o.amount_cents, o.currency, o.order_id, o.event_id
+  FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[])
+       WITH ORDINALITY AS o(receivable, amount_cents, currency, order_id, event_id, n)
+ CROSS JOIN LATERAL (VALUES (o.receivable, 'debit', 1), ($6, 'credit', 2)) AS e(account, side, k)
+ ORDER BY o.n, e.k`
+
+// HandleBatch books a batch of orders.accepted events in one statement. An
+// event that is not a valid order is rejected (dead-lettered as permanent)
+// and the others are booked.
+func HandleBatch(ctx context.Context, tx pgx.Tx, recs []runtime.Record, out *runtime.BatchEvents) error {
+	var receivables, currencies, ids, events []string
+	var amounts []int64
+	for _, rec := range recs {
+		o, err := orders.Decode(rec)
+		if err != nil {
+			out.Reject(rec, err)
+			continue
+		}
+		receivables, amounts, currencies = append(receivables, ReceivableAccount(o.Customer)), append(amounts, o.AmountCents), append(currencies, o.Currency)
+		ids, events = append(ids, o.ID), append(events, rec.EventID)
+		data, err := json.Marshal(Captured{OrderID: o.ID, Customer: o.Customer, AmountCents: o.AmountCents, Currency: o.Currency, EventID: rec.EventID})
+		if err != nil {
+			return err
+		}
+		out.Emit(rec, runtime.Event{Subject: CapturedSubject, Key: o.ID, Data: data})
 	}
-	data, err := json.Marshal(Captured{OrderID: o.ID, Customer: o.Customer, AmountCents: o.AmountCents, Currency: o.Currency, EventID: rec.EventID})
-	if err != nil {
-		return err
+	if len(ids) == 0 {
+		return nil
 	}
-	out.Emit(runtime.Event{Subject: CapturedSubject, Key: o.ID, Data: data})
+	if _, err := tx.Exec(ctx, bookSQL, receivables, amounts, currencies, ids, events, RevenueAccount); err != nil {
+		return fmt.Errorf("book %d orders: %w", len(ids), err)
+	}
 	return nil
 }

@@ -1,7 +1,9 @@
 // Package orders is the example Kafka-triggered function: it consumes JSON
 // orders from the "orders" topic, upserts them into the orders table and
-// emits an orders.accepted event, all in the record's transaction. Orders
-// that cannot be accepted are dead-lettered with the reason.
+// emits an orders.accepted event, all in the batch's transaction. It is
+// batch-native: one statement upserts a whole batch (unnest of arrays).
+// Orders that cannot be accepted are rejected, and so dead-lettered with
+// the reason, without failing the batch.
 package orders
 
 import (
@@ -9,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -44,17 +47,22 @@ func (o Order) Validate() error {
 	if len(o.Currency) != 3 {
 		errs = append(errs, fmt.Errorf("currency %q is not a 3-letter code", o.Currency))
 	}
+	for _, f := range []struct{ name, value string }{{"order_id", o.ID}, {"customer", o.Customer}, {"currency", o.Currency}} {
+		if strings.ContainsRune(f.value, 0) {
+			errs = append(errs, fmt.Errorf("%s holds a NUL character, which Postgres text cannot store", f.name))
+		}
+	}
 	return errors.Join(errs...)
 }
 
 // Function returns the deployable function.
 func Function() runtime.Function {
 	return runtime.Function{
-		Name:    "orders",
-		Topic:   Topic,
-		Emits:   []string{AcceptedSubject},
-		Handler: Handle,
-		Setup:   Setup,
+		Name:         "orders",
+		Topic:        Topic,
+		Emits:        []string{AcceptedSubject},
+		BatchHandler: HandleBatch,
+		Setup:        Setup,
 	}
 }
 
@@ -72,31 +80,66 @@ CREATE TABLE IF NOT EXISTS orders (
 	return err
 }
 
-// Handle accepts one order record.
-func Handle(ctx context.Context, tx pgx.Tx, rec runtime.Record, out *runtime.Events) error {
+// Decode reads an order record: a tombstone, a value that does not decode
+// and an invalid order are Permanent errors.
+func Decode(rec runtime.Record) (Order, error) {
 	if rec.Tombstone() {
-		return runtime.Permanent(errors.New("tombstone: orders are never deleted"))
+		return Order{}, runtime.Permanent(errors.New("tombstone: orders are never deleted"))
 	}
 	o, err := runtime.DecodeJSON[Order](rec.Value)
 	if err != nil {
-		return err
+		return Order{}, err
 	}
 	if err := o.Validate(); err != nil {
-		return runtime.Permanent(fmt.Errorf("invalid order: %w", err))
+		return Order{}, runtime.Permanent(fmt.Errorf("invalid order: %w", err))
 	}
-	_, err = tx.Exec(ctx, `
-INSERT INTO orders (order_id, customer, amount_cents, currency) VALUES ($1, $2, $3, $4)
+	return o, nil
+}
+
+// upsertSQL upserts a batch of orders given as parallel arrays, one
+// element per order id (a batch's revisions of one order are folded into
+// its last, with their count).
+const upsertSQL = `
+INSERT INTO orders (order_id, customer, amount_cents, currency, revisions)
+SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::int[])
 ON CONFLICT (order_id) DO UPDATE
    SET customer = EXCLUDED.customer, amount_cents = EXCLUDED.amount_cents, currency = EXCLUDED.currency,
-       revisions = orders.revisions + 1, updated_at = now()`,
-		o.ID, o.Customer, o.AmountCents, o.Currency)
-	if err != nil {
-		return fmt.Errorf("upsert order %s: %w", o.ID, err)
+       revisions = orders.revisions + EXCLUDED.revisions, updated_at = now()`
+
+// HandleBatch accepts a batch of order records in one statement. A record
+// that is not a valid order is rejected (dead-lettered as permanent) and
+// the others are applied. Records of one order in the batch are applied in
+// order: the last one wins, and each counts as a revision.
+func HandleBatch(ctx context.Context, tx pgx.Tx, recs []runtime.Record, out *runtime.BatchEvents) error {
+	var ids, customers, currencies []string
+	var amounts []int64
+	var revisions []int32
+	at := make(map[string]int, len(recs)) // order id -> its element in the arrays
+	for _, rec := range recs {
+		o, err := Decode(rec)
+		if err != nil {
+			out.Reject(rec, err)
+			continue
+		}
+		if i, ok := at[o.ID]; ok {
+			customers[i], amounts[i], currencies[i] = o.Customer, o.AmountCents, o.Currency
+			revisions[i]++
+		} else {
+			at[o.ID] = len(ids)
+			ids, customers, amounts, currencies = append(ids, o.ID), append(customers, o.Customer), append(amounts, o.AmountCents), append(currencies, o.Currency)
+			revisions = append(revisions, 1)
+		}
+		data, err := json.Marshal(o)
+		if err != nil {
+			return err
+		}
+		out.Emit(rec, runtime.Event{Subject: AcceptedSubject, Key: o.ID, Data: data})
 	}
-	data, err := json.Marshal(o)
-	if err != nil {
-		return err
+	if len(ids) == 0 {
+		return nil
 	}
-	out.Emit(runtime.Event{Subject: AcceptedSubject, Key: o.ID, Data: data})
+	if _, err := tx.Exec(ctx, upsertSQL, ids, customers, amounts, currencies, revisions); err != nil {
+		return fmt.Errorf("upsert %d orders: %w", len(ids), err)
+	}
 	return nil
 }

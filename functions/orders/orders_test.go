@@ -100,16 +100,63 @@ func TestOrdersThatCannotBeAcceptedAreDeadLettered(t *testing.T) {
 	}
 }
 
-// TestHandleCanBeCalledDirectly calls the handler without fntest, as any Go
-// function, with the Events a worker would give it.
-func TestHandleCanBeCalledDirectly(t *testing.T) {
+// TestHandleBatchAppliesABatchInOneGo calls the batch handler directly, as
+// any Go function, with a batch as a worker would give it: two revisions
+// of one order, an invalid order and another order. The invalid one is
+// rejected, the others applied, in order, each revision counted.
+func TestHandleBatchAppliesABatchInOneGo(t *testing.T) {
 	tx, _ := begin(t)
-	rec := record(0, `{"order_id":"ord-9","customer":"acme","amount_cents":5,"currency":"USD"}`)
-	out := runtime.NewEvents(rec)
-	if err := orders.Handle(context.Background(), tx, rec, out); err != nil {
+	ctx := context.Background()
+	batch := []runtime.Record{
+		record(0, `{"order_id":"ord-9","customer":"acme","amount_cents":5,"currency":"USD"}`),
+		record(1, `{"order_id":"ord-9","customer":"acme","amount_cents":7,"currency":"USD"}`),
+		record(2, `{"order_id":"ord-bad","customer":"acme","amount_cents":0,"currency":"USD"}`),
+		record(3, `{"order_id":"ord-10","customer":"zeta","amount_cents":3,"currency":"EUR"}`),
+		record(4, "{\"order_id\":\"ord-11\",\"customer\":\"a\\u0000b\",\"amount_cents\":3,\"currency\":\"EUR\"}"),
+	}
+	var out runtime.BatchEvents
+	if err := orders.HandleBatch(ctx, tx, batch, &out); err != nil {
 		t.Fatal(err)
 	}
-	if evs := out.Emitted(); len(evs) != 1 || evs[0].Key != "ord-9" {
-		t.Errorf("emitted %+v, want one event keyed ord-9", evs)
+	rejected := out.Rejected()
+	if len(rejected) != 2 || rejected[0].Record.Offset != 2 || !strings.Contains(rejected[0].Err.Error(), "amount_cents is 0") ||
+		rejected[1].Record.Offset != 4 || !strings.Contains(rejected[1].Err.Error(), "customer holds a NUL character") || !runtime.IsPermanent(rejected[0].Err) {
+		t.Fatalf("rejected %+v; want offsets 2 (amount 0) and 4 (NUL), as permanent", rejected)
+	}
+	var keys []string
+	for _, ev := range out.Emitted() {
+		keys = append(keys, ev.Key)
+	}
+	if strings.Join(keys, ",") != "ord-9,ord-9,ord-10" {
+		t.Errorf("emitted events keyed %v; want ord-9, ord-9, ord-10", keys)
+	}
+	rows, err := tx.Query(ctx, `SELECT order_id, amount_cents, revisions FROM orders ORDER BY order_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		id              string
+		amount, revised int64
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+		var x row
+		return x, r.Scan(&x.id, &x.amount, &x.revised)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []row{{"ord-10", 3, 1}, {"ord-9", 7, 2}}; len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Errorf("orders %+v; want %+v (the later revision wins, both counted)", got, want)
+	}
+	// A second batch revises ord-9 again: the count goes on from the table.
+	if err := orders.HandleBatch(ctx, tx, batch[:1], &runtime.BatchEvents{}); err != nil {
+		t.Fatal(err)
+	}
+	var amount, revisions int64
+	if err := tx.QueryRow(ctx, `SELECT amount_cents, revisions FROM orders WHERE order_id = 'ord-9'`).Scan(&amount, &revisions); err != nil {
+		t.Fatal(err)
+	}
+	if amount != 5 || revisions != 3 {
+		t.Errorf("ord-9 after another batch: amount %d, revisions %d; want 5 and 3", amount, revisions)
 	}
 }

@@ -159,20 +159,23 @@ func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (failu
 		endSpan(span, err)
 	}()
 	began := time.Now()
-	conn, tx, err := a.begin(ctx)
+	ctx = context.WithValue(ctx, roundTripCounterKey{}, &a.stats.BatchRoundTrips)
+	conn, tx, claim, err := a.beginClaim(ctx, recs)
 	if err != nil {
 		return nil, err
 	}
-	abandoned := false
+	abandoned, committed := false, false
 	defer func() {
 		if abandoned {
 			return // the abandoned handler's goroutine still holds tx; its connection is out of the pool
 		}
-		tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+		if !committed { // the pipelined COMMIT leaves pgx's tx open, the session idle
+			tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the transaction may have ended already
+		}
 		conn.pooled.Release()
 	}()
 
-	fresh, err := a.tracker.claim(ctx, tx, recs)
+	fresh, err := claim(ctx, tx)
 	if err != nil {
 		return nil, err
 	}
@@ -204,7 +207,7 @@ func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (failu
 		return nil, err
 	}
 
-	rows, emitted, failure := a.runHandlers(ctx, conn, tx, work, recs)
+	rows, rejected, emitted, failure := a.runHandlers(ctx, conn, tx, work, recs, true)
 	if failure != nil {
 		abandoned = isAbandoned(failure.err)
 		if ctx.Err() != nil || (!isHandlerTimeout(failure.err) && tx.Conn().IsClosed()) {
@@ -212,29 +215,37 @@ func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (failu
 		}
 		return failure, nil
 	}
-	if err := outbox.Insert(ctx, tx, rows); err != nil {
-		if failure := recordsFault(recs, "write the outbox rows", err); failure != nil {
+	for _, r := range rejected {
+		if err := a.writeDeadLetter(ctx, tx, r.Record, failureReason(r.Err), r.Err, attempt); err != nil {
+			if failure := recordsFault(recs, "write a rejected record's dead letter", err); failure != nil {
+				return failure, nil
+			}
+			return nil, err
+		}
+		dead = append(dead, deadRecord{rec: r.Record, reason: failureReason(r.Err), err: r.Err})
+	}
+	// The outbox rows and the COMMIT go in one round trip. Once COMMIT is
+	// sent, wait for its reply even if the lane is being stopped (shutdown,
+	// lease lost): otherwise a commit that lands would be counted nowhere.
+	// The wait stays bounded by the round-trip limit, and the fence makes a
+	// late commit safe: it was serialised in Postgres.
+	if what, err := commitWithOutbox(context.WithoutCancel(ctx), tx, rows); err != nil {
+		if failure := recordsFault(recs, what, err); failure != nil { // a data error in the outbox rows, a deferred constraint the records' writes broke
 			return failure, nil
+		}
+		if what == "commit" {
+			return nil, fmt.Errorf("commit %d records of %s: %w", len(recs), a.part, err)
 		}
 		return nil, err
 	}
-	// Once COMMIT is sent, wait for its reply even if the lane is being
-	// stopped (shutdown, lease lost): otherwise a commit that lands would be
-	// counted nowhere. The wait stays bounded by the round-trip limit, and
-	// the fence makes a late commit safe: it was serialised in Postgres.
-	if err := tx.Commit(context.WithoutCancel(ctx)); err != nil {
-		if failure := recordsFault(recs, "commit", err); failure != nil { // e.g. a deferred constraint the records' writes broke
-			return failure, nil
-		}
-		return nil, fmt.Errorf("commit %d records of %s: %w", len(recs), a.part, err)
-	}
+	committed = true
 
 	deadReasons := make([]string, len(dead))
 	for i, d := range dead {
 		deadReasons[i] = d.reason
 	}
-	a.committed(recs[len(recs)-1], len(work), duplicates, deadReasons...)
-	a.stats.observeCommit(a.fn.Name, len(recs), work, began)
+	a.committed(recs[len(recs)-1], len(work)-len(rejected), duplicates, deadReasons...)
+	a.stats.observeCommit(a.fn.Name, len(recs), withoutRejected(work, rejected), began)
 	a.stats.TraceContextDropped.Add(int64(emitted.traceDropped))
 	a.stats.countFn(a.fn.Name, func(c *FunctionCounters) { c.TraceContextDropped += int64(emitted.traceDropped) })
 	for _, d := range dead {
@@ -370,8 +381,11 @@ func recordSize(r Record) int {
 }
 
 // runHandlers calls the function's handler on work inside tx and returns the
-// outbox rows it emitted. On failure the index refers to recs.
-func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work, recs []Record) ([]outbox.Row, *emitCollector, *handlerFailure) {
+// outbox rows it emitted and the records a BatchHandler rejected (only when
+// inline, for a function with KeyOrder Continue: the caller dead-letters
+// them in tx; otherwise the first rejected record is the failure). On
+// failure the index refers to recs.
+func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work, recs []Record, inline bool) ([]outbox.Row, []Rejection, *emitCollector, *handlerFailure) {
 	emitter := newEmitCollector(a.fn, a.generation)
 	indexIn := func(r Record) int {
 		for i := range recs {
@@ -383,11 +397,12 @@ func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work
 	}
 	if a.fn.BatchHandler != nil {
 		if len(work) == 0 {
-			return nil, emitter, nil
+			return nil, nil, emitter, nil
 		}
 		hctx, records, span := a.startBatchHandler(ctx, work, emitter)
+		out := &BatchEvents{emit: emitter.emit}
 		err := a.call(hctx, conn, func(ctx context.Context) error {
-			return a.fn.BatchHandler(ctx, tx, work, &BatchEvents{emit: emitter.emit})
+			return a.fn.BatchHandler(ctx, tx, work, out)
 		})
 		if err == nil {
 			err = emitter.err
@@ -398,26 +413,88 @@ func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work
 		endSpan(span, err)
 		if err != nil {
 			if len(recs) > 1 {
-				return nil, nil, &handlerFailure{index: unknownCulprit, err: err}
+				return nil, nil, nil, &handlerFailure{index: unknownCulprit, err: err}
 			}
-			return nil, nil, &handlerFailure{index: 0, err: err}
+			return nil, nil, nil, &handlerFailure{index: 0, err: err}
 		}
-		return emitter.rows, emitter, nil
+		rejected := out.Rejected()
+		if len(rejected) > 0 && (!inline || a.fn.KeyOrder == ParkKey) {
+			first := rejected[0]
+			for _, r := range rejected[1:] {
+				if r.Record.Offset < first.Record.Offset {
+					first = r
+				}
+			}
+			return nil, nil, nil, &handlerFailure{index: indexIn(first.Record), err: first.Err}
+		}
+		return dropRejected(emitter.rows, rejected), rejected, emitter, nil
+	}
+	htx := tx
+	var pipelined *pipelinedTx
+	if a.fn.PipelineExecs {
+		pipelined = newPipelinedTx(tx)
+		htx = pipelined
 	}
 	for _, r := range work {
+		if pipelined != nil {
+			pipelined.record = indexIn(r)
+		}
 		hctx, span := a.startHandler(ctx, r, emitter)
 		err := a.call(hctx, conn, func(ctx context.Context) error {
-			return a.fn.Handler(ctx, tx, r, &Events{emit: emitter.emit, rec: r})
+			return a.fn.Handler(ctx, htx, r, &Events{emit: emitter.emit, rec: r})
 		})
+		if pipelined != nil && pipelined.failed != nil {
+			endSpan(span, pipelined.failed.err)
+			return nil, nil, nil, pipelined.failed // an earlier record's statement, maybe
+		}
 		if err == nil {
 			err = emitter.err
 		}
 		endSpan(span, err)
 		if err != nil {
-			return nil, nil, &handlerFailure{index: indexIn(r), err: err}
+			return nil, nil, nil, &handlerFailure{index: indexIn(r), err: err}
 		}
 	}
-	return emitter.rows, emitter, nil
+	if pipelined != nil && pipelined.flush(ctx) != nil {
+		return nil, nil, nil, pipelined.failed
+	}
+	return emitter.rows, nil, emitter, nil
+}
+
+// withoutRejected leaves the rejected records out of work.
+func withoutRejected(work []Record, rejected []Rejection) []Record {
+	if len(rejected) == 0 {
+		return work
+	}
+	gone := make(map[int64]bool, len(rejected))
+	for _, r := range rejected {
+		gone[r.Record.Offset] = true
+	}
+	kept := make([]Record, 0, len(work)-len(rejected))
+	for _, r := range work {
+		if !gone[r.Offset] {
+			kept = append(kept, r)
+		}
+	}
+	return kept
+}
+
+// dropRejected leaves out the outbox rows emitted for rejected records.
+func dropRejected(rows []outbox.Row, rejected []Rejection) []outbox.Row {
+	if len(rejected) == 0 {
+		return rows
+	}
+	gone := make(map[int64]bool, len(rejected))
+	for _, r := range rejected {
+		gone[r.Record.Offset] = true
+	}
+	kept := rows[:0]
+	for _, r := range rows {
+		if !gone[r.Origin.Offset] {
+			kept = append(kept, r)
+		}
+	}
+	return kept
 }
 
 // deadLetter parks rec in its own transaction and moves the lane past it.
@@ -588,14 +665,15 @@ func DeadLetterHeaders(rec Record) []inbox.Header {
 	return headers
 }
 
-// HandleRecord applies rec through fn's Handler inside tx, the way a lane
-// does but without the inbox, the fence or retries, and returns the outbox
-// rows of the events it emitted (validated as the worker validates them)
-// without writing them. A panic in the handler is returned as an error. It
-// is for the author's test helper and the benchmark's naive mode.
+// HandleRecord applies rec through fn's Handler (or its BatchHandler, with
+// a batch of one) inside tx, the way a lane does but without the inbox, the
+// fence or retries, and returns the outbox rows of the events it emitted
+// (validated as the worker validates them) without writing them. A panic in
+// the handler is returned as an error, and so is a rejection (Permanent).
+// It is for the author's test helper and the benchmark's naive mode.
 func HandleRecord(ctx context.Context, tx pgx.Tx, fn Function, rec Record) (rows []outbox.Row, err error) {
-	if fn.Handler == nil {
-		return nil, fmt.Errorf("function %s has no Handler", fn.Name)
+	if fn.Handler == nil && fn.BatchHandler == nil {
+		return nil, fmt.Errorf("function %s has no Handler or BatchHandler", fn.Name)
 	}
 	defer func() {
 		if v := recover(); v != nil {
@@ -606,8 +684,29 @@ func HandleRecord(ctx context.Context, tx pgx.Tx, fn Function, rec Record) (rows
 		rec.Attempt = 1
 	}
 	emitter := newEmitCollector(fn, 0)
-	if err := fn.Handler(ctx, tx, rec, &Events{emit: emitter.emit, rec: rec}); err != nil {
+	if fn.BatchHandler != nil {
+		out := &BatchEvents{emit: emitter.emit}
+		if err := fn.BatchHandler(ctx, tx, []Record{rec}, out); err != nil {
+			return nil, err
+		}
+		if rejected := out.Rejected(); len(rejected) > 0 {
+			return nil, rejected[0].Err
+		}
+		return emitter.rows, emitter.err
+	}
+	htx := tx
+	var pipelined *pipelinedTx
+	if fn.PipelineExecs {
+		pipelined = newPipelinedTx(tx)
+		htx = pipelined
+	}
+	if err := fn.Handler(ctx, htx, rec, &Events{emit: emitter.emit, rec: rec}); err != nil {
 		return nil, err
+	}
+	if pipelined != nil {
+		if err := pipelined.flush(ctx); err != nil {
+			return nil, err
+		}
 	}
 	return emitter.rows, emitter.err
 }

@@ -47,6 +47,7 @@ type Config struct {
 	LeaseTTL       time.Duration // KFN_LEASE_TTL: partition lease lifetime without renewal
 	LeaseRenew     time.Duration // KFN_LEASE_RENEW: how often leases and heartbeats are renewed
 	LeaseBucket    string        // KFN_LEASE_BUCKET: the NATS KV bucket of the leases; all workers of a function share it
+	Lanes          int           // KFN_LANES: lanes a NATS-triggered function's events are spread over by key hash
 	NoRelay        bool          // KFN_NO_RELAY (true/false, 1/0): do not run the outbox relay in this process (run `kfn relay` instead)
 	SkipSetup      bool          // KFN_SKIP_SETUP: do not run the functions' Setup at start (run the binary's migrate mode as the schema owner instead)
 	EventStream    string        // KFN_EVENT_STREAM: the JetStream stream outbox events are relayed to
@@ -157,6 +158,7 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.StatementTimeout, min(c.LeaseTTL*4/10, c.HandlerTimeout*8/10))
 	setDefault(&c.LeaseBucket, settings.LeaseBucket.Default)
 	setDefault(&c.NATSReplicas, settings.DefaultNATSReplicas)
+	setDefault(&c.Lanes, settings.Lanes.Default)
 	setDefault(&c.EventStream, DefaultStream)
 	setDefault(&c.EventDedup, DefaultEventDedup)
 	setDefault(&c.InboxRetention, DefaultInboxRetention)
@@ -252,6 +254,7 @@ func (c Config) validate(needKafka bool) error {
 		bad(configError(settings.EventRetention, "%s is shorter than --event-dedup (%s)", c.EventRetention, c.EventDedup))
 	}
 	add(settings.InboxRetention.Problems(c.InboxRetention))
+	add(settings.Lanes.Problems(c.Lanes))
 	add(settings.LeaseRenew.Problems(c.LeaseRenew))
 	if c.LeaseRenew > 0 && c.LeaseTTL < 3*c.LeaseRenew {
 		bad(configError(settings.LeaseTTL, "%s must be at least 3 × --lease-renew (%s) so a lease survives a missed renewal", c.LeaseTTL, c.LeaseRenew))
@@ -307,6 +310,7 @@ func (c *Config) bind(b *settings.Binder) {
 	settings.LeaseTTL.Bind(b, &c.LeaseTTL)
 	settings.LeaseRenew.Bind(b, &c.LeaseRenew)
 	settings.LeaseBucket.Bind(b, &c.LeaseBucket)
+	settings.Lanes.Bind(b, &c.Lanes)
 	settings.NoRelay.Bind(b, &c.NoRelay)
 	settings.SkipSetup.Bind(b, &c.SkipSetup)
 	settings.EventStream.Bind(b, &c.EventStream)

@@ -143,15 +143,10 @@ func (w *worker) explainNATSState(err error) error {
 
 // own runs the lanes of fn that the lease manager hands this worker, each in
 // its own goroutine, until ctx ends: the partitions of a Kafka topic, or the
-// single lane of a JetStream subject (one active consumer keeps per-key order).
+// Lanes lanes of a JetStream subject (a key's events all go to one lane,
+// which keeps their order).
 func (w *worker) own(ctx context.Context, fn Function, leases *lease.Manager) error {
-	if fn.Subject != "" {
-		single := func(context.Context) ([]string, error) { return []string{LeaseItem(0)}, nil }
-		return leases.Run(ctx, single, func(ctx context.Context, c lease.Claim) {
-			w.runSubject(ctx, fn, int64(c.Token))
-		})
-	}
-	partitions := func(ctx context.Context) ([]string, error) {
+	items := func(ctx context.Context) ([]string, error) {
 		parts, err := w.kafka.partitions(ctx, fn.Topic)
 		if err != nil {
 			return nil, err
@@ -162,12 +157,21 @@ func (w *worker) own(ctx context.Context, fn Function, leases *lease.Manager) er
 		}
 		return items, nil
 	}
-	return leases.Run(ctx, partitions, func(ctx context.Context, c lease.Claim) {
+	run := w.runPartition
+	if fn.Subject != "" {
+		lanes := make([]string, w.cfg.Lanes)
+		for k := range lanes {
+			lanes[k] = LeaseItem(int32(k))
+		}
+		items = func(context.Context) ([]string, error) { return lanes, nil }
+		run = w.runSubject
+	}
+	return leases.Run(ctx, items, func(ctx context.Context, c lease.Claim) {
 		p, err := parseLeaseItem(c.Item)
 		if err != nil {
 			w.cfg.Logger.Error("ignoring lease", "function", fn.Name, "err", err)
 			return
 		}
-		w.runPartition(ctx, fn, p, int64(c.Token))
+		run(ctx, fn, p, int64(c.Token))
 	})
 }

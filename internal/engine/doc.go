@@ -16,8 +16,10 @@
 //
 // # Ownership of a lane
 //
-// A lane is a Kafka partition of a function's topic, or the single lane of a
-// NATS-triggered function's subject. Each lane has one lease in the NATS KV
+// A lane is a Kafka partition of a function's topic, or one of the Lanes
+// lanes of a NATS-triggered function's subject, which split its events by
+// key hash (subject.go; the count is kept by inbox.ClaimLane). Each lane
+// has one lease in the NATS KV
 // bucket kfn_leases, in the group "<function>/<topic or subject>". The
 // workers of a function heartbeat as members of that group, and the target
 // owner of each lane is chosen over the live members by rendezvous hashing

@@ -39,6 +39,15 @@ type Function struct {
 	// writes. When it fails, the records are retried one at a time so the
 	// failing one can be found and dead-lettered.
 	BatchHandler BatchHandler
+	// PipelineExecs makes the Exec calls of a Handler (not a BatchHandler)
+	// cheap: each is queued instead of sent, and the queue goes to Postgres
+	// in one round trip before the handler's next Query, QueryRow,
+	// CopyFrom, SendBatch or savepoint (so reads see every earlier write)
+	// and after the batch's last record. Exec then returns an empty command
+	// tag and no error: a failing statement fails the record that queued
+	// it, later. Set it only for a handler that does not look at Exec's
+	// result or error.
+	PipelineExecs bool
 	// Setup creates the function's business tables. It runs in a transaction
 	// at every start of a worker (unless --skip-setup) and in the binary's
 	// migrate mode, so it must be idempotent (CREATE TABLE IF NOT EXISTS …).
@@ -182,12 +191,41 @@ func (e *Events) Emit(ev Event) {
 // Emitted lists the events emitted through e so far, in order.
 func (e *Events) Emitted() []Event { return e.emitted }
 
-// BatchEvents collects the events a BatchHandler emits. The zero value
-// collects them for Emitted only (a batch handler called directly).
+// BatchEvents collects the events a BatchHandler emits and the records it
+// rejects. The zero value collects them for Emitted and Rejected only (a
+// batch handler called directly).
 type BatchEvents struct {
-	emit    func(rec Record, ev Event) // nil outside a worker
-	emitted []Event
+	emit     func(rec Record, ev Event) // nil outside a worker
+	emitted  []Event
+	rejected []Rejection
 }
+
+// Rejection is a record a BatchHandler rejected, with the reason.
+type Rejection struct {
+	Record Record
+	Err    error
+}
+
+// Reject dead-letters rec (reason permanent) instead of applying it,
+// without failing the batch: the other records commit, and rec's dead
+// letter with them, in the batch's transaction. Reject a record before
+// writing anything for it (its writes would commit) and emit nothing for
+// it (its events are dropped). It is for records no retry can fix, such as
+// a value that does not decode. With KeyOrder ParkKey the batch stops at
+// the first rejected record instead: the records before it commit, it is
+// dead-lettered alone (parking its key), and the rest goes on.
+func (e *BatchEvents) Reject(rec Record, err error) {
+	if err == nil {
+		err = errors.New("rejected")
+	}
+	if !IsPermanent(err) {
+		err = Permanent(err)
+	}
+	e.rejected = append(e.rejected, Rejection{Record: rec, Err: err})
+}
+
+// Rejected lists the records rejected through e so far, in order.
+func (e *BatchEvents) Rejected() []Rejection { return e.rejected }
 
 // Emit adds an event emitted for source record rec to the outbox.
 func (e *BatchEvents) Emit(rec Record, ev Event) {
@@ -235,6 +273,8 @@ func (f Function) validate() error {
 		return fmt.Errorf("function %s: set Handler or BatchHandler", f.Name)
 	case f.Handler != nil && f.BatchHandler != nil:
 		return fmt.Errorf("function %s: set only one of Handler and BatchHandler", f.Name)
+	case f.PipelineExecs && f.Handler == nil:
+		return fmt.Errorf("function %s: PipelineExecs applies to a Handler: a BatchHandler sends its own statements", f.Name)
 	case f.KeyOrder != Continue && f.KeyOrder != ParkKey:
 		return fmt.Errorf("function %s: KeyOrder %v is neither Continue nor ParkKey", f.Name, f.KeyOrder)
 	case f.KeyOrder == ParkKey && f.Subject != "":

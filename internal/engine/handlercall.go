@@ -8,7 +8,6 @@ import (
 	"runtime/debug"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -143,20 +142,6 @@ func (a *applier) abandon(conn *txConn, done <-chan error, started time.Time) {
 		a.log.Warn("abandoned handler returned", "after", time.Since(started).Round(time.Millisecond), "err", err,
 			"abandoned_handlers_running", st.AbandonedHandlersRunning.Load())
 	}()
-}
-
-// begin starts a batch transaction on a connection of its own.
-func (a *applier) begin(ctx context.Context) (*txConn, pgx.Tx, error) {
-	conn, err := acquireTxConn(ctx, a.pool)
-	if err != nil {
-		return nil, nil, fmt.Errorf("begin transaction on %s: %w", a.part, err)
-	}
-	tx, err := conn.pooled.Begin(ctx)
-	if err != nil {
-		conn.pooled.Release()
-		return nil, nil, fmt.Errorf("begin transaction on %s: %w", a.part, err)
-	}
-	return conn, tx, nil
 }
 
 // isStatementTimeout reports whether err is Postgres cancelling a statement

@@ -8,6 +8,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -87,7 +88,14 @@ type roundTrips struct {
 	ok    func()
 }
 
+// roundTripCounterKey marks a ctx whose round trips are counted, in the
+// *atomic.Int64 it holds (Stats.BatchRoundTrips).
+type roundTripCounterKey struct{}
+
 func (r *roundTrips) start(ctx context.Context) context.Context {
+	if n, ok := ctx.Value(roundTripCounterKey{}).(*atomic.Int64); ok {
+		n.Add(1)
+	}
 	if ctx.Value(unlimitedKey{}) != nil {
 		return ctx
 	}

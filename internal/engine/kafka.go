@@ -92,6 +92,21 @@ func (k *kafkaSource) offsetRange(ctx context.Context, topic string, partition i
 	return 0, 0, fmt.Errorf("list offsets of %s/%d: partition missing from the answer", topic, partition)
 }
 
+// ping asks a broker for its API versions: a round trip to the cluster.
+// partitions cannot tell whether Kafka answers: kafka-go's transport
+// serves Metadata from a cache it refreshes every few seconds in the
+// background, and keeps serving it when a refresh fails.
+func (k *kafkaSource) ping(ctx context.Context) error {
+	resp, err := k.client.ApiVersions(ctx, &kafka.ApiVersionsRequest{})
+	if err == nil {
+		err = resp.Error
+	}
+	if err != nil {
+		return fmt.Errorf("brokers %v do not answer: %w", k.brokers, kafkaconn.Explain(err, k.brokers, k.security))
+	}
+	return nil
+}
+
 // reader opens a partition reader positioned at offset.
 func (k *kafkaSource) reader(topic string, partition int32, offset int64, queue int) (*kafka.Reader, error) {
 	r := kafka.NewReader(kafka.ReaderConfig{

@@ -70,19 +70,37 @@ func (pr *partitionRun) run(ctx context.Context) error {
 	if err := retryInfra(ctx, pr.log, "claim partition", pr.claim); err != nil {
 		return err
 	}
-	pr.log.Info("partition claimed", "next_offset", pr.cursor.next)
+	pr.log.Debug("partition claimed", "next_offset", pr.cursor.next)
 	reader, err := pr.w.kafka.reader(pr.part.Topic, pr.part.Partition, pr.cursor.next, 2*pr.w.cfg.BatchSize)
 	if err != nil {
 		return err
 	}
-	defer func() { reader.Close() }()
+	// Closing a reader waits for its fetch in flight (up to its MaxWait);
+	// the lease is not held for that: the reader touches nothing the next
+	// owner uses. Run waits for the close.
+	defer func() { pr.w.readersClosing.Go(func() { reader.Close() }) }()
+	// The next batch is read while the current one commits: a prefetch
+	// runs in its own goroutine, one at a time, on the lane's reader.
+	prefetchCtx, stopPrefetch := context.WithCancel(ctx)
+	var next <-chan fetched
+	defer func() {
+		stopPrefetch()
+		if next != nil {
+			<-next // before the reader closes
+		}
+	}()
 
 	outage := newKafkaOutage(pr.log)
 	for {
 		if err := pr.retry.applyPending(ctx); err != nil {
 			return err
 		}
-		batch, err := pr.fetch(ctx, reader)
+		if next == nil {
+			next = pr.prefetch(prefetchCtx, reader)
+		}
+		f := <-next
+		next = nil
+		batch, err := f.batch, f.err
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -104,6 +122,12 @@ func (pr *partitionRun) run(ctx context.Context) error {
 			continue
 		}
 		outage.over()
+		// A commit whose reply was lost may have moved the cursor past
+		// records read before the lane knew.
+		if batch = uncommitted(batch, pr.cursor.next); len(batch) == 0 {
+			continue
+		}
+		next = pr.prefetch(prefetchCtx, reader)
 		err = retryInfra(ctx, pr.log, "apply batch", func(ctx context.Context) error {
 			done, err := pr.apply(ctx, batch)
 			batch = uncommitted(batch[done:], pr.cursor.next)
@@ -163,6 +187,23 @@ func (pr *partitionRun) claim(ctx context.Context) error {
 	return pr.reloadHeld(ctx)
 }
 
+// fetched is a batch read by prefetch, or why it could not be.
+type fetched struct {
+	batch []Record
+	err   error
+}
+
+// prefetch reads the next batch (fetch) in a goroutine of its own and
+// delivers it on the returned channel, which gets exactly one value.
+func (pr *partitionRun) prefetch(ctx context.Context, reader *kafka.Reader) <-chan fetched {
+	out := make(chan fetched, 1)
+	go func() {
+		batch, err := pr.fetch(ctx, reader)
+		out <- fetched{batch: batch, err: err}
+	}()
+	return out
+}
+
 // fetch blocks for the first record, then gathers more until the batch is
 // full or BatchWait has passed since the first one.
 func (pr *partitionRun) fetch(ctx context.Context, reader *kafka.Reader) ([]Record, error) {
@@ -178,11 +219,11 @@ func (pr *partitionRun) fetch(ctx context.Context, reader *kafka.Reader) ([]Reco
 		return nil, fmt.Errorf("read %s: %w", pr.part, err)
 	}
 	batch = append(batch, toRecord(msg))
-	deadline := time.Now().Add(pr.w.cfg.BatchWait)
+	// One deadline for the rest of the batch, not a timer per record.
+	fctx, cancel := context.WithDeadline(ctx, time.Now().Add(pr.w.cfg.BatchWait))
+	defer cancel()
 	for len(batch) < max {
-		fctx, cancel := context.WithDeadline(ctx, deadline)
 		msg, err := reader.FetchMessage(fctx)
-		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()

@@ -24,6 +24,15 @@ const readinessEvery = 2 * time.Second
 // Postgres answers with a compatible schema, NATS JetStream answers, Kafka
 // answers and every consumed topic exists. /readyz and the kfn_ready and
 // kfn_topic_missing gauges read it.
+//
+// Ready means this worker can do its work now, as seen from this worker:
+// a shared service that is down makes every worker not ready alike. That
+// is what it should say: a worker cannot tell an outage of the service
+// from a fault of its own path to it (a network policy, DNS, one node),
+// and kfn's workers take no traffic through a Service, so readiness only
+// pauses rollouts and disruptions and raises the not-ready alert. Liveness
+// (/healthz) never depends on another service, so an outage restarts no
+// worker.
 type readiness struct {
 	mu       sync.Mutex
 	checked  bool
@@ -80,8 +89,15 @@ func (w *worker) probeReadiness(runCtx context.Context) {
 		problems = append(problems, "nats: JetStream does not answer: "+err.Error())
 	}
 	missing := map[string]bool{}
+	kafkaDown := false
+	if w.kafka != nil {
+		if err := w.kafka.ping(ctx); err != nil {
+			problems = append(problems, "kafka: "+err.Error())
+			kafkaDown = true // the topics keep their last state
+		}
+	}
 	for _, fn := range w.fns {
-		if fn.Topic == "" {
+		if fn.Topic == "" || kafkaDown {
 			continue
 		}
 		_, err := w.kafka.partitions(ctx, fn.Topic)

@@ -283,7 +283,7 @@ func (l *retryLane) tryApply(ctx context.Context, id int64) (letter inbox.RetryL
 		return letter, nil, nil, err
 	}
 	recs := []Record{rec}
-	rows, emitted, failure := a.runHandlers(ctx, conn, tx, recs, recs)
+	rows, _, emitted, failure := a.runHandlers(ctx, conn, tx, recs, recs, false)
 	if failure != nil {
 		abandoned = isAbandoned(failure.err)
 		if ctx.Err() != nil { // the lane is stopping: the letter stays marked for its next owner

@@ -86,7 +86,7 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 	}
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(logLevel)) // checked by settings.LogLevel; a rejected value left "info"
-	cfg.Logger = slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	cfg.Logger = newLogger(stderr, level)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -116,11 +116,23 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 		defer srv.Shutdown(context.Background()) //nolint:errcheck // best effort at exit
 	}
 	cfg.Logger.Info("worker started", "function", fn.Name, "source", fn.source(), "worker", w.w.cfg.WorkerID, "schema", schema.Latest())
+	// The signal's arrival, logged: the start of the shutdown, which the
+	// next owners' claims are measured from.
+	signalled := make(chan time.Time, 1)
+	logSignal := context.AfterFunc(ctx, func() {
+		signalled <- time.Now()
+		cfg.Logger.Info("stopping: fetching no more records; in-flight batches commit or roll back, then the leases are released", "cause", context.Cause(ctx).Error())
+	})
+	defer logSignal()
 	if err := w.Run(ctx); err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 1
 	}
-	cfg.Logger.Info("worker stopped cleanly", "function", fn.Name)
+	stopped := []any{"function", fn.Name}
+	if ctx.Err() != nil { // always, as Run returns nil only once ctx ended
+		stopped = append(stopped, "shutdown_took", time.Since(<-signalled))
+	}
+	cfg.Logger.Info("worker stopped cleanly", stopped...)
 	return 0
 }
 

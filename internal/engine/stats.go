@@ -34,6 +34,9 @@ type Stats struct {
 	// them fail (the connection died at COMMIT): the lane found the cursor
 	// ahead under its own token and resumed from it.
 	CommitRepliesLost atomic.Int64
+	// BatchRoundTrips counts the Postgres round trips of batch transactions
+	// (begin and claim, the handler's statements, outbox and commit).
+	BatchRoundTrips atomic.Int64
 	// DeadLetterRetriesApplied counts dead letters marked for retry (kfn dlq
 	// retry) that this worker's lanes applied; DeadLetterRetriesFailed those
 	// whose retry failed again (the letter stays). Neither is in Applied or

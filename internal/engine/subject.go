@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -18,13 +19,19 @@ import (
 	"github.com/kfn-dev/kfn/outbox"
 )
 
-// subjectRun is the single active lane of a NATS-triggered function: a
-// durable JetStream consumer read in batches, each applied in one fenced
-// Postgres transaction and acked only after it commits.
+// subjectRun is one lane of a NATS-triggered function: a durable JetStream
+// consumer of the function's subject, read in batches in stream order. The
+// lane applies the events whose key hashes to it (outbox.LaneOf), each
+// batch in one fenced Postgres transaction, and skips the others, which
+// belong to other lanes. A batch is acked (AckAll, up to its last event)
+// only after it commits.
 type subjectRun struct {
 	*applier
 	w      *worker
 	stream string
+	lane   int
+	lanes  int
+	start  int64      // the lane's cursor when claimed: no event of it below is unhandled
 	retry  *retryLane // dead letters marked for retry (retry.go)
 }
 
@@ -32,22 +39,25 @@ type subjectRun struct {
 // covers a batch with its retries; a redelivery is skipped by the inbox.
 const ackWait = 2 * time.Minute
 
-// runSubject owns fn's subject until ctx ends or a newer owner fences it.
-func (w *worker) runSubject(ctx context.Context, fn Function, token int64) {
-	part := inbox.Partition{Consumer: fn.Name, Topic: fn.Subject, Partition: 0}
+// runSubject owns one lane of fn's subject until ctx ends or a newer owner
+// fences it.
+func (w *worker) runSubject(ctx context.Context, fn Function, lane int32, token int64) {
+	part := inbox.Partition{Consumer: fn.Name, Topic: fn.Subject, Partition: lane}
 	stream := fn.Stream
 	if stream == "" {
 		stream = DefaultStream
 	}
-	log := w.cfg.Logger.With("function", fn.Name, "subject", fn.Subject, "stream", stream, "epoch", token)
+	log := w.cfg.Logger.With("function", fn.Name, "subject", fn.Subject, "stream", stream, "lane", lane, "lanes", w.cfg.Lanes, "epoch", token)
 	sr := &subjectRun{
 		applier: w.newApplier(fn, part, token, &subjectTracker{consumer: fn.Name, part: part, token: token}, log),
 		w:       w,
 		stream:  stream,
+		lane:    int(lane),
+		lanes:   w.cfg.Lanes,
 	}
 	sr.retry = w.retries.register(sr.applier, stream)
 	defer w.retries.unregister(sr.retry)
-	defer w.stats.drop(fn.Name, fn.Subject, 0)
+	defer w.stats.drop(fn.Name, fn.Subject, lane)
 	defer w.stats.laneHeld(fn.Name)()
 	w.laneStopped(ctx, fn.Name, sr.log, token, sr.run(ctx))
 }
@@ -55,19 +65,23 @@ func (w *worker) runSubject(ctx context.Context, fn Function, token int64) {
 func (sr *subjectRun) run(ctx context.Context) error {
 	var cons jetstream.Consumer
 	err := retryInfra(ctx, sr.log, "claim subject", func(ctx context.Context) error {
-		cur, err := inbox.TakeOver(ctx, sr.w.pool, sr.part, sr.token, sr.w.cfg.WorkerID, 0, sr.w.cfg.LeaseRenew)
+		cur, err := inbox.ClaimLane(ctx, sr.w.pool, sr.part, sr.lanes, sr.token, sr.w.cfg.WorkerID, sr.w.startedAt, sr.w.cfg.LeaseRenew)
+		var stale *inbox.LaneCountError
+		if errors.As(err, &stale) {
+			return backoff.Permanent(err) // this worker's configuration is out of date
+		}
 		if err != nil {
 			sr.w.claimBlocked(sr.fn.Name, sr.log, err)
 			return err
 		}
-		sr.generation = cur.Generation
+		sr.generation, sr.start = cur.Generation, cur.NextOffset
 		cons, err = sr.newTermConsumer(ctx)
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	sr.log.Info("subject claimed")
+	sr.log.Debug("subject lane claimed", "next_seq", sr.start)
 	msgs, err := cons.Messages(jetstream.PullMaxMessages(2 * sr.w.cfg.BatchSize))
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", sr.fn.Subject, err)
@@ -84,61 +98,108 @@ func (sr *subjectRun) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		recs := make([]Record, len(batch))
-		for i, m := range batch {
-			recs[i] = eventRecord(m, sr.stream)
-		}
-		err = retryInfra(ctx, sr.log, "apply batch", func(ctx context.Context) error {
-			done, err := sr.apply(ctx, recs)
-			recs = recs[done:]
-			return err
-		})
-		if err != nil {
-			return err // not acked: JetStream redelivers, the inbox skips what committed
-		}
+		recs := make([]Record, 0, len(batch))
 		for _, m := range batch {
-			if err := m.Ack(); err != nil {
-				sr.log.Debug("ack failed; the event will be redelivered and skipped", "err", err)
+			if rec := eventRecord(m, sr.stream); outbox.LaneOf(rec.Key, sr.lanes) == sr.lane {
+				recs = append(recs, rec)
 			}
+		}
+		if len(recs) > 0 {
+			err = retryInfra(ctx, sr.log, "apply batch", func(ctx context.Context) error {
+				done, err := sr.apply(ctx, recs)
+				recs = recs[done:]
+				return err
+			})
+			if err != nil {
+				return err // not acked: JetStream redelivers, the inbox skips what committed
+			}
+		}
+		// AckAll: this acks every event of the batch, the skipped ones too.
+		if err := batch[len(batch)-1].Ack(); err != nil {
+			sr.log.Debug("ack failed; the events will be redelivered and skipped", "err", err)
 		}
 	}
 }
 
+// LaneConsumer is the durable JetStream consumer of a lane: the function's
+// name when it has one lane (as before lanes existed), else one name per
+// lane and lane count, so that a change of the count starts fresh
+// consumers at the new lanes' cursors.
+func LaneConsumer(fn string, lane, lanes int) string {
+	if lanes == 1 {
+		return fn
+	}
+	return fmt.Sprintf("%s_lane%dof%d", fn, lane, lanes)
+}
+
 // newTermConsumer starts this ownership term's durable consumer where the
-// previous term's acks ended. Recreating it, rather than reusing it, hands
-// over at once the events the previous owner fetched but never acked (it
-// may have died): a reused consumer would hold them back for AckWait. Events
-// after the ack floor that were acked are delivered again and skipped by the
-// inbox; a zombie still pulling from the old consumer is fenced in Postgres.
+// previous term's acks ended, or at the lane's cursor if that is further
+// (both are points below which no event of the lane is unhandled; a lane
+// created by a change of the lane count has only its cursor). Recreating
+// the consumer, rather than reusing it, hands over at once the events the
+// previous owner fetched but never acked (it may have died): a reused
+// consumer would hold them back for AckWait. Events after the start that
+// were applied are delivered again and skipped by the inbox; a zombie still
+// pulling from the old consumer is fenced in Postgres.
 func (sr *subjectRun) newTermConsumer(ctx context.Context) (jetstream.Consumer, error) {
+	name := LaneConsumer(sr.fn.Name, sr.lane, sr.lanes)
 	cfg := jetstream.ConsumerConfig{
-		Durable:       sr.fn.Name,
+		Durable:       name,
 		FilterSubject: sr.fn.Subject,
-		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckPolicy:     jetstream.AckAllPolicy,
 		AckWait:       ackWait,
 		MaxAckPending: 2 * sr.w.cfg.BatchSize,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	}
-	old, err := sr.w.js.Consumer(ctx, sr.stream, sr.fn.Name)
+	start := uint64(max(sr.start, 0))
+	old, err := sr.w.js.Consumer(ctx, sr.stream, name)
 	switch {
 	case err == nil:
 		info, err := old.Info(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("read consumer %s on stream %s: %w", sr.fn.Name, sr.stream, err)
+			return nil, fmt.Errorf("read consumer %s on stream %s: %w", name, sr.stream, err)
 		}
-		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
-		cfg.OptStartSeq = info.AckFloor.Stream + 1
-		if err := sr.w.js.DeleteConsumer(ctx, sr.stream, sr.fn.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return nil, fmt.Errorf("replace consumer %s on stream %s: %w", sr.fn.Name, sr.stream, err)
+		start = max(start, info.AckFloor.Stream+1)
+		if err := sr.w.js.DeleteConsumer(ctx, sr.stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil, fmt.Errorf("replace consumer %s on stream %s: %w", name, sr.stream, err)
 		}
 	case !errors.Is(err, jetstream.ErrConsumerNotFound):
-		return nil, fmt.Errorf("look up consumer %s on stream %s: %w", sr.fn.Name, sr.stream, err)
+		return nil, fmt.Errorf("look up consumer %s on stream %s: %w", name, sr.stream, err)
+	}
+	if err != nil && start > 1 && !sr.cursorFitsStream(ctx, start) {
+		start = 0
+	}
+	if start > 1 {
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = start
 	}
 	cons, err := sr.w.js.CreateConsumer(ctx, sr.stream, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("durable consumer %s on stream %s: %w", sr.fn.Name, sr.stream, err)
+		return nil, fmt.Errorf("durable consumer %s on stream %s: %w", name, sr.stream, err)
 	}
 	return cons, nil
+}
+
+// cursorFitsStream reports whether the lane's cursor, start, counts in the
+// stream as it is now. A stream deleted and created again numbers its
+// events from 1 anew, and its consumers are gone with it: a cursor last
+// moved before the stream was created, or beyond its last event, belongs
+// to the old stream, and the lane reads the new one from its start (the
+// event inbox skips what was applied).
+func (sr *subjectRun) cursorFitsStream(ctx context.Context, start uint64) bool {
+	stream, err := sr.w.js.Stream(ctx, sr.stream)
+	if err != nil {
+		sr.log.Warn("cannot read the stream; the lane reads it from its start", "err", err)
+		return false
+	}
+	info := stream.CachedInfo()
+	movedAt, err := inbox.LaneMovedAt(ctx, sr.w.pool, sr.part)
+	fits := err == nil && movedAt.After(info.Created) && start <= info.State.LastSeq+1
+	if !fits {
+		sr.log.Warn("the lane's cursor does not belong to the stream as it is now (created again?); the lane reads it from its start",
+			"next_seq", start, "stream_created", info.Created, "stream_last_seq", info.State.LastSeq, "cursor_moved", movedAt, "err", err)
+	}
+	return fits
 }
 
 // fetch blocks for the first event, then gathers more until the batch is full

@@ -45,7 +45,13 @@ var errCursorAhead = errors.New("cursor is ahead of the lane: an earlier commit 
 
 func (l *partitionTracker) fence(ctx context.Context, tx pgx.Tx, rec Record) error {
 	faults.Lane(faults.BeforeFence, l.part, l.token)
-	err := inbox.Advance(ctx, tx, l.part, l.token, l.next, rec.Offset+1)
+	return l.fenced(inbox.Advance(ctx, tx, l.part, l.token, l.next, rec.Offset+1))
+}
+
+// fenced handles the outcome of a fenced cursor update: a cursor ahead of
+// the lane (an earlier commit of ours landed without its reply) reloads
+// the lane's position and is errCursorAhead.
+func (l *partitionTracker) fenced(err error) error {
 	var moved *inbox.CursorMovedError
 	switch {
 	case err == nil:
@@ -64,10 +70,28 @@ func (l *partitionTracker) fence(ctx context.Context, tx pgx.Tx, rec Record) err
 	}
 }
 
+// batchClaimer is a tracker whose claim can ride on the batch that begins
+// the transaction (pgx.Batch.BeginTx): begin, fence and claim in one round
+// trip.
+type batchClaimer interface {
+	// queueClaim queues the claim of recs on b; once b is sent and closed,
+	// the returned function, given b's transaction, returns what claim
+	// returns.
+	queueClaim(b *pgx.Batch, recs []Record) func(context.Context, pgx.Tx) ([]Record, error)
+}
+
 func (l *partitionTracker) claim(ctx context.Context, tx pgx.Tx, recs []Record) ([]Record, error) {
-	if err := l.fence(ctx, tx, recs[len(recs)-1]); err != nil {
+	b := &pgx.Batch{}
+	result := l.queueClaim(b, recs)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, err
 	}
+	return result(ctx, tx)
+}
+
+// queueClaim fences and claims recs in the inbox in one statement (the
+// cursor's move and the inbox rows commit together or not at all).
+func (l *partitionTracker) queueClaim(b *pgx.Batch, recs []Record) func(context.Context, pgx.Tx) ([]Record, error) {
 	// Offsets below the high-water mark were handled before (their inbox
 	// rows may be purged since); the inbox claim catches the rest.
 	candidates := make([]int64, 0, len(recs))
@@ -76,21 +100,25 @@ func (l *partitionTracker) claim(ctx context.Context, tx pgx.Tx, recs []Record) 
 			candidates = append(candidates, r.Offset)
 		}
 	}
-	freshOffsets, err := inbox.Claim(ctx, tx, l.part, l.token, inbox.Applied, candidates)
-	if err != nil {
-		return nil, err
-	}
-	isFresh := make(map[int64]bool, len(freshOffsets))
-	for _, o := range freshOffsets {
-		isFresh[o] = true
-	}
-	fresh := make([]Record, 0, len(freshOffsets))
-	for _, r := range recs {
-		if isFresh[r.Offset] {
-			fresh = append(fresh, r)
+	faults.Lane(faults.BeforeFence, l.part, l.token)
+	result := inbox.QueueFenceAndClaim(b, l.part, l.token, l.next, recs[len(recs)-1].Offset+1, candidates)
+	return func(ctx context.Context, tx pgx.Tx) ([]Record, error) {
+		freshOffsets, err := result(ctx, tx)
+		if err := l.fenced(err); err != nil {
+			return nil, err
 		}
+		isFresh := make(map[int64]bool, len(freshOffsets))
+		for _, o := range freshOffsets {
+			isFresh[o] = true
+		}
+		fresh := make([]Record, 0, len(freshOffsets))
+		for _, r := range recs {
+			if isFresh[r.Offset] {
+				fresh = append(fresh, r)
+			}
+		}
+		return fresh, nil
 	}
-	return fresh, nil
 }
 
 func (l *partitionTracker) markDeadLettered(ctx context.Context, tx pgx.Tx, rec Record) error {

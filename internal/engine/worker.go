@@ -42,6 +42,7 @@ type worker struct {
 	relay            *outbox.Relay             // nil with NoRelay, or when no function emits
 	// installation scopes the lease groups (kfn.installation.id).
 	installation string
+	startedAt    time.Time // when this worker started, by the database's clock
 	offsets      *offsetCommitter
 	stats        *Stats
 	tracing      *tracing.Provider // the exporter this worker started, flushed by close; nil with Config.TracerProvider
@@ -52,6 +53,8 @@ type worker struct {
 	// retries are the running lanes, woken for dead letters marked for
 	// retry (retry.go).
 	retries *retryLanes
+	// readersClosing are the Kafka readers of lanes that have returned.
+	readersClosing sync.WaitGroup
 
 	// terminateDenied logs, once, that this worker's role may not end an
 	// older owner's session (claimBlocked).
@@ -209,8 +212,15 @@ func (w *worker) connectPostgres(ctx context.Context) error {
 		w.cfg.Logger.Info("running against a newer schema whose later migrations do not break this binary (a rolling upgrade)",
 			"schema", v, "built_for", schema.Latest())
 	}
-	w.installation, err = InstallationID(ctx, w.pool)
-	return err
+	if w.installation, err = InstallationID(ctx, w.pool); err != nil {
+		return err
+	}
+	// By the database's clock, which all workers share: a change of a lane
+	// count is honoured only from workers started after the last one.
+	if err := w.pool.QueryRow(ctx, `SELECT now()`).Scan(&w.startedAt); err != nil {
+		return fmt.Errorf("read the database's clock: %w", err)
+	}
+	return nil
 }
 
 // connectNATS connects to NATS (reconnecting forever after a loss) and
@@ -278,6 +288,7 @@ func (wk *Worker) RelayStats() (outbox.RelayStats, bool) {
 func (wk *Worker) Run(ctx context.Context) error {
 	w := wk.w
 	defer w.close()
+	defer w.readersClosing.Wait()
 	defer w.runHealth(ctx)()
 	if w.offsets != nil {
 		// Stopped after the lanes, so the last commits are mirrored too.

@@ -228,6 +228,11 @@ var (
 		Flag: "lease-renew", Env: "KFN_LEASE_RENEW", Default: DefaultLeaseRenew,
 		Usage: "lease and heartbeat renewal period", Check: positive[time.Duration],
 	}
+	Lanes = Setting[int]{
+		Flag: "lanes", Env: "KFN_LANES", Default: 1,
+		Usage: "lanes a NATS-triggered function's events are spread over by key hash, each with its own lease; the newest-started worker's count wins (README: Lanes)",
+		Check: between(1, 256),
+	}
 	NoRelay = Setting[bool]{
 		Flag: "no-relay", Env: "KFN_NO_RELAY",
 		Usage: "do not run the outbox relay in this process (run kfn relay instead)",

@@ -67,11 +67,29 @@ func TestOneTraceSpansOrdersRelayAndLedger(t *testing.T) {
 	eventID := func(partition int, offset int64) string {
 		return outbox.EventID("orders", outbox.KafkaSourceID(c.topic, int32(partition), offset), 0)
 	}
+	// recordSpan reports whether s is the span of one record: a Handler's
+	// kfn.handler, or a BatchHandler record's kfn.record (orders and
+	// ledger are batch-native).
+	recordSpan := func(s kfntest.Span) bool {
+		return s.Name == "kfn.record" || s.Name == "kfn.handler" && s.Attrs["kfn.offset"] != ""
+	}
+	// batchOf returns the kfn.batch span s is, or is the call span of.
+	batchOf := func(s kfntest.Span) kfntest.Span {
+		t.Helper()
+		if s.Name == "kfn.handler" {
+			s = recv.Must(t, "batch span of a batch handler call", func(b kfntest.Span) bool { return b.SpanID == s.ParentID && b.TraceID == s.TraceID })
+		}
+		if s.Name != "kfn.batch" {
+			t.Fatalf("span %s [%s] is not a kfn.batch span or a batch handler call under one", s.Name, s.Service)
+		}
+		return s
+	}
+
 	waitUntil(t, 10*time.Second, "the ledger's handler spans to reach the receiver", func() (bool, string) {
 		n := 0
 		for i := range 3 {
 			if len(recv.Matching(func(s kfntest.Span) bool {
-				return s.Service == "ledger" && s.Name == "kfn.handler" && s.Attrs["kfn.event_id"] == eventID(i%2, int64(i/2))
+				return s.Service == "ledger" && recordSpan(s) && s.Attrs["kfn.event_id"] == eventID(i%2, int64(i/2))
 			})) > 0 {
 				n++
 			}
@@ -87,14 +105,14 @@ func TestOneTraceSpansOrdersRelayAndLedger(t *testing.T) {
 		part, off := i%2, int64(i/2)
 		id := eventID(part, off)
 		ho := recv.Must(t, fmt.Sprintf("orders handler span of order %d", i), func(s kfntest.Span) bool {
-			return s.Service == "orders" && s.Name == "kfn.handler" && s.Attrs["kfn.topic"] == c.topic &&
+			return s.Service == "orders" && recordSpan(s) && s.Attrs["kfn.topic"] == c.topic &&
 				s.Attrs["kfn.partition"] == fmt.Sprint(part) && s.Attrs["kfn.offset"] == fmt.Sprint(off)
 		})
 		pub := recv.Must(t, fmt.Sprintf("relay publish span of order %d's event", i), func(s kfntest.Span) bool {
 			return s.Name == "kfn.relay.publish" && s.Attrs["messaging.message.id"] == id && s.Attrs["kfn.duplicate"] == "false"
 		})
 		hl := recv.Must(t, fmt.Sprintf("ledger handler span of order %d's event", i), func(s kfntest.Span) bool {
-			return s.Service == "ledger" && s.Name == "kfn.handler" && s.Attrs["kfn.event_id"] == id
+			return s.Service == "ledger" && recordSpan(s) && s.Attrs["kfn.event_id"] == id
 		})
 		if pub.TraceID != ho.TraceID || pub.ParentID != ho.SpanID {
 			t.Errorf("order %d: relay span in trace %s under %s, want trace %s under the orders handler span %s", i, pub.TraceID, pub.ParentID, ho.TraceID, ho.SpanID)
@@ -102,9 +120,12 @@ func TestOneTraceSpansOrdersRelayAndLedger(t *testing.T) {
 		if hl.TraceID != ho.TraceID || hl.ParentID != pub.SpanID {
 			t.Errorf("order %d: ledger handler span in trace %s under %s, want trace %s under the relay span %s", i, hl.TraceID, hl.ParentID, ho.TraceID, pub.SpanID)
 		}
-		lb := recv.Must(t, fmt.Sprintf("ledger batch span linked from order %d's ledger handler span", i), func(s kfntest.Span) bool {
-			return s.Service == "ledger" && s.Name == "kfn.batch" && len(hl.Links) == 1 && hl.Links[0] == s.TraceID+"/"+s.SpanID
-		})
+		if len(hl.Links) != 1 {
+			t.Fatalf("order %d's ledger span has links %v, want one to its batch (or batch handler call)", i, hl.Links)
+		}
+		lb := batchOf(recv.Must(t, fmt.Sprintf("span linked from order %d's ledger span", i), func(s kfntest.Span) bool {
+			return s.Service == "ledger" && s.TraceID+"/"+s.SpanID == hl.Links[0]
+		}))
 		if lb.Attrs["kfn.function"] != ledger.Name || lb.Attrs["kfn.topic"] != orders.AcceptedSubject {
 			t.Errorf("ledger batch span attributes %v, want function %s and topic %s", lb.Attrs, ledger.Name, orders.AcceptedSubject)
 		}
@@ -113,9 +134,9 @@ func TestOneTraceSpansOrdersRelayAndLedger(t *testing.T) {
 
 	// Order 0 has no trace context: its trace starts at the orders batch.
 	ho := chain(0)
-	batch := recv.Must(t, "orders batch span, parent of order 0's handler span", func(s kfntest.Span) bool {
-		return s.Name == "kfn.batch" && s.SpanID == ho.ParentID && s.TraceID == ho.TraceID
-	})
+	batch := batchOf(recv.Must(t, "parent of order 0's span", func(s kfntest.Span) bool {
+		return s.SpanID == ho.ParentID && s.TraceID == ho.TraceID
+	}))
 	if batch.ParentID != "" || batch.Service != "orders" {
 		t.Errorf("orders batch span has parent %q and service %q, want a root span of service orders", batch.ParentID, batch.Service)
 	}
@@ -136,7 +157,7 @@ func TestOneTraceSpansOrdersRelayAndLedger(t *testing.T) {
 	if ho.TraceID != producerTrace || ho.ParentID != producerSpan {
 		t.Errorf("order 1's handler span is in trace %s under %s, want the producer's trace %s under %s", ho.TraceID, ho.ParentID, producerTrace, producerSpan)
 	}
-	if len(ho.Links) != 1 || len(recv.Matching(func(s kfntest.Span) bool { return s.Name == "kfn.batch" && s.TraceID+"/"+s.SpanID == ho.Links[0] })) != 1 {
+	if len(ho.Links) != 1 || batchOf(recv.Must(t, "span linked from order 1's span", func(s kfntest.Span) bool { return s.TraceID+"/"+s.SpanID == ho.Links[0] })).Service != "orders" {
 		t.Errorf("order 1's handler span links %v, want its orders batch span", ho.Links)
 	}
 	h := accepted[order(1).ID]

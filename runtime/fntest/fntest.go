@@ -1,6 +1,7 @@
 // Package fntest tests a kfn Function the way a worker runs it, inside a
 // transaction the test owns: each record goes through the function's
-// Handler in a savepoint, its events are checked against the function's
+// Handler (or its BatchHandler, as a batch of one; a record it rejects is
+// dead-lettered as permanent) in a savepoint, its events are checked against the function's
 // Emits as the worker checks them, and the test gets back what the worker
 // would have done with it (applied, skipped as a duplicate, or
 // dead-lettered, with the reason) and the events it emitted. Nothing is
@@ -17,7 +18,8 @@
 // its key on its partition, as the worker does: they are DeadLettered with
 // reason key_parked, without a handler call.
 //
-// What it leaves to the worker: batching (every record runs alone), the
+// What it leaves to the worker: batching (every record runs alone: call a
+// BatchHandler directly with a zero BatchEvents to test a whole batch), the
 // inbox tables and the fence, the outbox relay, backoff between retries,
 // --handler-timeout, --max-record-bytes and dead letter retries (a parked
 // key stays parked).
@@ -102,9 +104,6 @@ func (f *Function) Setup(ctx context.Context, tx pgx.Tx) error {
 // Duplicate, as it is for the worker's inbox. The error is for tx itself
 // failing, never for a record.
 func (f *Function) Apply(ctx context.Context, tx pgx.Tx, recs ...runtime.Record) ([]Result, error) {
-	if f.fn.Handler == nil {
-		return nil, fmt.Errorf("fntest: function %s has no Handler (BatchHandler is not supported)", f.fn.Name)
-	}
 	out := make([]Result, 0, len(recs))
 	for _, rec := range recs {
 		key := identity(rec)

@@ -26,7 +26,7 @@ func (c *claim) stop(log *slog.Logger, cause error) {
 		return
 	}
 	c.stopping = true
-	log.Info("stopping claim", "item", c.item, "token", c.token, "reason", cause)
+	log.Debug("stopping claim", "item", c.item, "token", c.token, "reason", cause)
 	c.cancel(cause)
 }
 
@@ -38,7 +38,7 @@ func (r *run) startClaim(ctx context.Context, l *Lease) {
 	cctx, cancel := context.WithCancelCause(ctx)
 	c := &claim{item: l.Item, token: l.Token, cancel: cancel}
 	r.claims[l.Item] = c
-	r.log.Info("claimed", "item", l.Item, "token", l.Token)
+	r.log.Debug("claimed", "item", l.Item, "token", l.Token)
 	r.claimWG.Add(1)
 	go func() {
 		defer r.claimWG.Done()
@@ -169,7 +169,7 @@ renew:
 	release := !lost
 	mu.Unlock()
 	if !release || !l.Valid() {
-		log.Info("claim ended; lease not released", "cause", context.Cause(ctx))
+		log.Debug("claim ended; lease not released", "cause", context.Cause(ctx))
 		return early
 	}
 	rctx, rcancel := context.WithTimeout(context.Background(), cfg.RenewEvery)
@@ -178,7 +178,7 @@ renew:
 		log.Warn("release lease", "err", err)
 		return early
 	}
-	log.Info("released", "cause", context.Cause(ctx))
+	log.Debug("released", "cause", context.Cause(ctx))
 	return early
 }
 

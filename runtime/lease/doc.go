@@ -225,9 +225,11 @@
 //     reach Postgres, the margin, and then the token, keep it from
 //     committing after the takeover.
 //   - Clean shutdown or rebalance. Run deletes its heartbeat, so the others
-//     reassign at once. Each moved claim finishes its batch under a lease
-//     that is still being renewed, and then releases it. The new owner
-//     acquires it within milliseconds (about 10–20 ms measured).
+//     reassign at once (on shutdown, first thing, and once more after its
+//     last heartbeat write has returned). Each moved claim finishes its
+//     batch under a lease that is still being renewed, and then releases
+//     it. The new owner acquires it within milliseconds (about 10–20 ms
+//     measured).
 //   - Seize (replay). The replay CLI's Put starts a new term with a larger
 //     token, which it writes to Postgres, and so fences the current owner.
 //     That owner's next renewal finds another term and its claim is lost.

@@ -157,6 +157,9 @@ type run struct {
 	nextAcquire  time.Time
 	wake         *time.Timer // fires at nextAcquire
 	unhealthy    error       // the member's health as last checked; nil when healthy
+	loggedHeld   []string    // the held items last logged (logHeld)
+	heldLine     *time.Timer // fires when the held set's change is to be logged
+	heldLineDue  bool        // heldLine is armed
 }
 
 type claimEnd struct {
@@ -176,6 +179,9 @@ func (r *run) loop(ctx context.Context) error {
 	r.wake = time.NewTimer(time.Hour)
 	r.wake.Stop()
 	defer r.wake.Stop()
+	r.heldLine = time.NewTimer(time.Hour)
+	r.heldLine.Stop()
+	defer r.heldLine.Stop()
 	var healthC <-chan time.Time // the health hook is asked more often than the tick
 	if r.cfg.Healthy != nil {
 		ht := time.NewTicker(r.cfg.RenewEvery / 4)
@@ -192,7 +198,12 @@ func (r *run) loop(ctx context.Context) error {
 			changed = r.setMembers(list) || !r.membersKnown
 			r.membersKnown = true
 		case ev := <-r.events:
-			changed = r.handleEvent(ev)
+			if ev.kind == leaseFree {
+				r.takeFreed(ctx, ev.name)
+				changed = false
+			} else {
+				changed = r.handleEvent(ev)
+			}
 		case list := <-r.itemList:
 			changed = !r.itemsKnown || !slices.Equal(list, r.itemSet)
 			r.itemSet, r.itemsKnown = list, true
@@ -205,6 +216,10 @@ func (r *run) loop(ctx context.Context) error {
 		case <-r.wake.C:
 		case <-healthC:
 			changed = false
+		case <-r.heldLine.C:
+			r.heldLineDue = false
+			r.logHeld()
+			changed = false
 		}
 		if r.checkHealth() {
 			changed = true
@@ -212,26 +227,67 @@ func (r *run) loop(ctx context.Context) error {
 		if changed {
 			r.reconcile(ctx)
 		}
+		if !r.heldLineDue && !slices.Equal(r.held(), r.loggedHeld) {
+			// A rebalance acquires or releases items one after another:
+			// one line once it has settled (RenewEvery later), not one
+			// per item.
+			r.heldLineDue = true
+			r.heldLine.Reset(r.cfg.RenewEvery)
+		}
 	}
+}
+
+// held lists the items this member holds leases on, sorted.
+func (r *run) held() []string {
+	held := slices.AppendSeq([]string{}, maps.Keys(r.claims)) // [] rather than null in JSON
+	slices.Sort(held)
+	return held
+}
+
+// logHeld logs the items this member holds leases on, at Info, when they
+// differ from the last line. Each acquire, renewal and release is logged
+// per item at Debug only: with many items, one line per change of the
+// set says what an operator needs.
+func (r *run) logHeld() {
+	held := r.held()
+	if slices.Equal(held, r.loggedHeld) {
+		return
+	}
+	r.loggedHeld = held
+	r.log.Info("leases held", "held", len(held), "items", held)
 }
 
 func (r *run) shutdown() {
 	close(r.stopped)
+	// Leave at once: the others stop counting this member and take each of
+	// its items as soon as its lease is released, instead of once the
+	// helpers below have wound down (a tenth of a second on a busy machine).
+	r.leave()
 	r.helpers.Wait() // no heartbeat after this point
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RenewEvery)
-	if err := r.m.store.Leave(ctx, r.cfg.Group, r.cfg.MemberID); err != nil {
-		r.log.Warn("leave group", "err", err)
-	}
-	cancel()
+	// A heartbeat in flight when Run's ctx ended may have landed after the
+	// first leave; left there, it would keep this member's items assigned
+	// to it until the key's TTL.
+	r.leave()
 	// Every claim's ctx derives from Run's, so all are stopping; each
 	// releases its lease once its work returns.
 	r.claimWG.Wait()
+	clear(r.claims)
+	r.logHeld()
 	for item := range r.uncertain {
 		if err := r.reclaim(context.Background(), item); err != nil {
 			r.log.Warn("delete an abandoned lease", "item", item, "err", err)
 		}
 	}
 	r.log.Info("lease manager stopped")
+}
+
+// leave deletes this member's heartbeat.
+func (r *run) leave() {
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RenewEvery)
+	defer cancel()
+	if err := r.m.store.Leave(ctx, r.cfg.Group, r.cfg.MemberID); err != nil {
+		r.log.Warn("leave group", "err", err)
+	}
 }
 
 // health asks the Healthy hook; nil means healthy.
@@ -302,11 +358,24 @@ func (r *run) handleEvent(ev event) bool {
 		r.log.Info("member left", "left", ev.name)
 		r.triggerItemsPoll()
 		return true
-	case leaseFree:
-		// The next owner may take it now.
-		return r.claims[ev.name] == nil
 	}
 	return false
+}
+
+// takeFreed acquires an item whose lease was just deleted or ran out, if
+// this member is its target. It tries that item alone: a full reconcile
+// would also try every item still held elsewhere, at two round trips each,
+// on every release of a handoff. The tick's reconcile retries the rest.
+func (r *run) takeFreed(ctx context.Context, item string) {
+	now := time.Now()
+	if ctx.Err() != nil || r.unhealthy != nil || !r.itemsKnown || !r.membersKnown || r.claims[item] != nil ||
+		now.Before(r.nextAcquire) || now.Before(r.cooldown[item]) || !slices.Contains(r.itemSet, item) {
+		return
+	}
+	if Assign(slices.Collect(maps.Keys(r.members)), r.itemSet)[item] != r.cfg.MemberID {
+		return
+	}
+	r.take(ctx, item)
 }
 
 func (r *run) triggerItemsPoll() {
@@ -358,27 +427,36 @@ func (r *run) reconcile(ctx context.Context) {
 		if r.claims[item] != nil || owners[item] != r.cfg.MemberID || now.Before(r.cooldown[item]) {
 			continue
 		}
-		delete(r.cooldown, item)
-		l, err := r.acquire(ctx, item)
-		switch {
-		case err == nil:
-			r.acquireBO.Reset()
-			r.startClaim(ctx, l)
-		case errors.Is(err, ErrHeld):
-			r.acquireBO.Reset()
-			r.log.Debug("lease held elsewhere; will retry", "item", item)
-		case errors.Is(err, ErrBucketNew):
-			r.uncertain[item] = true // the Create may have landed, and its undo failed
-			r.nextAcquire = r.m.store.QuietUntil()
-			r.wakeAt(r.nextAcquire)
-			r.log.Info("not acquiring until the leases of the lost bucket have run out", "until", time.Until(r.nextAcquire).Round(time.Millisecond))
-			return
-		default:
-			r.uncertain[item] = true
-			r.backOff("acquire failed", item, err)
+		if !r.take(ctx, item) {
 			return
 		}
 	}
+}
+
+// take acquires item and starts its claim. It reports false when acquiring
+// must pause (a lost bucket, or a failure to back off from).
+func (r *run) take(ctx context.Context, item string) bool {
+	delete(r.cooldown, item)
+	l, err := r.acquire(ctx, item)
+	switch {
+	case err == nil:
+		r.acquireBO.Reset()
+		r.startClaim(ctx, l)
+	case errors.Is(err, ErrHeld):
+		r.acquireBO.Reset()
+		r.log.Debug("lease held elsewhere; will retry", "item", item)
+	case errors.Is(err, ErrBucketNew):
+		r.uncertain[item] = true // the Create may have landed, and its undo failed
+		r.nextAcquire = r.m.store.QuietUntil()
+		r.wakeAt(r.nextAcquire)
+		r.log.Info("not acquiring until the leases of the lost bucket have run out", "until", time.Until(r.nextAcquire).Round(time.Millisecond))
+		return false
+	default:
+		r.uncertain[item] = true
+		r.backOff("acquire failed", item, err)
+		return false
+	}
+	return true
 }
 
 func (r *run) backOff(msg, item string, err error) {
