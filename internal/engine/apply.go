@@ -153,10 +153,11 @@ func (a *applier) retryAlone(ctx context.Context, rec Record, firstErr error) er
 func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (failure *handlerFailure, err error) {
 	ctx, span := a.startBatch(ctx, recs, attempt)
 	defer func() {
+		status := err
 		if failure != nil {
-			err = failure.err
+			status = failure.err
 		}
-		endSpan(span, err)
+		endSpan(span, status)
 	}()
 	began := time.Now()
 	ctx = context.WithValue(ctx, roundTripCounterKey{}, &a.stats.BatchRoundTrips)
