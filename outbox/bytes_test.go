@@ -194,12 +194,14 @@ func TestInsertPropagatesOnlyValidTraceContext(t *testing.T) {
 	t.Parallel()
 	f := newRelayFixture(t, kfntest.NATSURL(t))
 	const parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-	rows := f.newRows([]string{"a", "b", "c", "d", "e"}, 1)
+	rows := f.newRows([]string{"a", "b", "c", "d", "e", "f", "g"}, 1)
 	rows[0].Origin.TraceParent, rows[0].Origin.TraceState = parent, "rojo=1"
 	rows[1].Origin.TraceParent, rows[1].Origin.TraceState = parent, "rojo=\x00"     // state invalid: parent only
 	rows[2].Origin.TraceParent, rows[2].Origin.TraceState = "00-\x00\xff", "rojo=1" // parent invalid: nothing
 	rows[3].Origin.TraceParent = parent
 	rows[3].Event.Headers = map[string]string{"traceparent": "00-11111111111111111111111111111111-2222222222222222-01"}
+	rows[5].Origin.TraceParent, rows[5].Origin.Baggage = parent, "tenant=acme"
+	rows[6].Origin.TraceParent, rows[6].Origin.Baggage = parent, "tenant=\x00" // baggage not header text: parent only
 	f.insert(rows)
 	want := []map[string]string{
 		{"traceparent": parent, "tracestate": "rojo=1"},
@@ -207,6 +209,8 @@ func TestInsertPropagatesOnlyValidTraceContext(t *testing.T) {
 		{},
 		{"traceparent": "00-11111111111111111111111111111111-2222222222222222-01"},
 		{},
+		{"traceparent": parent, "baggage": "tenant=acme"},
+		{"traceparent": parent},
 	}
 	for i, r := range rows {
 		var headers map[string]string

@@ -49,11 +49,16 @@ type Origin struct {
 	Offset    int64
 	// SourceID is the source record's identity (see SourceID).
 	SourceID string
-	// TraceParent and TraceState are the W3C trace context of the source, if
-	// it had a valid one (ValidTraceParent, ValidTraceState); Insert adds
-	// them to the event's headers unless the event sets its own.
+	// TraceParent, TraceState and Baggage are the W3C trace context the
+	// event continues (the span that handled the source record; see
+	// Propagator) and the source's baggage, each empty when there is none
+	// or it is invalid (ValidTraceParent, ValidTraceState, ValidBaggage;
+	// Insert checks the first two and that the baggage is header text).
+	// Insert adds them to the event's headers unless the event sets its
+	// own traceparent.
 	TraceParent string
 	TraceState  string
+	Baggage     string
 }
 
 // KafkaSourceID is the identity of a Kafka record within a consumer:
@@ -215,6 +220,9 @@ func (r Row) headers() map[string]string {
 		headers = withHeader(headers, HeaderTraceParent, r.Origin.TraceParent)
 		if _, ownState := headers[HeaderTraceState]; !ownState && r.Origin.TraceState != "" && ValidTraceState(r.Origin.TraceState) {
 			headers = withHeader(headers, HeaderTraceState, r.Origin.TraceState)
+		}
+		if _, ownBaggage := headers[HeaderBaggage]; !ownBaggage && r.Origin.Baggage != "" && ValidHeaderValue(r.Origin.Baggage) {
+			headers = withHeader(headers, HeaderBaggage, r.Origin.Baggage)
 		}
 	}
 	return headers

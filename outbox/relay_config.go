@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // RelayConfig configures a Relay. Zero fields take the defaults listed on
@@ -75,6 +76,13 @@ type RelayConfig struct {
 
 	// Logger receives the relay's logs. Default slog.Default().
 	Logger *slog.Logger
+
+	// Tracer, when set, records a kfn.relay.publish span per publish, from
+	// the publish to its stream ack, continuing the trace context stored
+	// with the event, and puts the span's context on the message, so the
+	// consumer continues the trace from it. When nil, the stored trace
+	// context is published as it is.
+	Tracer trace.Tracer
 
 	// Scheduler, when set, decides which shards this process relays: Run
 	// hands it a function that works one shard until its ctx ends, so that N

@@ -12,6 +12,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // idlePollFactor stretches the poll interval of idle shards while
@@ -20,6 +21,10 @@ const idlePollFactor = 10
 
 // errAckTimeout is a publish whose ack did not come within AckTimeout.
 var errAckTimeout = errors.New("no stream ack within the ack timeout")
+
+// errStoppedBeforeAck ends the span of a publish whose ack the shard stopped
+// waiting for: its row stays in the outbox for the shard's next owner.
+var errStoppedBeforeAck = errors.New("the shard stopped before the stream ack; the row stays in the outbox")
 
 // shardLoop relays one shard. It works in batches: read the shard's oldest
 // rows, publish them (per key one at a time, up to MaxInFlight keys at
@@ -185,6 +190,7 @@ type flight struct {
 	row      int32
 	ack      jetstream.PubAckFuture
 	deadline time.Time
+	span     trace.Span // kfn.relay.publish; nil without a tracer
 }
 
 // publishBatch publishes rows and returns the ids the stream acked. It
@@ -226,12 +232,14 @@ func (l *shardLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 			if len(dropped) > 0 {
 				l.log.Warn("dropped event headers NATS cannot carry", "event_id", rows[row].EventID, "headers", dropped)
 			}
+			span := l.startPublish(&rows[row], msg)
 			ack, err := cfg.JetStream.PublishMsgAsync(msg)
 			if err != nil {
+				endPublish(span, false, err)
 				failed(q, row, err)
 				continue
 			}
-			b.flights = append(b.flights, flight{queue: q, row: row, ack: ack, deadline: time.Now().Add(cfg.AckTimeout)})
+			b.flights = append(b.flights, flight{queue: q, row: row, ack: ack, deadline: time.Now().Add(cfg.AckTimeout), span: span})
 		}
 
 		inFlight := len(b.flights) - b.oldest
@@ -239,6 +247,9 @@ func (l *shardLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 			return b.acked
 		}
 		if ctx.Err() != nil {
+			for _, f := range b.flights[b.oldest:] {
+				endPublish(f.span, false, errStoppedBeforeAck)
+			}
 			return b.acked
 		}
 
@@ -290,6 +301,7 @@ func (l *shardLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 			}
 			row := &rows[f.row]
 			b.acked = append(b.acked, row.ID)
+			endPublish(f.span, pubAck.Duplicate, nil)
 			l.publishRetry.Reset()
 			l.r.counters.acked(pubAck.Duplicate, row.CreatedAt, now)
 			if cfg.afterAck != nil {
@@ -300,9 +312,11 @@ func (l *shardLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 			if errors.Is(pubErr, jetstream.ErrNoStreamResponse) {
 				clear(l.covered) // perhaps the stream no longer captures the subject
 			}
+			endPublish(f.span, false, pubErr)
 			failed(f.queue, f.row, pubErr)
 		case timedOut && oldest != nil && !time.Now().Before(oldest.deadline):
 			f := l.popFlight()
+			endPublish(f.span, false, errAckTimeout)
 			failed(f.queue, f.row, errAckTimeout)
 		}
 	}

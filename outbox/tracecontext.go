@@ -1,15 +1,42 @@
 package outbox
 
-import "strings"
+import (
+	"strings"
 
-// W3C Trace Context (https://www.w3.org/TR/trace-context/) headers that the
-// outbox copies from a source record to the events emitted for it. A value
-// that does not follow the format is not propagated: it may hold any byte a
-// producer put there, and a wrong trace context is worse than none.
+	"go.opentelemetry.io/otel/baggage"
+	"go.opentelemetry.io/otel/propagation"
+)
+
+// W3C Trace Context (https://www.w3.org/TR/trace-context/) and Baggage
+// (https://www.w3.org/TR/baggage/) headers. The worker reads them from a
+// source record, continues the record's trace in its handler's span, and
+// writes that span's context into the events emitted for the record
+// (Origin); the relay continues it on the JetStream message. A value from
+// a record that does not follow the format is not propagated: it may hold
+// any byte a producer put there, and a wrong trace context is worse than
+// none.
 const (
 	HeaderTraceParent = "traceparent"
 	HeaderTraceState  = "tracestate"
+	HeaderBaggage     = "baggage"
 )
+
+// Propagator reads and writes the W3C trace context and baggage headers:
+// the OpenTelemetry propagator kfn uses on records, outbox rows and
+// JetStream messages. Feed it only validated values (ValidTraceParent,
+// ValidTraceState, ValidBaggage) from outside.
+var Propagator propagation.TextMapPropagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+
+// ValidBaggage reports whether s is a W3C baggage header value that can be
+// propagated as a whole: valid header text that OpenTelemetry parses
+// without error (at most 180 members and 8192 bytes).
+func ValidBaggage(s string) bool {
+	if !ValidHeaderValue(s) {
+		return false
+	}
+	_, err := baggage.Parse(s)
+	return err == nil
+}
 
 // ValidTraceParent reports whether s is a W3C traceparent a version-00
 // tracer accepts:

@@ -310,3 +310,14 @@ func TestConsumerGroupIsRefusedForSeveralKafkaFunctions(t *testing.T) {
 		t.Errorf("err = %v, want a ConfigError naming --consumer-group and both functions", err)
 	}
 }
+
+// An OTEL_* value kfn cannot follow stops the worker before it connects,
+// naming the variable.
+func TestMainRejectsAnOTelVariableItCannotFollow(t *testing.T) {
+	t.Setenv("OTEL_TRACES_EXPORTER", "zipkin")
+	var out strings.Builder
+	code := runtime.Main(effects.Function("fn", "topic"), []string{"--kafka-brokers", "127.0.0.1:1", "--database-url", "postgres://u@127.0.0.1:1/d", "--nats-url", "nats://127.0.0.1:1"}, &out)
+	if code != 2 || !strings.Contains(out.String(), `invalid configuration: OTEL_TRACES_EXPORTER: "zipkin": kfn exports traces with OTLP only`) {
+		t.Errorf("exit %d, stderr %q; want exit 2 naming OTEL_TRACES_EXPORTER", code, out.String())
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/internal/effects"
@@ -86,6 +87,29 @@ func (b *bundle) produceN(t *testing.T, partitions, n int) []effects.Produced {
 			values[i] = []byte(fmt.Sprintf("v-%d-%d", p, i))
 		}
 		out = append(out, b.produce(t, int32(p), values...)...)
+	}
+	return out
+}
+
+// outboxHeaders returns the headers of the outbox rows (workers run with
+// NoRelay keep them) by source offset, and fails the test unless there
+// are want of them, one per offset.
+func (b *bundle) outboxHeaders(t *testing.T, want int) map[int64]map[string]string {
+	t.Helper()
+	rows, err := b.pg.Pool.Query(context.Background(), `SELECT source_offset, headers FROM kfn.outbox ORDER BY source_offset`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int64]map[string]string{}
+	var off int64
+	var h map[string]string
+	_, err = pgx.ForEachRow(rows, []any{&off, &h}, func() error {
+		out[off] = h
+		h = nil
+		return nil
+	})
+	if err != nil || len(out) != want {
+		t.Fatalf("outbox rows by source offset = %v (%v), want %d, one per record", out, err, want)
 	}
 	return out
 }

@@ -72,6 +72,16 @@
 // locally. To run several functions in one process, or inside a program of
 // your own, use NewWorker.
 //
+// # Tracing it
+//
+// With the standard OTEL_* variables set (OTEL_EXPORTER_OTLP_ENDPOINT…),
+// the worker exports OpenTelemetry spans over OTLP/HTTP: one per batch
+// transaction and one per handler call, whose parent is the W3C trace
+// context the record carried. The handler's ctx carries its span (and the
+// record's baggage), so spans started from ctx with otel.Tracer nest under
+// it, and the events it emits continue the trace downstream. Off by
+// default; see the README's "Traces".
+//
 // # Testing it
 //
 // Package runtime/fntest applies records to a Function inside a test's

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"regexp"
 	"slices"
@@ -57,7 +58,8 @@ func TestRelayRejectsBadFlags(t *testing.T) {
 // against real Postgres and NATS: it extends an existing stream with the
 // subjects it is given, relays rows committed with outbox.Insert before and
 // while it runs (each once, with its event id as Nats-Msg-Id, in order per
-// key), prints its counters, and stops cleanly, exit 0, on SIGTERM.
+// key), prints its counters, stops cleanly, exit 0, on SIGTERM, and
+// flushes the span of each publish to the OTLP endpoint OTEL_* names.
 func TestRelayProcessForwardsOutboxRows(t *testing.T) {
 	bin := kfntest.BuildBinary(t, "github.com/kfn-dev/kfn/cmd/kfn")
 	db := kfntest.Postgres(t)
@@ -102,9 +104,14 @@ func TestRelayProcessForwardsOutboxRows(t *testing.T) {
 	}
 	insert(200) // a backlog before the relay starts
 
-	p := kfntest.StartProcess(t, exec.Command(bin, "relay", "--database-url", db.URL, "--nats-url", natsURL,
+	// Tracing on, with spans exported only when the relay flushes them as
+	// it stops (a ten-minute batch delay).
+	traces := kfntest.StartOTLPReceiver(t)
+	cmd := exec.Command(bin, "relay", "--database-url", db.URL, "--nats-url", natsURL,
 		"--event-stream", streamName, "--subjects", created+","+moved, "--lease-bucket", kfntest.Name(t, "leases"),
-		"--lease-ttl", "2s", "--lease-renew", "500ms", "--stats-every", "200ms", "--worker-id", "relay-1", "--metrics-addr", "127.0.0.1:0"))
+		"--lease-ttl", "2s", "--lease-renew", "500ms", "--stats-every", "200ms", "--worker-id", "relay-1", "--metrics-addr", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "OTEL_EXPORTER_OTLP_ENDPOINT="+traces.URL, "OTEL_BSP_SCHEDULE_DELAY=600000")
+	p := kfntest.StartProcess(t, cmd)
 	waitStored := func(n int) {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)
@@ -150,6 +157,13 @@ func TestRelayProcessForwardsOutboxRows(t *testing.T) {
 	}
 	if !regexp.MustCompile(`published +300 .* shards 32 `).MatchString(out) {
 		t.Errorf("kfn relay printed no stats line with 300 published events over its 32 shards:\n%s", out)
+	}
+
+	published := traces.Matching(func(s kfntest.Span) bool {
+		return s.Name == "kfn.relay.publish" && s.Service == "kfn-relay" && s.Attrs["kfn.stream"] == streamName
+	})
+	if len(published) != len(rows) {
+		t.Errorf("%d kfn.relay.publish spans of service kfn-relay flushed at exit, want one per event (%d)", len(published), len(rows))
 	}
 
 	st, err := js.Stream(ctx, streamName)

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/pgdata"
@@ -35,6 +36,7 @@ type applier struct {
 	generation int // re-executions of the lane so far; part of event ids
 	tracker    tracker
 	log        *slog.Logger
+	tracer     trace.Tracer // spans of batches and handler calls (trace.go); nil while tracing is off
 	// held is the lane's view of its partition's parked keys, for a
 	// function with KeyOrder ParkKey (parkkey.go); nil otherwise.
 	held *heldKeys
@@ -46,7 +48,7 @@ type applier struct {
 // newApplier returns the applier of one lane of fn, committing through
 // tracker with the worker's pool, settings and counters.
 func (w *worker) newApplier(fn Function, part inbox.Partition, token int64, tracker tracker, log *slog.Logger) *applier {
-	return &applier{pool: w.pool, cfg: &w.cfg, stats: w.stats, fn: fn, part: part, token: token, tracker: tracker, log: log}
+	return &applier{pool: w.pool, cfg: &w.cfg, stats: w.stats, fn: fn, part: part, token: token, tracker: tracker, log: log, tracer: w.tracer}
 }
 
 // handlerFailure is a record whose handler failed; the transaction it ran in
@@ -148,7 +150,15 @@ func (a *applier) retryAlone(ctx context.Context, rec Record, firstErr error) er
 
 // commit tries to apply recs in one transaction. It returns a handlerFailure
 // (transaction rolled back, nothing applied) when a handler fails.
-func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (*handlerFailure, error) {
+func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (failure *handlerFailure, err error) {
+	ctx, span := a.startBatch(ctx, recs, attempt)
+	defer func() {
+		status := err
+		if failure != nil {
+			status = failure.err
+		}
+		endSpan(span, status)
+	}()
 	began := time.Now()
 	ctx = context.WithValue(ctx, roundTripCounterKey{}, &a.stats.BatchRoundTrips)
 	conn, tx, claim, err := a.beginClaim(ctx, recs)
@@ -390,13 +400,18 @@ func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work
 		if len(work) == 0 {
 			return nil, nil, emitter, nil
 		}
+		hctx, records, span := a.startBatchHandler(ctx, work, emitter)
 		out := &BatchEvents{emit: emitter.emit}
-		err := a.call(ctx, conn, func(ctx context.Context) error {
+		err := a.call(hctx, conn, func(ctx context.Context) error {
 			return a.fn.BatchHandler(ctx, tx, work, out)
 		})
 		if err == nil {
 			err = emitter.err
 		}
+		for _, r := range records {
+			endSpan(r, nil)
+		}
+		endSpan(span, err)
 		if err != nil {
 			if len(recs) > 1 {
 				return nil, nil, nil, &handlerFailure{index: unknownCulprit, err: err}
@@ -425,15 +440,18 @@ func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work
 		if pipelined != nil {
 			pipelined.record = indexIn(r)
 		}
-		err := a.call(ctx, conn, func(ctx context.Context) error {
+		hctx, span := a.startHandler(ctx, r, emitter)
+		err := a.call(hctx, conn, func(ctx context.Context) error {
 			return a.fn.Handler(ctx, htx, r, &Events{emit: emitter.emit, rec: r})
 		})
 		if pipelined != nil && pipelined.failed != nil {
+			endSpan(span, pipelined.failed.err)
 			return nil, nil, nil, pipelined.failed // an earlier record's statement, maybe
 		}
 		if err == nil {
 			err = emitter.err
 		}
+		endSpan(span, err)
 		if err != nil {
 			return nil, nil, nil, &handlerFailure{index: indexIn(r), err: err}
 		}

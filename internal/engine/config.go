@@ -8,6 +8,8 @@ import (
 	"os"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/settings"
@@ -53,6 +55,13 @@ type Config struct {
 	EventRetention time.Duration // KFN_EVENT_RETENTION: the event stream's max age, when the relay creates it
 	InboxRetention time.Duration // KFN_INBOX_RETENTION: inbox rows older than this are purged (dedup of Kafka records stays permanent)
 	Logger         *slog.Logger  // not bindable; defaults to slog.Default()
+
+	// TracerProvider (not bindable) receives the spans of batches, handler
+	// calls and relay publishes. Nil: the worker reads the standard OTEL_*
+	// variables (tracing off unless they enable it; see internal/tracing)
+	// and flushes the exporter when it stops. A provider set here is the
+	// caller's to shut down.
+	TracerProvider trace.TracerProvider
 
 	// DeadLetterRetention (KFN_DEAD_LETTER_RETENTION): dead letters older
 	// than this are deleted, each purge audited; negative: they are kept
@@ -177,6 +186,9 @@ type ConfigError struct {
 }
 
 func (e *ConfigError) Error() string {
+	if e.Field == "" { // a variable with no flag
+		return fmt.Sprintf("invalid configuration: %s: %s", e.Env, e.Msg)
+	}
 	return fmt.Sprintf("invalid configuration: --%s (%s): %s", e.Field, e.Env, e.Msg)
 }
 

@@ -1,7 +1,10 @@
 package engine
 
 import (
+	"context"
 	"fmt"
+
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/kfn-dev/kfn/internal/pgdata"
 	"github.com/kfn-dev/kfn/outbox"
@@ -16,19 +19,56 @@ type emitCollector struct {
 	rows       []outbox.Row
 	next       map[string]int // next emit index per source record
 	err        error          // first invalid event; fails the handler
-	// traceChecked holds the source records whose trace context was
-	// checked, and traceDropped counts those whose trace context was
-	// invalid and not propagated (Stats.TraceContextDropped).
-	traceChecked map[string]traceContext
+	// traced holds the trace context of each source record seen, by
+	// source id, and traceDropped counts those whose trace context was
+	// invalid and ignored (Stats.TraceContextDropped).
+	traced       map[string]recordTrace
 	traceDropped int
+	// spans holds, by source id, the handler span each record's events
+	// continue while tracing is on; a record without one (tracing off)
+	// passes on its own trace context as it came.
+	spans map[string]*handlerSpan
 }
 
-// traceContext is a source record's W3C trace context as propagated to the
-// events it emits: empty fields when absent or invalid.
-type traceContext struct{ parent, state string }
+// handlerSpan is the span of a record's handler call, and the headers its
+// events carry.
+type handlerSpan struct {
+	ctx     context.Context
+	headers propagation.MapCarrier // injected from ctx on the first emit
+}
 
 func newEmitCollector(fn Function, generation int) *emitCollector {
-	return &emitCollector{consumer: fn.Name, emits: fn.Emits, generation: generation, next: map[string]int{}}
+	return &emitCollector{consumer: fn.Name, emits: fn.Emits, generation: generation, next: map[string]int{}, traced: map[string]recordTrace{}}
+}
+
+func (c *emitCollector) sourceID(rec Record) string {
+	return outbox.SourceID(rec.Topic, rec.Partition, rec.Offset, rec.EventID, c.generation)
+}
+
+// trace returns the trace context of the record with sourceID (traceOf),
+// read once per transaction.
+func (c *emitCollector) trace(sourceID string, rec Record) recordTrace {
+	if tc, ok := c.traced[sourceID]; ok {
+		return tc
+	}
+	tc, dropped := traceOf(rec)
+	if dropped {
+		c.traceDropped++
+	}
+	c.traced[sourceID] = tc
+	return tc
+}
+
+// traceIn starts the span of rec's handler call with start, from the
+// trace context rec carries, and makes rec's events continue that span.
+func (c *emitCollector) traceIn(rec Record, start func(recordTrace) context.Context) context.Context {
+	id := c.sourceID(rec)
+	ctx := start(c.trace(id, rec))
+	if c.spans == nil {
+		c.spans = map[string]*handlerSpan{}
+	}
+	c.spans[id] = &handlerSpan{ctx: ctx}
+	return ctx
 }
 
 func (c *emitCollector) emit(rec Record, ev Event) {
@@ -42,63 +82,21 @@ func (c *emitCollector) emit(rec Record, ev Event) {
 		}
 		return
 	}
-	sourceID := outbox.SourceID(rec.Topic, rec.Partition, rec.Offset, rec.EventID, c.generation)
+	sourceID := c.sourceID(rec)
 	index := c.next[sourceID]
 	c.next[sourceID] = index + 1
-	trace := c.traceContext(sourceID, rec)
-	origin := outbox.Origin{
-		Consumer: c.consumer, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset,
-		SourceID: sourceID, TraceParent: trace.parent, TraceState: trace.state,
+	origin := outbox.Origin{Consumer: c.consumer, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, SourceID: sourceID}
+	if span := c.spans[sourceID]; span != nil {
+		if span.headers == nil {
+			span.headers = propagation.MapCarrier{}
+			outbox.Propagator.Inject(span.ctx, span.headers)
+		}
+		origin.TraceParent, origin.TraceState, origin.Baggage = span.headers[outbox.HeaderTraceParent], span.headers[outbox.HeaderTraceState], span.headers[outbox.HeaderBaggage]
+	} else { // no span: the record's own context, as it came
+		tc := c.trace(sourceID, rec)
+		origin.TraceParent, origin.TraceState, origin.Baggage = tc.parent, tc.state, tc.baggage
 	}
 	c.rows = append(c.rows, outbox.NewRow(origin, index, string(rec.Key), ev))
-}
-
-// traceContext returns the W3C trace context of a source record that its
-// events carry: its traceparent header if that is valid, with its tracestate
-// header if that is valid too. A record's header bytes are whatever its
-// producer sent; invalid ones are dropped, and counted once per record.
-func (c *emitCollector) traceContext(sourceID string, rec Record) traceContext {
-	if tc, ok := c.traceChecked[sourceID]; ok {
-		return tc
-	}
-	var tc traceContext
-	dropped := false
-	parents, states := 0, 0
-	var parent, state []byte
-	for _, h := range rec.Headers {
-		switch h.Key {
-		case outbox.HeaderTraceParent:
-			parents++
-			if parents == 1 {
-				parent = h.Value
-			} else if string(h.Value) != string(parent) {
-				dropped = true // conflicting traceparents: no trace context
-			}
-		case outbox.HeaderTraceState:
-			states++
-			state = h.Value
-		}
-	}
-	switch {
-	case parents == 0:
-	case dropped || !outbox.ValidTraceParent(string(parent)):
-		dropped = true
-	default:
-		tc.parent = string(parent)
-		if states == 1 && outbox.ValidTraceState(string(state)) {
-			tc.state = string(state)
-		} else if states > 0 {
-			dropped = true
-		}
-	}
-	if dropped {
-		c.traceDropped++
-	}
-	if c.traceChecked == nil {
-		c.traceChecked = map[string]traceContext{}
-	}
-	c.traceChecked[sourceID] = tc
-	return tc
 }
 
 // validateEvent rejects events the outbox cannot store as given: a subject

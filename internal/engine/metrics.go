@@ -51,7 +51,7 @@ func newMetricsCollector(wk *Worker) *metricsCollector {
 		relayFailures:        d("outbox_publish_failures_total", "Failed outbox publishes (retried)."),
 		relayLatency:         d("outbox_last_latency_seconds", "Commit-to-ack latency of the last relayed event."),
 		infraRetries:         d("batch_infra_retries_total", "Batches retried after an infrastructure error (never a record's fault).", "function"),
-		traceDropped:         d("trace_context_dropped_total", "Records whose invalid W3C traceparent or tracestate was not propagated.", "function"),
+		traceDropped:         d("trace_context_dropped_total", "Records whose invalid W3C traceparent, tracestate or baggage was ignored.", "function"),
 		abandoned:            d("handlers_abandoned_total", "Handler calls that overran --handler-timeout without returning: their session was ended and the record dead-lettered (reason timeout).", "function"),
 		abandonedRunning:     d("handlers_abandoned_running", "Abandoned handler calls still running (Go cannot stop them).", "function"),
 		commitRepliesLost:    d("commit_replies_lost_total", "Commits that landed although their reply was lost; the lane resumed from the stored cursor.", "function"),

@@ -65,6 +65,7 @@ func (w *worker) newRelay(ctx context.Context, subjects []string) (*outbox.Relay
 		Pool: w.pool, JetStream: w.js, Stream: w.cfg.EventStream, Subjects: streamSubjects,
 		Duplicates: w.cfg.EventDedup, MaxAge: w.cfg.EventRetention, Replicas: w.cfg.NATSReplicas, Logger: w.cfg.Logger,
 		Scheduler: LeasedShards(shards, w.cfg.Logger.With("component", "outbox-relay")),
+		Tracer:    w.tracer,
 	})
 }
 

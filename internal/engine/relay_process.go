@@ -39,6 +39,9 @@ func NewRelay(ctx context.Context, cfg Config, subjects []string) (*Relay, error
 		return nil, err
 	}
 	w := &worker{cfg: cfg, stats: &Stats{}}
+	if err := w.startTracing(ctx, "kfn-relay"); err != nil {
+		return nil, err
+	}
 	if err := w.connectPostgres(ctx); err != nil {
 		w.close()
 		return nil, err

@@ -18,9 +18,11 @@ type Stats struct {
 	// InfraRetries counts batches whose apply failed with an infrastructure
 	// error (Postgres, Kafka or NATS failing, not a record) and was retried.
 	InfraRetries atomic.Int64
-	// TraceContextDropped counts records whose traceparent or tracestate
-	// header was not valid W3C Trace Context and was not propagated to the
-	// events they emitted.
+	// TraceContextDropped counts records whose traceparent, tracestate or
+	// baggage header was not valid W3C Trace Context or Baggage and was
+	// ignored: not followed by their handler span (tracing on) and not
+	// propagated to the events they emitted. With tracing off a record is
+	// looked at only when it emits.
 	TraceContextDropped atomic.Int64
 	// AbandonedHandlers counts handler calls that overran --handler-timeout
 	// and did not return: the lane ended their transaction's session and

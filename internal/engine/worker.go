@@ -12,10 +12,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/settings"
+	"github.com/kfn-dev/kfn/internal/tracing"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime/lease"
 	"github.com/kfn-dev/kfn/runtime/schema"
@@ -43,8 +45,10 @@ type worker struct {
 	startedAt    time.Time // when this worker started, by the database's clock
 	offsets      *offsetCommitter
 	stats        *Stats
-	ready        readiness // the last probe of the services, for /readyz
-	health       *pgHealth // whether this worker reaches Postgres; the lease managers' Healthy hook
+	tracing      *tracing.Provider // the exporter this worker started, flushed by close; nil with Config.TracerProvider
+	tracer       trace.Tracer      // nil while tracing is off
+	ready        readiness         // the last probe of the services, for /readyz
+	health       *pgHealth         // whether this worker reaches Postgres; the lease managers' Healthy hook
 
 	// retries are the running lanes, woken for dead letters marked for
 	// retry (retry.go).
@@ -93,6 +97,13 @@ func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error
 			w.close()
 		}
 	}()
+	service := fns[0].Name
+	if len(fns) > 1 {
+		service = "kfn-worker"
+	}
+	if err := w.startTracing(ctx, service); err != nil {
+		return nil, err
+	}
 	if err := w.connect(ctx); err != nil {
 		return nil, err
 	}
@@ -220,7 +231,34 @@ func (w *worker) connectNATS() error {
 	return err
 }
 
+// startTracing sets the worker's tracer: from cfg.TracerProvider, or else
+// from the OTEL_* variables.
+func (w *worker) startTracing(ctx context.Context, service string) error {
+	tp := w.cfg.TracerProvider
+	if tp == nil {
+		p, err := tracing.FromEnv(ctx, service, w.cfg.Logger)
+		var envErr *tracing.EnvError
+		if errors.As(err, &envErr) {
+			return &ConfigError{Env: envErr.Var, Msg: fmt.Sprintf("%q: %s", envErr.Value, envErr.Msg)}
+		}
+		if err != nil {
+			return err
+		}
+		w.tracing, tp = p, p
+	}
+	if w.tracing == nil || w.tracing.Enabled() {
+		w.tracer = tp.Tracer(tracerName)
+	}
+	return nil
+}
+
 func (w *worker) close() {
+	if w.tracing != nil {
+		if err := w.tracing.Shutdown(context.Background()); err != nil {
+			w.cfg.Logger.Warn("traces not flushed", "err", err)
+		}
+		w.tracing = nil
+	}
 	if w.nc != nil {
 		w.nc.Close()
 	}

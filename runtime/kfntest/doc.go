@@ -1,7 +1,8 @@
 // Package kfntest owns the test harness that kfn's integration tests share: a
 // fresh, migrated Postgres database per test, a NATS server, a Kafka cluster
 // with topics made to order, unique resource names, binaries built once per
-// test binary, and a nats-server running as its own process for fault tests.
+// test binary, a nats-server running as its own process for fault tests, and
+// an OTLP/HTTP trace receiver that processes under test export spans to.
 //
 // Every component has one switch, an environment variable, so the same tests
 // run against the embedded components (the default) or real ones:

@@ -1,0 +1,216 @@
+package engine
+
+import (
+	"context"
+	"strings"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/kfn-dev/kfn/outbox"
+)
+
+// The spans of a lane (README, "Traces"):
+//
+//   - kfn.batch covers one batch transaction: the fence, the inbox claim,
+//     the handler calls, the outbox rows and the commit. A batch holds
+//     records of many traces and a span has one parent, so it is the root
+//     of a trace of its own.
+//   - kfn.handler covers one handler call. Its parent is the trace context
+//     the record carries (a producer's traceparent, or the relay's span of
+//     an event a NATS-triggered function consumes), with a link to its
+//     kfn.batch; a record without a valid one gets its kfn.batch as parent.
+//     So the trace a record arrives in goes on through its handler, the
+//     events it emits (their traceparent is the handler span), the relay
+//     and the downstream function's handler. The handler's ctx carries the
+//     span, so an author's own spans nest under it.
+//
+// A BatchHandler's call is one kfn.handler span, child of the kfn.batch,
+// over one kfn.record span per record, parented like a Handler's
+// kfn.handler span (the record's trace context, linked to the call's
+// span; else the call's span); a record's events continue its kfn.record
+// span.
+const (
+	spanBatch   = "kfn.batch"
+	spanHandler = "kfn.handler"
+	spanRecord  = "kfn.record"
+	tracerName  = "github.com/kfn-dev/kfn"
+)
+
+// Span attributes.
+const (
+	attrFunction    = attribute.Key("kfn.function")
+	attrTopic       = attribute.Key("kfn.topic")
+	attrPartition   = attribute.Key("kfn.partition")
+	attrFirstOffset = attribute.Key("kfn.first_offset")
+	attrLastOffset  = attribute.Key("kfn.last_offset")
+	attrOffset      = attribute.Key("kfn.offset")
+	attrRecords     = attribute.Key("kfn.records")
+	attrEpoch       = attribute.Key("kfn.epoch")
+	attrAttempt     = attribute.Key("kfn.attempt")
+	attrEventID     = attribute.Key("kfn.event_id")
+)
+
+// startBatch starts the kfn.batch span of a transaction over recs. Like
+// the other start functions, it returns ctx and a nil span when tracing is
+// off (a.tracer nil): then nothing is spent on spans, and a record's
+// events carry its own trace context as it came.
+func (a *applier) startBatch(ctx context.Context, recs []Record, attempt int) (context.Context, trace.Span) {
+	if a.tracer == nil {
+		return ctx, nil
+	}
+	return a.tracer.Start(ctx, spanBatch, trace.WithNewRoot(), trace.WithAttributes(
+		attrFunction.String(a.fn.Name), attrTopic.String(a.part.Topic), attrPartition.Int(int(a.part.Partition)),
+		attrFirstOffset.Int64(recs[0].Offset), attrLastOffset.Int64(recs[len(recs)-1].Offset),
+		attrRecords.Int(len(recs)), attrEpoch.Int64(a.token), attrAttempt.Int(attempt),
+	))
+}
+
+// startHandler starts the kfn.handler span of rec's handler call, and
+// makes rec's events (emitter) continue it; ctx carries the kfn.batch span.
+func (a *applier) startHandler(ctx context.Context, rec Record, emitter *emitCollector) (context.Context, trace.Span) {
+	if a.tracer == nil {
+		return ctx, nil
+	}
+	var span trace.Span
+	hctx := emitter.traceIn(rec, func(tc recordTrace) context.Context {
+		batch := trace.SpanContextFromContext(ctx)
+		parent := outbox.Propagator.Extract(ctx, tc)
+		opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(recordAttrs(a.fn.Name, rec)...)}
+		if trace.SpanContextFromContext(parent).IsRemote() && batch.IsValid() {
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: batch}))
+		}
+		var hctx context.Context
+		hctx, span = a.tracer.Start(parent, spanHandler, opts...)
+		return hctx
+	})
+	return hctx, span
+}
+
+// startBatchHandler starts the kfn.handler span of a BatchHandler's call
+// over work, child of the kfn.batch span in ctx, and under it one
+// kfn.record span per record, whose parent is the record's trace context
+// (linked to the handler span) or else the handler span: the record's
+// events continue its kfn.record span (emitter), so a record's trace goes
+// on through a batch handler too. End the record spans (the second result)
+// when the call returns.
+func (a *applier) startBatchHandler(ctx context.Context, work []Record, emitter *emitCollector) (context.Context, []trace.Span, trace.Span) {
+	if a.tracer == nil {
+		return ctx, nil, nil
+	}
+	hctx, span := a.tracer.Start(ctx, spanHandler, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
+		attrFunction.String(a.fn.Name), attrTopic.String(a.part.Topic), attrPartition.Int(int(a.part.Partition)),
+		attrFirstOffset.Int64(work[0].Offset), attrLastOffset.Int64(work[len(work)-1].Offset), attrRecords.Int(len(work)),
+	))
+	handler := span.SpanContext()
+	records := make([]trace.Span, 0, len(work))
+	for _, r := range work {
+		emitter.traceIn(r, func(tc recordTrace) context.Context {
+			parent := outbox.Propagator.Extract(hctx, tc)
+			opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(recordAttrs(a.fn.Name, r)...)}
+			if trace.SpanContextFromContext(parent).IsRemote() {
+				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: handler}))
+			}
+			rctx, rspan := a.tracer.Start(parent, spanRecord, opts...)
+			records = append(records, rspan)
+			return rctx
+		})
+	}
+	return hctx, records, span
+}
+
+// recordAttrs are the attributes of a span about one record.
+func recordAttrs(function string, rec Record) []attribute.KeyValue {
+	kv := []attribute.KeyValue{
+		attrFunction.String(function), attrTopic.String(rec.Topic), attrPartition.Int(int(rec.Partition)),
+		attrOffset.Int64(rec.Offset), attrAttempt.Int(rec.Attempt),
+	}
+	if rec.EventID != "" {
+		kv = append(kv, attrEventID.String(rec.EventID))
+	}
+	return kv
+}
+
+// endSpan ends span (nil: none) with err as its status.
+func endSpan(span trace.Span, err error) {
+	if span == nil {
+		return
+	}
+	if err != nil {
+		span.SetStatus(codes.Error, firstLine(err))
+	}
+	span.End()
+}
+
+// recordTrace is the W3C trace context and baggage of a record's headers
+// that kfn accepts, as a carrier for outbox.Propagator: empty fields when
+// absent or invalid.
+type recordTrace struct{ parent, state, baggage string }
+
+var _ propagation.TextMapCarrier = recordTrace{}
+
+func (t recordTrace) Get(key string) string {
+	switch key {
+	case outbox.HeaderTraceParent:
+		return t.parent
+	case outbox.HeaderTraceState:
+		return t.state
+	case outbox.HeaderBaggage:
+		return t.baggage
+	}
+	return ""
+}
+
+func (recordTrace) Set(string, string) {}
+
+func (recordTrace) Keys() []string {
+	return []string{outbox.HeaderTraceParent, outbox.HeaderTraceState, outbox.HeaderBaggage}
+}
+
+// traceOf reads rec's trace context from its headers, whose bytes are
+// whatever its producer sent: a traceparent if there is one valid value of
+// it, with the tracestate if that is valid too; the baggage headers joined
+// if they parse. It reports whether it dropped an invalid one.
+func traceOf(rec Record) (tc recordTrace, dropped bool) {
+	parents, states := 0, 0
+	var parent, state []byte
+	var bags []string
+	for _, h := range rec.Headers {
+		switch h.Key {
+		case outbox.HeaderTraceParent:
+			parents++
+			if parents == 1 {
+				parent = h.Value
+			} else if string(h.Value) != string(parent) {
+				dropped = true // conflicting traceparents: no trace context
+			}
+		case outbox.HeaderTraceState:
+			states++
+			state = h.Value
+		case outbox.HeaderBaggage:
+			bags = append(bags, string(h.Value))
+		}
+	}
+	switch {
+	case parents == 0:
+	case dropped || !outbox.ValidTraceParent(string(parent)):
+		dropped = true
+	default:
+		tc.parent = string(parent)
+		if states == 1 && outbox.ValidTraceState(string(state)) {
+			tc.state = string(state)
+		} else if states > 0 {
+			dropped = true
+		}
+	}
+	if len(bags) > 0 {
+		if b := strings.Join(bags, ","); outbox.ValidBaggage(b) {
+			tc.baggage = b
+		} else {
+			dropped = true
+		}
+	}
+	return tc, dropped
+}

@@ -1,0 +1,63 @@
+package outbox
+
+import (
+	"context"
+
+	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// spanPublish is the relay's span of one publish, from PublishMsgAsync to
+// the stream's ack (or the failure that gets the event sent again).
+const spanPublish = "kfn.relay.publish"
+
+// startPublish starts the kfn.relay.publish span of row's message, child
+// of the trace context stored with the row (its source's handler span),
+// and replaces the message's trace context with the span's. It returns
+// nil when the relay records no spans.
+func (l *shardLoop) startPublish(row *relayRow, msg *nats.Msg) trace.Span {
+	tracer := l.r.cfg.Tracer
+	if tracer == nil {
+		return nil
+	}
+	parent := Propagator.Extract(context.Background(), propagation.MapCarrier(row.Headers))
+	ctx, span := tracer.Start(parent, spanPublish, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
+		attribute.String("messaging.system", "nats"),
+		attribute.String("messaging.destination.name", row.Subject),
+		attribute.String("messaging.message.id", row.EventID),
+		attribute.String("kfn.stream", l.r.cfg.Stream),
+		attribute.Int("kfn.shard", l.shard),
+	))
+	Propagator.Inject(ctx, natsHeaderCarrier(msg.Header))
+	return span
+}
+
+// endPublish ends a publish span (nil: none) with the publish's outcome.
+func endPublish(span trace.Span, duplicate bool, err error) {
+	if span == nil {
+		return
+	}
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.SetAttributes(attribute.Bool("kfn.duplicate", duplicate))
+	span.End()
+}
+
+// natsHeaderCarrier writes trace headers on a NATS message under their
+// exact (lowercase) names; nats.Header's own methods keep names as given
+// too, but the carrier must replace every value a name had.
+type natsHeaderCarrier nats.Header
+
+func (c natsHeaderCarrier) Get(key string) string { return nats.Header(c).Get(key) }
+func (c natsHeaderCarrier) Set(key, value string) { c[key] = []string{value} }
+func (c natsHeaderCarrier) Keys() []string {
+	keys := make([]string, 0, len(c))
+	for k := range c {
+		keys = append(keys, k)
+	}
+	return keys
+}
