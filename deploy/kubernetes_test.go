@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -471,6 +473,9 @@ func checkGracePeriod(t *testing.T, r rendered, d appsv1.Deployment) {
 	timeout := 30 * time.Second // KFN_HANDLER_TIMEOUT's default
 	for _, c := range d.Spec.Template.Spec.Containers {
 		for _, from := range c.EnvFrom {
+			if from.ConfigMapRef == nil {
+				continue
+			}
 			if v, ok := r.configMaps[from.ConfigMapRef.Name].Data["KFN_HANDLER_TIMEOUT"]; ok {
 				var err error
 				if timeout, err = time.ParseDuration(v); err != nil {
@@ -583,4 +588,45 @@ func ptrText(p *int64) string {
 		return "(unset)"
 	}
 	return strconv.FormatInt(*p, 10)
+}
+
+// TestScaffoldManifestsAreValid renders the deploy/ folder `kfn new` writes
+// into a function module and checks it as the example's: the API types,
+// Pod Security "restricted", a pinned image, the migrate init container,
+// probes on the paths the function binary serves, and a disruption budget.
+func TestScaffoldManifestsAreValid(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "payments")
+	kfnBin := filepath.Join(buildBinaries(t), "kfn")
+	if out, err := exec.Command(kfnBin, "new", "payments", "--dir", dir, "--kfn", repoRoot).CombinedOutput(); err != nil {
+		t.Fatalf("kfn new: %v: %s", err, out)
+	}
+	r := render(t, filepath.Join(dir, "deploy"))
+	if len(r.deployments) != 1 || len(r.pdbs) != 1 {
+		t.Fatalf("rendered %d Deployments and %d PodDisruptionBudgets; want 1 and 1", len(r.deployments), len(r.pdbs))
+	}
+	d := r.deployments[0]
+	checkPodSecurity(t, d, imageUsers(t))
+	checkGracePeriod(t, r, d)
+	spec := d.Spec.Template.Spec
+	if len(spec.InitContainers) != 1 || len(spec.InitContainers[0].Args) != 1 || spec.InitContainers[0].Args[0] != "migrate" {
+		t.Errorf("want one init container running the function's migrate mode, got %+v", spec.InitContainers)
+	}
+	orders := help(t, "orders") // a function binary: every function takes the same settings
+	for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
+		if !pinned.MatchString(c.Image) {
+			t.Errorf("container %s: image %q is not pinned to a version", c.Name, c.Image)
+		}
+		if c.Resources.Requests.Cpu().IsZero() || c.Resources.Limits.Memory().IsZero() {
+			t.Errorf("container %s: no cpu request or memory limit", c.Name)
+		}
+		for _, e := range c.Env {
+			checkEnv(t, "container "+c.Name, orders, e.Name)
+		}
+	}
+	worker := spec.Containers[0]
+	env := map[string]string{"KFN_METRICS_ADDR": strings.TrimPrefix(worker.Args[0], "--metrics-addr=")}
+	checkProbes(t, "container "+worker.Name, orders, worker, env)
+	if sel := r.pdbs[0].Spec.Selector; sel == nil || sel.MatchLabels["app"] != "payments" {
+		t.Errorf("the PodDisruptionBudget does not select the workers: %+v", sel)
+	}
 }
