@@ -22,7 +22,7 @@ type RelayStats struct {
 	LastLatency time.Duration
 	// LastPublishedAt is when the most recent ack arrived; zero if none yet.
 	LastPublishedAt time.Time
-	// ActiveShards is the number of shard loops running now.
+	// ActiveShards is the number of shards the relay works now.
 	ActiveShards int
 	// Listening reports whether the LISTEN connection is up (when it is down
 	// the relay only polls).
