@@ -15,12 +15,10 @@ import (
 // Relay forwards committed outbox rows to a JetStream stream and deletes each
 // row once the stream has acked it.
 //
-// The outbox is split into Shards shards by event key, and a shard is
-// relayed by one process at a time, so all events of a key go through one
-// relay, in order. Run works every shard in this process; RunShard works
-// one, for a caller (such as a lease manager) that spreads shards over
-// processes. One loop relays all the shards a process holds: one query
-// reads them all, and their publishes share one window.
+// The outbox is split into Shards shards by event key; one loop relays one
+// shard, so all events of a key go through one loop, in order. Run works
+// every shard in this process; RunShard works one, for a caller (such as a
+// lease manager) that spreads shards over processes.
 //
 // Guarantees:
 //   - Every committed row reaches the stream: a row is deleted only after its
@@ -44,16 +42,13 @@ import (
 type Relay struct {
 	cfg      RelayConfig
 	log      *slog.Logger
-	wake     chan struct{} // the loop has rows to read; wakes coalesce
+	wake     [Shards]chan struct{}
 	counters relayCounters
+	reads    chan readRequest // the shard loops' reads, for the reader
 
-	// heldMu guards held and loop. The loop publishes a row only under its
-	// read lock, after checking that the row's shard is held, so once
-	// release has taken the write lock no publish of the shard starts.
-	heldMu sync.RWMutex
-	held   [Shards]int // RunShard calls working each shard
-	nHeld  int         // shards with held > 0
-	loop   *loopRun    // the loop relaying the held shards; nil when none are
+	readerMu sync.Mutex
+	shards   int        // RunShard calls running
+	reader   *readerRun // the reader serving them; nil when none runs
 
 	streamMu       sync.Mutex
 	streamSubjects []string // subjects the stream captures; nil until known
@@ -68,7 +63,11 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Relay{cfg: cfg, log: cfg.Logger.With("component", "outbox-relay", "stream", cfg.Stream), wake: make(chan struct{}, 1)}, nil
+	r := &Relay{cfg: cfg, log: cfg.Logger.With("component", "outbox-relay", "stream", cfg.Stream), reads: make(chan readRequest, Shards)}
+	for i := range r.wake {
+		r.wake[i] = make(chan struct{}, 1)
+	}
+	return r, nil
 }
 
 // Run relays until ctx ends: every shard in this process, or, with
@@ -129,11 +128,8 @@ func (r *Relay) runScheduled(ctx context.Context) error {
 }
 
 // RunShard relays one shard until ctx ends; cancelling ctx is how a lease
-// manager takes the shard away: once RunShard has returned, the relay
-// starts no publish of the shard's rows (publishes already in flight may
-// still land, as after a crash). The relay's loop works every shard held
-// this way, starting with the first and stopping after the last. It
-// returns nil when ctx ends.
+// manager takes the shard away. Only one loop per shard should run at a time
+// in one process. It returns nil when ctx ends.
 func (r *Relay) RunShard(ctx context.Context, shard int) error {
 	if shard < 0 || shard >= Shards {
 		return fmt.Errorf("relay shard %d: shards are 0 to %d", shard, Shards-1)
@@ -146,73 +142,14 @@ func (r *Relay) RunShard(ctx context.Context, shard int) error {
 	}
 	r.counters.activeShards.Add(1)
 	defer r.counters.activeShards.Add(-1)
-	r.hold(ctx, shard)
-	<-ctx.Done()
-	r.release(shard)
+	r.startReading(ctx)
+	defer r.stopReading()
+	pprof.Do(ctx, profileLabels, func(ctx context.Context) { newShardLoop(r, shard).run(ctx) })
 	return nil
 }
 
-// loopRun is a running relay loop.
-type loopRun struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-}
-
-// hold adds shard to the shards the loop relays, starting the loop if it
-// is not running, and wakes it.
-func (r *Relay) hold(ctx context.Context, shard int) {
-	r.heldMu.Lock()
-	if r.held[shard]++; r.held[shard] == 1 {
-		r.nHeld++
-	}
-	if r.loop == nil {
-		// The loop outlives the shard that started it: it stops when
-		// the last shard is released.
-		loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		run := &loopRun{cancel: cancel, done: make(chan struct{})}
-		r.loop = run
-		go func() {
-			defer close(run.done)
-			pprof.Do(loopCtx, profileLabels, func(ctx context.Context) { newRelayLoop(r).run(ctx) })
-		}()
-	}
-	r.heldMu.Unlock()
-	r.wakeLoop()
-}
-
-// release removes one hold of shard. When no shard is held any more it
-// stops the loop and waits for it to end.
-func (r *Relay) release(shard int) {
-	r.heldMu.Lock()
-	if r.held[shard]--; r.held[shard] == 0 {
-		r.nHeld--
-	}
-	var stop *loopRun
-	if r.nHeld == 0 {
-		stop, r.loop = r.loop, nil
-	}
-	r.heldMu.Unlock()
-	if stop != nil {
-		stop.cancel()
-		<-stop.done
-	}
-}
-
-// heldShards returns the shards held now, appended to out[:0].
-func (r *Relay) heldShards(out []int32) []int32 {
-	out = out[:0]
-	r.heldMu.RLock()
-	defer r.heldMu.RUnlock()
-	for shard, n := range r.held {
-		if n > 0 {
-			out = append(out, int32(shard))
-		}
-	}
-	return out
-}
-
 // ProfileLabel is the pprof label (key and value) on the relay's goroutines
-// (its loop, its LISTEN loop, and the NATS subscription that takes
+// (its shard loops, its reader, its LISTEN loop, and the NATS subscription that takes
 // its acks, which the first publish starts): a CPU profile of a worker
 // shows the relay's share with `go tool pprof -tagfocus kfn=relay`.
 const (

@@ -19,9 +19,9 @@ type RelayConfig struct {
 	// extra connection of its own (with the pool's settings) to LISTEN for
 	// new rows.
 	Pool *pgxpool.Pool
-	// JetStream publishes the events. The relay's publishes go through it,
-	// so its PublishAsyncMaxPending (4000 by default in nats.go) should be
-	// at least MaxInFlight × the shards one process runs; past it publishes
+	// JetStream publishes the events. Every shard publishes through it, so its
+	// PublishAsyncMaxPending (4000 by default in nats.go) should be at least
+	// Shards × MaxInFlight for the shards one process runs; past it publishes
 	// stall and are retried.
 	JetStream jetstream.JetStream
 
@@ -45,22 +45,19 @@ type RelayConfig struct {
 	// Used only when the relay creates the stream. Default 1.
 	Replicas int
 
-	// BatchSize is how many rows of each shard one read takes at most (one
-	// query reads every shard the process holds). Default 500.
+	// BatchSize is how many rows one shard reads per query. Default 500.
 	BatchSize int
-	// MaxInFlight bounds the unacknowledged publishes per shard held: the
-	// relay has at most MaxInFlight × held shards in flight. Default 100.
+	// MaxInFlight bounds a shard's unacknowledged publishes. Default 100.
 	MaxInFlight int
-	// PollInterval is how often an idle relay looks for rows while the
-	// LISTEN connection is down. While it is up, commits wake the relay at
-	// once and an idle relay polls only every 10 × PollInterval, as a
+	// PollInterval is how often an idle shard looks for rows while the
+	// LISTEN connection is down. While it is up, commits wake their shards
+	// at once and idle shards poll only every 10 × PollInterval, as a
 	// safety net. Default 500ms.
 	PollInterval time.Duration
-	// Linger is how long the relay waits, after a read that took fewer than
-	// BatchSize rows of every shard, before it reads again: commits
-	// arriving meanwhile are read together, which saves a query per commit
-	// at a steady rate, for at most Linger more latency. Negative: no wait.
-	// Default 5ms.
+	// Linger is how long a shard waits, after a batch smaller than
+	// BatchSize, before it reads again: commits arriving meanwhile are read
+	// together, which saves a query per commit at a steady rate, for at most
+	// Linger more latency. Negative: no wait. Default 5ms.
 	Linger time.Duration
 	// AckTimeout is how long a publish may wait for its stream ack before it
 	// counts as failed and is sent again. Default 5s.
@@ -93,7 +90,7 @@ type RelayConfig struct {
 	// leases). When nil, Run works all shards.
 	Scheduler ShardScheduler
 
-	// afterAck, when set, is called by the relay loop for every event acked by
+	// afterAck, when set, is called by a shard loop for every event acked by
 	// the stream (tests and benchmarks measure latency with it).
 	afterAck func(eventID string, ackedAt time.Time)
 }

@@ -16,10 +16,10 @@ import (
 // written, comma separated.
 const NotifyChannel = "kfn_outbox"
 
-// Listen wakes this process's relay loop when outbox rows commit in a shard it holds, until ctx
+// Listen wakes this process's shard loops when outbox rows commit, until ctx
 // ends. It holds one dedicated Postgres connection (not from the pool) that
 // LISTENs on NotifyChannel, reconnecting with backoff when it breaks; while
-// it is down the loop falls back to polling every PollInterval. Run
+// it is down the shard loops fall back to polling every PollInterval. Run
 // calls it; a caller that drives RunShard itself should run it beside.
 func (r *Relay) Listen(ctx context.Context) {
 	pprof.Do(ctx, profileLabels, r.listen)
@@ -33,7 +33,7 @@ func (r *Relay) listen(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		r.wakeLoop() // an idle loop switches to polling every PollInterval
+		r.wakeAll() // idle shards switch to polling every PollInterval
 		delay := retry.NextBackOff()
 		r.log.Warn("outbox LISTEN connection lost; polling until it is back", "err", err, "retry_in", delay)
 		sleepCtx(ctx, delay)
@@ -56,7 +56,7 @@ func (r *Relay) listenOnce(ctx context.Context, connected func()) error {
 	r.counters.listening.Store(true)
 	connected()
 	// Rows may have committed while nobody listened.
-	r.wakeLoop()
+	r.wakeAll()
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
@@ -66,34 +66,34 @@ func (r *Relay) listenOnce(ctx context.Context, connected func()) error {
 	}
 }
 
-// wakeShards wakes the loop when a notification payload names a shard
-// this process holds, or names none it understands.
+// wakeShards wakes the shards named in a notification payload, or all of
+// them when the payload names none it understands.
 func (r *Relay) wakeShards(payload string) {
-	understood := false
-	for field := range strings.SplitSeq(payload, ",") {
+	woke := false
+	for _, field := range strings.Split(payload, ",") {
 		shard, err := strconv.Atoi(strings.TrimSpace(field))
 		if err != nil || shard < 0 || shard >= Shards {
 			continue
 		}
-		understood = true
-		r.heldMu.RLock()
-		held := r.held[shard] > 0
-		r.heldMu.RUnlock()
-		if held {
-			r.wakeLoop()
-			return
-		}
+		r.wakeShard(shard)
+		woke = true
 	}
-	if !understood {
-		r.wakeLoop()
+	if !woke {
+		r.wakeAll()
 	}
 }
 
-// wakeLoop tells the loop there may be rows to read; repeated wakes before
-// the loop looks coalesce into one.
-func (r *Relay) wakeLoop() {
+func (r *Relay) wakeAll() {
+	for shard := range Shards {
+		r.wakeShard(shard)
+	}
+}
+
+// wakeShard marks the shard as having work; repeated wakes before the loop
+// looks coalesce into one.
+func (r *Relay) wakeShard(shard int) {
 	select {
-	case r.wake <- struct{}{}:
+	case r.wake[shard] <- struct{}{}:
 	default:
 	}
 }

@@ -15,44 +15,44 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// idlePollFactor stretches the poll interval of an idle loop while
+// idlePollFactor stretches the poll interval of idle shards while
 // notifications work.
 const idlePollFactor = 10
 
 // errAckTimeout is a publish whose ack did not come within AckTimeout.
 var errAckTimeout = errors.New("no stream ack within the ack timeout")
 
-// errStoppedBeforeAck ends the span of a publish whose ack the relay stopped
+// errStoppedBeforeAck ends the span of a publish whose ack the shard stopped
 // waiting for: its row stays in the outbox for the shard's next owner.
-var errStoppedBeforeAck = errors.New("the relay stopped before the stream ack; the row stays in the outbox")
+var errStoppedBeforeAck = errors.New("the shard stopped before the stream ack; the row stays in the outbox")
 
-// relayLoop relays the shards this process holds. It works in batches:
-// read the oldest rows of every held shard in one query, publish them (per
-// key one at a time, up to MaxInFlight keys per shard read at once), then
-// delete the acked ones and read the next batch in one statement. A batch
-// is fully settled before the next read, which is what lets the read go
-// without a cursor (see selectShardsBatch). The batch's bookkeeping lives
-// in the loop and is reused from batch to batch. One loop for all shards
-// means one query per wake-up instead of one per shard with rows: at a
-// steady rate every commit writes to most shards.
-type relayLoop struct {
-	r   *Relay
-	log *slog.Logger
+// shardLoop relays one shard. It works in batches: read the shard's oldest
+// rows, publish them (per key one at a time, up to MaxInFlight keys at
+// once), then delete the acked ones and read the next batch in one
+// statement, which the relay's reader shares with the other shards asking
+// at the same time (see shardReader). A batch is fully settled before the
+// next read, which is what lets the read go without a cursor (see
+// selectShardsBatch). The batch's bookkeeping lives in the loop and is
+// reused from batch to batch.
+type shardLoop struct {
+	r     *Relay
+	shard int
+	log   *slog.Logger
 
 	// parked keys are skipped until the time given; their rows stay in the
 	// outbox, and later rows of the key wait behind them.
 	parked map[string]time.Time
 	// covered caches subjects the stream was seen to capture.
 	covered map[string]bool
-	// publishRetry paces the loop after a failed publish; dbRetry paces
+	// publishRetry paces a shard that hit a failed publish; dbRetry paces
 	// failed Postgres queries.
 	publishRetry *backoff.ExponentialBackOff
 	dbRetry      *backoff.ExponentialBackOff
 	timer        *time.Timer
 
-	shards  []int32 // the shards of the last read
 	batch   batchState
-	scratch readScratch
+	message messageBuf
+	reply   chan readReply // the reader's answers to this loop's reads
 	// sources caches ce-source values by the emitting function's name.
 	sources map[string]string
 }
@@ -98,31 +98,28 @@ func (b *batchState) reset(rows []relayRow) {
 	}
 }
 
-func newRelayLoop(r *Relay) *relayLoop {
+func newShardLoop(r *Relay, shard int) *shardLoop {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
-	return &relayLoop{
+	return &shardLoop{
 		r:            r,
-		log:          r.log,
+		shard:        shard,
+		log:          r.log.With("shard", shard),
 		parked:       map[string]time.Time{},
 		covered:      map[string]bool{},
 		publishRetry: r.newBackoff(),
 		dbRetry:      r.newBackoff(),
 		timer:        t,
 		sources:      map[string]string{},
+		reply:        make(chan readReply, 1),
 	}
 }
 
-func (l *relayLoop) run(ctx context.Context) {
+func (l *shardLoop) run(ctx context.Context) {
 	defer l.timer.Stop()
 	var acked []int64 // relayed rows not deleted yet: the next read deletes them
 	for ctx.Err() == nil {
-		l.shards = l.r.heldShards(l.shards)
-		if len(l.shards) == 0 {
-			l.waitForRows(ctx) // the last shard was just released: ctx ends
-			continue
-		}
-		rows, full, err := readBatch(ctx, l.r.cfg.Pool, l.shards, l.parkedKeys(), l.r.cfg.BatchSize, acked, l.batch.rows[:0], &l.scratch)
+		rows, full, err := l.read(ctx, acked)
 		if err != nil {
 			if ctx.Err() != nil {
 				break
@@ -147,12 +144,12 @@ func (l *relayLoop) run(ctx context.Context) {
 	l.deleteWhileStopping(ctx, acked)
 }
 
-// waitForRows blocks until a notification names a held shard (or a shard
-// is taken), the poll interval passes, or ctx ends. While the LISTEN
-// connection is up every commit wakes the loop, so an idle loop polls only
-// every idlePollFactor × PollInterval, as a safety net (rows written with
-// the trigger disabled, a parked key whose time is up).
-func (l *relayLoop) waitForRows(ctx context.Context) {
+// waitForRows blocks until a notification names this shard, the poll
+// interval passes, or ctx ends. While the LISTEN connection is up every
+// commit wakes its shards, so an idle shard polls only every
+// idlePollFactor × PollInterval, as a safety net (rows written with the
+// trigger disabled, a parked key whose time is up).
+func (l *shardLoop) waitForRows(ctx context.Context) {
 	wait := l.r.cfg.PollInterval
 	if l.r.counters.listening.Load() {
 		wait *= idlePollFactor
@@ -160,7 +157,7 @@ func (l *relayLoop) waitForRows(ctx context.Context) {
 	l.timer.Reset(wait)
 	defer l.timer.Stop()
 	select {
-	case <-l.r.wake:
+	case <-l.r.wake[l.shard]:
 	case <-l.timer.C:
 	case <-ctx.Done():
 	}
@@ -168,10 +165,10 @@ func (l *relayLoop) waitForRows(ctx context.Context) {
 
 // linger waits Linger after a batch that was not full before the next
 // read, so that rows committing meanwhile come in one read rather than one
-// read each: at a steady rate the loop reads at most once per Linger plus a
-// publish round, instead of once per notifying commit. An idle loop that
+// read each: at a steady rate a shard reads at most once per Linger plus a
+// publish round, instead of once per notifying commit. An idle shard that
 // a notification wakes reads at once.
-func (l *relayLoop) linger(ctx context.Context) {
+func (l *shardLoop) linger(ctx context.Context) {
 	if l.r.cfg.Linger <= 0 {
 		return
 	}
@@ -201,14 +198,12 @@ type flight struct {
 }
 
 // publishBatch publishes rows and returns the ids the stream acked. It
-// returns when every row is acked or belongs to a parked key or to a shard
-// released meanwhile, or when ctx ends (rows not acked by then stay in the
-// outbox for the next owner).
-func (l *relayLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
+// returns when every row is acked or belongs to a parked key, or when ctx
+// ends (rows not acked by then stay in the outbox for the next owner).
+func (l *shardLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 	cfg := &l.r.cfg
 	b := &l.batch
 	b.reset(rows)
-	window := cfg.MaxInFlight * len(l.shards)
 	var pausedUntil time.Time // zero: not paused
 	failed := func(q int32, row int32, err error) {
 		l.r.counters.failures.Add(1)
@@ -219,7 +214,7 @@ func (l *relayLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 		if pausedUntil.IsZero() {
 			delay := l.publishRetry.NextBackOff()
 			pausedUntil = time.Now().Add(delay)
-			l.log.Warn("outbox publish failed; pausing the relay", "err", err, "event_id", rows[row].EventID, "retry_in", delay)
+			l.log.Warn("outbox publish failed; pausing the shard", "err", err, "event_id", rows[row].EventID, "retry_in", delay)
 		}
 	}
 
@@ -229,7 +224,7 @@ func (l *relayLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 			b.ready = append(b.ready, b.retryLater...)
 			b.retryLater = b.retryLater[:0]
 		}
-		for pausedUntil.IsZero() && len(b.flights)-b.oldest < window && len(b.ready) > 0 && ctx.Err() == nil {
+		for pausedUntil.IsZero() && len(b.flights)-b.oldest < cfg.MaxInFlight && len(b.ready) > 0 && ctx.Err() == nil {
 			q := b.ready[0]
 			b.ready = b.ready[1:]
 			row := b.queues[q].head
@@ -237,16 +232,12 @@ func (l *relayLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 				l.park(&b.queues[q], &rows[row], errors.New("the stream's subjects do not capture the event's subject"))
 				continue
 			}
-			msg, dropped := buildMessage(&rows[row], cfg.Stream, l.source(rows[row].Source))
+			msg, dropped := buildMessage(&rows[row], cfg.Stream, l.source(rows[row].Source), &l.message)
 			if len(dropped) > 0 {
 				l.log.Warn("dropped event headers NATS cannot carry", "event_id", rows[row].EventID, "headers", dropped)
 			}
 			span := l.startPublish(&rows[row], msg)
-			ack, held, err := l.publishIfHeld(msg, rows[row].Shard)
-			if !held {
-				endPublish(span, false, errStoppedBeforeAck)
-				continue // released: the key's rows stay for the shard's next owner
-			}
+			ack, err := cfg.JetStream.PublishMsgAsync(msg, noPublishRetries)
 			if err != nil {
 				endPublish(span, false, err)
 				failed(q, row, err)
@@ -278,7 +269,7 @@ func (l *relayLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 			wakeAt = pausedUntil
 		}
 		if wakeAt.IsZero() {
-			continue // unreachable: with nothing in flight the loop is paused
+			continue // unreachable: with nothing in flight the shard is paused
 		}
 		var okCh <-chan *jetstream.PubAck
 		var errCh <-chan error
@@ -335,21 +326,14 @@ func (l *relayLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 	}
 }
 
-// publishIfHeld publishes msg unless its shard has been released, in
-// which case it reports held false and sends nothing.
-func (l *relayLoop) publishIfHeld(msg *nats.Msg, shard int32) (ack jetstream.PubAckFuture, held bool, err error) {
-	l.r.heldMu.RLock()
-	defer l.r.heldMu.RUnlock()
-	if l.r.held[shard] == 0 {
-		return nil, false, nil
-	}
-	ack, err = l.r.cfg.JetStream.PublishMsgAsync(msg)
-	return ack, true, err
-}
+// noPublishRetries turns off nats.go's resending of a message that found
+// no stream (after 250ms, twice): the loop reuses the message's memory
+// (messageBuf), and it retries failed publishes itself.
+var noPublishRetries = jetstream.WithRetryAttempts(0)
 
 // popFlight removes the oldest flight, which has been settled, and
 // returns it.
-func (l *relayLoop) popFlight() flight {
+func (l *shardLoop) popFlight() flight {
 	b := &l.batch
 	f := b.flights[b.oldest]
 	b.flights[b.oldest] = flight{}
@@ -361,7 +345,7 @@ func (l *relayLoop) popFlight() flight {
 }
 
 // source returns the ce-source of events emitted by function fn.
-func (l *relayLoop) source(fn string) string {
+func (l *shardLoop) source(fn string) string {
 	s, ok := l.sources[fn]
 	if !ok {
 		if len(l.sources) > 1000 {
@@ -377,7 +361,7 @@ func (l *relayLoop) source(fn string) string {
 // got parked. Outages (connection loss, no stream responding, ack timeouts,
 // JetStream unavailable) never park: everything waits for NATS to return.
 // Errors about the message itself park the key after MaxAttempts.
-func (l *relayLoop) messageFault(q *keyQueue, row *relayRow, err error) bool {
+func (l *shardLoop) messageFault(q *keyQueue, row *relayRow, err error) bool {
 	if isOutage(err) {
 		return false
 	}
@@ -389,15 +373,15 @@ func (l *relayLoop) messageFault(q *keyQueue, row *relayRow, err error) bool {
 	return true
 }
 
-func (l *relayLoop) park(q *keyQueue, row *relayRow, reason error) {
+func (l *shardLoop) park(q *keyQueue, row *relayRow, reason error) {
 	l.parked[strings.Clone(q.key)] = time.Now().Add(l.r.cfg.ParkFor)
 	l.r.counters.parked.Add(1)
 	l.log.Error("parking an outbox key: its next event cannot be published; the key's events stay in the outbox and are retried later",
-		"key", q.key, "shard", row.Shard, "event_id", row.EventID, "subject", row.Subject, "err", reason, "retry_in", l.r.cfg.ParkFor)
+		"key", q.key, "event_id", row.EventID, "subject", row.Subject, "err", reason, "retry_in", l.r.cfg.ParkFor)
 }
 
 // covers reports whether the stream captures subject, remembering yeses.
-func (l *relayLoop) covers(ctx context.Context, subject string) bool {
+func (l *shardLoop) covers(ctx context.Context, subject string) bool {
 	if l.covered[subject] {
 		return true
 	}
@@ -412,17 +396,17 @@ func (l *relayLoop) covers(ctx context.Context, subject string) bool {
 }
 
 // parkedKeys drops expired parks and returns the keys still parked.
-func (l *relayLoop) parkedKeys() []string {
+func (l *shardLoop) parkedKeys() []string {
 	now := time.Now()
 	maps.DeleteFunc(l.parked, func(_ string, until time.Time) bool { return !now.Before(until) })
 	return slices.Collect(maps.Keys(l.parked))
 }
 
 // deleteWhileStopping makes one last short attempt to delete the rows the
-// loop relayed but could not delete with its next read, as it stops. Rows
+// shard relayed but could not delete with its next read, as it stops. Rows
 // it cannot delete are published again by the next owner and dropped as
 // duplicates.
-func (l *relayLoop) deleteWhileStopping(ctx context.Context, ids []int64) {
+func (l *shardLoop) deleteWhileStopping(ctx context.Context, ids []int64) {
 	if len(ids) == 0 {
 		return
 	}

@@ -16,13 +16,16 @@ type RelayStats struct {
 	Failures uint64
 	// Parked counts keys parked because the stream kept rejecting an event.
 	Parked uint64
+	// Reads counts the relay's outbox queries; one serves every shard that
+	// asks for rows at the same time.
+	Reads uint64
 	// LastLatency is, for the most recent ack, the time from the event's
 	// emit (its created_at, taken just before its transaction committed) to
 	// the stream ack.
 	LastLatency time.Duration
 	// LastPublishedAt is when the most recent ack arrived; zero if none yet.
 	LastPublishedAt time.Time
-	// ActiveShards is the number of shards the relay works now.
+	// ActiveShards is the number of shard loops running now.
 	ActiveShards int
 	// Listening reports whether the LISTEN connection is up (when it is down
 	// the relay only polls).
@@ -74,6 +77,7 @@ type relayCounters struct {
 	duplicates   atomic.Uint64
 	failures     atomic.Uint64
 	parked       atomic.Uint64
+	reads        atomic.Uint64
 	lastLatency  atomic.Int64 // nanoseconds
 	lastAckAt    atomic.Int64 // unix nanoseconds
 	activeShards atomic.Int64
@@ -100,6 +104,7 @@ func (r *Relay) Stats() RelayStats {
 		Duplicates:   c.duplicates.Load(),
 		Failures:     c.failures.Load(),
 		Parked:       c.parked.Load(),
+		Reads:        c.reads.Load(),
 		LastLatency:  time.Duration(c.lastLatency.Load()),
 		ActiveShards: int(c.activeShards.Load()),
 		Listening:    c.listening.Load(),

@@ -85,10 +85,8 @@ ORDER BY o.id`
 
 // readBatch deletes the rows relayed (acked by the stream), then returns up
 // to limit rows of each of shards in id order, leaving out the rows of the
-// parked keys, appended to out, and whether some shard had limit rows or
-// more (a full read: more may be waiting). scratch is reused from call to
-// call.
-func readBatch(ctx context.Context, db *pgxpool.Pool, shards []int32, parkedKeys []string, limit int, relayed []int64, out []relayRow, scratch *readScratch) ([]relayRow, bool, error) {
+// parked keys, appended to out. scratch is reused from call to call.
+func readBatch(ctx context.Context, db *pgxpool.Pool, shards []int32, parkedKeys []string, limit int, relayed []int64, out []relayRow, scratch *readScratch) ([]relayRow, error) {
 	parked := make([][]byte, len(parkedKeys)) // not nil: NULL would match no row
 	for i, k := range parkedKeys {
 		parked[i] = []byte(k)
@@ -100,17 +98,15 @@ func readBatch(ctx context.Context, db *pgxpool.Pool, shards []int32, parkedKeys
 	// would send every column as text.
 	rows, err := db.Query(ctx, selectShardsBatch, pgx.QueryExecModeCacheDescribe, relayResultFormats, shards, parked, limit, relayed)
 	if err != nil {
-		return nil, false, fmt.Errorf("read outbox shards %v (after deleting %d relayed rows): %w", shards, len(relayed), err)
+		return nil, fmt.Errorf("read outbox shards %v (after deleting %d relayed rows): %w", shards, len(relayed), err)
 	}
 	defer rows.Close()
 	for i, f := range rows.FieldDescriptions() {
 		if i >= len(relayResultFormats) || f.Format != relayResultFormats[i] {
-			return nil, false, fmt.Errorf("read outbox: column %s came in format %d, not the one asked for", f.Name, f.Format)
+			return nil, fmt.Errorf("read outbox: column %s came in format %d, not the one asked for", f.Name, f.Format)
 		}
 	}
 	first := len(out)
-	var perShard [Shards]int
-	full := false
 	// The batch's text columns and keys go into one string, its payloads
 	// into one byte slice: two allocations per batch instead of about ten
 	// per row. The payloads get a fresh slice per batch (a message keeps
@@ -120,22 +116,19 @@ func readBatch(ctx context.Context, db *pgxpool.Pool, shards []int32, parkedKeys
 	for rows.Next() {
 		raw := rows.RawValues()
 		if len(raw) != 13 {
-			return nil, false, fmt.Errorf("read outbox: %d columns, want 13", len(raw))
+			return nil, fmt.Errorf("read outbox: %d columns, want 13", len(raw))
 		}
 		for _, v := range raw {
 			if v == nil {
-				return nil, false, errors.New("read outbox: a NULL in a NOT NULL column")
+				return nil, errors.New("read outbox: a NULL in a NOT NULL column")
 			}
 		}
 		if len(raw[0]) != 8 || len(raw[9]) != 4 || len(raw[10]) != 8 || len(raw[11]) != 8 || len(raw[12]) != 4 {
-			return nil, false, errors.New("read outbox: unexpected binary sizes of id, source_partition, source_offset, created_at or shard")
+			return nil, errors.New("read outbox: unexpected binary sizes of id, source_partition, source_offset, created_at or shard")
 		}
 		shard := int32(binary.BigEndian.Uint32(raw[12]))
 		if shard < 0 || shard >= Shards {
-			return nil, false, fmt.Errorf("read outbox: a row of shard %d; shards are 0 to %d", shard, Shards-1)
-		}
-		if perShard[shard]++; perShard[shard] >= limit {
-			full = true
+			return nil, fmt.Errorf("read outbox: a row of shard %d; shards are 0 to %d", shard, Shards-1)
 		}
 		var sp [7]span
 		for i, col := range [6]int{1, 2, 3, 4, 7, 8} {
@@ -155,7 +148,7 @@ func readBatch(ctx context.Context, db *pgxpool.Pool, shards []int32, parkedKeys
 		})
 	}
 	if err := rows.Err(); err != nil {
-		return nil, false, fmt.Errorf("read outbox shards %v: %w", shards, err)
+		return nil, fmt.Errorf("read outbox shards %v: %w", shards, err)
 	}
 	scratch.texts, scratch.spans, scratch.blobs = texts, spans, len(blobs)
 	all := string(texts)
@@ -166,7 +159,7 @@ func readBatch(ctx context.Context, db *pgxpool.Pool, shards []int32, parkedKeys
 		r.Source, r.SourceTopic = text(sp[4]), text(sp[5])
 		r.Data = blobs[sp[6].from:sp[6].to:sp[6].to]
 	}
-	return out, full, nil
+	return out, nil
 }
 
 // readScratch is readBatch's memory from one batch to the next: the text

@@ -510,7 +510,7 @@ func TestBuildMessageHeaders(t *testing.T) {
 			"bad name":    "v",             // cannot travel: dropped
 		},
 	}
-	msg, dropped := buildMessage(row, "S", CloudEventsSourcePrefix+row.Source)
+	msg, dropped := buildMessage(row, "S", CloudEventsSourcePrefix+row.Source, nil)
 	want := map[string]string{
 		"ce-specversion": "1.0", "ce-id": "id-1", "ce-type": "a.b.v1", "ce-source": "kfn/fn",
 		"ce-time": "2026-01-02T03:04:05.000006Z", "ce-subject": "k1", "kfn-key": "k1",

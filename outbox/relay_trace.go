@@ -18,7 +18,7 @@ const spanPublish = "kfn.relay.publish"
 // of the trace context stored with the row (its source's handler span),
 // and replaces the message's trace context with the span's. It returns
 // nil when the relay records no spans.
-func (l *relayLoop) startPublish(row *relayRow, msg *nats.Msg) trace.Span {
+func (l *shardLoop) startPublish(row *relayRow, msg *nats.Msg) trace.Span {
 	tracer := l.r.cfg.Tracer
 	if tracer == nil {
 		return nil
@@ -29,7 +29,7 @@ func (l *relayLoop) startPublish(row *relayRow, msg *nats.Msg) trace.Span {
 		attribute.String("messaging.destination.name", row.Subject),
 		attribute.String("messaging.message.id", row.EventID),
 		attribute.String("kfn.stream", l.r.cfg.Stream),
-		attribute.Int("kfn.shard", int(row.Shard)),
+		attribute.Int("kfn.shard", l.shard),
 	))
 	Propagator.Inject(ctx, natsHeaderCarrier(msg.Header))
 	return span
