@@ -23,7 +23,7 @@ import (
 // Guarantees:
 //   - Every committed row reaches the stream: a row is deleted only after its
 //     stream ack, and the read has no cursor a late-committing row could fall
-//     behind (see selectShardsBatch). Rows of rolled-back transactions are
+//     behind (see selectShardBatch). Rows of rolled-back transactions are
 //     never visible, so never published.
 //   - Each event is published with Nats-Msg-Id = its event id, so a
 //     republish after a crash between ack and delete is dropped by the
@@ -44,11 +44,6 @@ type Relay struct {
 	log      *slog.Logger
 	wake     [Shards]chan struct{}
 	counters relayCounters
-	reads    chan readRequest // the shard loops' reads, for the reader
-
-	readerMu sync.Mutex
-	shards   int        // RunShard calls running
-	reader   *readerRun // the reader serving them; nil when none runs
 
 	streamMu       sync.Mutex
 	streamSubjects []string // subjects the stream captures; nil until known
@@ -63,7 +58,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, log: cfg.Logger.With("component", "outbox-relay", "stream", cfg.Stream), reads: make(chan readRequest, Shards)}
+	r := &Relay{cfg: cfg, log: cfg.Logger.With("component", "outbox-relay", "stream", cfg.Stream)}
 	for i := range r.wake {
 		r.wake[i] = make(chan struct{}, 1)
 	}
@@ -142,14 +137,12 @@ func (r *Relay) RunShard(ctx context.Context, shard int) error {
 	}
 	r.counters.activeShards.Add(1)
 	defer r.counters.activeShards.Add(-1)
-	r.startReading(ctx)
-	defer r.stopReading()
 	pprof.Do(ctx, profileLabels, func(ctx context.Context) { newShardLoop(r, shard).run(ctx) })
 	return nil
 }
 
 // ProfileLabel is the pprof label (key and value) on the relay's goroutines
-// (its shard loops, its reader, its LISTEN loop, and the NATS subscription that takes
+// (its shard loops, its LISTEN loop, and the NATS subscription that takes
 // its acks, which the first publish starts): a CPU profile of a worker
 // shows the relay's share with `go tool pprof -tagfocus kfn=relay`.
 const (

@@ -29,11 +29,9 @@ var errStoppedBeforeAck = errors.New("the shard stopped before the stream ack; t
 // shardLoop relays one shard. It works in batches: read the shard's oldest
 // rows, publish them (per key one at a time, up to MaxInFlight keys at
 // once), then delete the acked ones and read the next batch in one
-// statement, which the relay's reader shares with the other shards asking
-// at the same time (see shardReader). A batch is fully settled before the
-// next read, which is what lets the read go without a cursor (see
-// selectShardsBatch). The batch's bookkeeping lives in the loop and is
-// reused from batch to batch.
+// statement. A batch is fully settled before the next read, which is what
+// lets the read go without a cursor (see selectShardBatch). The batch's
+// bookkeeping lives in the loop and is reused from batch to batch.
 type shardLoop struct {
 	r     *Relay
 	shard int
@@ -51,8 +49,8 @@ type shardLoop struct {
 	timer        *time.Timer
 
 	batch   batchState
+	scratch readScratch
 	message messageBuf
-	reply   chan readReply // the reader's answers to this loop's reads
 	// sources caches ce-source values by the emitting function's name.
 	sources map[string]string
 }
@@ -111,7 +109,6 @@ func newShardLoop(r *Relay, shard int) *shardLoop {
 		dbRetry:      r.newBackoff(),
 		timer:        t,
 		sources:      map[string]string{},
-		reply:        make(chan readReply, 1),
 	}
 }
 
@@ -119,7 +116,7 @@ func (l *shardLoop) run(ctx context.Context) {
 	defer l.timer.Stop()
 	var acked []int64 // relayed rows not deleted yet: the next read deletes them
 	for ctx.Err() == nil {
-		rows, full, err := l.read(ctx, acked)
+		rows, err := readBatch(ctx, l.r.cfg.Pool, l.shard, l.parkedKeys(), l.r.cfg.BatchSize, acked, l.batch.rows[:0], &l.scratch)
 		if err != nil {
 			if ctx.Err() != nil {
 				break
@@ -137,7 +134,7 @@ func (l *shardLoop) run(ctx context.Context) {
 			continue
 		}
 		acked = l.publishBatch(ctx, rows)
-		if !full {
+		if len(rows) < l.r.cfg.BatchSize {
 			l.linger(ctx)
 		}
 	}

@@ -16,9 +16,6 @@ type RelayStats struct {
 	Failures uint64
 	// Parked counts keys parked because the stream kept rejecting an event.
 	Parked uint64
-	// Reads counts the relay's outbox queries; one serves every shard that
-	// asks for rows at the same time.
-	Reads uint64
 	// LastLatency is, for the most recent ack, the time from the event's
 	// emit (its created_at, taken just before its transaction committed) to
 	// the stream ack.
@@ -77,7 +74,6 @@ type relayCounters struct {
 	duplicates   atomic.Uint64
 	failures     atomic.Uint64
 	parked       atomic.Uint64
-	reads        atomic.Uint64
 	lastLatency  atomic.Int64 // nanoseconds
 	lastAckAt    atomic.Int64 // unix nanoseconds
 	activeShards atomic.Int64
@@ -104,7 +100,6 @@ func (r *Relay) Stats() RelayStats {
 		Duplicates:   c.duplicates.Load(),
 		Failures:     c.failures.Load(),
 		Parked:       c.parked.Load(),
-		Reads:        c.reads.Load(),
 		LastLatency:  time.Duration(c.lastLatency.Load()),
 		ActiveShards: int(c.activeShards.Load()),
 		Listening:    c.listening.Load(),

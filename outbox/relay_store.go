@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -15,7 +14,6 @@ import (
 // relayRow is one committed outbox row as the relay reads it.
 type relayRow struct {
 	ID              int64
-	Shard           int32
 	EventID         string
 	Subject         string
 	Type            string
@@ -29,23 +27,21 @@ type relayRow struct {
 	CreatedAt       time.Time
 }
 
-// selectShardsBatch reads the oldest rows of each of a set of shards (the
-// shards this process relays), in one query.
+// selectShardBatch reads the oldest rows of one shard.
 //
 // Why it cannot skip a row. It has no lower bound: no "id > last relayed id"
-// cursor. Each read returns the lowest-id rows of each shard that are
+// cursor. Each read returns the lowest-id rows of the shard that are
 // committed and still present, and a row leaves the table only when the
 // stream has acked it. A transaction that took id 5 but commits after the
 // one that took id 6 (ids come from a sequence, so commit order and id order
 // differ) is therefore not passed over: the first read after its commit
-// returns it, ahead of any higher id of its shard still present. A
-// cursor-based relay loses exactly that row (watermill-sql did, and fixed it
-// with xid8 and pg_snapshot_xmin); with no cursor there is nothing to fall
-// behind. The txid column is not needed for this and the relay ignores it.
-// The caller also never reads again before the previous batch is settled:
-// every row of it is deleted (acked), belongs to a parked key, which this
-// query excludes, or to a shard the process no longer relays, which it does
-// not read; so no exclusion list of in-flight ids is needed.
+// returns it, ahead of any higher id still present. A cursor-based relay
+// loses exactly that row (watermill-sql did, and fixed it with xid8 and
+// pg_snapshot_xmin); with no cursor there is nothing to fall behind. The
+// txid column is not needed for this and the relay ignores it. The caller
+// also never reads again before the previous batch is settled: every row of
+// it is deleted (acked) or belongs to a parked key, which this query
+// excludes, so no exclusion list of in-flight ids is needed.
 //
 // Why a long transaction does not stall it. It has no snapshot bound either
 // (no "txid < pg_snapshot_xmin(pg_current_snapshot())"), so a long-running
@@ -56,37 +52,30 @@ type relayRow struct {
 // that is the order its writer committed them, which is the order that
 // matters (a partition's transactions commit one after another).
 //
-// Each shard is read by its own LIMITed scan (the LATERAL subquery), so
-// one shard's backlog cannot crowd out the others, and the range condition
-// on shard (instead of "shard = s.shard") makes the planner read the
-// (shard, id) index in order: with an equality it may instead walk the
-// primary key in id order and filter on shard, which passes over every
+// The range condition on shard (instead of "shard = $1") makes the planner
+// read the (shard, id) index in order: with an equality it may instead walk
+// the primary key in id order and filter on shard, which passes over every
 // other shard's backlog.
 //
 // The same statement deletes the rows of the previous batch that the
 // stream acked ($4): one round trip per batch instead of two. Its SELECT
 // sees the table as it was before the DELETE, so it leaves those ids out
 // itself.
-const selectShardsBatch = `
+const selectShardBatch = `
 WITH relayed AS (DELETE FROM kfn.outbox WHERE id = ANY($4::bigint[]))
-SELECT o.id, o.event_id, o.subject, o.event_type, o.event_key, o.data, o.headers,
-       o.source, o.source_topic, o.source_partition, o.source_offset, o.created_at, o.shard
-FROM unnest($1::int[]) AS s(shard)
-CROSS JOIN LATERAL (
-  SELECT id, event_id, subject, event_type, event_key, data, headers,
-         source, source_topic, source_partition, source_offset, created_at, shard
-  FROM kfn.outbox
-  WHERE shard >= s.shard AND shard <= s.shard
-    AND NOT (event_key = ANY($2::bytea[]))
-    AND NOT (id = ANY($4::bigint[]))
-  ORDER BY shard, id
-  LIMIT $3) o
-ORDER BY o.id`
+SELECT id, event_id, subject, event_type, event_key, data, headers,
+       source, source_topic, source_partition, source_offset, created_at
+FROM kfn.outbox
+WHERE shard >= $1 AND shard <= $1
+  AND NOT (event_key = ANY($2::bytea[]))
+  AND NOT (id = ANY($4::bigint[]))
+ORDER BY shard, id
+LIMIT $3`
 
 // readBatch deletes the rows relayed (acked by the stream), then returns up
-// to limit rows of each of shards in id order, leaving out the rows of the
+// to limit rows of the shard in id order, leaving out the rows of the
 // parked keys, appended to out. scratch is reused from call to call.
-func readBatch(ctx context.Context, db *pgxpool.Pool, shards []int32, parkedKeys []string, limit int, relayed []int64, out []relayRow, scratch *readScratch) ([]relayRow, error) {
+func readBatch(ctx context.Context, db *pgxpool.Pool, shard int, parkedKeys []string, limit int, relayed []int64, out []relayRow, scratch *readScratch) ([]relayRow, error) {
 	parked := make([][]byte, len(parkedKeys)) // not nil: NULL would match no row
 	for i, k := range parkedKeys {
 		parked[i] = []byte(k)
@@ -96,14 +85,14 @@ func readBatch(ctx context.Context, db *pgxpool.Pool, shards []int32, parkedKeys
 	}
 	// The extended protocol, whatever the pool's default: the simple one
 	// would send every column as text.
-	rows, err := db.Query(ctx, selectShardsBatch, pgx.QueryExecModeCacheDescribe, relayResultFormats, shards, parked, limit, relayed)
+	rows, err := db.Query(ctx, selectShardBatch, pgx.QueryExecModeCacheDescribe, relayResultFormats, shard, parked, limit, relayed)
 	if err != nil {
-		return nil, fmt.Errorf("read outbox shards %v (after deleting %d relayed rows): %w", shards, len(relayed), err)
+		return nil, fmt.Errorf("read outbox shard %d (after deleting %d relayed rows): %w", shard, len(relayed), err)
 	}
 	defer rows.Close()
 	for i, f := range rows.FieldDescriptions() {
 		if i >= len(relayResultFormats) || f.Format != relayResultFormats[i] {
-			return nil, fmt.Errorf("read outbox: column %s came in format %d, not the one asked for", f.Name, f.Format)
+			return nil, fmt.Errorf("read outbox shard %d: column %s came in format %d, not the one asked for", shard, f.Name, f.Format)
 		}
 	}
 	first := len(out)
@@ -115,20 +104,16 @@ func readBatch(ctx context.Context, db *pgxpool.Pool, shards []int32, parkedKeys
 	blobs := make([]byte, 0, scratch.blobs)
 	for rows.Next() {
 		raw := rows.RawValues()
-		if len(raw) != 13 {
-			return nil, fmt.Errorf("read outbox: %d columns, want 13", len(raw))
+		if len(raw) != 12 {
+			return nil, fmt.Errorf("read outbox shard %d: %d columns, want 12", shard, len(raw))
 		}
 		for _, v := range raw {
 			if v == nil {
-				return nil, errors.New("read outbox: a NULL in a NOT NULL column")
+				return nil, fmt.Errorf("read outbox shard %d: a NULL in a NOT NULL column", shard)
 			}
 		}
-		if len(raw[0]) != 8 || len(raw[9]) != 4 || len(raw[10]) != 8 || len(raw[11]) != 8 || len(raw[12]) != 4 {
-			return nil, errors.New("read outbox: unexpected binary sizes of id, source_partition, source_offset, created_at or shard")
-		}
-		shard := int32(binary.BigEndian.Uint32(raw[12]))
-		if shard < 0 || shard >= Shards {
-			return nil, fmt.Errorf("read outbox: a row of shard %d; shards are 0 to %d", shard, Shards-1)
+		if len(raw[0]) != 8 || len(raw[9]) != 4 || len(raw[10]) != 8 || len(raw[11]) != 8 {
+			return nil, fmt.Errorf("read outbox shard %d: unexpected binary sizes of id, source_partition, source_offset or created_at", shard)
 		}
 		var sp [7]span
 		for i, col := range [6]int{1, 2, 3, 4, 7, 8} {
@@ -140,7 +125,6 @@ func readBatch(ctx context.Context, db *pgxpool.Pool, shards []int32, parkedKeys
 		spans = append(spans, sp)
 		out = append(out, relayRow{
 			ID:              int64(binary.BigEndian.Uint64(raw[0])),
-			Shard:           shard,
 			Headers:         decodeHeaders(raw[6]),
 			SourcePartition: int32(binary.BigEndian.Uint32(raw[9])),
 			SourceOffset:    int64(binary.BigEndian.Uint64(raw[10])),
@@ -148,7 +132,7 @@ func readBatch(ctx context.Context, db *pgxpool.Pool, shards []int32, parkedKeys
 		})
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read outbox shards %v: %w", shards, err)
+		return nil, fmt.Errorf("read outbox shard %d: %w", shard, err)
 	}
 	scratch.texts, scratch.spans, scratch.blobs = texts, spans, len(blobs)
 	all := string(texts)
@@ -173,7 +157,7 @@ type readScratch struct {
 
 type span struct{ from, to int }
 
-// relayResultFormats asks for selectShardsBatch's columns in the formats
+// relayResultFormats asks for selectShardBatch's columns in the formats
 // readBatch decodes: integers and the timestamp in binary (big-endian;
 // timestamptz as microseconds since pgEpoch), bytea in binary (its bytes),
 // text and jsonb as text.
@@ -181,7 +165,6 @@ var relayResultFormats = pgx.QueryResultFormats{
 	pgx.BinaryFormatCode, pgx.TextFormatCode, pgx.TextFormatCode, pgx.TextFormatCode,
 	pgx.BinaryFormatCode, pgx.BinaryFormatCode, pgx.TextFormatCode,
 	pgx.TextFormatCode, pgx.TextFormatCode, pgx.BinaryFormatCode, pgx.BinaryFormatCode, pgx.BinaryFormatCode,
-	pgx.BinaryFormatCode,
 }
 
 // pgEpoch is the zero of Postgres's binary timestamps.
