@@ -123,8 +123,13 @@ func serviceVersions(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetSt
 		kafka = "embedded broker (franz-go kfake " + moduleVersion("github.com/twmb/franz-go/pkg/kfake") + ")"
 	default:
 		for _, p := range procs {
-			if p.Name == "kafka" {
-				kafka = "Apache Kafka " + bench.KafkaVersion(p.PID)
+			if p.Name != "kafka" {
+				continue
+			}
+			if v := bench.KafkaVersion(p.PID); v != "" {
+				kafka = "Apache Kafka " + v
+			} else {
+				kafka = fmt.Sprintf("a process on this machine (pid %d) without a kafka_<scala>-<version>.jar on its class path", p.PID)
 			}
 		}
 	}
