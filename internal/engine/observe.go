@@ -128,12 +128,8 @@ func (s *Stats) observeCommit(fn string, n int, applied []Record, start time.Tim
 // transaction of any function of the worker: the function, the batch's
 // records and the time from its BEGIN to the COMMIT's reply (what
 // kfn_batch_duration_seconds observes, unbucketed). kfn bench takes its
-// commit latency from it. f must be quick; nil removes it.
+// commit latency from it. f must be quick.
 func (s *Stats) OnCommit(f func(fn string, records int, took time.Duration)) {
-	if f == nil {
-		s.onCommit.Store(nil)
-		return
-	}
 	s.onCommit.Store(&f)
 }
 
