@@ -29,12 +29,13 @@ import (
 	"github.com/kfn-dev/kfn/runtime"
 )
 
-func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func runBench(ctx context.Context, args []string, out, stderr io.Writer) error {
 	fs := newFlags("bench", stderr)
-	fs.describe("usage: kfn bench [flags]\n\nMeasures, on the same records and in interleaved rounds, the Postgres ingest limit (COPY of the rows exactly-once writes), exactly-once, at-least-once, a naive consumer, the full pipeline (with the relay to JetStream) and the chain orders → ledger, and the relay against a naive relay, on a throwaway stack (or the services the flags name); prints msgs/s, CPU-seconds per 10k records by process, and ratios. Progress goes to stderr.",
+	fs.describe("usage: kfn bench [flags]\n\nMeasures, on the same records and in interleaved rounds, the Postgres ingest limit (COPY of the rows exactly-once writes), exactly-once, at-least-once, a naive consumer, the full pipeline (with the relay to JetStream) and the chain orders → ledger, and the relay against a naive relay, on a throwaway stack (or the services the flags name); prints msgs/s, CPU-seconds per 10k records by process, ratios, commit latency and memory by mode, the relay's share of the worker's CPU and commit→ack latency at 80% load, with the command and the machine, and writes that report to a file in --report-dir. Progress goes to stderr.",
 		"kfn bench",
 		"kfn bench --batch-size 100 --records 20000 --rounds 5",
-		"kfn bench --cpuprofile eo.pprof   # then: go tool pprof -top eo.pprof")
+		"kfn bench --cpuprofile eo.pprof   # then: go tool pprof -top eo.pprof",
+		"kfn bench --report-dir ''   # print the report only")
 	services := addServiceFlags(fs)
 	records := fs.Int64("records", 50000, "records applied by the batched modes")
 	naive := fs.Int64("naive-records", 3000, "records applied by the naive mode (it is slow); the first is not timed")
@@ -45,8 +46,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	rounds := fs.Int("rounds", 3, "run the modes this many times, interleaved, and report each mode's median")
 	relayEvents := fs.Int("relay-events", 0, "outbox backlog relayed by the relay benchmark (default: --records)")
 	relayFor := fs.Duration("relay-duration", 5*time.Second, "how long the naive relay and the relay latency run each take")
-	relayRate := fs.Int("relay-rate", 2000, "events committed per second in the relay latency run")
+	relayRate := fs.Int("relay-rate", 0, "events committed per second in the relay latency run (default: 80% of the maximum rate, measured first)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (the worker) during the first exactly-once round to this file")
+	progressEvery := fs.Duration("progress-every", 10*time.Second, "while a mode runs, print how far it has come this often (stderr)")
+	reportDir := fs.String("report-dir", "testdata/bench", "write the report (what stdout shows) to <start time>-<machine class>.txt in this directory; '' writes none")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -62,9 +65,23 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if !given(fs, "relay-events") {
 		*relayEvents = int(min(*records, 1_000_000))
 	}
-	if *relayEvents < 1 || *relayFor <= 0 || *relayRate < 1 {
-		return &usageError{msg: "--relay-events, --relay-duration and --relay-rate must be positive"}
+	if *relayEvents < 1 || *relayFor <= 0 {
+		return &usageError{msg: "--relay-events and --relay-duration must be positive"}
 	}
+	if *progressEvery <= 0 {
+		return &usageError{msg: fmt.Sprintf("--progress-every %s: must be positive", *progressEvery)}
+	}
+	if *relayRate < 0 {
+		return &usageError{msg: fmt.Sprintf("--relay-rate %d: must be positive, or 0 for 80%% of the maximum rate", *relayRate)}
+	}
+	started, machine := time.Now(), bench.DescribeMachine()
+	report, err := newBenchReport(*reportDir, started, machine)
+	if err != nil {
+		return err
+	}
+	stdout := report.tee(out)
+	command, env := benchCommand(fs, args)
+	printBenchHeader(stdout, command, env, machine, started)
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	st, pool, err := services.start(ctx, stdout, log)
 	if err != nil {
@@ -78,8 +95,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		return ledger.Setup(ctx, tx)
 	})
-	pool.Close() // the benchmark opens its own connections
 	if err != nil {
+		pool.Close()
 		return fmt.Errorf("create the orders and ledger tables: %w", err)
 	}
 
@@ -93,21 +110,24 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	js, closeNATS, err := connectJetStream(st.NATSURL, "kfn bench")
 	if err != nil {
+		pool.Close()
 		return err
 	}
 	defer closeNATS()
 	procs := bench.FindProcesses(map[string][]string{"postgres": postgresAddr(st.DatabaseURL), "nats-server": hostPorts(st.NATSURL), "kafka": st.Brokers})
+	fmt.Fprintf(stdout, "versions: %s\n", serviceVersions(ctx, pool, js, st, procs))
+	pool.Close() // the benchmark opens its own connections
 	fmt.Fprintf(stdout, "CPU counted for: %s\n", processList(procs))
 	fn := orders.Function()
 	fn.Topic = topic
-	results, err := bench.Run(ctx, bench.Config{
+	cfg := bench.Config{
 		Worker: runtime.Config{
 			KafkaBrokers: st.Brokers, KafkaSecurity: st.Kafka, DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
 			BatchSize: worker.BatchSize, BatchWait: worker.BatchWait, Logger: log,
 		},
 		Function: fn, Next: ledger.Function(), Partitions: *partitions,
 		Records: *records, NaiveRecords: *naive, Rounds: *rounds,
-		Limit: copyOrders(topic, *partitions), Processes: procs, Progress: stderr, CPUProfile: *cpuProfile,
+		Limit: copyOrders(topic, *partitions), Processes: procs, Progress: stderr, ProgressEvery: *progressEvery, CPUProfile: *cpuProfile,
 		Reset: func(ctx context.Context, tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `TRUNCATE orders, ledger_entries`); err != nil {
 				return err
@@ -118,14 +138,28 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			}
 			return nil
 		},
-	})
+	}
+	results, err := bench.Run(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	printBench(stdout, results, procs, worker.BatchSize, worker.BatchWait)
+	printBenchLatency(stdout, results)
 
-	fmt.Fprintf(stdout, "\nrelay: a backlog of %d outbox events to JetStream; the naive relay for %s; commit→ack latency for %s at %d events/s\n",
-		*relayEvents, *relayFor, *relayFor, *relayRate)
+	fmt.Fprintf(stderr, "relay share: the orders worker with its relay over %d records, as fast as it goes, under a CPU profile\n", *records)
+	share, err := bench.RelayShare(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\n%s  (goal <= 5%%; the relay's goroutines carry the pprof label kfn=relay)\n", share)
+
+	rate := "80% of the maximum rate at which sessions commit events with the relay running (measured first, for as long)"
+	if *relayRate > 0 {
+		rate = fmt.Sprintf("%d events/s", *relayRate)
+	}
+	fmt.Fprintf(stdout, "\nrelay: a backlog of %d outbox events to JetStream; the naive relay for %s; commit→ack latency for %s at %s\n",
+		*relayEvents, *relayFor, *relayFor, rate)
+	fmt.Fprintln(stderr, "relay: the backlog, the naive relay, then the commit→ack latency")
 	relay, err := benchRelay(ctx, st, outbox.RelayBenchConfig{
 		Events: *relayEvents, Rate: *relayRate, Duration: *relayFor, NaiveFor: *relayFor,
 		Relay: outbox.RelayConfig{Logger: log},
@@ -134,7 +168,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	printRelayBench(stdout, relay)
-	return nil
+	return report.write(out)
 }
 
 // copyOrders writes, with COPY, the rows the orders function's exactly-once
@@ -241,8 +275,14 @@ func printRelayBench(w io.Writer, r outbox.RelayBenchResult) {
 	fmt.Fprintf(tw, "naive relay\t%d\t%.2f\t%.0f\n", r.NaiveEvents, r.NaiveElapsed.Seconds(), r.NaivePerSecond)
 	tw.Flush()
 	fmt.Fprintf(w, "relay / naive relay = %.1f×  (naive: a synchronous publish and a DELETE per event)\n", r.Ratio)
-	fmt.Fprintf(w, "commit→ack latency at %.0f events/s (%d events): p50 %s  p99 %s  max %s\n", r.LatencyRateReached, r.LatencyEvents,
-		r.LatencyP50.Round(10*time.Microsecond), r.LatencyP99.Round(10*time.Microsecond), r.LatencyMax.Round(10*time.Microsecond))
+	fmt.Fprintf(w, "relay cost on the backlog, in this process: %s\n", r.RelayCost)
+	load := fmt.Sprintf("asked %d/s", r.LatencyRate)
+	if r.MaxRate > 0 {
+		fmt.Fprintf(w, "max rate committing events with the relay running: %.0f events/s\n", r.MaxRate)
+		load = "80% of the max rate; goal: p99 < 100ms"
+	}
+	fmt.Fprintf(w, "commit→ack latency at %.0f events/s (%d events): p50 %s  p99 %s  max %s  (%s)\n", r.LatencyRateReached, r.LatencyEvents,
+		r.LatencyP50.Round(10*time.Microsecond), r.LatencyP99.Round(10*time.Microsecond), r.LatencyMax.Round(10*time.Microsecond), load)
 }
 
 func produceOrders(ctx context.Context, brokers []string, sec kafkaconn.Security, topic string, n int64) error {

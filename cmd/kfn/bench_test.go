@@ -1,25 +1,35 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
 // TestBenchRunsEveryModeAndCountsCPUByProcess runs a small kfn bench
 // against the test services, with as many naive records as records (that
 // hung: the naive mode waited for one record more than there were), and
-// checks that every mode reports records and CPU time, that the Postgres
-// server's processes are counted, and that the ratios and the relay's
-// figures are printed.
+// checks that every mode reports records, CPU time, commit latency and
+// memory, that the Postgres server's processes are counted, that the
+// ratios and the relay's figures (its share of the worker's CPU, commit→ack
+// at 80% of the maximum rate) are printed, that progress shows while a mode
+// runs, and that the report file holds it all with the command and the
+// machine.
 func TestBenchRunsEveryModeAndCountsCPUByProcess(t *testing.T) {
 	pg, k := kfntest.Postgres(t), kfntest.Kafka(t)
-	code, stdout, stderr := kfn(t, "bench", "--records", "2000", "--naive-records", "2000", "--rounds", "1", "--partitions", "2",
-		"--batch-size", "100", "--relay-events", "300", "--relay-duration", "300ms",
-		"--database-url", pg.URL, "--nats-url", kfntest.NATSURL(t), "--kafka-brokers", strings.Join(k.Brokers, ","))
+	reports := t.TempDir()
+	args := []string{"bench", "--records", "2000", "--naive-records", "2000", "--rounds", "1", "--partitions", "2",
+		"--batch-size", "100", "--relay-events", "300", "--relay-duration", "300ms", "--progress-every", "100ms", "--report-dir", reports,
+		"--database-url", pg.URL, "--nats-url", kfntest.NATSURL(t), "--kafka-brokers", strings.Join(k.Brokers, ",")}
+	started := time.Now()
+	code, stdout, stderr := kfn(t, args...)
 	if code != 0 {
 		t.Fatalf("kfn bench exited %d:\n%s\n%s", code, stdout, stderr)
 	}
@@ -53,15 +63,87 @@ func TestBenchRunsEveryModeAndCountsCPUByProcess(t *testing.T) {
 			t.Errorf("%s: %d records, %.2f CPU-s/10k in all, %.2f in Postgres; want them positive:\n%s", mode, records, total, pgCPU, line)
 		}
 	}
+	for _, mode := range []string{"copy limit", "exactly-once", "at-least-once", "naive", "pipeline", "chain"} {
+		// MODE COMMIT-P50 COMMIT-P99 TRANSACTIONS PEAK-RSS POSTGRES-MEMORY
+		line := regexp.MustCompile(`(?m)^` + mode + `  +(\S+) +(\S+) +(\d+) +(\d+) MiB +(\d+) MiB$`).FindStringSubmatch(stdout)
+		if line == nil {
+			t.Errorf("no commit latency and memory line for %s:\n%s", mode, stdout)
+			continue
+		}
+		p50, err50 := time.ParseDuration(line[1])
+		p99, err99 := time.ParseDuration(line[2])
+		txs, _ := strconv.Atoi(line[3])
+		rss, _ := strconv.Atoi(line[4])
+		pgMem, _ := strconv.Atoi(line[5])
+		if err50 != nil || err99 != nil || p50 <= 0 || p99 < p50 || txs <= 0 || rss <= 0 || pgMem <= 0 {
+			t.Errorf("%s: commit p50 %q p99 %q over %d transactions, peak RSS %d MiB, Postgres %d MiB; want 0 < p50 <= p99, and the rest positive", mode, line[1], line[2], txs, rss, pgMem)
+		}
+	}
 	for _, want := range []string{`exactly-once / copy limit += [\d.]+`, `exactly-once / at-least-once = [\d.]+`, `exactly-once / naive += [\d.]+×`,
 		`pipeline CPU = [\d.]+ CPU-s/10k`,
+		`relay share of the worker's CPU: [\d.]+%`,
 		`(?m)^relay +300 +[\d.]+ +\d+$`, `(?m)^naive relay +\d+ +[\d.]+ +\d+$`, `relay / naive relay = [\d.]+×`,
-		`commit→ack latency at \d+ events/s \(\d+ events\): p50 \S+ +p99 \S+`} {
+		`relay cost on the backlog, in this process: [\d.]+ µs CPU`,
+		`max rate committing events with the relay running: \d+ events/s`,
+		`commit→ack latency at \d+ events/s \(\d+ events\): p50 \S+ +p99 \S+ +max \S+ +\(80% of the max rate`,
+		`(?m)^command: kfn bench --records 2000 --naive-records 2000 .*--report-dir ` + regexp.QuoteMeta(reports) + ` `,
+		`(?m)^machine: .+, \d+ CPUs, [\d.]+ GiB memory; .+, Linux .+; go.+; load average [\d.]+ [\d.]+ [\d.]+ at start$`,
+		`(?m)^versions: Postgres \d+\.\d+.*, NATS 2\.\d+\.\d+, Kafka: (embedded broker \(franz-go kfake v\S+\)|Apache Kafka \d\S*)$`} {
 		if !regexp.MustCompile(want).MatchString(stdout) {
 			t.Errorf("bench output does not match %q:\n%s", want, stdout)
 		}
 	}
 	if !strings.Contains(stderr, "round 1/1  chain") {
 		t.Errorf("no progress line for the chain on stderr:\n%s", stderr)
+	}
+	// The naive mode, one transaction per record, runs for seconds.
+	if !regexp.MustCompile(`(?m)^round 1/1  naive +\d+ records so far, \d+ s$`).MatchString(stderr) {
+		t.Errorf("no progress while the naive mode runs on stderr:\n%s", stderr)
+	}
+
+	files, _ := filepath.Glob(filepath.Join(reports, "*.txt"))
+	if len(files) != 1 {
+		t.Fatalf("report files in --report-dir: %v; want one", files)
+	}
+	name := filepath.Base(files[0])
+	stamp, err := time.Parse("20060102T150405Z", strings.SplitN(name, "-", 2)[0])
+	if err != nil || stamp.Before(started.Truncate(time.Second).Add(-time.Second)) || stamp.After(time.Now()) || !regexp.MustCompile(`-\d+cpu-\d+gib\.txt$`).MatchString(name) {
+		t.Errorf("report %s: want <start time, UTC>-<n>cpu-<n>gib.txt (%v)", name, err)
+	}
+	report, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := stdout[:strings.LastIndex(stdout, "\nreport: ")]; string(report) != want {
+		t.Errorf("the report is not what stdout showed:\n%s\nstdout:\n%s", report, stdout)
+	}
+	if !strings.HasSuffix(stdout, "\nreport: "+files[0]+"\n") {
+		t.Errorf("stdout does not end with the report's path:\n%s", stdout)
+	}
+}
+
+// The report's command line hides a secret setting's value, given as a
+// flag or a variable, and names the variables a setting came from.
+func TestBenchCommandRedactsSecrets(t *testing.T) {
+	t.Setenv("KFN_NATS_URL", "nats://s3cret-token@127.0.0.1:4222")
+	t.Setenv("KFN_BATCH_WAIT", "5ms")
+	fs := newFlags("bench", nil)
+	addServiceFlags(fs)
+	var wait time.Duration
+	settings.BatchWait.Bind(fs.settings, &wait)
+	records := fs.Int64("records", 0, "")
+	args := []string{"--database-url", "postgres://kfn:hunter2@db/kfn", "--records", "100", "--database-url=postgres://kfn:hunter3@db/kfn?sslmode=require", "--report-dir", "a b"}
+	fs.String("report-dir", "", "")
+	if err := parse(fs, args); err != nil || *records != 100 {
+		t.Fatalf("parse: %v", err)
+	}
+	command, env := benchCommand(fs, args)
+	const want = "kfn bench --database-url postgres://kfn:xxxxx@db/kfn --records 100 '--database-url=postgres://kfn:xxxxx@db/kfn?sslmode=require' --report-dir 'a b'"
+	if command != want {
+		t.Errorf("command:\n%s\nwant:\n%s", command, want)
+	}
+	got := " " + strings.Join(env, " ") + " "
+	if !strings.Contains(got, " KFN_NATS_URL=nats://xxxxx@127.0.0.1:4222 ") || !strings.Contains(got, " KFN_BATCH_WAIT=5ms ") || strings.Contains(got, "s3cret") {
+		t.Errorf("environment: %s; want KFN_NATS_URL redacted and KFN_BATCH_WAIT", got)
 	}
 }

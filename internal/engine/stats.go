@@ -55,6 +55,8 @@ type Stats struct {
 	fs         functionStats
 	histOnce   sync.Once
 	histograms *histograms
+	// onCommit, when set (OnCommit), gets each committed batch's timing.
+	onCommit atomic.Pointer[func(fn string, records int, took time.Duration)]
 }
 
 type partitionKey struct {

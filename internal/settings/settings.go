@@ -19,6 +19,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kfn-dev/kfn/internal/connect"
 )
 
 // Setting is one setting. T is string, []string (given as a comma-separated
@@ -67,7 +69,14 @@ func (e *Error) Error() string {
 // given values.
 type Binder struct {
 	fs    *flag.FlagSet
-	bound []interface{ problems() []*Error }
+	bound []boundSetting
+}
+
+// boundSetting is a value[T] of any T.
+type boundSetting interface {
+	problems() []*Error
+	setting() (flag string, secret bool)
+	fromEnv() (env, text string, ok bool)
 }
 
 // NewBinder returns a Binder for fs.
@@ -82,6 +91,30 @@ func (b *Binder) Errors() []*Error {
 		errs = append(errs, v.problems()...)
 	}
 	return errs
+}
+
+// Secret reports whether flag (without dashes) is a bound Secret setting's.
+func (b *Binder) Secret(flag string) bool {
+	for _, v := range b.bound {
+		if name, secret := v.setting(); name == flag {
+			return secret
+		}
+	}
+	return false
+}
+
+// Environment lists, in binding order, the settings whose value came from
+// a variable, as VAR=value: what a command line does not show. A Secret
+// setting's value is redacted (connect.Redact), and one read from a file
+// shows the file's variable and name.
+func (b *Binder) Environment() []string {
+	var out []string
+	for _, v := range b.bound {
+		if env, text, ok := v.fromEnv(); ok {
+			out = append(out, env+"="+text)
+		}
+	}
+	return out
 }
 
 // Bind registers s as a flag of b's flag set and stores its value in *p: the
@@ -208,6 +241,20 @@ func (v *value[T]) Set(text string) error {
 }
 
 func (v *value[T]) Get() any { return *v.p }
+
+func (v *value[T]) setting() (string, bool) { return v.s.Flag, v.s.Secret }
+
+func (v *value[T]) fromEnv() (string, string, bool) {
+	switch {
+	case v.from == "" || v.from == "flag":
+		return "", "", false
+	case v.s.Secret && v.from == v.s.FileEnv():
+		return v.from, os.Getenv(v.from), true
+	case v.s.Secret:
+		return v.from, connect.Redact(os.Getenv(v.from)), true
+	}
+	return v.from, os.Getenv(v.from), true
+}
 
 // IsBoolFlag lets a bool setting's flag be given without a value.
 func (v *value[T]) IsBoolFlag() bool {

@@ -4,8 +4,9 @@
 // the naive consumer most projects start with, with the relay to JetStream
 // (the full pipeline) and through a chain of two functions, against the
 // limit of the machine: Postgres ingesting the same rows with COPY. It
-// reports each mode's throughput and its CPU time per record over every
-// process involved (cpu.go).
+// reports each mode's throughput, its CPU time per record over every
+// process involved (cpu.go), its commit latency (latency.go) and its
+// memory (memory.go), and describes the machine (machine.go).
 package bench
 
 import (
@@ -16,6 +17,7 @@ import (
 	"os"
 	"runtime/pprof"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -62,11 +64,15 @@ type Config struct {
 	Rounds int
 	// Processes are those whose CPU time is counted (FindProcesses).
 	Processes []Process
-	// Progress, when set, gets a line per mode and round as they finish.
-	Progress io.Writer
+	// Progress, when set, gets a line per mode and round as they finish,
+	// and every ProgressEvery (default 10s) while a mode runs.
+	Progress      io.Writer
+	ProgressEvery time.Duration
 	// CPUProfile, when set, is where a CPU profile of this process during
 	// the first exactly-once round is written.
 	CPUProfile string
+
+	done *atomic.Int64 // the records the running mode has done so far
 }
 
 // Result is one mode's median round (by throughput).
@@ -77,6 +83,12 @@ type Result struct {
 	PerSecond float64
 	CPU       CPU       // CPU time of each process during the median round
 	Rounds    []float64 // msgs/s of every round, in order
+	Commit    Latency   // commit latency of the median round
+	// PeakRSS is this process's peak resident memory during the median
+	// round (0: unknown); PostgresMemory what the Postgres server held at
+	// its end (0: unknown, or not on this machine). See memory.go.
+	PeakRSS        int64
+	PostgresMemory int64
 }
 
 // CPUPer10k is the CPU time of process name (every process if empty) per
@@ -91,9 +103,12 @@ func (r Result) CPUPer10k(name string) float64 {
 
 // round is one run of one mode.
 type round struct {
-	records int64
-	elapsed time.Duration
-	cpu     CPU
+	records  int64
+	elapsed  time.Duration
+	cpu      CPU
+	commit   Latency
+	peakRSS  int64
+	postgres int64
 }
 
 type mode struct {
@@ -131,7 +146,11 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			if err != nil {
 				return nil, err
 			}
+			resetPeakRSS()
+			cfg.done = new(atomic.Int64)
+			stopTicker := cfg.tick(fmt.Sprintf("round %d/%d  %-13s", r+1, max(1, cfg.Rounds), m.name))
 			res, err := m.run(ctx, &cfg, consumer)
+			stopTicker()
 			stopProfile()
 			if err != nil {
 				return nil, fmt.Errorf("bench %s: %w", m.name, err)
@@ -157,7 +176,8 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			return float64(sorted[a].records)/sorted[a].elapsed.Seconds() < float64(sorted[b].records)/sorted[b].elapsed.Seconds()
 		})
 		m := sorted[len(sorted)/2]
-		results[i] = Result{Mode: modes[i].name, Records: m.records, Elapsed: m.elapsed, PerSecond: float64(m.records) / m.elapsed.Seconds(), CPU: m.cpu, Rounds: rates}
+		results[i] = Result{Mode: modes[i].name, Records: m.records, Elapsed: m.elapsed, PerSecond: float64(m.records) / m.elapsed.Seconds(), CPU: m.cpu, Rounds: rates,
+			Commit: m.commit, PeakRSS: m.peakRSS, PostgresMemory: m.postgres}
 	}
 	return results, nil
 }
@@ -173,6 +193,37 @@ func shortName(mode string) string {
 		return "alo"
 	default:
 		return mode
+	}
+}
+
+// tick prints, every ProgressEvery until the returned function is called,
+// how far the running mode has come, after prefix.
+func (cfg *Config) tick(prefix string) (stop func()) {
+	if cfg.Progress == nil {
+		return func() {}
+	}
+	every := cfg.ProgressEvery
+	if every <= 0 {
+		every = 10 * time.Second
+	}
+	done, started := cfg.done, time.Now()
+	quit, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+				fmt.Fprintf(cfg.Progress, "%s %7d records so far, %.0f s\n", prefix, done.Load(), time.Since(started).Seconds())
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-exited
 	}
 }
 
@@ -214,11 +265,13 @@ func benchReset(ctx context.Context, cfg Config) error {
 }
 
 // clock measures a mode from its first commit (start-up, leases and
-// connections are not counted) to its end: wall time and CPU time.
+// connections are not counted) to its end: wall time and CPU time; and its
+// commit latency, and memory at its end.
 type clock struct {
-	procs  []Process
-	start  time.Time
-	before CPU
+	procs   []Process
+	start   time.Time
+	before  CPU
+	commits commitTimes // every transaction of the mode, from its start
 }
 
 func (c *clock) started() bool { return !c.start.IsZero() }
@@ -227,8 +280,16 @@ func (c *clock) begin() {
 	c.start, c.before = time.Now(), SampleCPU(c.procs)
 }
 
+// end closes the round; the mode's connections are still open, so the
+// Postgres backends that served it are counted in its memory.
 func (c *clock) end(records int64) round {
-	return round{records: records, elapsed: time.Since(c.start), cpu: SampleCPU(c.procs).Sub(c.before)}
+	r := round{records: records, elapsed: time.Since(c.start), cpu: SampleCPU(c.procs).Sub(c.before), commit: c.commits.latency(), peakRSS: peakRSS()}
+	for _, p := range c.procs {
+		if p.Name == "postgres" {
+			r.postgres += residentMemory(p.PID)
+		}
+	}
+	return r
 }
 
 // benchBatched runs a worker made by newWorker until it has applied every
@@ -277,6 +338,8 @@ func benchChain(ctx context.Context, cfg *Config, consumer string) (round, error
 
 // runUntil runs wk until done says so, timing from the first record done.
 func runUntil(ctx context.Context, cfg *Config, wk *runtime.Worker, done func() (int64, bool)) (round, error) {
+	c := clock{procs: cfg.Processes}
+	wk.Stats().OnCommit(func(_ string, records int, took time.Duration) { c.commits.add(records, took) })
 	runCtx, stop := context.WithCancel(ctx)
 	exited := make(chan error, 1)
 	go func() { exited <- wk.Run(runCtx) }()
@@ -284,10 +347,10 @@ func runUntil(ctx context.Context, cfg *Config, wk *runtime.Worker, done func() 
 		stop()
 		<-exited
 	}()
-	c := clock{procs: cfg.Processes}
 	var before int64
 	for {
 		n, finished := done()
+		cfg.done.Store(n)
 		if !c.started() && n > 0 {
 			c.begin()
 			before = n
@@ -327,11 +390,14 @@ func benchCopy(ctx context.Context, cfg *Config, consumer string) (round, error)
 		go func(first, last int64) {
 			for i := first; i < last; i += batch {
 				n := min(batch, last-i)
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return cfg.Limit(ctx, tx, consumer, i, n) })
+				err := c.commits.timed(int(n), func() error {
+					return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return cfg.Limit(ctx, tx, consumer, i, n) })
+				})
 				if err != nil {
 					errs <- err
 					return
 				}
+				cfg.done.Add(n)
 			}
 			errs <- nil
 		}(lane*per, min(cfg.Records, (lane+1)*per))
@@ -373,12 +439,14 @@ func benchNaive(ctx context.Context, cfg *Config, consumer string) (round, error
 			return round{}, err
 		}
 		rec := engine.RecordFromKafka(msg)
-		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			rows, err := engine.HandleRecord(ctx, tx, fn, rec)
-			if err != nil {
-				return err
-			}
-			return outbox.Insert(ctx, tx, rows)
+		err = c.commits.timed(1, func() error {
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				rows, err := engine.HandleRecord(ctx, tx, fn, rec)
+				if err != nil {
+					return err
+				}
+				return outbox.Insert(ctx, tx, rows)
+			})
 		})
 		if err != nil {
 			return round{}, err
@@ -386,6 +454,7 @@ func benchNaive(ctx context.Context, cfg *Config, consumer string) (round, error
 		if err := reader.CommitMessages(ctx, msg); err != nil {
 			return round{}, err
 		}
+		cfg.done.Store(n + 1)
 		if n == 0 {
 			c.begin()
 		}

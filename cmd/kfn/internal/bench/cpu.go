@@ -61,6 +61,24 @@ func FindProcesses(services map[string][]string) []Process {
 	return procs
 }
 
+// InThisProcess reports whether one of addrs (host:port) is served by a
+// listener of this process: an embedded service.
+func InThisProcess(addrs []string) bool {
+	listeners := listeningInodes()
+	owners := socketOwners()
+	for _, addr := range addrs {
+		_, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			continue
+		}
+		p, _ := strconv.Atoi(port)
+		if pid, ok := owners[listeners[p]]; ok && pid == os.Getpid() {
+			return true
+		}
+	}
+	return false
+}
+
 // CPU is CPU time by process name.
 type CPU map[string]time.Duration
 
@@ -85,10 +103,6 @@ func (c CPU) Sub(before CPU) CPU {
 // SampleCPU reads the CPU time the processes have used so far.
 func SampleCPU(procs []Process) CPU {
 	stats := readAllStats()
-	children := map[int][]int{}
-	for pid, st := range stats {
-		children[st.ppid] = append(children[st.ppid], pid)
-	}
 	out := CPU{}
 	for _, p := range procs {
 		st, ok := stats[p.PID]
@@ -98,16 +112,29 @@ func SampleCPU(procs []Process) CPU {
 		ticks := st.utime + st.stime
 		if p.Tree {
 			ticks += st.cutime + st.cstime
-			stack := append([]int(nil), children[p.PID]...)
-			for len(stack) > 0 {
-				pid := stack[len(stack)-1]
-				stack = stack[:len(stack)-1]
+			for _, pid := range descendants(stats, p.PID) {
 				c := stats[pid]
 				ticks += c.utime + c.stime + c.cutime + c.cstime
-				stack = append(stack, children[pid]...)
 			}
 		}
 		out[p.Name] += time.Duration(ticks) * time.Second / clockTicks
+	}
+	return out
+}
+
+// descendants lists the live descendants of pid.
+func descendants(stats map[int]procStat, pid int) []int {
+	children := map[int][]int{}
+	for pid, st := range stats {
+		children[st.ppid] = append(children[st.ppid], pid)
+	}
+	var out []int
+	stack := append([]int(nil), children[pid]...)
+	for len(stack) > 0 {
+		p := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		out = append(out, p)
+		stack = append(stack, children[p]...)
 	}
 	return out
 }
