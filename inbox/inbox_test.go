@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -172,6 +173,10 @@ func TestQueueFenceAndClaimClaimsOnlyBehindTheFence(t *testing.T) {
 	cur, err := inbox.ReadCursor(ctx, db.Pool, part)
 	if err != nil || cur.NextOffset != 5 || cur.HighWater != 5 {
 		t.Errorf("cursor = %+v, %v; want 5", cur, err)
+	}
+	// Offsets out of order, one twice: claimed as a set, each once.
+	if fresh, err := claim(6, 5, 8, 7, 5, 7, 6); err != nil || !slices.Equal(fresh, []int64{5, 6, 7}) {
+		t.Errorf("offsets out of order and repeated: fresh %v, %v; want [5 6 7]", fresh, err)
 	}
 }
 
