@@ -247,25 +247,8 @@ func TestPurgeGoesInOffsetOrderAndStopsAtTheFirstYoungRow(t *testing.T) {
 	db := kfntest.Postgres(t)
 	ctx := context.Background()
 	other := inbox.Partition{Consumer: part.Consumer, Topic: part.Topic, Partition: part.Partition + 1}
-	for _, p := range []inbox.Partition{part, other} {
-		if _, err := inbox.ClaimPartition(ctx, db.Pool, p, 1, "w", 0); err != nil {
-			t.Fatal(err)
-		}
-		err := inTx(t, db, func(tx pgx.Tx) error {
-			if err := inbox.Advance(ctx, tx, p, 1, 0, 300); err != nil {
-				return err
-			}
-			offsets := make([]int64, 300)
-			for i := range offsets {
-				offsets[i] = int64(i)
-			}
-			_, err := inbox.Claim(ctx, tx, p, 1, inbox.Applied, offsets)
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	handled(t, db, part, 300)
+	handled(t, db, other, 300)
 	exec := func(sql string, args ...any) {
 		t.Helper()
 		if _, err := db.Pool.Exec(ctx, sql, args...); err != nil {
@@ -303,23 +286,7 @@ func TestPurgeGoesInOffsetOrderAndStopsAtTheFirstYoungRow(t *testing.T) {
 func TestReplayModes(t *testing.T) {
 	db := kfntest.Postgres(t)
 	ctx := context.Background()
-	if _, err := inbox.ClaimPartition(ctx, db.Pool, part, 1, "w", 0); err != nil {
-		t.Fatal(err)
-	}
-	err := inTx(t, db, func(tx pgx.Tx) error {
-		if err := inbox.Advance(ctx, tx, part, 1, 0, 100); err != nil {
-			return err
-		}
-		offsets := make([]int64, 100)
-		for i := range offsets {
-			offsets[i] = int64(i)
-		}
-		_, err := inbox.Claim(ctx, tx, part, 1, inbox.Applied, offsets)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	handled100(t, db)
 	replay := func(r inbox.ReplayRequest) (inbox.ReplayResult, error) {
 		var res inbox.ReplayResult
 		err := inTx(t, db, func(tx pgx.Tx) (err error) {
