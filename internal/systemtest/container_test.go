@@ -122,11 +122,10 @@ func TestContainersKilledAndStoppedUnderLoad(t *testing.T) {
 	t.Log(line)
 	fmt.Println(line)
 	// The phases of the handoff, from both sides' logs, timed from the
-	// SIGTERM: printed every time, so a slow run in CI shows its cause.
-	phases := "the handoff's phases, in ms after the SIGTERM reached " + stopped + ":\n" +
-		pm.phases(stopped, signalled, lastClaim, stoppingPhases) + pm.phases(last, signalled, lastClaim, takingPhases)
-	t.Log(phases)
-	fmt.Println(phases)
+	// SIGTERM: logged every time (CI runs -v), so a slow run shows its
+	// cause.
+	t.Log("the handoff's phases, in ms after the SIGTERM reached " + stopped + ":\n" +
+		pm.phases(stopped, signalled, lastClaim, stoppingPhases) + pm.phases(last, signalled, lastClaim, takingPhases))
 	if handoff > containerHandoff {
 		t.Errorf("the partitions of %s were claimed %s after its SIGTERM, over %s", stopped, handoff, containerHandoff)
 	}

@@ -212,12 +212,7 @@ func (r *run) loop(ctx context.Context) error {
 			changed = r.setMembers(listing) || !r.membersKnown
 			r.membersKnown = true
 		case ev := <-r.events:
-			if ev.kind == leaseFree {
-				r.takeFreed(ctx, ev.name)
-				changed = false
-			} else {
-				changed = r.handleEvent(ev)
-			}
+			changed = r.applyEvents(ctx, ev)
 		case list := <-r.itemList:
 			changed = !r.itemsKnown || !slices.Equal(list, r.itemSet)
 			r.itemSet, r.itemsKnown = list, true
@@ -452,20 +447,49 @@ func (r *run) handleEvent(ev event) bool {
 	return false
 }
 
-// takeFreed acquires an item whose lease was just deleted or ran out, if
-// this member is its target. It tries that item alone: a full reconcile
-// would also try every item still held elsewhere, at two round trips each,
-// on every release of a handoff. The tick's reconcile retries the rest.
-func (r *run) takeFreed(ctx context.Context, item string) {
+// applyEvents applies ev and the watched changes queued behind it, and
+// reports whether they may change what this member should do. Leases
+// freed one after another (a member that stops releases all of its) are
+// taken together; after a change of the members, reconcile takes them
+// with the rest in one go.
+func (r *run) applyEvents(ctx context.Context, ev event) (changed bool) {
+	var freed []string
+	for {
+		if ev.kind == leaseFree {
+			freed = append(freed, ev.name)
+		} else {
+			changed = r.handleEvent(ev) || changed
+		}
+		select {
+		case ev = <-r.events:
+			continue
+		default:
+		}
+		if !changed {
+			r.takeFreed(ctx, freed...)
+		}
+		return changed
+	}
+}
+
+// takeFreed acquires items whose leases were just deleted or ran out, those
+// this member is the target of. It tries those items alone: a full
+// reconcile would also try every item still held elsewhere, at three round
+// trips each, on every release of a handoff. The tick's reconcile retries
+// the rest.
+func (r *run) takeFreed(ctx context.Context, items ...string) {
 	now := time.Now()
-	if ctx.Err() != nil || r.unhealthy != nil || !r.itemsKnown || !r.membersKnown || r.claims[item] != nil ||
-		now.Before(r.nextAcquire) || now.Before(r.cooldown[item]) || !slices.Contains(r.itemSet, item) {
+	if len(items) == 0 || ctx.Err() != nil || r.unhealthy != nil || !r.itemsKnown || !r.membersKnown || now.Before(r.nextAcquire) {
 		return
 	}
-	if Assign(slices.Collect(maps.Keys(r.members)), r.itemSet)[item] != r.cfg.MemberID {
-		return
+	owners := Assign(slices.Collect(maps.Keys(r.members)), r.itemSet)
+	var take []string
+	for _, item := range items {
+		if r.claims[item] == nil && !now.Before(r.cooldown[item]) && owners[item] == r.cfg.MemberID && !slices.Contains(take, item) {
+			take = append(take, item)
+		}
 	}
-	r.take(ctx, item)
+	r.take(ctx, take...)
 }
 
 func (r *run) triggerItemsPoll() {
@@ -513,41 +537,67 @@ func (r *run) reconcile(ctx context.Context) {
 		}
 	}
 	now := time.Now()
+	var take []string
 	for _, item := range r.itemSet {
 		if r.claims[item] != nil || owners[item] != r.cfg.MemberID || now.Before(r.cooldown[item]) {
 			continue
 		}
-		if !r.take(ctx, item) {
-			return
-		}
+		take = append(take, item)
 	}
+	r.take(ctx, take...)
 }
 
-// take acquires item and starts its claim. It reports false when acquiring
-// must pause (a lost bucket, or a failure to back off from).
-func (r *run) take(ctx context.Context, item string) bool {
-	delete(r.cooldown, item)
-	began := time.Now()
-	l, err := r.acquire(ctx, item)
-	switch {
-	case err == nil:
-		r.acquireBO.Reset()
-		r.startClaim(ctx, l, time.Since(began))
-	case errors.Is(err, ErrHeld):
-		r.acquireBO.Reset()
-		r.log.Debug("lease held elsewhere; will retry", "item", item, "took", time.Since(began))
-	case errors.Is(err, ErrBucketNew):
-		r.uncertain[item] = true // the Create may have landed, and its undo failed
-		r.nextAcquire = r.m.store.QuietUntil()
-		r.wakeAt(r.nextAcquire)
-		r.log.Info("not acquiring until the leases of the lost bucket have run out", "until", time.Until(r.nextAcquire).Round(time.Millisecond))
-		return false
-	default:
-		r.uncertain[item] = true
-		r.backOff("acquire failed", item, err)
-		return false
+// take acquires items, all at once, and starts the claim of each lease
+// acquired. An acquire is three round trips to NATS, which take up to 0.2 s
+// each on a busy machine: one after the other, the last of the six items
+// of a member that left was measured taken 0.65 s after its departure. It
+// reports false when acquiring must pause (a lost bucket, or a failure to
+// back off from).
+func (r *run) take(ctx context.Context, items ...string) bool {
+	type result struct {
+		l    *Lease
+		err  error
+		took time.Duration
 	}
-	return true
+	results := make([]result, len(items))
+	var wg sync.WaitGroup
+	for i, item := range items {
+		delete(r.cooldown, item)
+		wg.Go(func() {
+			began := time.Now()
+			l, err := r.acquire(ctx, item)
+			results[i] = result{l, err, time.Since(began)}
+		})
+	}
+	wg.Wait()
+	ok := true
+	for i, item := range items {
+		l, err, took := results[i].l, results[i].err, results[i].took
+		if err == nil || errors.Is(err, ErrHeld) {
+			delete(r.uncertain, item)
+		} else {
+			r.uncertain[item] = true // the Create may have landed (and, for a lost bucket, its undo failed)
+		}
+		switch {
+		case err == nil:
+			r.acquireBO.Reset()
+			r.startClaim(ctx, l, took)
+		case errors.Is(err, ErrHeld):
+			r.acquireBO.Reset()
+			r.log.Debug("lease held elsewhere; will retry", "item", item, "took", took)
+		case !ok:
+			r.log.Debug("acquire failed too", "item", item, "err", err)
+		case errors.Is(err, ErrBucketNew):
+			r.nextAcquire = r.m.store.QuietUntil()
+			r.wakeAt(r.nextAcquire)
+			r.log.Info("not acquiring until the leases of the lost bucket have run out", "until", time.Until(r.nextAcquire).Round(time.Millisecond))
+			ok = false
+		default:
+			r.backOff("acquire failed", item, err)
+			ok = false
+		}
+	}
+	return ok
 }
 
 func (r *run) backOff(msg, item string, err error) {
@@ -565,32 +615,24 @@ func (r *run) wakeAt(t time.Time) {
 // acquire takes the lease on item, first deleting a term of this run that no
 // work uses any more if one is in the way. It is not cut short by Run's ctx,
 // so that shutdown does not leave an acquire unanswered: a lease acquired
-// during shutdown is released at once by its claim.
+// during shutdown is released at once by its claim. It touches none of the
+// loop's state, so that take runs several at once.
 func (r *run) acquire(ctx context.Context, item string) (*Lease, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.RenewEvery)
 	defer cancel()
 	l, err := r.m.store.acquire(ctx, r.cfg.Group, item, r.cfg.MemberID, r.instance)
 	if !errors.Is(err, ErrHeld) {
-		if err == nil {
-			delete(r.uncertain, item)
-		}
 		return l, err
 	}
 	reclaimed, rerr := r.m.store.reclaimOwn(ctx, r.cfg.Group, item, r.instance)
 	if rerr != nil {
 		return nil, rerr
 	}
-	delete(r.uncertain, item)
 	if !reclaimed {
 		return nil, err
 	}
 	r.log.Info("deleted an abandoned lease of this member", "item", item)
-	l, err = r.m.store.acquire(ctx, r.cfg.Group, item, r.cfg.MemberID, r.instance)
-	if err == nil || errors.Is(err, ErrHeld) {
-		return l, err
-	}
-	r.uncertain[item] = true
-	return nil, err
+	return r.m.store.acquire(ctx, r.cfg.Group, item, r.cfg.MemberID, r.instance)
 }
 
 // reclaim deletes this run's term on item, if there is one, and forgets that
