@@ -109,6 +109,7 @@ func (m *Manager) Run(ctx context.Context, items func(context.Context) ([]string
 		work:      work,
 		members:   map[string]bool{m.cfg.MemberID: true},
 		watched:   map[string]time.Time{},
+		freedAt:   map[string]uint64{},
 		claims:    map[string]*claim{},
 		uncertain: map[string]bool{},
 		cooldown:  map[string]time.Time{},
@@ -154,7 +155,10 @@ type run struct {
 	membersKnown bool
 	// watched is when the loop applied the last watched change of each
 	// member (joined or left) that a listing may not reflect yet.
-	watched     map[string]time.Time
+	watched map[string]time.Time
+	// freedAt is the revision of the delete or expiry marker the watch
+	// last showed for an item's lease, until take uses it.
+	freedAt     map[string]uint64
 	itemSet     []string
 	itemsKnown  bool
 	claims      map[string]*claim
@@ -457,6 +461,7 @@ func (r *run) applyEvents(ctx context.Context, ev event) (changed bool) {
 	for {
 		if ev.kind == leaseFree {
 			freed = append(freed, ev.name)
+			r.freedAt[ev.name] = ev.revision
 		} else {
 			changed = r.handleEvent(ev) || changed
 		}
@@ -563,9 +568,11 @@ func (r *run) take(ctx context.Context, items ...string) bool {
 	var wg sync.WaitGroup
 	for i, item := range items {
 		delete(r.cooldown, item)
+		freedAt := r.freedAt[item]
+		delete(r.freedAt, item)
 		wg.Go(func() {
 			began := time.Now()
-			l, err := r.acquire(ctx, item)
+			l, err := r.acquire(ctx, item, freedAt)
 			results[i] = result{l, err, time.Since(began)}
 		})
 	}
@@ -616,11 +623,12 @@ func (r *run) wakeAt(t time.Time) {
 // work uses any more if one is in the way. It is not cut short by Run's ctx,
 // so that shutdown does not leave an acquire unanswered: a lease acquired
 // during shutdown is released at once by its claim. It touches none of the
-// loop's state, so that take runs several at once.
-func (r *run) acquire(ctx context.Context, item string) (*Lease, error) {
+// loop's state, so that take runs several at once. freedAt is the revision
+// of the marker the watch last showed for the item's lease, or 0.
+func (r *run) acquire(ctx context.Context, item string, freedAt uint64) (*Lease, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.RenewEvery)
 	defer cancel()
-	l, err := r.m.store.acquire(ctx, r.cfg.Group, item, r.cfg.MemberID, r.instance)
+	l, err := r.m.store.acquire(ctx, r.cfg.Group, item, r.cfg.MemberID, r.instance, freedAt)
 	if !errors.Is(err, ErrHeld) {
 		return l, err
 	}
@@ -632,7 +640,7 @@ func (r *run) acquire(ctx context.Context, item string) (*Lease, error) {
 		return nil, err
 	}
 	r.log.Info("deleted an abandoned lease of this member", "item", item)
-	return r.m.store.acquire(ctx, r.cfg.Group, item, r.cfg.MemberID, r.instance)
+	return r.m.store.acquire(ctx, r.cfg.Group, item, r.cfg.MemberID, r.instance, 0)
 }
 
 // reclaim deletes this run's term on item, if there is one, and forgets that
