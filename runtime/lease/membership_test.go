@@ -21,8 +21,7 @@ func TestMembershipListingBegunBeforeADepartureDoesNotUndoIt(t *testing.T) {
 	b := setup(t)
 	tr := newTracker()
 	defer tr.check(t)
-	items := &itemList{}
-	items.set(names("orders/", 6))
+	items := itemsOf(6)
 
 	// A's next listing that still holds B is kept from A's loop until
 	// the test lets it through.
@@ -53,16 +52,12 @@ func TestMembershipListingBegunBeforeADepartureDoesNotUndoIt(t *testing.T) {
 		t.Fatal("A listed no members within the liveness bound")
 	}
 	stopB() // B leaves and releases its leases; A's watch shows both
-	allA := func() bool {
-		owners := tr.owners()
-		return len(owners) == 6 && !slices.ContainsFunc(slices.Collect(maps.Values(owners)), func(o string) bool { return o != "A" })
-	}
-	took := waitFor(t, livenessBound, "A to take B's items", allA)
+	took := waitFor(t, livenessBound, "A to take B's items", func() bool { return tr.ownsAll("A", 6) })
 	tokens := tr.tokens()
 	letGo()                   // the listing begun before B left: A's loop gets it now
 	time.Sleep(4 * testRenew) // and fresh listings after it
 	t.Logf("A took B's items %v after B stopped; then got the listing %v begun before", took, stale)
-	if after := tr.tokens(); !allA() || !maps.Equal(after, tokens) {
+	if after := tr.tokens(); !tr.ownsAll("A", 6) || !maps.Equal(after, tokens) {
 		t.Errorf("after the listing begun before B left, A owns %v with tokens %v; want all 6 items still under the tokens %v it took them with", tr.owners(), after, tokens)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"io"
 	"maps"
 	"net"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -23,8 +22,7 @@ func TestManagerTakesTheItemsOfAStoppedMemberAtOnce(t *testing.T) {
 	b := setup(t)
 	tr := newTracker()
 	defer tr.check(t)
-	items := &itemList{}
-	items.set(names("orders/", 12))
+	items := itemsOf(12)
 	// Round trips of up to a few takeDelay fit in RenewEvery, as the
 	// defaults' proportions (TTL 5 s, RenewEvery 1 s) would not.
 	cfg := func(member string) Config {
@@ -41,10 +39,7 @@ func TestManagerTakesTheItemsOfAStoppedMemberAtOnce(t *testing.T) {
 
 	stopped := time.Now()
 	stopB()
-	waitFor(t, livenessBound, "A to take B's items", func() bool {
-		owners := tr.owners()
-		return len(owners) == 12 && !slices.ContainsFunc(slices.Collect(maps.Values(owners)), func(o string) bool { return o != "A" })
-	})
+	waitFor(t, livenessBound, "A to take B's items", func() bool { return tr.ownsAll("A", 12) })
 	took := time.Since(stopped)
 	oneByOne := 18 * takeDelay
 	t.Logf("A took B's 6 items %v after B was told to stop (round trips of at least %v; one by one they take at least %v)", took.Round(time.Millisecond), takeDelay, oneByOne)
