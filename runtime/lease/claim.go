@@ -171,7 +171,8 @@ renew:
 	end.workReturned = time.Now()
 	end.early = ctx.Err() == nil
 	if !end.early {
-		end.stopAsked = <-stopAsked
+		// Noted by a goroutine of its own, maybe after work noticed.
+		end.stopAsked = minTime(<-stopAsked, end.workReturned)
 	}
 
 	mu.Lock()
