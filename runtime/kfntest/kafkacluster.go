@@ -108,7 +108,7 @@ func KafkaClusterProcesses(t testing.TB, n int) *KafkaProcessCluster {
 	transport := &kafka.Transport{DialTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}
 	t.Cleanup(transport.CloseIdleConnections)
 	c.kafka = &KafkaCluster{
-		Brokers: c.brokers, transport: transport, replicas: clusterReplicas,
+		Brokers: c.brokers, transport: transport, replicas: clusterReplicas, throwaway: true,
 		client: &kafka.Client{Addr: kafka.TCP(c.brokers...), Timeout: 10 * time.Second, Transport: transport},
 	}
 
@@ -178,8 +178,8 @@ func (c *KafkaProcessCluster) Brokers() []string { return slices.Clone(c.brokers
 func (c *KafkaProcessCluster) Cluster() *KafkaCluster { return c.kafka }
 
 // CreateTopic creates topic with the given number of partitions and
-// replication factor 3, waits until every partition has a leader, and
-// deletes it when the test ends. Every node must be up.
+// replication factor 3 and waits until every partition has a leader. Every
+// node must be up.
 func (c *KafkaProcessCluster) CreateTopic(t testing.TB, topic string, partitions int) {
 	t.Helper()
 	c.kafka.CreateTopicNamed(t, topic, partitions)

@@ -1,0 +1,204 @@
+//go:build kafkacluster
+
+// This file's test runs kfn workers on a real 3-node Apache Kafka cluster
+// (kfntest.KafkaClusterProcesses: Java and Maven needed). It is behind the
+// kafkacluster build tag so that the default test run does not start three
+// JVMs: `go tool task test:kafka-cluster` and .ci/run run it.
+package runtime_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kfn-dev/kfn/runtime/kfntest"
+)
+
+// kafkaSessionTimeout is broker.session.timeout.ms of kafka.sh's cluster
+// mode: how long the controller waits before it fences a silent broker and
+// moves the leadership of its partitions.
+const kafkaSessionTimeout = 4 * time.Second
+
+// Three workers consume a topic with replication factor 3 under load, and
+// the broker leading some of its partitions is SIGKILLed, then started
+// again. The lanes keep their leases (no epoch changes: a Kafka failover is
+// no reason to move a partition), follow the leadership to the surviving
+// brokers, and apply every record exactly once. A lane stands still from
+// the kill until it applies a record written after it: Kafka itself serves
+// no new record for at least the broker session timeout (the controller must
+// fence the dead broker first), and the lane follows within the lease TTL
+// of Kafka serving its partition again. The consumer group's offsets (the
+// mirror) catch up too.
+func TestLivenessKafkaLeaderKilled(t *testing.T) {
+	kc := kfntest.KafkaClusterProcesses(t, 3)
+	c := newClusterOn(t, kc.Cluster())
+	workers := c.startWorkers(3)
+	prod := c.startProducer()
+	c.waitBalanced(ids(workers), 60*time.Second)
+	epochs := epochsOf(c.cursors())
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	victim, err := kc.Leader(ctx, c.topic, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	led := map[int]bool{}
+	for p := range failoverPartitions {
+		id, err := kc.Leader(ctx, c.topic, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		led[p] = id == victim
+	}
+
+	// Every lane caught up, so a lane has moved on once it applies a record
+	// written after the kill.
+	prod.pause()
+	c.waitCaughtUp(c.kafka.HighWatermarks(t, c.topic), 60*time.Second)
+	before := c.cursors()
+	prod.expectErrors.Store(true)
+	if err := kc.Kill(victim); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	prod.resume()
+	t.Logf("broker %d, leader of partitions %v, killed", victim, keysWhere(led, true))
+
+	// When Kafka moved each of the killed broker's partitions to a new
+	// leader, and when it served each partition again: its leader's high
+	// watermark passed the lane's cursor (a record written after the kill
+	// is readable). For the killed broker's partitions that waits for the
+	// new leader (and for the producer to find it); for the others, for the
+	// ISR to drop the dead follower, since acks=all waits for it.
+	movedCh, readableCh := make(chan map[int]time.Duration, 1), make(chan map[int]time.Duration, 1)
+	go func() { movedCh <- movedAfter(ctx, kc, c.topic, keysWhere(led, true), victim, killed) }()
+	go func() { readableCh <- readableAfter(ctx, kc, c.topic, before, killed) }()
+	stood := c.waitTakenOver(killed, before, func(old, cur cursor) bool { return true },
+		"every lane to apply a record written after the kill")
+	moved, readable := <-movedCh, <-readableCh
+	if len(readable) != len(before) || len(moved) != len(keysWhere(led, true)) {
+		t.Fatalf("within a minute of the kill, Kafka moved partitions %v of %v and served partitions %v again",
+			slices.Sorted(maps.Keys(moved)), keysWhere(led, true), slices.Sorted(maps.Keys(readable)))
+	}
+	behind := map[bool]map[int]time.Duration{true: {}, false: {}}
+	worstStood := map[bool]time.Duration{}
+	var worstReadable time.Duration
+	for p, d := range stood {
+		behind[led[p]][p] = max(d-readable[p], 0)
+		worstStood[led[p]] = max(worstStood[led[p]], d)
+		worstReadable = max(worstReadable, readable[p])
+	}
+	line := fmt.Sprintf("Kafka leader killed: new leaders elected within %s, every partition served again within %s (broker session timeout %s); "+
+		"lanes stood still from the kill: partitions it led %s at worst, the others %s",
+		slices.Max(slices.Collect(maps.Values(moved))).Round(time.Millisecond), worstReadable.Round(time.Millisecond), kafkaSessionTimeout,
+		worstStood[true].Round(time.Millisecond), worstStood[false].Round(time.Millisecond))
+	t.Log(line)
+	fmt.Println(line)
+	// How long Kafka takes is Kafka's (and CPU contention stretches it);
+	// kfn's part is how long a lane lags behind Kafka serving again.
+	reportStillness(t, "Kafka leader killed, behind Kafka serving again, partitions it led", behind[true], failoverTTL)
+	reportStillness(t, "Kafka leader killed, behind Kafka serving again, the other partitions", behind[false], failoverTTL)
+	if now := epochsOf(c.cursors()); !maps.Equal(now, epochs) {
+		t.Errorf("epochs changed over the Kafka failover: %v, before %v", now, epochs)
+	}
+
+	if err := kc.Start(victim); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("broker %d back %s after the kill", victim, time.Since(killed).Round(time.Millisecond))
+	time.Sleep(2 * time.Second) // the producer's writer finds the leaders again
+	prod.expectErrors.Store(false)
+	t.Logf("producer writes that failed during the failover: %d", prod.expected.Load())
+
+	requireAlive(t, workers...)
+	hw := c.finishProduction(prod)
+	c.waitCaughtUp(hw, 60*time.Second)
+	// The mirror to the consumer group recovers too: its coordinator may
+	// have been on the killed broker.
+	c.waitGroupCaughtUp(hw, 30*time.Second)
+	stopClean(t, workers...)
+	c.check(hw)
+}
+
+// keysWhere lists the sorted keys of m whose value is v.
+func keysWhere(m map[int]bool, v bool) []int {
+	var out []int
+	for k, x := range m {
+		if x == v {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// readableAfter polls the partitions of before, each at its current
+// leader (fresh metadata, no client cache), until the leader's high
+// watermark passes the partition's cursor in before, and returns how long
+// after since that happened, per partition; it gives up after a minute.
+func readableAfter(ctx context.Context, kc *kfntest.KafkaProcessCluster, topic string, before map[int]cursor, since time.Time) map[int]time.Duration {
+	out := map[int]time.Duration{}
+	deadline := time.Now().Add(time.Minute)
+	for len(out) < len(before) && time.Now().Before(deadline) && ctx.Err() == nil {
+		for p, cur := range before {
+			if _, done := out[p]; done {
+				continue
+			}
+			if hw, err := leaderHighWatermark(ctx, kc.Brokers(), topic, p); err == nil && hw > cur.next {
+				out[p] = time.Since(since)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return out
+}
+
+// movedAfter polls the leaders of partitions until none is the killed
+// broker victim, and returns how long after since each one moved; it gives
+// up after a minute.
+func movedAfter(ctx context.Context, kc *kfntest.KafkaProcessCluster, topic string, partitions []int, victim int, since time.Time) map[int]time.Duration {
+	out := map[int]time.Duration{}
+	deadline := time.Now().Add(time.Minute)
+	for len(out) < len(partitions) && time.Now().Before(deadline) && ctx.Err() == nil {
+		for _, p := range partitions {
+			if _, done := out[p]; done {
+				continue
+			}
+			if id, err := kc.Leader(ctx, topic, p); err == nil && id != victim {
+				out[p] = time.Since(since)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return out
+}
+
+// leaderHighWatermark asks partition p's leader, as the first broker that
+// answers names it, for the partition's high watermark.
+func leaderHighWatermark(ctx context.Context, brokers []string, topic string, p int) (int64, error) {
+	var errs []error
+	for _, addr := range brokers {
+		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		conn, err := kafka.DialLeader(dctx, "tcp", addr, topic, p)
+		cancel()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		_ = conn.SetDeadline(time.Now().Add(time.Second))
+		hw, err := conn.ReadLastOffset()
+		conn.Close()
+		if err == nil {
+			return hw, nil
+		}
+		errs = append(errs, err)
+	}
+	return 0, errors.Join(errs...)
+}
