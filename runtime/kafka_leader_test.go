@@ -34,7 +34,10 @@ const kafkaSessionTimeout = 4 * time.Second
 // no new record for at least the broker session timeout (the controller must
 // fence the dead broker first), and the lane follows within the lease TTL
 // of Kafka serving its partition again. The consumer group's offsets (the
-// mirror) catch up too.
+// mirror) catch up too. Then a worker and the broker leading one of its
+// partitions are killed together: the other workers take its partitions
+// over within the lease TTL of both the lease running out and Kafka serving
+// the partition again.
 func TestLivenessKafkaLeaderKilled(t *testing.T) {
 	kc := kfntest.KafkaClusterProcesses(t, 3)
 	c := newClusterOn(t, kc.Cluster())
@@ -117,14 +120,86 @@ func TestLivenessKafkaLeaderKilled(t *testing.T) {
 	prod.expectErrors.Store(false)
 	t.Logf("producer writes that failed during the failover: %d", prod.expected.Load())
 
-	requireAlive(t, workers...)
+	// A worker and the broker leading one of its partitions die together.
+	// The other workers claim the worker's partitions once its leases run
+	// out, and a claim reads the partition's offsets, from the new leader
+	// once Kafka has one.
+	waitUntil(t, 60*time.Second, "every replica to be in sync again", func() (bool, string) {
+		if err := kc.InSync(ctx, c.topic); err != nil {
+			return false, err.Error()
+		}
+		return true, ""
+	})
+	c.waitBalanced(ids(workers), 60*time.Second)
+	dead, live := workers[0], workers[1:]
+	owned := slices.Sorted(maps.Keys(ownedBy(c.cursors(), dead.id)))
+	victim2, err := kc.Leader(ctx, c.topic, owned[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	prod.pause()
+	c.waitCaughtUp(c.kafka.HighWatermarks(t, c.topic), 60*time.Second)
+	before2 := ownedBy(c.cursors(), dead.id)
+	logFrom := map[*proc]int64{}
+	for _, w := range live {
+		logFrom[w] = logSize(t, w)
+	}
+	prod.expectErrors.Store(true)
+	dead.Kill()
+	if err := kc.Kill(victim2); err != nil {
+		t.Fatal(err)
+	}
+	killed2 := time.Now()
+	prod.resume()
+	t.Logf("worker %s (partitions %v) and broker %d (leader of partition %d) killed", dead.id, owned, victim2, owned[0])
+	go func() { readableCh <- readableAfter(ctx, kc, c.topic, before2, killed2) }()
+	stood2 := c.waitTakenOver(killed2, before2, func(old, cur cursor) bool { return cur.owner != dead.id && cur.epoch > old.epoch },
+		"the other workers to claim each of "+dead.id+"'s partitions and apply a record written after the kills")
+	readable2 := <-readableCh
+	behind2 := map[int]time.Duration{}
+	for p, d := range stood2 {
+		r, ok := readable2[p]
+		if !ok {
+			t.Fatalf("Kafka did not serve partition %d again within a minute of the kills", p)
+		}
+		// A claim can succeed once the lease has run out (at most the TTL
+		// after the kill) and Kafka serves the partition.
+		behind2[p] = max(d-max(r, failoverTTL), 0)
+	}
+	t.Logf("the killed worker's partitions stood still for %v from the kills, Kafka served them again after %v", roundAll(stood2), roundAll(readable2))
+	var retried []string
+	for _, w := range live {
+		for _, e := range logSince(t, w, logFrom[w]) {
+			if e.str("msg") == "claim partition failed, retrying" {
+				retried = append(retried, fmt.Sprintf("%s partition %s: %s", w.id, e.str("partition"), e.str("err")))
+			}
+		}
+	}
+	t.Logf("claims retried %d times meanwhile; first ones: %v", len(retried), retried[:min(len(retried), 3)])
+	reportStillness(t, "worker and Kafka leader killed together, behind the lease running out and Kafka serving again", behind2, failoverTTL)
+	if err := kc.Start(victim2); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // the producer's writer finds the leaders again
+	prod.expectErrors.Store(false)
+
+	requireAlive(t, live...)
 	hw := c.finishProduction(prod)
 	c.waitCaughtUp(hw, 60*time.Second)
 	// The mirror to the consumer group recovers too: its coordinator may
-	// have been on the killed broker.
+	// have been on a killed broker.
 	c.waitGroupCaughtUp(hw, 30*time.Second)
-	stopClean(t, workers...)
+	stopClean(t, live...)
 	c.check(hw)
+}
+
+// roundAll rounds each duration of m to the millisecond, for the log.
+func roundAll(m map[int]time.Duration) map[int]time.Duration {
+	out := make(map[int]time.Duration, len(m))
+	for k, d := range m {
+		out[k] = d.Round(time.Millisecond)
+	}
+	return out
 }
 
 // keysWhere lists the sorted keys of m whose value is v.

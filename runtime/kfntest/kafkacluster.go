@@ -224,42 +224,74 @@ func (c *KafkaProcessCluster) Start(id int) error {
 // after a leader is killed, that is still the dead node until the
 // controller fences it.
 func (c *KafkaProcessCluster) Leader(ctx context.Context, topic string, partition int) (int, error) {
-	var errs []error
-	for _, addr := range c.brokers {
-		id, err := leaderFrom(ctx, addr, topic, partition)
-		if err == nil {
-			return id, nil
-		}
-		errs = append(errs, err)
-	}
-	return 0, fmt.Errorf("leader of %s/%d: %w", topic, partition, errors.Join(errs...))
-}
-
-func leaderFrom(ctx context.Context, addr, topic string, partition int) (int, error) {
-	conn, err := kafka.DialContext(ctx, "tcp", addr)
+	parts, err := c.metadata(ctx, topic)
 	if err != nil {
-		return 0, err
-	}
-	defer conn.Close()
-	if deadline, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(deadline)
-	}
-	parts, err := conn.ReadPartitions(topic)
-	if err != nil {
-		return 0, fmt.Errorf("metadata from %s: %w", addr, err)
+		return 0, fmt.Errorf("leader of %s/%d: %w", topic, partition, err)
 	}
 	for _, p := range parts {
-		if p.Topic != topic || p.ID != partition {
+		if p.ID != partition {
 			continue
 		}
 		// kafka-go leaves Leader zero when the leader (-1: none) is not
 		// among the listed brokers; node ids start at 1.
 		if p.Leader.ID <= 0 || p.Leader.Host == "" {
-			return 0, fmt.Errorf("%s says partition %d of %s has no leader", addr, partition, topic)
+			return 0, fmt.Errorf("partition %d of %s has no leader", partition, topic)
 		}
 		return p.Leader.ID, nil
 	}
-	return 0, fmt.Errorf("%s lists no partition %d of %s", addr, partition, topic)
+	return 0, fmt.Errorf("no partition %d of %s in the metadata", partition, topic)
+}
+
+// InSync reports, as an error, the partitions of topic whose in-sync
+// replicas are not all their replicas (a restarted node has not caught up
+// yet); nil means every replica of every partition is in sync.
+func (c *KafkaProcessCluster) InSync(ctx context.Context, topic string) error {
+	parts, err := c.metadata(ctx, topic)
+	if err != nil {
+		return fmt.Errorf("in-sync replicas of %s: %w", topic, err)
+	}
+	var behind []string
+	for _, p := range parts {
+		if len(p.Isr) < len(p.Replicas) {
+			behind = append(behind, fmt.Sprintf("partition %d: %d of %d replicas in sync", p.ID, len(p.Isr), len(p.Replicas)))
+		}
+	}
+	if len(behind) > 0 {
+		return fmt.Errorf("%s: %s", topic, strings.Join(behind, "; "))
+	}
+	return nil
+}
+
+// metadata reads the partitions of topic from the first node that answers,
+// on a connection of its own.
+func (c *KafkaProcessCluster) metadata(ctx context.Context, topic string) ([]kafka.Partition, error) {
+	var errs []error
+	for _, addr := range c.brokers {
+		parts, err := partitionsFrom(ctx, addr, topic)
+		if err == nil {
+			return parts, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, errors.Join(errs...)
+}
+
+func partitionsFrom(ctx context.Context, addr, topic string) ([]kafka.Partition, error) {
+	conn, err := kafka.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	_ = conn.SetDeadline(deadline)
+	parts, err := conn.ReadPartitions(topic)
+	if err != nil {
+		return nil, fmt.Errorf("metadata from %s: %w", addr, err)
+	}
+	return parts, nil
 }
 
 func (c *KafkaProcessCluster) node(id int) (*Process, error) {
