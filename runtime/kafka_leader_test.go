@@ -214,39 +214,34 @@ func keysWhere(m map[int]bool, v bool) []int {
 	return out
 }
 
-// readableAfter polls the partitions of before, each at its current
-// leader (fresh metadata, no client cache), until the leader's high
-// watermark passes the partition's cursor in before, and returns how long
-// after since that happened, per partition; it gives up after a minute.
+// readableAfter returns, per partition of before, how long after since
+// Kafka served a record past the partition's cursor in before: its
+// leader's high watermark (fresh metadata, no client cache) passed it.
 func readableAfter(ctx context.Context, kc *kfntest.KafkaProcessCluster, topic string, before map[int]cursor, since time.Time) map[int]time.Duration {
-	out := map[int]time.Duration{}
-	deadline := time.Now().Add(time.Minute)
-	for len(out) < len(before) && time.Now().Before(deadline) && ctx.Err() == nil {
-		for p, cur := range before {
-			if _, done := out[p]; done {
-				continue
-			}
-			if hw, err := leaderHighWatermark(ctx, kc.Brokers(), topic, p); err == nil && hw > cur.next {
-				out[p] = time.Since(since)
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return out
+	return whenTrue(ctx, slices.Sorted(maps.Keys(before)), since, func(p int) bool {
+		hw, err := leaderHighWatermark(ctx, kc.Brokers(), topic, p)
+		return err == nil && hw > before[p].next
+	})
 }
 
-// movedAfter polls the leaders of partitions until none is the killed
-// broker victim, and returns how long after since each one moved; it gives
-// up after a minute.
+// movedAfter returns, per partition, how long after since its leader was
+// no longer the killed broker victim.
 func movedAfter(ctx context.Context, kc *kfntest.KafkaProcessCluster, topic string, partitions []int, victim int, since time.Time) map[int]time.Duration {
+	return whenTrue(ctx, partitions, since, func(p int) bool {
+		id, err := kc.Leader(ctx, topic, p)
+		return err == nil && id != victim
+	})
+}
+
+// whenTrue polls cond for each of partitions every 20 ms and returns how
+// long after since it first held, per partition; it gives up after a
+// minute, leaving out the partitions it never held for.
+func whenTrue(ctx context.Context, partitions []int, since time.Time, cond func(p int) bool) map[int]time.Duration {
 	out := map[int]time.Duration{}
 	deadline := time.Now().Add(time.Minute)
 	for len(out) < len(partitions) && time.Now().Before(deadline) && ctx.Err() == nil {
 		for _, p := range partitions {
-			if _, done := out[p]; done {
-				continue
-			}
-			if id, err := kc.Leader(ctx, topic, p); err == nil && id != victim {
+			if _, done := out[p]; !done && cond(p) {
 				out[p] = time.Since(since)
 			}
 		}

@@ -21,9 +21,23 @@ import (
 	"github.com/kfn-dev/kfn/runtime/devstack"
 )
 
-// kafkaNodeStartTimeout bounds how long a node of a KafkaProcessCluster may
-// take to answer: a JVM starts slowly on a busy 2-core machine.
-const kafkaNodeStartTimeout = 120 * time.Second
+// envKafkaStartTimeout is kafka.sh's bound, in seconds, on how long a node
+// may take to answer; the harness keeps to it too (default 120: a JVM
+// starts slowly on a busy 2-core machine).
+const envKafkaStartTimeout = "KFN_KAFKA_START_TIMEOUT"
+
+// kafkaNodeStartTimeout reads envKafkaStartTimeout.
+func kafkaNodeStartTimeout() (time.Duration, error) {
+	v := os.Getenv(envKafkaStartTimeout)
+	if v == "" {
+		return 120 * time.Second, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%s=%q: want a whole number of seconds above 0", envKafkaStartTimeout, v)
+	}
+	return time.Duration(n) * time.Second, nil
+}
 
 // clusterReplicas is the replication factor of a KafkaProcessCluster's
 // topics; kafka.sh's cluster mode sets min.insync.replicas to 2.
@@ -35,11 +49,12 @@ const clusterReplicas = 3
 // mode: replication factor 3, min.insync.replicas 2. Fault tests kill and
 // start its brokers; node id i (1..n) is broker id i.
 type KafkaProcessCluster struct {
-	t       testing.TB
-	script  string
-	env     []string
-	brokers []string
-	kafka   *KafkaCluster
+	t            testing.TB
+	script       string
+	startTimeout time.Duration // how long a node may take to answer
+	env          []string
+	brokers      []string
+	kafka        *KafkaCluster
 
 	mu    sync.Mutex
 	procs []*Process // by node id - 1; nil before the first start
@@ -69,7 +84,9 @@ func missingJava() string {
 // ports with their data under t.TempDir(), waits until every one answers
 // and lists all n brokers, and kills them all when the test ends, failed or
 // not. Each node runs as `kafka.sh run N`, a child process of the test
-// binary, so it also dies with the test binary. It fails the test at once
+// binary, so it also dies with the test binary. A node may take
+// KFN_KAFKA_START_TIMEOUT seconds (default 120) to answer, here and in
+// Start. It fails the test at once
 // when Java or Maven is missing (check HaveJava to choose another broker).
 func KafkaClusterProcesses(t testing.TB, n int) *KafkaProcessCluster {
 	t.Helper()
@@ -83,11 +100,15 @@ func KafkaClusterProcesses(t testing.TB, n int) *KafkaProcessCluster {
 	if err != nil {
 		t.Fatalf("kfntest: %v", err)
 	}
+	startTimeout, err := kafkaNodeStartTimeout()
+	if err != nil {
+		t.Fatalf("kfntest: %v", err)
+	}
 	ports, err := freePorts(2 * n)
 	if err != nil {
 		t.Fatalf("kfntest: %v", err)
 	}
-	c := &KafkaProcessCluster{t: t, script: script, procs: make([]*Process, n)}
+	c := &KafkaProcessCluster{t: t, script: script, startTimeout: startTimeout, procs: make([]*Process, n)}
 	var cports []string
 	for i := range n {
 		c.brokers = append(c.brokers, net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[i])))
@@ -119,7 +140,7 @@ func KafkaClusterProcesses(t testing.TB, n int) *KafkaProcessCluster {
 			t.Fatalf("kfntest: %v", err)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), kafkaNodeStartTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), c.startTimeout)
 	defer cancel()
 	for id := 1; id <= n; id++ {
 		if err := c.waitReady(ctx, id, n); err != nil {
@@ -214,7 +235,7 @@ func (c *KafkaProcessCluster) Start(id int) error {
 	if err := c.launch(id); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), kafkaNodeStartTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), c.startTimeout)
 	defer cancel()
 	return c.waitReady(ctx, id, 0)
 }
@@ -354,7 +375,7 @@ func (c *KafkaProcessCluster) waitReady(ctx context.Context, id, all int) error 
 		select {
 		case <-ctx.Done():
 			p.Kill()
-			return fmt.Errorf("kafka node %d did not become ready on %s within %s: %v; output (tail):\n%s", id, addr, kafkaNodeStartTimeout, last, p.LogTail(40))
+			return fmt.Errorf("kafka node %d did not become ready on %s within %s (%s): %v; output (tail):\n%s", id, addr, c.startTimeout, envKafkaStartTimeout, last, p.LogTail(40))
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
