@@ -11,6 +11,7 @@
 #   kafka.sh kill N   SIGKILL node N (a crash: no controlled shutdown)
 #   kafka.sh stop N   stop node N like down does
 #   kafka.sh start N  start node N again (same ports and data) and wait until it answers
+#   kafka.sh run N    run node N in the foreground, its log on stdout (for a supervisor)
 #
 # See README.md for the environment variables.
 #
