@@ -86,8 +86,8 @@ func missingJava() string {
 // not. Each node runs as `kafka.sh run N`, a child process of the test
 // binary, so it also dies with the test binary. A node may take
 // KFN_KAFKA_START_TIMEOUT seconds (default 120) to answer, here and in
-// Start. It fails the test at once
-// when Java or Maven is missing (check HaveJava to choose another broker).
+// Start. It fails the test at once when Java or Maven is missing (check
+// HaveJava to choose another broker).
 func KafkaClusterProcesses(t testing.TB, n int) *KafkaProcessCluster {
 	t.Helper()
 	if n < clusterReplicas {
@@ -126,7 +126,10 @@ func KafkaClusterProcesses(t testing.TB, n int) *KafkaProcessCluster {
 		"KFN_KAFKA_PORTS="+strings.Join(portsOf(c.brokers), ","),
 		"KFN_KAFKA_CONTROLLER_PORTS="+strings.Join(cports, ","),
 	)
-	transport := &kafka.Transport{DialTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}
+	// Metadata refreshed every second (kafka-go's default is 6 s, and a
+	// failed request does not refresh it): Produce and HighWatermarks find
+	// a partition's new leader soon after a broker is killed.
+	transport := &kafka.Transport{DialTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second, MetadataTTL: time.Second}
 	t.Cleanup(transport.CloseIdleConnections)
 	c.kafka = &KafkaCluster{
 		Brokers: c.brokers, transport: transport, replicas: clusterReplicas, throwaway: true,
