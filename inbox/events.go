@@ -92,7 +92,7 @@ func fenceBy(ctx context.Context, tx pgx.Tx, p Partition, token int64, sql strin
 // deleted. An event republished after its row is purged would be applied
 // again, so the retention must be far longer than any outage of the relay.
 func PurgeEvents(ctx context.Context, db Querier, retention time.Duration, batchSize int) (int64, error) {
-	return deleteInBatches(ctx, db, "purge event inbox", `
+	return deleteInBatches(ctx, db, "purge event inbox", batchSize, `
 DELETE FROM kfn.event_inbox e
  USING (SELECT consumer, event_id FROM kfn.event_inbox WHERE processed_at < now() - $1::interval LIMIT $2) old
  WHERE (e.consumer, e.event_id) = (old.consumer, old.event_id)`, retention, batchSize)

@@ -88,29 +88,63 @@ SELECT count(*) FILTER (WHERE outcome = 'applied'), count(*) FILTER (WHERE outco
 	return s, nil
 }
 
-// Purge deletes inbox rows older than retention in batches of batchSize rows,
-// each its own short statement so no lock is held for long, and returns how
-// many it deleted. Only rows below their cursor's high-water mark are purged,
-// so dedup of Kafka records stays permanent: the high-water mark alone keeps
-// those offsets from being applied again.
-func Purge(ctx context.Context, db Querier, retention time.Duration, batchSize int) (int64, error) {
-	return deleteInBatches(ctx, db, "purge inbox", `
+// purgeHeadSQL deletes, from the first $4 inbox rows of one partition in
+// offset order, those before the first row that must stay: a row younger
+// than the retention ($5) or at or above the cursor's high-water mark.
+// It reads the primary key only, so the inbox needs no index on
+// processed_at.
+const purgeHeadSQL = `
 DELETE FROM kfn.inbox i
- USING (SELECT i2.consumer, i2.topic, i2.partition, i2."offset"
-          FROM kfn.inbox i2
-          JOIN kfn.cursors c USING (consumer, topic, partition)
-         WHERE i2.processed_at < now() - $1::interval AND i2."offset" < c.high_water
-         LIMIT $2) old
- WHERE (i.consumer, i.topic, i.partition, i."offset") = (old.consumer, old.topic, old.partition, old."offset")`,
-		retention, batchSize)
+ USING (SELECT "offset",
+               bool_or(processed_at >= now() - $5::interval
+                       OR "offset" >= (SELECT high_water FROM kfn.cursors c
+                                        WHERE c.consumer = $1 AND c.topic = $2 AND c.partition = $3))
+                 OVER (ORDER BY "offset") AS stays -- this row or an earlier one stays
+          FROM (SELECT "offset", processed_at FROM kfn.inbox
+                 WHERE consumer = $1 AND topic = $2 AND partition = $3
+                 ORDER BY "offset" LIMIT $4) head) old
+ WHERE NOT old.stays AND i.consumer = $1 AND i.topic = $2 AND i.partition = $3 AND i."offset" = old."offset"`
+
+// Purge deletes inbox rows older than retention, partition by partition
+// in offset order, in statements of at most batchSize rows so no lock is
+// held for long, and returns how many it deleted. Only rows below their
+// cursor's high-water mark are purged, so dedup of Kafka records stays
+// permanent: the high-water mark alone keeps those offsets from being
+// applied again. A partition's purge stops at its first row that stays, so
+// a row written again later (a re-executed record, a retried dead letter)
+// holds back the rows after it until it is old enough itself, and the rows
+// of a partition always go oldest offset first (which re-execution's
+// checkInboxKept relies on).
+func Purge(ctx context.Context, db Querier, retention time.Duration, batchSize int) (int64, error) {
+	rows, err := db.Query(ctx, `SELECT consumer, topic, partition FROM kfn.cursors ORDER BY consumer, topic, partition`)
+	if err != nil {
+		return 0, fmt.Errorf("purge inbox: list the cursors: %w", err)
+	}
+	parts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Partition, error) {
+		var p Partition
+		err := row.Scan(&p.Consumer, &p.Topic, &p.Partition)
+		return p, err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("purge inbox: list the cursors: %w", err)
+	}
+	var total int64
+	for _, p := range parts {
+		n, err := deleteInBatches(ctx, db, "purge inbox of "+p.String(), batchSize, purgeHeadSQL, p.Consumer, p.Topic, p.Partition, batchSize, retention)
+		total += n
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
 }
 
-// deleteInBatches runs a DELETE that takes (retention, batch size) until it
-// deletes fewer rows than a batch.
-func deleteInBatches(ctx context.Context, db Querier, what, sql string, retention time.Duration, batchSize int) (int64, error) {
+// deleteInBatches runs a DELETE (with args, among them its batch size)
+// until it deletes fewer rows than batchSize.
+func deleteInBatches(ctx context.Context, db Querier, what string, batchSize int, sql string, args ...any) (int64, error) {
 	var total int64
 	for {
-		tag, err := db.Exec(ctx, sql, retention, batchSize)
+		tag, err := db.Exec(ctx, sql, args...)
 		if err != nil {
 			return total, fmt.Errorf("%s: %w", what, err)
 		}

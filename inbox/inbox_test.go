@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -173,6 +174,10 @@ func TestQueueFenceAndClaimClaimsOnlyBehindTheFence(t *testing.T) {
 	if err != nil || cur.NextOffset != 5 || cur.HighWater != 5 {
 		t.Errorf("cursor = %+v, %v; want 5", cur, err)
 	}
+	// Offsets out of order, one twice: claimed as a set, each once.
+	if fresh, err := claim(6, 5, 8, 7, 5, 7, 6); err != nil || !slices.Equal(fresh, []int64{5, 6, 7}) {
+		t.Errorf("offsets out of order and repeated: fresh %v, %v; want [5 6 7]", fresh, err)
+	}
 }
 
 func TestClaimReturnsOnlyFreshOffsets(t *testing.T) {
@@ -234,26 +239,54 @@ func TestPurgeKeepsDedupAtTheHighWaterMark(t *testing.T) {
 	}
 }
 
+// Retention reads the primary key only: each partition's rows go in
+// offset order, and the first row that must stay (younger than the
+// retention, like a record re-executed or a dead letter retried later)
+// holds back the rows after it until it is old enough itself.
+func TestPurgeGoesInOffsetOrderAndStopsAtTheFirstYoungRow(t *testing.T) {
+	db := kfntest.Postgres(t)
+	ctx := context.Background()
+	other := inbox.Partition{Consumer: part.Consumer, Topic: part.Topic, Partition: part.Partition + 1}
+	handled(t, db, part, 300)
+	handled(t, db, other, 300)
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, sql, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`UPDATE kfn.inbox SET processed_at = now() - interval '2 hours'`)
+	exec(`UPDATE kfn.inbox SET processed_at = now() WHERE partition = $1 AND "offset" = 150`, part.Partition)
+	left := func(p inbox.Partition) (n, lowest int64) {
+		t.Helper()
+		err := db.Pool.QueryRow(ctx, `SELECT count(*), coalesce(min("offset"), -1) FROM kfn.inbox WHERE partition = $1`, p.Partition).Scan(&n, &lowest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n, lowest
+	}
+
+	n, err := inbox.Purge(ctx, db.Pool, time.Hour, 64)
+	if err != nil || n != 150+300 {
+		t.Fatalf("purged %d, %v; want 450 (offsets 0..149 of one partition, all 300 of the other)", n, err)
+	}
+	if n, lowest := left(part); n != 150 || lowest != 150 {
+		t.Errorf("%s keeps %d rows from offset %d, want 150 from offset 150 (the young row holds back the older ones after it)", part, n, lowest)
+	}
+	if n, _ := left(other); n != 0 {
+		t.Errorf("%s keeps %d rows, want 0", other, n)
+	}
+
+	exec(`UPDATE kfn.inbox SET processed_at = now() - interval '2 hours' WHERE partition = $1 AND "offset" = 150`, part.Partition)
+	if n, err := inbox.Purge(ctx, db.Pool, time.Hour, 64); err != nil || n != 150 {
+		t.Fatalf("once the row at 150 is old: purged %d, %v; want the 150 rows left", n, err)
+	}
+}
+
 func TestReplayModes(t *testing.T) {
 	db := kfntest.Postgres(t)
 	ctx := context.Background()
-	if _, err := inbox.ClaimPartition(ctx, db.Pool, part, 1, "w", 0); err != nil {
-		t.Fatal(err)
-	}
-	err := inTx(t, db, func(tx pgx.Tx) error {
-		if err := inbox.Advance(ctx, tx, part, 1, 0, 100); err != nil {
-			return err
-		}
-		offsets := make([]int64, 100)
-		for i := range offsets {
-			offsets[i] = int64(i)
-		}
-		_, err := inbox.Claim(ctx, tx, part, 1, inbox.Applied, offsets)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	handled100(t, db)
 	replay := func(r inbox.ReplayRequest) (inbox.ReplayResult, error) {
 		var res inbox.ReplayResult
 		err := inTx(t, db, func(tx pgx.Tx) (err error) {

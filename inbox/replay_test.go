@@ -14,21 +14,25 @@ import (
 
 // handled100 gives part a cursor at 100 with every offset below it handled
 // and in the inbox, under token 1.
-func handled100(t *testing.T, db *kfntest.PG) {
+func handled100(t *testing.T, db *kfntest.PG) { handled(t, db, part, 100) }
+
+// handled gives p a cursor at n with every offset below it handled and in
+// the inbox, under token 1.
+func handled(t *testing.T, db *kfntest.PG, p inbox.Partition, n int64) {
 	t.Helper()
 	ctx := context.Background()
-	if _, err := inbox.ClaimPartition(ctx, db.Pool, part, 1, "w", 0); err != nil {
+	if _, err := inbox.ClaimPartition(ctx, db.Pool, p, 1, "w", 0); err != nil {
 		t.Fatal(err)
 	}
 	err := inTx(t, db, func(tx pgx.Tx) error {
-		if err := inbox.Advance(ctx, tx, part, 1, 0, 100); err != nil {
+		if err := inbox.Advance(ctx, tx, p, 1, 0, n); err != nil {
 			return err
 		}
-		offsets := make([]int64, 100)
+		offsets := make([]int64, n)
 		for i := range offsets {
 			offsets[i] = int64(i)
 		}
-		_, err := inbox.Claim(ctx, tx, part, 1, inbox.Applied, offsets)
+		_, err := inbox.Claim(ctx, tx, p, 1, inbox.Applied, offsets)
 		return err
 	})
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -103,9 +104,30 @@ func TestShutdownHandsPartitionsOverAtOnce(t *testing.T) {
 		t.Errorf("the last partition of %s was claimed %s after SIGTERM, over %s: the handoff waited for something (the TTL is %s)", stopped.id, last, shutdownHandoff, shutdownTTL)
 	}
 
-	// The worker logs the signal and how long its shutdown took, and its
-	// JSON log writes durations as text.
-	var starting, signal, took int
+	// The other worker claimed each of those partitions once: the
+	// departure was not undone by a members listing that began before it
+	// (which moved the partitions back and took them again, a handoff
+	// twice over).
+	var reclaimed []string
+	for _, p := range slices.Sorted(maps.Keys(before)) {
+		var n int
+		err := c.pg.Pool.QueryRow(context.Background(), `SELECT count(*) FROM kfn.audit_log
+ WHERE action = 'claim' AND actor = $1 AND consumer = $2 AND topic = $3 AND partition = $4`, survivor.id, c.fn, c.topic, p).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 1 {
+			reclaimed = append(reclaimed, fmt.Sprintf("partition %d %d times", p, n))
+		}
+	}
+	if len(reclaimed) > 0 {
+		t.Errorf("%s claimed %s; want each partition of %s once", survivor.id, strings.Join(reclaimed, ", "), stopped.id)
+	}
+
+	// The worker logs the signal, what its lanes' batches in flight did,
+	// the phases of its lease manager's stop and how long its shutdown
+	// took, and its JSON log writes durations as text.
+	var starting, signal, took, phases, inFlight int
 	for _, e := range logSince(t, stopped, 0) {
 		switch msg := e.str("msg"); {
 		case msg == "lease manager starting":
@@ -118,6 +140,20 @@ func TestShutdownHandsPartitionsOverAtOnce(t *testing.T) {
 			if cause := e.str("cause"); cause != "terminated signal received" {
 				t.Errorf("log line %q has cause %q, want the SIGTERM", msg, cause)
 			}
+		case strings.HasPrefix(msg, "lane stopped: its batch in flight"):
+			inFlight++
+		case msg == "lease manager stopped" && e.str("function") == c.fn:
+			phases++
+			if e.str("released") != strconv.Itoa(len(before)) {
+				t.Errorf("log line %q says %s leases released; want the %d partitions", msg, e.str("released"), len(before))
+			}
+			for _, k := range []string{"left_after", "work_returned_after", "released_after"} {
+				if d, err := time.ParseDuration(e.str(k)); err != nil || d < 0 || d > exited {
+					t.Errorf("log line %q has %s %q; want a duration up to the exit's %s", msg, k, e.str(k), exited)
+				}
+			}
+			t.Logf("%s's partition leases: left the group %s after the signal, the last lane (partition %s) returned after %s, the last lease released after %s",
+				stopped.id, e.str("left_after"), e.str("slowest_item"), e.str("work_returned_after"), e.str("released_after"))
 		case msg == "worker stopped cleanly":
 			took++
 			if d, ok := e["shutdown_took"].(string); !ok {
@@ -127,8 +163,9 @@ func TestShutdownHandsPartitionsOverAtOnce(t *testing.T) {
 			}
 		}
 	}
-	if starting == 0 || signal != 1 || took != 1 {
-		t.Errorf("%s logged %d lease manager starting, %d stopping and %d worker stopped cleanly lines; want at least 1, 1 and 1", stopped.id, starting, signal, took)
+	if starting == 0 || signal != 1 || took != 1 || phases != 1 || inFlight == 0 {
+		t.Errorf("%s logged %d lease manager starting, %d stopping, %d lease manager stopped (of %s), %d lane stopped with a batch in flight and %d worker stopped cleanly lines; want at least 1, 1, 1, 1 (the SIGTERM came inside a batch) and 1",
+			stopped.id, starting, signal, phases, c.fn, inFlight, took)
 	}
 
 	hw := c.finishProduction(prod)

@@ -43,6 +43,18 @@ type applier struct {
 	// wakeRetries makes the lane look for dead letters to retry before its
 	// next batch; nil when it does not retry.
 	wakeRetries func()
+	// atStop is the batch transaction that was in flight when the lane's
+	// ctx ended, if one was.
+	atStop batchAtStop
+}
+
+// batchAtStop is what a lane's batch in flight did once the lane was
+// asked to stop (shutdown, rebalance, lease lost): committed if its COMMIT
+// had been sent (the lane waits for the reply), else rolled back, so the
+// next owner applies its records.
+type batchAtStop struct {
+	records int
+	outcome string // "committed" or "rolled back"
 }
 
 // newApplier returns the applier of one lane of fn, committing through
@@ -160,12 +172,20 @@ func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (failu
 		endSpan(span, status)
 	}()
 	began := time.Now()
+	abandoned, committed := false, false
+	defer func() {
+		if ctx.Err() != nil {
+			a.atStop = batchAtStop{records: len(recs), outcome: "rolled back"}
+			if committed {
+				a.atStop.outcome = "committed"
+			}
+		}
+	}()
 	ctx = context.WithValue(ctx, roundTripCounterKey{}, &a.stats.BatchRoundTrips)
 	conn, tx, claim, err := a.beginClaim(ctx, recs)
 	if err != nil {
 		return nil, err
 	}
-	abandoned, committed := false, false
 	defer func() {
 		if abandoned {
 			return // the abandoned handler's goroutine still holds tx; its connection is out of the pool

@@ -48,29 +48,34 @@ func (w *worker) runPartition(ctx context.Context, fn Function, partition int32,
 	defer w.retries.unregister(pr.retry)
 	defer w.stats.drop(fn.Name, fn.Topic, partition)
 	defer w.stats.laneHeld(fn.Name)()
-	w.laneStopped(ctx, fn.Name, pr.log, token, pr.run(ctx))
+	w.laneStopped(ctx, pr.applier, pr.run(ctx))
 }
 
-// laneStopped logs why a lane (a partition or a subject) stopped.
-func (w *worker) laneStopped(ctx context.Context, fn string, log *slog.Logger, token int64, err error) {
+// laneStopped logs why a lane (a partition or a subject) stopped, and
+// when it was asked to stop, what its batch in flight did: an operator
+// reading a slow shutdown or handoff sees which lane held it and why.
+func (w *worker) laneStopped(ctx context.Context, a *applier, err error) {
 	var fenced *inbox.FencedError
 	switch {
 	case errors.As(err, &fenced):
 		w.stats.Fenced.Add(1)
-		w.stats.countFn(fn, func(c *FunctionCounters) { c.Fenced++ })
-		log.Warn("fenced by a newer owner: dropping it", "old_epoch", token, "new_epoch", fenced.Epoch)
+		w.stats.countFn(a.fn.Name, func(c *FunctionCounters) { c.Fenced++ })
+		a.log.Warn("fenced by a newer owner: dropping it", "old_epoch", a.token, "new_epoch", fenced.Epoch)
 	case err != nil && ctx.Err() == nil:
-		log.Error("stopped", "err", err)
+		a.log.Error("stopped", "err", err)
+	case a.atStop.records > 0:
+		a.log.Info("lane stopped: its batch in flight "+a.atStop.outcome, "records", a.atStop.records, "cause", context.Cause(ctx).Error())
 	default:
-		log.Debug("released")
+		a.log.Debug("lane stopped: no batch in flight", "cause", context.Cause(ctx).Error())
 	}
 }
 
 func (pr *partitionRun) run(ctx context.Context) error {
+	began := time.Now()
 	if err := retryInfra(ctx, pr.log, "claim partition", pr.claim); err != nil {
 		return err
 	}
-	pr.log.Debug("partition claimed", "next_offset", pr.cursor.next)
+	pr.log.Debug("partition claimed", "next_offset", pr.cursor.next, "took", time.Since(began))
 	reader, err := pr.w.kafka.reader(pr.part.Topic, pr.part.Partition, pr.cursor.next, 2*pr.w.cfg.BatchSize)
 	if err != nil {
 		return err

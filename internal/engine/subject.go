@@ -59,7 +59,7 @@ func (w *worker) runSubject(ctx context.Context, fn Function, lane int32, token 
 	defer w.retries.unregister(sr.retry)
 	defer w.stats.drop(fn.Name, fn.Subject, lane)
 	defer w.stats.laneHeld(fn.Name)()
-	w.laneStopped(ctx, fn.Name, sr.log, token, sr.run(ctx))
+	w.laneStopped(ctx, sr.applier, sr.run(ctx))
 }
 
 func (sr *subjectRun) run(ctx context.Context) error {

@@ -107,6 +107,9 @@ func (l *partitionTracker) queueClaim(b *pgx.Batch, recs []Record) func(context.
 		if err := l.fenced(err); err != nil {
 			return nil, err
 		}
+		if len(freshOffsets) == len(recs) { // the usual batch: every record is new
+			return recs, nil
+		}
 		isFresh := make(map[int64]bool, len(freshOffsets))
 		for _, o := range freshOffsets {
 			isFresh[o] = true

@@ -121,6 +121,11 @@ func TestContainersKilledAndStoppedUnderLoad(t *testing.T) {
 		containerRate, stopped, exited.Round(time.Millisecond), last, len(before), handoff.Round(time.Millisecond), lastClaim.Sub(stopCalled).Round(time.Millisecond))
 	t.Log(line)
 	fmt.Println(line)
+	// The phases of the handoff, from both sides' logs, timed from the
+	// SIGTERM: logged every time (CI runs -v), so a slow run shows its
+	// cause.
+	t.Log("the handoff's phases, in ms after the SIGTERM reached " + stopped + ":\n" +
+		pm.phases(stopped, signalled, lastClaim, stoppingPhases) + pm.phases(last, signalled, lastClaim, takingPhases))
 	if handoff > containerHandoff {
 		t.Errorf("the partitions of %s were claimed %s after its SIGTERM, over %s", stopped, handoff, containerHandoff)
 	}
@@ -202,7 +207,8 @@ func (pm *podman) run(c *chain, n int) string {
 		"-e", "KFN_NATS_URL="+c.nats.URL,
 		"-e", "KFN_WORKER_ID="+name,
 		"-e", "ORDERS_TOPIC="+c.topic,
-		"-e", "KFN_LOG_LEVEL=info",
+		"-e", "KFN_LOG_LEVEL=debug", // the phases of the handoff are per lane and lease
+
 		containerImage+":dev")
 	pm.t.Cleanup(func() {
 		if pm.t.Failed() {
@@ -255,6 +261,45 @@ func (pm *podman) signalledAt(name string) time.Time {
 	}
 	pm.t.Fatalf("container %s logged no \"stopping:\" line:\n%s", name, pm.logs(name, 30))
 	return time.Time{}
+}
+
+// Log lines of a handoff's phases (engine and package lease): the
+// stopping worker's, and the taking worker's.
+var (
+	stoppingPhases = []string{"stopping:", "lane stopped", "stopping claim", "released", "claim ended", "lease manager stopped", "worker stopped cleanly"}
+	takingPhases   = []string{"member", "lease held elsewhere", "claimed", "partition claimed", "claim partition failed", "stopping claim", "released", "claim ended", "lane stopped"}
+)
+
+// phases returns the log lines of container name from from on, up to a
+// second past until, whose message starts with one of msgs, each with its
+// time in milliseconds after from, one per line.
+func (pm *podman) phases(name string, from, until time.Time, msgs []string) string {
+	pm.t.Helper()
+	out, err := pm.command("logs", name).CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("(podman logs %s: %v)\n", name, err)
+	}
+	var b strings.Builder
+	for line := range bytes.Lines(out) {
+		var e map[string]any
+		if json.Unmarshal(line, &e) != nil {
+			continue
+		}
+		at, err := time.Parse(time.RFC3339Nano, fmt.Sprint(e["time"]))
+		msg := fmt.Sprint(e["msg"])
+		if err != nil || at.Before(from.Add(-time.Millisecond)) || at.After(until.Add(time.Second)) ||
+			!slices.ContainsFunc(msgs, func(m string) bool { return strings.HasPrefix(msg, m) }) {
+			continue
+		}
+		fmt.Fprintf(&b, "  %6d  %s: %s", at.Sub(from).Milliseconds(), name, msg)
+		for _, k := range slices.Sorted(maps.Keys(e)) {
+			if !slices.Contains([]string{"time", "level", "msg", "group", "member", "topic", "bucket"}, k) {
+				fmt.Fprintf(&b, " %s=%v", k, e[k])
+			}
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
 }
 
 // produceWithKfn starts kfn produce, sending n orders (order i keyed by

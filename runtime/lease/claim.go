@@ -34,18 +34,19 @@ func (c *claim) stop(log *slog.Logger, cause error) {
 // succeeded within TTL-SafetyMargin.
 var errValidityRanOut = errors.New("lease validity ran out: no renewal succeeded for TTL-SafetyMargin")
 
-func (r *run) startClaim(ctx context.Context, l *Lease) {
+// startClaim runs the claim of a lease just acquired (in took).
+func (r *run) startClaim(ctx context.Context, l *Lease, took time.Duration) {
 	cctx, cancel := context.WithCancelCause(ctx)
 	c := &claim{item: l.Item, token: l.Token, cancel: cancel}
 	r.claims[l.Item] = c
-	r.log.Debug("claimed", "item", l.Item, "token", l.Token)
+	r.log.Debug("claimed", "item", l.Item, "token", l.Token, "took", took)
 	r.claimWG.Add(1)
 	go func() {
 		defer r.claimWG.Done()
-		early := r.hold(cctx, cancel, l)
+		end := r.hold(cctx, cancel, l)
 		cancel(nil)
 		select {
-		case r.finished <- claimEnd{item: l.Item, early: early}:
+		case r.finished <- end:
 		case <-r.stopped:
 		}
 	}()
@@ -53,10 +54,14 @@ func (r *run) startClaim(ctx context.Context, l *Lease) {
 
 // hold runs work on the claim, renews the lease until work returns, cancels
 // work's ctx if the lease is lost, and then releases a still valid lease. It
-// reports whether work returned before its ctx was cancelled.
-func (r *run) hold(ctx context.Context, cancel context.CancelCauseFunc, l *Lease) (early bool) {
+// reports how the claim ended: whether work returned before its ctx was
+// cancelled, and when it was asked to stop, returned and was released.
+func (r *run) hold(ctx context.Context, cancel context.CancelCauseFunc, l *Lease) (end claimEnd) {
 	log := r.log.With("item", l.Item, "token", l.Token)
 	cfg := r.cfg
+	end.item = l.Item
+	stopAsked := make(chan time.Time, 1)
+	defer context.AfterFunc(ctx, func() { stopAsked <- time.Now() })()
 
 	// The watchdog cancels work when the validity runs out, whatever the
 	// renewal loop is blocked on. Renewals only move validUntil forward; the
@@ -163,23 +168,34 @@ renew:
 			next.Reset(cfg.RenewEvery / 2)
 		}
 	}
-	early = ctx.Err() == nil
+	end.workReturned = time.Now()
+	end.early = ctx.Err() == nil
+	if !end.early {
+		// Noted by a goroutine of its own, maybe after work noticed.
+		end.stopAsked = minTime(<-stopAsked, end.workReturned)
+	}
 
 	mu.Lock()
 	release := !lost
 	mu.Unlock()
 	if !release || !l.Valid() {
 		log.Debug("claim ended; lease not released", "cause", context.Cause(ctx))
-		return early
+		return end
 	}
 	rctx, rcancel := context.WithTimeout(context.Background(), cfg.RenewEvery)
 	defer rcancel()
 	if err := r.m.store.Release(rctx, l); err != nil {
 		log.Warn("release lease", "err", err)
-		return early
+		return end
 	}
-	log.Debug("released", "cause", context.Cause(ctx))
-	return early
+	end.released = time.Now()
+	if end.early {
+		log.Debug("released", "cause", "work returned")
+	} else {
+		log.Debug("released", "cause", context.Cause(ctx),
+			"work_returned_after", end.workReturned.Sub(end.stopAsked), "released_after", end.released.Sub(end.stopAsked))
+	}
+	return end
 }
 
 // cancelAfterFreeze returns a context for the claim's work that is

@@ -229,7 +229,20 @@
 //     last heartbeat write has returned). Each moved claim finishes its
 //     batch under a lease that is still being renewed, and then releases
 //     it. The new owner acquires it within milliseconds (about 10–20 ms
-//     measured).
+//     measured). It acquires every lease it is now the target of at once,
+//     each in its own goroutine, and a freed lease with one write that
+//     expects the delete marker the watch showed (Create on a deleted key
+//     is three round trips); so a handoff costs about three round trips
+//     however many items move, where one acquire after another cost five
+//     per item (measured through a proxy holding each request 200 ms: 6
+//     items in 0.61 s, against 6.1 s one by one). A listing of the members
+//     that began before a departure (or a join) the watch has shown does
+//     not undo it: it would hand the items back to the member that left,
+//     and they would be taken again once the next listing dropped it (a
+//     clean stop's handoff measured at 1.36 s instead of about 0.1 s).
+//     Run logs the phases of its stop at Info ("lease manager stopped":
+//     left_after, work_returned_after, released_after, timed from the end
+//     of its ctx).
 //   - Seize (replay). The replay CLI's Put starts a new term with a larger
 //     token, which it writes to Postgres, and so fences the current owner.
 //     That owner's next renewal finds another term and its claim is lost.

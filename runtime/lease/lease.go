@@ -86,10 +86,12 @@ func (s *Store) newLease(group, item string, v leaseValue, rev uint64, sent time
 // Acquire starts a term on item for owner if nobody holds it. It returns
 // ErrHeld if the key exists.
 func (s *Store) Acquire(ctx context.Context, group, item, owner string) (*Lease, error) {
-	return s.acquire(ctx, group, item, owner, "")
+	return s.acquire(ctx, group, item, owner, "", 0)
 }
 
-func (s *Store) acquire(ctx context.Context, group, item, owner, instance string) (*Lease, error) {
+// acquire is Acquire for a Manager run (instance). freedAt, when not 0, is
+// the revision of the delete or expiry marker the watch showed for the key.
+func (s *Store) acquire(ctx context.Context, group, item, owner, instance string, freedAt uint64) (*Lease, error) {
 	key := leaseKey(group, item)
 	v := leaseValue{Owner: owner, AcquiredAt: time.Now().UTC(), Instance: instance}
 	data, err := json.Marshal(v)
@@ -100,7 +102,7 @@ func (s *Store) acquire(ctx context.Context, group, item, owner, instance string
 		return nil, fmt.Errorf("acquire lease %s: %w", key, err)
 	}
 	sent := time.Now()
-	rev, err := s.kv.Create(ctx, key, data)
+	rev, err := s.create(ctx, key, data, freedAt)
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		return nil, fmt.Errorf("acquire lease %s: %w", key, ErrHeld)
 	}
@@ -118,6 +120,21 @@ func (s *Store) acquire(ctx context.Context, group, item, owner, instance string
 		return nil, fmt.Errorf("acquire lease %s: %w", key, err)
 	}
 	return s.newLease(group, item, v, rev, sent), nil
+}
+
+// create writes key if it is absent or its latest entry is a delete or
+// expiry marker, as KeyValue.Create does. Create on a key that was deleted
+// (every lease handed off) is three round trips: a write expecting no
+// entry, a read of the marker, a write expecting the marker. With freedAt,
+// the marker's revision seen by the watch, one write expecting it does;
+// if it is not the key's latest entry any more, Create decides.
+func (s *Store) create(ctx context.Context, key string, data []byte, freedAt uint64) (uint64, error) {
+	if freedAt > 0 {
+		if rev, err := s.kv.Update(ctx, key, data, freedAt); err == nil {
+			return rev, nil
+		}
+	}
+	return s.kv.Create(ctx, key, data)
 }
 
 // reclaimOwn deletes the lease on item if its current term was written by

@@ -294,7 +294,7 @@ func TestReclaimOwnDeletesOnlyThisInstancesTerm(t *testing.T) {
 	ctx := testContext(t)
 	s := b.store
 
-	a, err := s.acquire(ctx, "g", "p", "A", "run-1")
+	a, err := s.acquire(ctx, "g", "p", "A", "run-1", 0)
 	if err != nil {
 		t.Fatalf("acquire: %v", err)
 	}
@@ -319,7 +319,7 @@ func TestReclaimOwnDeletesOnlyThisInstancesTerm(t *testing.T) {
 		t.Fatalf("reclaim of a free key = %v, %v; want nothing", ok, err)
 	}
 	// A term seized from the instance is not its own any more.
-	if _, err := s.acquire(ctx, "g", "q", "A", "run-1"); err != nil {
+	if _, err := s.acquire(ctx, "g", "q", "A", "run-1", 0); err != nil {
 		t.Fatalf("acquire q: %v", err)
 	}
 	if _, err := s.Seize(ctx, "g", "q", "replay-cli"); err != nil {

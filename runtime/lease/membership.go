@@ -103,8 +103,9 @@ const (
 
 // event is a change seen by the watch that the Manager reacts to.
 type event struct {
-	kind eventKind
-	name string // member ID or item
+	kind     eventKind
+	name     string // member ID or item
+	revision uint64 // of the entry: for leaseFree, the delete or expiry marker
 }
 
 // watchGroup watches the heartbeats and leases of group and returns the
@@ -163,7 +164,7 @@ func classify(group string, e jetstream.KeyValueEntry) (event, bool) {
 		return event{kind: memberUp, name: id}, true
 	}
 	if item, ok := splitLeaseKey(group, e.Key()); ok && gone {
-		return event{kind: leaseFree, name: item}, true
+		return event{kind: leaseFree, name: item, revision: e.Revision()}, true
 	}
 	return event{}, false
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -60,6 +61,20 @@ func (tr *tracker) owners() map[string]string {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	return maps.Clone(tr.running)
+}
+
+// ownsAll reports whether member runs work on all n items, and nobody else
+// on any.
+func (tr *tracker) ownsAll(member string, n int) bool {
+	owners := tr.owners()
+	return len(owners) == n && !slices.ContainsFunc(slices.Collect(maps.Values(owners)), func(o string) bool { return o != member })
+}
+
+// itemsOf is an items function listing n items.
+func itemsOf(n int) *itemList {
+	l := &itemList{}
+	l.set(names("orders/", n))
+	return l
 }
 
 func (tr *tracker) tokens() map[string]uint64 {
