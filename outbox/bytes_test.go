@@ -29,7 +29,7 @@ var binaryKeys = []string{
 func TestBuildMessageCarriesABinaryKeyInBase64(t *testing.T) {
 	t.Parallel()
 	for _, key := range append([]string{"plain-key", "é ✓"}, binaryKeys...) {
-		msg, _ := buildMessage(&relayRow{EventID: "id", Subject: "a.b", Type: "a.b", Key: key, Source: "fn"}, "S", CloudEventsSourcePrefix+"fn")
+		msg, _ := buildMessage(&relayRow{EventID: "id", Subject: "a.b", Type: "a.b", Key: key, Source: "fn"}, "S", CloudEventsSourcePrefix+"fn", nil)
 		text, b64 := msg.Header.Get(HeaderKey), msg.Header.Get(HeaderKeyBase64)
 		if ValidHeaderValue(key) {
 			if text != key || msg.Header.Get(HeaderSubject) != key || b64 != "" {

@@ -326,7 +326,7 @@ func (b *relayBench) naiveRelay(ctx context.Context, name string) (int, time.Dur
 			break
 		}
 		for i := range batch {
-			msg, _ := buildMessage(&batch[i], stream, CloudEventsSourcePrefix+batch[i].Source)
+			msg, _ := buildMessage(&batch[i], stream, CloudEventsSourcePrefix+batch[i].Source, nil)
 			if _, err := b.cfg.JetStream.PublishMsg(ctx, msg); err != nil {
 				return 0, 0, fmt.Errorf("naive relay: publish: %w", err)
 			}

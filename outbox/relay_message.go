@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"encoding/base64"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -53,11 +54,20 @@ var relayHeaders = map[string]bool{
 // CloudEventsSourcePrefix + row.Source (callers cache it). It returns the
 // names of stored headers it had to drop: those NATS headers cannot carry,
 // and those starting with "Nats-", which steer JetStream (rollups, TTLs,
-// expectations) and are the relay's alone.
-func buildMessage(row *relayRow, stream, source string) (*nats.Msg, []string) {
+// expectations) and are the relay's alone. With buf, the message, its
+// header map and its values are buf's, refilled (see messageBuf); with
+// nil, they are new.
+func buildMessage(row *relayRow, stream, source string, buf *messageBuf) (*nats.Msg, []string) {
+	if buf == nil {
+		buf = &messageBuf{}
+	}
 	// Every header has one value; they share one backing array.
-	values := make([]string, 0, len(row.Headers)+relayHeaderCount)
-	h := make(nats.Header, len(row.Headers)+relayHeaderCount)
+	values := slices.Grow(buf.values[:0], len(row.Headers)+relayHeaderCount)
+	h := buf.msg.Header
+	if h == nil {
+		h = make(nats.Header, len(row.Headers)+relayHeaderCount)
+	}
+	clear(h)
 	set := func(k, v string) {
 		values = append(values, v)
 		h[k] = values[len(values)-1 : len(values) : len(values)]
@@ -91,7 +101,20 @@ func buildMessage(row *relayRow, stream, source string) (*nats.Msg, []string) {
 	set(HeaderSourceOffset, strconv.FormatInt(row.SourceOffset, 10))
 	set(jetstream.MsgIDHeader, row.EventID)
 	set(jetstream.ExpectedStreamHeader, stream)
-	return &nats.Msg{Subject: row.Subject, Header: h, Data: row.Data}, dropped
+	buf.values = values
+	buf.msg = nats.Msg{Subject: row.Subject, Header: h, Data: row.Data}
+	return &buf.msg, dropped
+}
+
+// messageBuf is what buildMessage reuses from one message to the next. A
+// publish encodes the message before it returns, so the next message can
+// take its place, provided nothing keeps the message to send it again
+// later: the relay publishes with nats.go's own retries off
+// (jetstream.WithRetryAttempts(0)), and retries a failed publish itself,
+// with a message built anew.
+type messageBuf struct {
+	msg    nats.Msg
+	values []string
 }
 
 // relayHeaderCount is the most headers buildMessage sets itself.

@@ -50,6 +50,7 @@ type shardLoop struct {
 
 	batch   batchState
 	scratch readScratch
+	message messageBuf
 	// sources caches ce-source values by the emitting function's name.
 	sources map[string]string
 }
@@ -228,12 +229,12 @@ func (l *shardLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 				l.park(&b.queues[q], &rows[row], errors.New("the stream's subjects do not capture the event's subject"))
 				continue
 			}
-			msg, dropped := buildMessage(&rows[row], cfg.Stream, l.source(rows[row].Source))
+			msg, dropped := buildMessage(&rows[row], cfg.Stream, l.source(rows[row].Source), &l.message)
 			if len(dropped) > 0 {
 				l.log.Warn("dropped event headers NATS cannot carry", "event_id", rows[row].EventID, "headers", dropped)
 			}
 			span := l.startPublish(&rows[row], msg)
-			ack, err := cfg.JetStream.PublishMsgAsync(msg)
+			ack, err := cfg.JetStream.PublishMsgAsync(msg, noPublishRetries)
 			if err != nil {
 				endPublish(span, false, err)
 				failed(q, row, err)
@@ -321,6 +322,11 @@ func (l *shardLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 		}
 	}
 }
+
+// noPublishRetries turns off nats.go's resending of a message that found
+// no stream (after 250ms, twice): the loop reuses the message's memory
+// (messageBuf), and it retries failed publishes itself.
+var noPublishRetries = jetstream.WithRetryAttempts(0)
 
 // popFlight removes the oldest flight, which has been settled, and
 // returns it.

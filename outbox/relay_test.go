@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -510,7 +511,7 @@ func TestBuildMessageHeaders(t *testing.T) {
 			"bad name":    "v",             // cannot travel: dropped
 		},
 	}
-	msg, dropped := buildMessage(row, "S", CloudEventsSourcePrefix+row.Source)
+	msg, dropped := buildMessage(row, "S", CloudEventsSourcePrefix+row.Source, nil)
 	want := map[string]string{
 		"ce-specversion": "1.0", "ce-id": "id-1", "ce-type": "a.b.v1", "ce-source": "kfn/fn",
 		"ce-time": "2026-01-02T03:04:05.000006Z", "ce-subject": "k1", "kfn-key": "k1",
@@ -529,5 +530,16 @@ func TestBuildMessageHeaders(t *testing.T) {
 	slices.Sort(dropped)
 	if !slices.Equal(dropped, []string{"Nats-Rollup", "bad name", "x-bad"}) {
 		t.Errorf("dropped = %v", dropped)
+	}
+
+	// A reused buffer carries nothing of the message before: the next row,
+	// with a binary key and no headers of its own, gets only its own.
+	var buf messageBuf
+	buildMessage(row, "S", CloudEventsSourcePrefix+row.Source, &buf)
+	next := &relayRow{EventID: "id-2", Subject: "a.c", Type: "a.c", Key: "\x00k", Source: "fn2", Data: []byte("e")}
+	msg, _ = buildMessage(next, "S2", CloudEventsSourcePrefix+next.Source, &buf)
+	fresh, _ := buildMessage(next, "S2", CloudEventsSourcePrefix+next.Source, nil)
+	if msg.Subject != "a.c" || string(msg.Data) != "e" || !maps.EqualFunc(msg.Header, fresh.Header, slices.Equal) {
+		t.Errorf("message built in a reused buffer = %s %q %v, want %s %q %v", msg.Subject, msg.Data, msg.Header, fresh.Subject, fresh.Data, fresh.Header)
 	}
 }
