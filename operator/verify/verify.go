@@ -99,14 +99,17 @@ func Run(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, spec S
 		rep.Cut.Stream = &StreamCut{Name: spec.Stream, LastSeq: info.State.LastSeq}
 	}
 
+	if n := pool.Config().MaxConns; n < 4 {
+		return nil, specError("database-url", "it allows %d connections (pool_max_conns): the check reads its snapshot over 4", n)
+	}
 	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, fmt.Errorf("begin a read-only snapshot in Postgres: %w", err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // read-only
 	var at time.Time
-	var snapshot string
-	if err := tx.QueryRow(ctx, `SELECT now(), pg_current_snapshot()::text`).Scan(&at, &snapshot); err != nil {
+	var snapshot, exported string
+	if err := tx.QueryRow(ctx, `SELECT now(), pg_current_snapshot()::text, pg_export_snapshot()`).Scan(&at, &snapshot, &exported); err != nil {
 		return nil, fmt.Errorf("take a snapshot in Postgres: %w", err)
 	}
 	rep.Cut.Snapshot = fmt.Sprintf("one REPEATABLE READ snapshot taken at %s (%s)", at.UTC().Format(time.RFC3339Nano), snapshot)
@@ -130,6 +133,10 @@ func Run(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, spec S
 	}
 	defer klog.Close()
 	parts, err := readKafkaRanges(ctx, klog, spec.Topic, cursors)
+	var bad *SpecError
+	if err != nil && !errors.As(err, &bad) {
+		return nil, fmt.Errorf("Kafka at %v does not answer (check --kafka-brokers and its TLS and SASL settings): %w", spec.KafkaBrokers, err)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +164,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, spec S
 	}
 
 	w := &walk{spec: spec, rep: rep, klog: klog, eff: eff, hist: hist, events: events, started: time.Now(), lastProgress: time.Now()}
-	if err := w.run(ctx, tx, parts); err != nil {
+	if err := w.run(ctx, pool, exported, parts); err != nil {
 		return nil, err
 	}
 	if err := checkOutbox(ctx, tx, spec, &rep.Violations.Unpublished); err != nil {

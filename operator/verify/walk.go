@@ -7,29 +7,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kfn-dev/kfn/internal/engine"
 )
 
-// recordsSQL is what Postgres knows of each record of the function, one
-// row per offset in offset order: its inbox row (epoch, outcome), whether
-// it has a dead letter and how many effects the per-record effects query
-// found for it (%s: that query's rows, grouped).
-const recordsSQL = `
-WITH ib AS (SELECT partition AS p, "offset" AS o, epoch, outcome FROM kfn.inbox WHERE consumer = $1 AND topic = $2),
-     dl AS (SELECT DISTINCT partition AS p, "offset" AS o FROM kfn.dead_letters WHERE consumer = $1 AND topic = $2),
-     ef AS (%s)
-SELECT p, o, ib.epoch, ib.outcome = 'dead_lettered', dl.p IS NOT NULL, coalesce(ef.n, 0)
-  FROM ib FULL JOIN dl USING (p, o) FULL JOIN ef USING (p, o)
- ORDER BY p, o`
-
-const perRecordEffects = `SELECT source_partition::int AS p, source_offset::bigint AS o, count(*) AS n
-  FROM (%s) AS effects(source_topic, source_partition, source_offset) WHERE source_topic = $2 GROUP BY 1, 2`
-
-const noEffects = `SELECT NULL::int AS p, NULL::bigint AS o, 0::bigint AS n WHERE false`
-
-// pgRow is one row of recordsSQL.
+// pgRow is what Postgres holds for one offset (see records).
 type pgRow struct {
 	p       int32
 	o       int64
@@ -63,8 +46,9 @@ type keyCount struct {
 	seen bool
 }
 
-// walk merges, one partition at a time, the records Kafka holds with the
-// rows of recordsSQL and the function's events, all in offset order.
+// walk merges, one partition at a time, the records Kafka holds with what
+// Postgres holds for them (records) and the function's events, all in
+// offset order.
 type walk struct {
 	spec   Spec
 	rep    *Report
@@ -73,7 +57,7 @@ type walk struct {
 	hist   *history
 	events *streamEvents
 
-	rows   pgx.Rows
+	pg     *records
 	row    pgRow
 	rowOK  bool
 	rowErr error
@@ -94,20 +78,13 @@ type partState struct {
 	fence   *fence
 }
 
-func (w *walk) run(ctx context.Context, tx pgx.Tx, parts []kafkaPartition) error {
-	ef := noEffects
-	if w.eff.shape == shapePerRecord {
-		ef = fmt.Sprintf(perRecordEffects, w.eff.sql)
-	}
-	rows, err := tx.Query(ctx, fmt.Sprintf(recordsSQL, ef), w.spec.Function, w.spec.Topic)
+func (w *walk) run(ctx context.Context, pool *pgxpool.Pool, snapshot string, parts []kafkaPartition) error {
+	pg, err := openRecords(ctx, pool, snapshot, w.spec, w.eff)
 	if err != nil {
-		if w.eff.shape == shapePerRecord {
-			return specError("effects-sql", "the query's rows do not read as (source_topic text, source_partition int, source_offset bigint): %v", err)
-		}
-		return fmt.Errorf("read the inbox and dead letters of %s: %w", w.spec.Function, err)
+		return err
 	}
-	w.rows = rows
-	defer rows.Close()
+	w.pg = pg
+	defer pg.close(ctx)
 	if w.eff.shape == shapeKeyed {
 		w.keys = make(map[string]keyCount, len(w.eff.perKey))
 		for k, n := range w.eff.perKey {
@@ -159,16 +136,11 @@ func (w *walk) run(ctx context.Context, tx pgx.Tx, parts []kafkaPartition) error
 }
 
 func (w *walk) nextRow() {
-	if !w.rows.Next() {
-		w.rowOK, w.rowErr = false, w.rows.Err()
+	w.rowOK = w.pg.next(&w.row)
+	if !w.rowOK {
+		w.rowErr = w.pg.err()
 		return
 	}
-	w.row = pgRow{}
-	if err := w.rows.Scan(&w.row.p, &w.row.o, &w.row.epoch, &w.row.ibDead, &w.row.dead, &w.row.effects); err != nil {
-		w.rowOK, w.rowErr = false, err
-		return
-	}
-	w.rowOK = true
 	w.rep.Checked.Effects += w.row.effects
 }
 
