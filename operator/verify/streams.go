@@ -13,14 +13,16 @@ import (
 // of its own that reads the run's snapshot (SET TRANSACTION SNAPSHOT), so
 // that none needs a sort or a join of the whole range: the inbox comes in
 // its primary key's order, the dead letters in their unique key's, and
-// only the effects query's rows are grouped and sorted.
+// only the effects query's rows are sorted (by its own columns, so that an
+// index on them spares the sort), in memory up to effectsWorkMem.
 const (
 	inboxSQL = `SELECT partition, "offset", epoch, outcome = 'dead_lettered' FROM kfn.inbox
  WHERE consumer = $1 AND topic = $2 ORDER BY partition, "offset"`
 	deadLettersSQL = `SELECT DISTINCT partition, "offset" FROM kfn.dead_letters
  WHERE consumer = $1 AND topic = $2 ORDER BY partition, "offset"`
-	effectsSQL = `SELECT source_partition::int, source_offset::bigint, count(*) FROM (%s) AS effects(source_topic, source_partition, source_offset)
- WHERE source_topic = $1 GROUP BY 1, 2 ORDER BY 1, 2`
+	effectsSQL = `SELECT source_partition::int, source_offset::bigint FROM (%s) AS effects(source_topic, source_partition, source_offset)
+ WHERE source_topic = $1 ORDER BY source_partition, source_offset`
+	effectsWorkMem = `SET LOCAL work_mem = '64MB'`
 )
 
 // stream is one ordered query: its current row's position and values.
@@ -36,22 +38,33 @@ type stream struct {
 	err  error
 }
 
+// query is one stream's query: its settings (SET LOCAL statements), its
+// SQL and arguments, and where its columns after p and o go.
+type query struct {
+	settings []string
+	sql      string
+	args     []any
+	scan     []any
+}
+
 // openStream begins a read-only transaction on a connection of its own
-// that reads snapshot, and runs sql there.
-func openStream(ctx context.Context, pool *pgxpool.Pool, snapshot, name, sql string, args []any, scan ...any) (*stream, error) {
+// that reads snapshot, and runs q there.
+func openStream(ctx context.Context, pool *pgxpool.Pool, snapshot, name string, q query) (*stream, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
-	s := &stream{name: name, conn: conn, scan: scan}
+	s := &stream{name: name, conn: conn, scan: q.scan}
 	if s.tx, err = conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}); err == nil {
 		_, err = s.tx.Exec(ctx, `SET TRANSACTION SNAPSHOT '`+snapshot+`'`)
 	}
-	if err == nil {
-		_, err = s.tx.Exec(ctx, `SET LOCAL jit = off`)
+	for _, set := range append([]string{`SET LOCAL jit = off`}, q.settings...) {
+		if err == nil {
+			_, err = s.tx.Exec(ctx, set)
+		}
 	}
 	if err == nil {
-		s.rows, err = s.tx.Query(ctx, sql, args...)
+		s.rows, err = s.tx.Query(ctx, q.sql, q.args...)
 	}
 	if err != nil {
 		s.close(ctx)
@@ -94,22 +107,22 @@ type records struct {
 	inbox, dead, effects *stream
 	epoch                int64
 	ibDead               bool
-	n                    int64
 }
 
 func openRecords(ctx context.Context, pool *pgxpool.Pool, snapshot string, spec Spec, eff *effects) (*records, error) {
 	r := &records{}
 	var err error
 	args := []any{spec.Function, spec.Topic}
-	if r.inbox, err = openStream(ctx, pool, snapshot, "the inbox", inboxSQL, args, &r.epoch, &r.ibDead); err != nil {
+	if r.inbox, err = openStream(ctx, pool, snapshot, "the inbox", query{sql: inboxSQL, args: args, scan: []any{&r.epoch, &r.ibDead}}); err != nil {
 		return nil, fmt.Errorf("read the inbox of %s: %w", spec.Function, err)
 	}
-	if r.dead, err = openStream(ctx, pool, snapshot, "the dead letters", deadLettersSQL, args); err != nil {
+	if r.dead, err = openStream(ctx, pool, snapshot, "the dead letters", query{sql: deadLettersSQL, args: args}); err != nil {
 		r.close(ctx)
 		return nil, fmt.Errorf("read the dead letters of %s: %w", spec.Function, err)
 	}
 	if eff.shape == shapePerRecord {
-		if r.effects, err = openStream(ctx, pool, snapshot, "the effects", fmt.Sprintf(effectsSQL, eff.sql), []any{spec.Topic}, &r.n); err != nil {
+		if r.effects, err = openStream(ctx, pool, snapshot, "the effects",
+			query{settings: []string{effectsWorkMem}, sql: fmt.Sprintf(effectsSQL, eff.sql), args: []any{spec.Topic}}); err != nil {
 			r.close(ctx)
 			return nil, specError("effects-sql", "the query's rows do not read as (source_topic text, source_partition int, source_offset bigint): %v", err)
 		}
@@ -155,8 +168,8 @@ func (r *records) next(row *pgRow) bool {
 		row.dead = true
 		r.dead.next()
 	}
-	if r.effects != nil && r.effects.at(row.p, row.o) {
-		row.effects = r.n
+	for r.effects != nil && r.effects.at(row.p, row.o) {
+		row.effects++
 		r.effects.next()
 	}
 	return true
