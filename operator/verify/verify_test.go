@@ -205,6 +205,20 @@ func TestVerifyFindsInjectedViolations(t *testing.T) {
 			t.Error(bad)
 		}
 	})
+	t.Run("a re-executed record has one more effect", func(t *testing.T) {
+		d.exec(t, `INSERT INTO kfn.audit_log (actor, action, consumer, topic, partition, details)
+VALUES ('test', 'reexecute', $1, $2, 1, '{"from": 2, "to": 3, "previous_high_water": 20}')`, function, d.topic)
+		defer d.exec(t, `DELETE FROM kfn.audit_log WHERE action = 'reexecute'`)
+		d.exec(t, `INSERT INTO effects VALUES ($1, 1, 2)`, d.topic)
+		defer d.exec(t, `DELETE FROM effects WHERE ctid IN (SELECT ctid FROM effects WHERE source_partition = 1 AND source_offset = 2 OFFSET 1)`)
+		if bad := only(d.check(t, d.spec), "", 0, ""); bad != "" {
+			t.Errorf("a second effect of a re-executed record: %s", bad)
+		}
+		d.exec(t, `INSERT INTO effects VALUES ($1, 1, 2)`, d.topic)
+		if bad := only(d.check(t, d.spec), "duplicated", 1, "1@2 has 3 effects (re-executed 1 times)"); bad != "" {
+			t.Error(bad)
+		}
+	})
 	t.Run("a count too high per key is duplicated", func(t *testing.T) {
 		d.exec(t, `UPDATE counts SET revisions = revisions + 1 WHERE key = 'k2'`)
 		defer d.exec(t, `UPDATE counts SET revisions = revisions - 1 WHERE key = 'k2'`)

@@ -203,6 +203,9 @@ func (w *walk) record(ctx context.Context, s *partState, o int64, key []byte) {
 	w.rep.Checked.Records++
 	vs := &w.rep.Violations
 	dead := r.deadLettered()
+	// A re-execution applied the record again, on purpose: one more
+	// effect each is expected (a dead letter then applied is too).
+	redone := w.hist.reexecutions(s.id, o)
 	var applied bool
 	switch w.eff.shape {
 	case shapePerRecord:
@@ -210,13 +213,13 @@ func (w *walk) record(ctx context.Context, s *partState, o int64, key []byte) {
 		if r != nil {
 			n = r.effects
 		}
-		switch {
-		case dead && n > 0:
+		switch allowed := 1 + redone; {
+		case dead && n > 0 && redone == 0:
 			vs.Duplicated.addN(n, "%d@%d was dead-lettered and has %d effects", s.id, o, n)
 		case n == 0 && !dead:
 			vs.Lost.add("%d@%d has no effect and no dead letter (cursor %d)", s.id, o, s.bound)
-		case n > 1:
-			vs.Duplicated.addN(n-1, "%d@%d has %d effects", s.id, o, n)
+		case n > allowed:
+			vs.Duplicated.addN(n-allowed, "%d@%d has %d effects (re-executed %d times)", s.id, o, n, redone)
 		}
 		applied = !dead && n > 0
 	case shapeNone:
@@ -228,14 +231,14 @@ func (w *walk) record(ctx context.Context, s *partState, o int64, key []byte) {
 		applied = !dead
 		if applied {
 			c := w.keys[string(key)]
-			c.left--
+			c.left -= 1 + redone
 			c.seen = true
 			w.keys[string(key)] = c
 		}
 	case shapeTotal:
 		applied = !dead
 		if applied {
-			w.applied++
+			w.applied += 1 + redone
 		}
 	}
 	if r != nil && r.epoch != nil {
@@ -244,12 +247,12 @@ func (w *walk) record(ctx context.Context, s *partState, o int64, key []byte) {
 	// An event is expected of a record the function handled: its effect,
 	// or its inbox row when the effect is lost.
 	handled := applied || !dead && r != nil && r.epoch != nil
-	w.checkEvents(ctx, s.id, o, handled, dead, evs)
+	w.checkEvents(ctx, s.id, o, handled, dead, redone > 0, evs)
 	w.progress(s, o)
 }
 
 // checkEvents checks the events of one record, sorted by id hash.
-func (w *walk) checkEvents(ctx context.Context, p int32, o int64, handled, dead bool, evs []event) {
+func (w *walk) checkEvents(ctx context.Context, p int32, o int64, handled, dead, redone bool, evs []event) {
 	if len(evs) == 0 {
 		return
 	}
@@ -276,7 +279,7 @@ func (w *walk) checkEvents(ctx context.Context, p int32, o int64, handled, dead 
 		var v *Violation
 		var format string
 		switch {
-		case e.again:
+		case e.again && !redone: // a re-execution with --keep-event-ids publishes them again
 			v, format = &vs.Duplicated, "event %s for %d@%d is in the stream again (first at seq "+fmt.Sprint(evs[i-1].seq)+")"
 		case e.idx < 0 && derived:
 			v, format = &vs.Duplicated, "event %s is a second event for %d@%d, under an id kfn did not derive for it"
