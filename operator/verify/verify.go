@@ -126,6 +126,13 @@ func Run(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, spec S
 	if err != nil {
 		return nil, err
 	}
+	var parked int64
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM kfn.parked_keys WHERE consumer = $1 AND topic = $2`, spec.Function, spec.Topic).Scan(&parked); err != nil {
+		return nil, fmt.Errorf("read the parked keys of %s: %w", spec.Function, err)
+	}
+	if parked > 0 {
+		rep.Cut.Notes = append(rep.Cut.Notes, fmt.Sprintf("%d keys are parked: their later records are dead letters (reason key_parked) until the key is released, and count as dead-lettered here", parked))
+	}
 
 	klog, err := engine.OpenKafkaLog(spec.KafkaBrokers, spec.KafkaSecurity)
 	if err != nil {

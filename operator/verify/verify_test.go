@@ -235,6 +235,14 @@ VALUES ('test', 'reexecute', $1, $2, 1, '{"from": 2, "to": 3, "previous_high_wat
 			t.Error(bad)
 		}
 	})
+	t.Run("a parked key is stated in the cut", func(t *testing.T) {
+		d.exec(t, `INSERT INTO kfn.parked_keys (consumer, topic, partition, record_key, blocking_offset) VALUES ($1, $2, 0, 'k0', 10)`, function, d.topic)
+		defer d.exec(t, `DELETE FROM kfn.parked_keys`)
+		rep := d.check(t, d.spec)
+		if bad := only(rep, "", 0, ""); bad != "" || len(rep.Cut.Notes) != 1 || !strings.Contains(rep.Cut.Notes[0], "1 keys are parked") {
+			t.Errorf("%s; notes %q, want one saying 1 key is parked", bad, rep.Cut.Notes)
+		}
+	})
 	t.Run("an outbox row left behind is unpublished", func(t *testing.T) {
 		d.exec(t, `INSERT INTO kfn.outbox (event_id, subject, event_type, event_key, shard, data, source, source_topic, source_partition, source_offset, created_at)
 VALUES ('stuck-1', $1, $1, 'k1', 0, '', $2, $3, 0, 2, now() - interval '2 minutes')`, d.subject, function, d.topic)
