@@ -204,6 +204,14 @@ func readCursors(ctx context.Context, tx pgx.Tx, spec Spec) ([]cursor, error) {
 		return nil, fmt.Errorf("read the cursors of %s: %w", spec.Function, err)
 	}
 	if len(out) > 0 {
+		var subject bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM kfn.subject_lanes WHERE consumer = $1 AND subject = $2)
+    OR EXISTS (SELECT FROM kfn.event_inbox WHERE consumer = $1 AND subject = $2)`, spec.Function, spec.Topic).Scan(&subject); err != nil {
+			return nil, fmt.Errorf("read the cursors of %s: %w", spec.Function, err)
+		}
+		if subject {
+			return nil, specError("topic", "%s is the NATS subject of %q, a NATS-triggered function: kfn verify checks Kafka-triggered functions only", spec.Topic, spec.Function)
+		}
 		return out, nil
 	}
 	var topics []string

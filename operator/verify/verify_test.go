@@ -235,6 +235,15 @@ VALUES ('test', 'reexecute', $1, $2, 1, '{"from": 2, "to": 3, "previous_high_wat
 			t.Error(bad)
 		}
 	})
+	t.Run("a NATS-triggered function is refused", func(t *testing.T) {
+		d.exec(t, `INSERT INTO kfn.subject_lanes (consumer, subject, lanes, changed_at) VALUES ($1, $2, 1, now())`, function, d.topic)
+		defer d.exec(t, `DELETE FROM kfn.subject_lanes`)
+		_, err := verify.Run(ctx, d.db.Pool, d.js, d.spec)
+		var bad *verify.SpecError
+		if !errors.As(err, &bad) || bad.Flag != "topic" || !strings.Contains(err.Error(), "NATS-triggered") {
+			t.Errorf("verify of a NATS-triggered function: %v; want a --topic error saying it is NATS-triggered", err)
+		}
+	})
 	t.Run("a parked key is stated in the cut", func(t *testing.T) {
 		d.exec(t, `INSERT INTO kfn.parked_keys (consumer, topic, partition, record_key, blocking_offset) VALUES ($1, $2, 0, 'k0', 10)`, function, d.topic)
 		defer d.exec(t, `DELETE FROM kfn.parked_keys`)
