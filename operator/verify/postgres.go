@@ -144,6 +144,17 @@ func (h *history) reexecutions(p int32, o int64) int64 {
 	return n
 }
 
+// handledBefore is the highest high-water mark a re-execution lowered on
+// p: the records below it were handled before, whatever the cursor says
+// while the re-execution runs.
+func (h *history) handledBefore(p int32) int64 {
+	var high int64
+	for _, r := range h.kept[p] {
+		high = max(high, r[1])
+	}
+	return high
+}
+
 // keptByReexecution reports whether a re-execution left o handled under
 // the epoch that first committed it, below a later claim's position.
 func (h *history) keptByReexecution(p int32, o int64) bool {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/connect"
+	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/operator/verify"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
@@ -37,6 +38,9 @@ type deployment struct {
 	js      jetstream.JetStream
 	stream  jetstream.Stream
 	spec    verify.Spec
+	// start starts a worker of the function again; stop stops it.
+	start func() (stop func())
+	lease string
 }
 
 const function = "vfn"
@@ -86,15 +90,19 @@ CREATE TABLE IF NOT EXISTS counts (key text PRIMARY KEY, revisions int NOT NULL)
 	}
 	msgs[len(msgs)/2].Value = []byte("poison")
 	d.kafka.Produce(t, d.topic, msgs...)
-	w, err := runtime.NewWorker(ctx, runtime.Config{
-		KafkaBrokers: d.kafka.Brokers, DatabaseURL: d.db.URL, NATSURL: natsURL, WorkerID: "worker-1",
-		LeaseBucket: kfntest.Name(t, "leases"), EventStream: streamName, BatchWait: 5 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
-	}, fn)
-	if err != nil {
-		t.Fatal(err)
+	d.lease = kfntest.Name(t, "leases")
+	d.start = func() func() {
+		w, err := runtime.NewWorker(ctx, runtime.Config{
+			KafkaBrokers: d.kafka.Brokers, DatabaseURL: d.db.URL, NATSURL: natsURL, WorkerID: "worker-1",
+			LeaseBucket: d.lease, EventStream: streamName, BatchWait: 5 * time.Millisecond,
+			Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+		}, fn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kfntest.Background(t, "worker", w.Run)
 	}
-	stop := kfntest.Background(t, "worker", w.Run)
+	stop := d.start()
 	nc, js, err := connect.NATS(natsURL, t.Name())
 	if err != nil {
 		t.Fatal(err)
@@ -362,4 +370,32 @@ VALUES ('stuck-1', $1, $1, 'k1', 0, '', $2, $3, 0, 2, now() - interval '2 minute
 			t.Error(bad)
 		}
 	})
+}
+
+// A re-execution applies records again on purpose: their second effects,
+// their events under new ids and the epochs it leaves are no violation,
+// in each effects shape.
+func TestVerifyAcceptsAReexecution(t *testing.T) {
+	d := deploy(t, 40)
+	ctx := context.Background()
+	stop := d.start()
+	defer stop()
+	_, err := operator.Replay(ctx, d.db.Pool, d.js, operator.ReplayRequest{
+		Function: function, Topic: d.topic, Partition: 1, From: 2, To: 6, Reexecute: true, Reason: "test", Actor: "test", LeaseBucket: d.lease,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the re-executed records applied and their events relayed", func() bool {
+		var effects, outbox int
+		err := d.db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM effects), (SELECT count(*) FROM kfn.outbox)`).Scan(&effects, &outbox)
+		return err == nil && effects == 39+4 && outbox == 0
+	})
+	for _, sql := range []string{perRecord, perKey, ""} {
+		spec := d.spec
+		spec.EffectsSQL = sql
+		if bad := only(d.check(t, spec), "", 0, ""); bad != "" {
+			t.Errorf("after a re-execution, effects %q: %s", sql, bad)
+		}
+	}
 }

@@ -97,7 +97,7 @@ func (w *walk) run(ctx context.Context, pool *pgxpool.Pool, snapshot string, par
 		pc := PartitionCut{Partition: p.id, KafkaFirst: p.first, KafkaHigh: p.high, Cursor: -1, HighWater: -1}
 		epoch := int64(-1)
 		if p.cursor != nil {
-			s.bound, epoch = p.cursor.bound(), p.cursor.epoch
+			s.bound, epoch = max(p.cursor.bound(), w.hist.handledBefore(p.id)), p.cursor.epoch
 			pc.Cursor, pc.HighWater = p.cursor.next, p.cursor.high
 			if s.bound > p.high {
 				w.rep.Cut.Notes = append(w.rep.Cut.Notes, fmt.Sprintf("partition %d: the cursor %d is past Kafka's high watermark %d (was the topic recreated?)", p.id, s.bound, p.high))
