@@ -30,8 +30,10 @@ func seed(tb testing.TB, n int) *seeded {
 	s := &seeded{db: kfntest.Postgres(tb)}
 	k := kfntest.Kafka(tb)
 	s.topic = k.CreateTopic(tb, parts)
+	transport := &kafka.Transport{} // its own metadata cache: the shared default one may not know the new topic yet
+	defer transport.CloseIdleConnections()
 	w := &kafka.Writer{
-		Addr: kafka.TCP(k.Brokers...), Topic: s.topic, RequiredAcks: kafka.RequireOne,
+		Addr: kafka.TCP(k.Brokers...), Topic: s.topic, RequiredAcks: kafka.RequireOne, Transport: transport,
 		Balancer:  kafka.BalancerFunc(func(m kafka.Message, _ ...int) int { return m.Partition }),
 		BatchSize: 10000, BatchBytes: 16 << 20, BatchTimeout: time.Millisecond,
 	}
