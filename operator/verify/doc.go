@@ -11,12 +11,11 @@
 //     event for one record under an id kfn did not derive for it;
 //   - unexpected: an effect, inbox row or event whose record Kafka does not
 //     hold below the cursor, or which was dead-lettered;
-//   - fenced_but_committed: an inbox row committed by an epoch that never
-//     claimed the partition, or by an epoch older than one that had already
-//     committed a lower offset of the partition (the inbox keeps each row's
-//     epoch, not its commit order: a stale commit that no newer owner had
-//     overtaken yet looks like a clean handoff, and only a checker that
-//     records commit order, like the fault tests', can tell);
+//   - fenced_but_committed: an inbox row committed by an epoch older than
+//     a claim that had already found the partition's cursor at or below its
+//     offset (each claim's audit row records the cursor it found: from
+//     there on the partition was the newer epoch's), or by an epoch that
+//     never claimed the partition;
 //   - unpublished: an outbox row of the function older than a threshold;
 //   - out_of_order: two events of one key in the stream, in the order
 //     opposite to their records' offsets in one partition.
@@ -56,8 +55,10 @@
 // only within the inbox retention.
 //
 // Memory: the records, the inbox rows, the dead letters and per-record
-// effects are merged as ordered streams, one partition at a time. What is
-// held is one small entry per stream event of the function (its source,
-// a hash of its id), one per key for the counting shapes and the order
-// check, and the claim history.
+// effects are merged as ordered streams, one partition at a time; Postgres
+// reads them over one exported snapshot, on a connection each. What is
+// held is one small entry per stream event of the function (its source
+// record, hashes of its id and key; sorted by key for the order check,
+// then by record for the merge), one per key for the (key, count) shape,
+// and the audit history of the topic's partitions.
 package verify
