@@ -209,16 +209,19 @@ func (l *KafkaLog) OffsetRange(ctx context.Context, topic string, partition int3
 	return l.source.offsetRange(ctx, topic, partition)
 }
 
-// scanGap is how long Scan reads without getting a record before it
-// takes the rest of its range for offsets that hold no record (a
-// compacted log's gaps, transaction markers).
-const scanGap = 5 * time.Second
+// scanStall is how long Scan goes on asking for records that Kafka says
+// it holds (below the high watermark) and does not return, before it
+// gives up with an error.
+const scanStall = 30 * time.Second
 
 // Scan calls each with the offset and key of every record of the partition
 // in [from, to), in offset order; to must not exceed the high watermark.
-// Offsets that hold no record are not passed to each. It reads whole
-// fetch responses on one connection to the partition's leader (a
-// kafka.Reader's queue costs several times more per record).
+// Offsets that hold no record (a compacted log's gaps, transaction
+// markers) are not passed to each. It reads whole fetch responses on one
+// connection to the partition's leader (a kafka.Reader's queue costs
+// several times more per record). It never skips records silently: when
+// Kafka returns nothing from an offset below its high watermark for
+// scanStall, that is an error.
 func (l *KafkaLog) Scan(ctx context.Context, topic string, partition int32, from, to int64, each func(offset int64, key []byte) error) error {
 	if from >= to {
 		return nil
@@ -231,16 +234,16 @@ func (l *KafkaLog) Scan(ctx context.Context, topic string, partition int32, from
 	if _, err := conn.Seek(from, kafka.SeekAbsolute); err != nil {
 		return fmt.Errorf("read %s/%d from offset %d: %w", topic, partition, from, err)
 	}
-	lastRecord := time.Now()
+	progress := time.Now()
 	for from < to {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := conn.SetReadDeadline(time.Now().Add(scanGap + time.Second)); err != nil {
+		if err := conn.SetReadDeadline(time.Now().Add(scanStall)); err != nil {
 			return err
 		}
+		last := from
 		batch := conn.ReadBatchWith(kafka.ReadBatchConfig{MinBytes: 1, MaxBytes: 16 << 20, MaxWait: time.Second})
-		read := false
 		for from < to {
 			msg, err := batch.ReadMessage()
 			if err != nil {
@@ -254,15 +257,24 @@ func (l *KafkaLog) Scan(ctx context.Context, topic string, partition int32, from
 				batch.Close()
 				return err
 			}
-			from, read = msg.Offset+1, true
+			from = msg.Offset + 1
 		}
+		high := batch.HighWaterMark()
 		if err := batch.Close(); err != nil && !errors.Is(err, io.EOF) {
 			return fmt.Errorf("read %s/%d at offset %d: %w", topic, partition, from, kafkaconn.Explain(err, l.source.brokers, l.source.security))
 		}
-		if read {
-			lastRecord = time.Now()
-		} else if time.Since(lastRecord) > scanGap {
-			return nil // the rest of [from, to) holds no record
+		// The connection's offset has moved past what the batch held,
+		// records and markers alike.
+		if next, _ := conn.Offset(); next > from {
+			from = min(next, to)
+		}
+		switch {
+		case from >= to || from >= high:
+			return nil
+		case from > last:
+			progress = time.Now()
+		case time.Since(progress) > scanStall:
+			return fmt.Errorf("read %s/%d: Kafka returned no record from offset %d, below its high watermark %d, for %s", topic, partition, from, high, scanStall)
 		}
 	}
 	return nil

@@ -231,10 +231,13 @@ func (w *walk) record(ctx context.Context, s *partState, o int64, key []byte) {
 			vs.Lost.add("%d@%d has no inbox row and no dead letter (cursor %d)", s.id, o, s.bound)
 		}
 	case shapeKeyed:
+		// A record a re-execution dead-lettered keeps the effects it had.
 		applied = !dead
-		if applied {
+		if applied || redone > 0 {
 			c := w.keys[string(key)]
-			c.left--
+			if applied {
+				c.left--
+			}
 			c.slack += redone
 			c.seen = true
 			w.keys[string(key)] = c
@@ -243,8 +246,8 @@ func (w *walk) record(ctx context.Context, s *partState, o int64, key []byte) {
 		applied = !dead
 		if applied {
 			w.applied++
-			w.slack += redone
 		}
+		w.slack += redone
 	}
 	if r != nil && r.epoch != nil {
 		s.fence.check(o, *r.epoch, &vs.FencedButCommitted)
