@@ -27,7 +27,9 @@
 // SIGKILL, SIGSTOP/SIGCONT), a separate nats-server with NATSProcess, or a
 // cluster of them with clustered JetStream (NATSClusterProcesses).
 // StartSecureNATS runs a nats-server as production does: TLS with a CA the
-// test makes, and operator/account/user JWTs (its User writes .creds). On
+// test makes, and operator/account/user JWTs (its User writes .creds).
+// PostgresProxy puts a TCP proxy in front of Postgres that freezes a path
+// (every socket open, nothing forwarded) or cuts off COMMIT replies. On
 // Linux every child process dies with the test binary, even when
 // `go test -timeout` kills it.
 package kfntest
