@@ -29,7 +29,10 @@ INSERT INTO kfn.audit_log (actor, action, consumer, topic, partition, details) V
 // ActionClaim is the audit action of a partition claim. Its details hold
 // the claim's epoch (the fencing token), its owner and lsn, the WAL insert
 // position read inside the claim's transaction after it locked the
-// partition's cursor row (see auditClaim).
+// partition's cursor row (see auditClaim), and the cursor's next_offset
+// and high_water as the claim found them: from there on the partition is
+// the claimer's, so an inbox row at or above both with an older epoch was
+// committed by a fenced owner (kfn verify's fenced_but_committed).
 const ActionClaim = "claim"
 
 // auditClaim records, inside the claim's transaction tx, that owner claimed
@@ -45,12 +48,14 @@ const ActionClaim = "claim"
 // record is written before the later one can read the insert position, so a
 // position read under the lock is strictly greater in the later one: by
 // lsn, claims and fenced commits of one partition are in commit order.
-func auditClaim(ctx context.Context, tx pgx.Tx, p Partition, token int64, owner string) error {
+func auditClaim(ctx context.Context, tx pgx.Tx, p Partition, token int64, owner string, c Cursor) error {
 	var lsn string
 	if err := tx.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&lsn); err != nil {
 		return fmt.Errorf("audit claim of %s: read the WAL position: %w", p, err)
 	}
-	return writeAudit(ctx, tx, owner, ActionClaim, p, map[string]any{"epoch": token, "owner": owner, "lsn": lsn})
+	return writeAudit(ctx, tx, owner, ActionClaim, p, map[string]any{
+		"epoch": token, "owner": owner, "lsn": lsn, "next_offset": c.NextOffset, "high_water": c.HighWater,
+	})
 }
 
 // lockOwnedCursor reads and locks the partition's cursor inside tx, and

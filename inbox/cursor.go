@@ -109,7 +109,7 @@ func claimPartition(ctx context.Context, tx pgx.Tx, p Partition, token int64, ow
 	if err != nil {
 		return Cursor{}, fmt.Errorf("claim partition %s with token %d: %w", p, token, err)
 	}
-	if err := auditClaim(ctx, tx, p, token, owner); err != nil {
+	if err := auditClaim(ctx, tx, p, token, owner, c); err != nil {
 		return Cursor{}, err
 	}
 	return c, nil

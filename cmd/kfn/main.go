@@ -43,6 +43,7 @@ var commands = map[string]command{
 	"topic":   {"create, list and describe Kafka topics", runTopic},
 	"produce": {"send records to a topic, from flags or JSON lines", runProduce},
 	"tail":    {"print the events functions emit on a subject, as they arrive", runTail},
+	"verify":  {"check a function applied every record exactly once (read-only)", runVerify},
 	"new":     {"scaffold a function: handler, unit test, main, Containerfile, deploy/", runNew},
 }
 
@@ -50,6 +51,23 @@ var commands = map[string]command{
 type usageError struct{ msg string }
 
 func (e *usageError) Error() string { return e.msg }
+
+// exitError ends kfn with its own exit code, printing err when there is
+// one: kfn verify exits 1 when it found a violation (the report says
+// which) and 2 when it could not check.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit code %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func (e *exitError) Unwrap() error { return e.err }
 
 // commandError is the error of a subcommand with a name of more than one
 // word ("dlq discard"), so that its messages name it.
@@ -114,9 +132,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		name = cerr.command
 	}
 	var uerr *usageError
+	var xerr *exitError
 	switch {
 	case err == nil:
 		return 0
+	case errors.As(err, &xerr):
+		if xerr.err != nil {
+			fmt.Fprintf(stderr, "kfn %s: %v\n", name, explain(xerr.err))
+		}
+		return xerr.code
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.As(err, &uerr):

@@ -77,6 +77,7 @@ func TestSecretsAreNeverPrinted(t *testing.T) {
 		{"status, unreachable NATS with user:pass", []string{"status", "--database-url", withPassword(t, db.URL, pgPassword), "--nats-url", natsUser}, "cannot reach NATS at nats://alice:xxxxx@127.0.0.1:1"},
 		{"status, unreachable NATS with a token", []string{"status", "--database-url", withPassword(t, db.URL, pgPassword), "--nats-url", natsTok}, "cannot reach NATS at nats://xxxxx@127.0.0.1:1"},
 		{"tail, unreachable NATS with a token", []string{"tail", "--nats-url", natsTok, "x.>"}, "cannot reach NATS"},
+		{"verify, unreachable NATS with a token", []string{"verify", "--database-url", withPassword(t, db.URL, pgPassword), "--nats-url", natsTok, "--function", "f", "--topic", "t", "--kafka-brokers", "127.0.0.1:1"}, "cannot reach NATS"},
 		{"replay, unreachable NATS with user:pass", []string{"replay", "--database-url", asDSN(t, db.URL, dsnPassword), "--nats-url", natsUser, "--function", "f", "--topic", "t", "--partition", "0", "--from-offset", "0", "--kafka-brokers", "127.0.0.1:1"}, ""},
 	}
 	for _, tc := range cases {

@@ -176,3 +176,73 @@ func ReadRecord(ctx context.Context, brokers []string, security kafkaconn.Securi
 
 // RecordFromKafka is the Record a handler sees for a Kafka message.
 func RecordFromKafka(m kafka.Message) Record { return toRecord(m) }
+
+// KafkaLog reads a topic's records in offset order for the operator's
+// tools (kfn verify), over one connection setup that Close releases.
+type KafkaLog struct{ source *kafkaSource }
+
+// ErrTopicMissing means Kafka does not know the topic.
+var ErrTopicMissing = errTopicMissing
+
+// OpenKafkaLog connects to brokers with security's TLS and SASL.
+func OpenKafkaLog(brokers []string, security kafkaconn.Security) (*KafkaLog, error) {
+	source, err := newKafkaSource(brokers, security, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return nil, err
+	}
+	return &KafkaLog{source: source}, nil
+}
+
+// Close releases the log's idle connections.
+func (l *KafkaLog) Close() { l.source.close() }
+
+// Partitions lists the topic's partition ids in order; a topic Kafka does
+// not know is ErrTopicMissing.
+func (l *KafkaLog) Partitions(ctx context.Context, topic string) ([]int32, error) {
+	return l.source.partitions(ctx, topic)
+}
+
+// OffsetRange returns the first offset Kafka still holds in a partition
+// and its high watermark.
+func (l *KafkaLog) OffsetRange(ctx context.Context, topic string, partition int32) (first, high int64, err error) {
+	return l.source.offsetRange(ctx, topic, partition)
+}
+
+// scanGap is how long Scan waits for a next record before it takes the
+// rest of its range for offsets that hold no record (a compacted log's
+// gaps, transaction markers).
+const scanGap = 5 * time.Second
+
+// Scan calls each with the offset and key of every record of the partition
+// in [from, to), in offset order; to must not exceed the high watermark.
+// Offsets that hold no record are not passed to each.
+func (l *KafkaLog) Scan(ctx context.Context, topic string, partition int32, from, to int64, each func(offset int64, key []byte) error) error {
+	if from >= to {
+		return nil
+	}
+	reader, err := l.source.reader(topic, partition, from, 10000)
+	if err != nil {
+		return err
+	}
+	defer reader.Close()
+	for {
+		fetchCtx, cancel := context.WithTimeout(ctx, scanGap)
+		msg, err := reader.FetchMessage(fetchCtx)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
+			return nil // the rest of [from, to) holds no record
+		case err != nil:
+			return fmt.Errorf("read %s/%d from offset %d: %w", topic, partition, from, kafkaconn.Explain(err, l.source.brokers, l.source.security))
+		case msg.Offset >= to:
+			return nil
+		}
+		if err := each(msg.Offset, msg.Key); err != nil {
+			return err
+		}
+		if msg.Offset == to-1 {
+			return nil
+		}
+		from = msg.Offset + 1
+	}
+}

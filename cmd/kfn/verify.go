@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kfn-dev/kfn/internal/connect"
+	"github.com/kfn-dev/kfn/internal/settings"
+	"github.com/kfn-dev/kfn/operator/verify"
+)
+
+const verifyUsage = `usage: kfn verify --function F --topic T [--effects-sql SQL | --effects-sql-file FILE] [flags]
+
+Checks, read-only, that function F applied every record of Kafka topic T
+exactly once: every record Kafka holds below the function's cursors against
+kfn's inbox, dead letters and outbox, the function's events in the event
+stream (with --nats-url) and the business effects (with --effects-sql).
+It reports lost, duplicated, unexpected, fenced_but_committed, unpublished
+and out_of_order, each with a count and examples, and the consistent cut it
+read below. Exit code: 0 no violation, 1 at least one, 2 it could not check
+(a flag, the query, or a service that does not answer).
+
+--effects-sql returns one of three shapes, told apart by its columns:
+  (source_topic, source_partition, source_offset)  one row per applied record
+  (key, count)   how many records changed each Kafka record key
+  (count)        one total
+The counting shapes need Kafka to hold the topic from offset 0.
+
+examples:
+  kfn verify --function orders --topic orders --effects-sql 'SELECT order_id, revisions FROM orders'
+  kfn verify --function orders --topic orders --nats-url nats://localhost:4222 --json | jq .violations
+
+`
+
+func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("verify", stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), verifyUsage)
+		printFlags(fs.FlagSet)
+	}
+	dbURL := bind(fs, settings.DatabaseURL)
+	brokers := bind(fs, settings.KafkaBrokers)
+	sec := bindKafkaSecurity(fs)
+	nats := settings.NATSURL
+	nats.Usage += "; with it the function's events in the event stream are checked too"
+	natsURL := bind(fs, nats)
+	natsSec := bindNATSSecurity(fs)
+	stream := bind(fs, settings.EventStream)
+	function := fs.String("function", "", "the function to verify (required)")
+	topic := fs.String("topic", "", "its source Kafka topic (required)")
+	effectsSQL := fs.String("effects-sql", "", "`SQL` returning the business effects, in one of the shapes above (default: the inbox is the evidence)")
+	effectsFile := fs.String("effects-sql-file", "", "`file` holding --effects-sql")
+	unpublished := fs.Duration("unpublished-after", time.Minute, "an outbox row older than this counts as unpublished")
+	examples := fs.Int("examples", 5, "examples kept per kind of violation")
+	asJSON := fs.Bool("json", false, "print one JSON object for scripts")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	for _, err := range []error{requiredSetting(settings.DatabaseURL, *dbURL), required("function", *function), required("topic", *topic)} {
+		if err != nil {
+			return err
+		}
+	}
+	if len(*brokers) == 0 {
+		return &usageError{msg: fmt.Sprintf("--%s is required (or set %s): the records are read from Kafka", settings.KafkaBrokers.Flag, settings.KafkaBrokers.Env)}
+	}
+	if *effectsSQL != "" && *effectsFile != "" {
+		return &usageError{msg: "--effects-sql and --effects-sql-file exclude each other"}
+	}
+	if *effectsFile != "" {
+		b, err := os.ReadFile(*effectsFile)
+		if err != nil {
+			return &usageError{msg: fmt.Sprintf("--effects-sql-file: %v", err)}
+		}
+		*effectsSQL = string(b)
+	}
+	if *unpublished <= 0 {
+		return &usageError{msg: fmt.Sprintf("--unpublished-after %s must be positive, e.g. 1m", *unpublished)}
+	}
+	if *examples < 1 {
+		return &usageError{msg: "--examples must be 1 or more"}
+	}
+	rep, err := checkFunction(ctx, stderr, *dbURL, *natsURL, natsSec, verify.Spec{
+		Function: *function, Topic: *topic, EffectsSQL: *effectsSQL, UnpublishedAfter: *unpublished, Examples: *examples,
+		KafkaBrokers: *brokers, KafkaSecurity: *sec, Stream: *stream, Progress: stderr,
+	})
+	if err != nil {
+		var spec *verify.SpecError
+		var usage *usageError
+		switch {
+		case errors.As(err, &spec):
+			return &usageError{msg: spec.Error()}
+		case errors.As(err, &usage):
+			return err
+		}
+		return &exitError{code: 2, err: err}
+	}
+	if *asJSON {
+		err = writeJSON(stdout, rep)
+	} else {
+		err = rep.WriteTable(stdout)
+	}
+	if err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	if !rep.OK {
+		return &exitError{code: 1}
+	}
+	return nil
+}
+
+// checkFunction connects and runs the check.
+func checkFunction(ctx context.Context, stderr io.Writer, dbURL, natsURL string, natsSec *connect.NATSSecurity, spec verify.Spec) (*verify.Report, error) {
+	pool, err := connectPostgres(ctx, dbURL)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	var js jetstream.JetStream
+	if natsURL != "" {
+		var closeNATS func()
+		js, closeNATS, err = connectJetStream(natsURL, appName, natsSec)
+		if err != nil {
+			return nil, err
+		}
+		defer closeNATS()
+	} else {
+		fmt.Fprintf(stderr, "kfn verify: no --%s (%s): the events are not checked\n", settings.NATSURL.Flag, settings.NATSURL.Env)
+	}
+	return verify.Run(ctx, pool, js, spec)
+}

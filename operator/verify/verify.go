@@ -1,0 +1,247 @@
+package verify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/kafkaconn"
+)
+
+// Spec says what to verify and how.
+type Spec struct {
+	// Function is the function's name (its consumer in kfn's tables) and
+	// Topic its Kafka source topic.
+	Function string
+	Topic    string
+	// EffectsSQL is the user's effects query, in one of the shapes of the
+	// package comment; empty: the inbox is the evidence of an effect.
+	EffectsSQL string
+	// UnpublishedAfter is the age from which an outbox row counts as
+	// unpublished.
+	UnpublishedAfter time.Duration
+	// Examples bounds the examples kept per kind of violation.
+	Examples int
+	// KafkaBrokers and KafkaSecurity reach the source topic.
+	KafkaBrokers  []string
+	KafkaSecurity kafkaconn.Security
+	// Stream is the event stream the relay publishes to, read when Run is
+	// given a JetStream.
+	Stream string
+	// Progress, when set, gets a line every few seconds while records are
+	// read.
+	Progress io.Writer
+}
+
+// SpecError is a mistake in what was asked (an unknown function, an
+// effects query that fails or has no accepted shape); Flag names the
+// kfn verify flag to fix.
+type SpecError struct {
+	Flag string
+	Msg  string
+}
+
+func (e *SpecError) Error() string { return "--" + e.Flag + ": " + e.Msg }
+
+func specError(flag, format string, args ...any) error {
+	return &SpecError{Flag: flag, Msg: fmt.Sprintf(format, args...)}
+}
+
+// cursor is one partition's cursor row.
+type cursor struct {
+	partition  int32
+	next, high int64
+	generation int
+	epoch      int64
+}
+
+// bound is where the checked range of the partition ends: every record
+// below it was handled (see the package comment).
+func (c cursor) bound() int64 { return max(c.next, c.high) }
+
+// Run verifies spec's function against the deployment behind pool, Kafka
+// and, when js is not nil, the event stream. It changes nothing. A
+// returned error means the check could not run; the violations are in the
+// report.
+func Run(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, spec Spec) (*Report, error) {
+	start := time.Now()
+	if spec.Examples <= 0 {
+		spec.Examples = 5
+	}
+	rep := &Report{Function: spec.Function, Source: "kafka topic " + spec.Topic}
+	rep.Violations.init(spec.Examples)
+	rep.Cut.Partitions = []PartitionCut{}
+
+	// The stream's end first: every event up to it comes from a
+	// transaction the snapshot below sees.
+	var events *streamEvents
+	if js != nil {
+		stream, err := js.Stream(ctx, spec.Stream)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil, specError("event-stream", "JetStream has no stream %q: name the stream the relay publishes to (or leave out --nats-url to skip the events)", spec.Stream)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read the event stream %s: %w", spec.Stream, err)
+		}
+		info, err := stream.Info(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("read the event stream %s: %w", spec.Stream, err)
+		}
+		events = &streamEvents{stream: stream, lastSeq: info.State.LastSeq}
+		rep.Cut.Stream = &StreamCut{Name: spec.Stream, LastSeq: info.State.LastSeq}
+	}
+
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, fmt.Errorf("begin a read-only snapshot in Postgres: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // read-only
+	var at time.Time
+	var snapshot string
+	if err := tx.QueryRow(ctx, `SELECT now(), pg_current_snapshot()::text`).Scan(&at, &snapshot); err != nil {
+		return nil, fmt.Errorf("take a snapshot in Postgres: %w", err)
+	}
+	rep.Cut.Snapshot = fmt.Sprintf("one REPEATABLE READ snapshot taken at %s (%s)", at.UTC().Format(time.RFC3339Nano), snapshot)
+	cursors, err := readCursors(ctx, tx, spec)
+	if err != nil {
+		return nil, err
+	}
+	eff, err := probeEffects(ctx, tx, spec.EffectsSQL)
+	if err != nil {
+		return nil, err
+	}
+	rep.Cut.Effects = eff.describe()
+	hist, err := readHistory(ctx, tx, spec)
+	if err != nil {
+		return nil, err
+	}
+
+	klog, err := engine.OpenKafkaLog(spec.KafkaBrokers, spec.KafkaSecurity)
+	if err != nil {
+		return nil, err
+	}
+	defer klog.Close()
+	parts, err := readKafkaRanges(ctx, klog, spec.Topic, cursors)
+	if err != nil {
+		return nil, err
+	}
+	if eff.shape == shapeKeyed || eff.shape == shapeTotal {
+		for _, p := range parts {
+			if p.first > 0 {
+				return nil, specError("effects-sql", "the query returns counts, which are compared with every record since offset 0, but Kafka holds %s/%d only from offset %d: return one row per applied record (source_topic, source_partition, source_offset) instead",
+					spec.Topic, p.id, p.first)
+			}
+		}
+		if err := eff.readCounts(ctx, tx); err != nil {
+			return nil, err
+		}
+	}
+
+	if events != nil {
+		generations := map[int32]int{}
+		for _, c := range cursors {
+			generations[c.partition] = c.generation
+		}
+		if err := events.read(ctx, spec, generations, hist, &rep.Violations, spec.Progress); err != nil {
+			return nil, err
+		}
+		rep.Checked.Events = int64(len(events.list))
+	}
+
+	w := &walk{spec: spec, rep: rep, klog: klog, eff: eff, hist: hist, events: events, started: time.Now(), lastProgress: time.Now()}
+	if err := w.run(ctx, tx, parts); err != nil {
+		return nil, err
+	}
+	if err := checkOutbox(ctx, tx, spec, &rep.Violations.Unpublished); err != nil {
+		return nil, err
+	}
+	rep.Cut.Statement = fmt.Sprintf("the records of %s below each partition's cursor (the larger of next_offset and high_water) in the Postgres snapshot, from Kafka's first offset; records from the cursor on are pending", spec.Topic)
+	if events != nil {
+		rep.Cut.Statement += fmt.Sprintf("; the events of %s in stream %s up to sequence %d, read before the snapshot", spec.Function, spec.Stream, events.lastSeq)
+	}
+	rep.OK = rep.Violations.Total() == 0
+	rep.Seconds = time.Since(start).Seconds()
+	return rep, nil
+}
+
+// readCursors reads the function's cursors on the topic: no cursor at all
+// is an unknown function (or one that never ran), a mistake of --function
+// or --topic.
+func readCursors(ctx context.Context, tx pgx.Tx, spec Spec) ([]cursor, error) {
+	rows, err := tx.Query(ctx, `SELECT partition, next_offset, high_water, generation, epoch FROM kfn.cursors
+ WHERE consumer = $1 AND topic = $2 ORDER BY partition`, spec.Function, spec.Topic)
+	if err != nil {
+		return nil, fmt.Errorf("read the cursors of %s: %w", spec.Function, err)
+	}
+	var out []cursor
+	var c cursor
+	if _, err := pgx.ForEachRow(rows, []any{&c.partition, &c.next, &c.high, &c.generation, &c.epoch}, func() error {
+		out = append(out, c)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("read the cursors of %s: %w", spec.Function, err)
+	}
+	if len(out) > 0 {
+		return out, nil
+	}
+	var topics []string
+	if err := tx.QueryRow(ctx, `SELECT coalesce(array_agg(DISTINCT topic ORDER BY topic), '{}') FROM kfn.cursors WHERE consumer = $1`, spec.Function).Scan(&topics); err != nil {
+		return nil, fmt.Errorf("read the cursors of %s: %w", spec.Function, err)
+	}
+	if len(topics) > 0 {
+		return nil, specError("topic", "function %q has no cursor on topic %q; its sources are %v", spec.Function, spec.Topic, topics)
+	}
+	return nil, specError("function", "no function %q in this database: it has no cursor (no worker of it ever claimed a partition); `kfn status` lists the functions", spec.Function)
+}
+
+// kafkaPartition is one partition of the source: Kafka's range and the
+// function's cursor there (nil: none yet).
+type kafkaPartition struct {
+	id          int32
+	first, high int64
+	cursor      *cursor
+}
+
+// readKafkaRanges asks Kafka for the range of every partition of the topic
+// and of every partition that has a cursor.
+func readKafkaRanges(ctx context.Context, klog *engine.KafkaLog, topic string, cursors []cursor) ([]kafkaPartition, error) {
+	ids, err := klog.Partitions(ctx, topic)
+	if errors.Is(err, engine.ErrTopicMissing) {
+		return nil, specError("topic", "Kafka has no topic %q", topic)
+	}
+	if err != nil {
+		return nil, err
+	}
+	byID := map[int32]*kafkaPartition{}
+	var out []kafkaPartition
+	for _, id := range ids {
+		first, high, err := klog.OffsetRange(ctx, topic, id)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, kafkaPartition{id: id, first: first, high: high})
+	}
+	for i := range out {
+		byID[out[i].id] = &out[i]
+	}
+	var extra []kafkaPartition // partitions with a cursor that Kafka does not list
+	for i := range cursors {
+		c := &cursors[i]
+		if p, ok := byID[c.partition]; ok {
+			p.cursor = c
+			continue
+		}
+		extra = append(extra, kafkaPartition{id: c.partition, cursor: c})
+	}
+	out = append(out, extra...)
+	slices.SortFunc(out, func(a, b kafkaPartition) int { return int(a.id) - int(b.id) })
+	return out, nil
+}

@@ -1,0 +1,397 @@
+package verify
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kfn-dev/kfn/internal/engine"
+)
+
+// recordsSQL is what Postgres knows of each record of the function, one
+// row per offset in offset order: its inbox row (epoch, outcome), whether
+// it has a dead letter and how many effects the per-record effects query
+// found for it (%s: that query's rows, grouped).
+const recordsSQL = `
+WITH ib AS (SELECT partition AS p, "offset" AS o, epoch, outcome FROM kfn.inbox WHERE consumer = $1 AND topic = $2),
+     dl AS (SELECT DISTINCT partition AS p, "offset" AS o FROM kfn.dead_letters WHERE consumer = $1 AND topic = $2),
+     ef AS (%s)
+SELECT p, o, ib.epoch, ib.outcome = 'dead_lettered', dl.p IS NOT NULL, coalesce(ef.n, 0)
+  FROM ib FULL JOIN dl USING (p, o) FULL JOIN ef USING (p, o)
+ ORDER BY p, o`
+
+const perRecordEffects = `SELECT source_partition::int AS p, source_offset::bigint AS o, count(*) AS n
+  FROM (%s) AS effects(source_topic, source_partition, source_offset) WHERE source_topic = $2 GROUP BY 1, 2`
+
+const noEffects = `SELECT NULL::int AS p, NULL::bigint AS o, 0::bigint AS n WHERE false`
+
+// pgRow is one row of recordsSQL.
+type pgRow struct {
+	p       int32
+	o       int64
+	epoch   *int64 // nil: no inbox row
+	ibDead  *bool
+	dead    bool // a dead letter
+	effects int64
+}
+
+func (r *pgRow) deadLettered() bool { return r != nil && (r.dead || r.ibDead != nil && *r.ibDead) }
+
+// what says what Postgres holds for the record, for an example.
+func (r *pgRow) what() string {
+	var parts []string
+	if r.effects > 0 {
+		parts = append(parts, fmt.Sprintf("%d effects", r.effects))
+	}
+	if r.epoch != nil {
+		parts = append(parts, fmt.Sprintf("an inbox row (epoch %d)", *r.epoch))
+	}
+	if r.dead {
+		parts = append(parts, "a dead letter")
+	}
+	return strings.Join(parts, ", ")
+}
+
+// keyCount is a key's effects count minus the applied records of the key
+// seen so far, and whether Kafka had a record of the key.
+type keyCount struct {
+	left int64
+	seen bool
+}
+
+// walk merges, one partition at a time, the records Kafka holds with the
+// rows of recordsSQL and the function's events, all in offset order.
+type walk struct {
+	spec   Spec
+	rep    *Report
+	klog   *engine.KafkaLog
+	eff    *effects
+	hist   *history
+	events *streamEvents
+
+	rows   pgx.Rows
+	row    pgRow
+	rowOK  bool
+	rowErr error
+	ei     int // the next event of events.list
+
+	keys    map[string]keyCount // the keyed shape's
+	applied int64               // the total shape's
+
+	started, lastProgress time.Time
+	toCheck               int64
+}
+
+// partState is the partition being walked.
+type partState struct {
+	kafkaPartition
+	bound   int64 // the cursor (0 without one)
+	checkTo int64 // records in [first, checkTo) are checked
+	fence   *fence
+}
+
+func (w *walk) run(ctx context.Context, tx pgx.Tx, parts []kafkaPartition) error {
+	ef := noEffects
+	if w.eff.shape == shapePerRecord {
+		ef = fmt.Sprintf(perRecordEffects, w.eff.sql)
+	}
+	rows, err := tx.Query(ctx, fmt.Sprintf(recordsSQL, ef), w.spec.Function, w.spec.Topic)
+	if err != nil {
+		if w.eff.shape == shapePerRecord {
+			return specError("effects-sql", "the query's rows do not read as (source_topic text, source_partition int, source_offset bigint): %v", err)
+		}
+		return fmt.Errorf("read the inbox and dead letters of %s: %w", w.spec.Function, err)
+	}
+	w.rows = rows
+	defer rows.Close()
+	if w.eff.shape == shapeKeyed {
+		w.keys = make(map[string]keyCount, len(w.eff.perKey))
+		for k, n := range w.eff.perKey {
+			w.keys[k] = keyCount{left: n}
+		}
+	}
+	states := make([]*partState, len(parts))
+	for i, p := range parts {
+		s := &partState{kafkaPartition: p}
+		pc := PartitionCut{Partition: p.id, KafkaFirst: p.first, KafkaHigh: p.high, Cursor: -1, HighWater: -1}
+		epoch := int64(-1)
+		if p.cursor != nil {
+			s.bound, epoch = p.cursor.bound(), p.cursor.epoch
+			pc.Cursor, pc.HighWater = p.cursor.next, p.cursor.high
+			if s.bound > p.high {
+				w.rep.Cut.Notes = append(w.rep.Cut.Notes, fmt.Sprintf("partition %d: the cursor %d is past Kafka's high watermark %d (was the topic recreated?)", p.id, s.bound, p.high))
+			}
+		}
+		s.checkTo = max(p.first, min(s.bound, p.high))
+		s.fence = newFence(p.id, w.hist, epoch)
+		pc.CheckedBelow = s.checkTo
+		pc.Pending = max(0, p.high-max(s.bound, p.first))
+		w.rep.Cut.Partitions = append(w.rep.Cut.Partitions, pc)
+		w.toCheck += s.checkTo - p.first
+		states[i] = s
+	}
+	w.nextRow()
+	for _, s := range states {
+		w.orphansBefore(ctx, nil, s.id, math.MinInt64)
+		err := w.klog.Scan(ctx, w.spec.Topic, s.id, s.first, s.checkTo, func(o int64, key []byte) error {
+			w.record(ctx, s, o, key)
+			return w.rowErr
+		})
+		if err != nil {
+			return err
+		}
+		w.orphansBefore(ctx, s, s.id, math.MaxInt64)
+	}
+	w.orphansBefore(ctx, nil, math.MaxInt32, math.MaxInt64)
+	if w.rowErr != nil {
+		return fmt.Errorf("read the inbox and dead letters of %s: %w", w.spec.Function, w.rowErr)
+	}
+	w.finishCounts()
+	if w.eff.shape == shapePerRecord || w.eff.shape == shapeNone {
+		return nil
+	}
+	w.rep.Checked.Effects = w.eff.sum
+	return nil
+}
+
+func (w *walk) nextRow() {
+	if !w.rows.Next() {
+		w.rowOK, w.rowErr = false, w.rows.Err()
+		return
+	}
+	w.row = pgRow{}
+	if err := w.rows.Scan(&w.row.p, &w.row.o, &w.row.epoch, &w.row.ibDead, &w.row.dead, &w.row.effects); err != nil {
+		w.rowOK, w.rowErr = false, err
+		return
+	}
+	w.rowOK = true
+	w.rep.Checked.Effects += w.row.effects
+}
+
+// before reports whether (p, o) comes before (p2, o2).
+func before(p int32, o int64, p2 int32, o2 int64) bool { return p < p2 || p == p2 && o < o2 }
+
+// orphansBefore reports the rows and events before (p, o) that no record
+// Kafka holds below the cursor matched. s is their partition, or nil when
+// it is none of the topic's partitions with a record or a cursor.
+func (w *walk) orphansBefore(ctx context.Context, s *partState, p int32, o int64) {
+	vs := &w.rep.Violations
+	for w.rowOK && before(w.row.p, w.row.o, p, o) {
+		r := w.row
+		switch {
+		case s == nil:
+			vs.Unexpected.add("%d@%d has %s, but the topic has no partition %d with a cursor", r.p, r.o, r.what(), r.p)
+		case r.o < s.first:
+			// below what Kafka still holds: nothing to compare with
+		case r.o >= s.checkTo:
+			vs.Unexpected.add("%d@%d has %s, at or above the cursor %d", r.p, r.o, r.what(), s.bound)
+		default:
+			vs.Unexpected.add("%d@%d has %s, but Kafka holds no record there", r.p, r.o, r.what())
+		}
+		w.nextRow()
+	}
+	for w.events != nil && w.ei < len(w.events.list) {
+		e := w.events.list[w.ei]
+		if !before(e.p, e.o, p, o) {
+			break
+		}
+		w.ei++
+		if s != nil && e.o < s.first {
+			continue
+		}
+		if vs.Unexpected.room() {
+			vs.Unexpected.add("event %s for %d@%d, which has no record below the cursor", w.events.text(ctx, e), e.p, e.o)
+		} else {
+			vs.Unexpected.Count++
+		}
+	}
+}
+
+// record checks one record Kafka holds below the cursor.
+func (w *walk) record(ctx context.Context, s *partState, o int64, key []byte) {
+	w.orphansBefore(ctx, s, s.id, o)
+	var r *pgRow
+	if w.rowOK && w.row.p == s.id && w.row.o == o {
+		row := w.row
+		r = &row
+		w.nextRow()
+	}
+	var evs []event
+	if w.events != nil {
+		start := w.ei
+		for w.ei < len(w.events.list) && w.events.list[w.ei].p == s.id && w.events.list[w.ei].o == o {
+			w.ei++
+		}
+		evs = w.events.list[start:w.ei]
+	}
+	w.rep.Checked.Records++
+	vs := &w.rep.Violations
+	dead := r.deadLettered()
+	var applied bool
+	switch w.eff.shape {
+	case shapePerRecord:
+		var n int64
+		if r != nil {
+			n = r.effects
+		}
+		switch {
+		case dead && n > 0:
+			vs.Duplicated.addN(n, "%d@%d was dead-lettered and has %d effects", s.id, o, n)
+		case n == 0 && !dead:
+			vs.Lost.add("%d@%d has no effect and no dead letter (cursor %d)", s.id, o, s.bound)
+		case n > 1:
+			vs.Duplicated.addN(n-1, "%d@%d has %d effects", s.id, o, n)
+		}
+		applied = !dead && n > 0
+	case shapeNone:
+		applied = r != nil && r.epoch != nil && !dead
+		if !applied && !dead {
+			vs.Lost.add("%d@%d has no inbox row and no dead letter (cursor %d)", s.id, o, s.bound)
+		}
+	case shapeKeyed:
+		applied = !dead
+		if applied {
+			c := w.keys[string(key)]
+			c.left--
+			c.seen = true
+			w.keys[string(key)] = c
+		}
+	case shapeTotal:
+		applied = !dead
+		if applied {
+			w.applied++
+		}
+	}
+	if r != nil && r.epoch != nil {
+		s.fence.check(o, *r.epoch, &vs.FencedButCommitted)
+	}
+	// An event is expected of a record the function handled: its effect,
+	// or its inbox row when the effect is lost.
+	handled := applied || !dead && r != nil && r.epoch != nil
+	w.checkEvents(ctx, s.id, o, handled, dead, evs)
+	w.progress(s, o)
+}
+
+// checkEvents checks the events of one record, sorted by id hash.
+func (w *walk) checkEvents(ctx context.Context, p int32, o int64, handled, dead bool, evs []event) {
+	if len(evs) == 0 {
+		return
+	}
+	vs := &w.rep.Violations
+	if !handled {
+		why := "not applied"
+		if dead {
+			why = "dead-lettered"
+		}
+		for _, e := range evs {
+			if vs.Unexpected.room() {
+				vs.Unexpected.add("event %s for %d@%d, which was %s", w.events.text(ctx, e), p, o, why)
+			} else {
+				vs.Unexpected.Count++
+			}
+		}
+		return
+	}
+	derived := false
+	for _, e := range evs {
+		derived = derived || e.idx >= 0
+	}
+	for i, e := range evs {
+		var v *Violation
+		var format string
+		switch {
+		case e.again:
+			v, format = &vs.Duplicated, "event %s for %d@%d is in the stream again (first at seq "+fmt.Sprint(evs[i-1].seq)+")"
+		case e.idx < 0 && derived:
+			v, format = &vs.Duplicated, "event %s is a second event for %d@%d, under an id kfn did not derive for it"
+		case e.idx < 0:
+			v, format = &vs.Unexpected, "event %s claims to be for %d@%d, but kfn did not derive its id for that record"
+		default:
+			continue
+		}
+		if v.room() {
+			v.add(format, w.events.text(ctx, e), p, o)
+		} else {
+			v.Count++
+		}
+	}
+}
+
+// finishCounts compares the counting shapes' counts with the applied
+// records.
+func (w *walk) finishCounts() {
+	vs := &w.rep.Violations
+	switch w.eff.shape {
+	case shapeKeyed:
+		for k, c := range w.keys {
+			switch {
+			case !c.seen && c.left > 0:
+				vs.Unexpected.addN(c.left, "key %q has %d effects but no record in Kafka", k, c.left)
+			case !c.seen:
+			case c.left < 0:
+				vs.Lost.addN(-c.left, "key %q: %d applied records more than effects", k, -c.left)
+			case c.left > 0:
+				vs.Duplicated.addN(c.left, "key %q: %d effects more than applied records", k, c.left)
+			}
+		}
+	case shapeTotal:
+		switch d := w.eff.total - w.applied; {
+		case d < 0:
+			vs.Lost.addN(-d, "%d applied records, %d effects", w.applied, w.eff.total)
+		case d > 0:
+			vs.Duplicated.addN(d, "%d applied records, %d effects", w.applied, w.eff.total)
+		}
+	}
+}
+
+func (w *walk) progress(s *partState, o int64) {
+	if w.spec.Progress == nil || w.rep.Checked.Records%65536 != 0 || time.Since(w.lastProgress) < 2*time.Second {
+		return
+	}
+	w.lastProgress = time.Now()
+	n := w.rep.Checked.Records
+	fmt.Fprintf(w.spec.Progress, "kfn verify: %d of %d records checked (%d%%), partition %d at offset %d, %.0f records/s\n",
+		n, w.toCheck, 100*n/max(1, w.toCheck), s.id, o, float64(n)/time.Since(w.started).Seconds())
+}
+
+// fence checks the epochs of a partition's inbox rows, in offset order:
+// a row's epoch must have claimed the partition, and no claim by a newer
+// epoch may have found the cursor at or below the row (from that position
+// on the partition was the newer epoch's, so the older one committed the
+// row after it had been fenced).
+type fence struct {
+	p        int32
+	hist     *history
+	known    map[int64]bool
+	minKnown int64
+	claims   []claimAt // by position
+	next     int       // claims[:next] are at or below the current offset
+	newest   claimAt   // the newest of claims[:next]
+}
+
+func newFence(p int32, hist *history, cursorEpoch int64) *fence {
+	f := &fence{p: p, hist: hist, known: hist.epochs[p], minKnown: hist.minEpoch[p], claims: hist.claims[p]}
+	if len(f.known) > 0 && cursorEpoch >= 0 {
+		f.known[cursorEpoch] = true
+	}
+	return f
+}
+
+func (f *fence) check(o, epoch int64, v *Violation) {
+	for f.next < len(f.claims) && f.claims[f.next].position <= o {
+		if c := f.claims[f.next]; c.epoch > f.newest.epoch {
+			f.newest = c
+		}
+		f.next++
+	}
+	switch {
+	case len(f.known) > 0 && epoch > f.minKnown && !f.known[epoch]:
+		v.add("%d@%d was committed by epoch %d, which never claimed the partition", f.p, o, epoch)
+	case epoch < f.newest.epoch && !f.hist.keptByReexecution(f.p, o):
+		v.add("%d@%d was committed by epoch %d after epoch %d had claimed the partition from offset %d", f.p, o, epoch, f.newest.epoch, f.newest.position)
+	}
+}
