@@ -37,6 +37,7 @@ type KafkaCluster struct {
 
 	client    *kafka.Client
 	transport *kafka.Transport
+	replicas  int // the replication factor of CreateTopic's topics; 0 means 1
 }
 
 var kafkaOnce struct {
@@ -125,7 +126,7 @@ func describeBroker(brokers []string) (string, error) {
 }
 
 // CreateTopic creates a topic with a unique name and the given number of
-// partitions (replication factor 1), waits until every partition has a leader
+// partitions (replication factor 1; 3 on a KafkaProcessCluster), waits until every partition has a leader
 // and answers ListOffsets, and deletes the topic when the test ends.
 func (k *KafkaCluster) CreateTopic(t testing.TB, partitions int) string {
 	t.Helper()
@@ -144,7 +145,7 @@ func (k *KafkaCluster) CreateTopicNamed(t testing.TB, topic string, partitions i
 	ctx, cancel := context.WithTimeout(context.Background(), topicReadyTimeout)
 	defer cancel()
 	resp, err := k.client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
-		Topic: topic, NumPartitions: partitions, ReplicationFactor: 1,
+		Topic: topic, NumPartitions: partitions, ReplicationFactor: max(k.replicas, 1),
 	}}})
 	if err == nil {
 		err = resp.Errors[topic]
