@@ -49,6 +49,10 @@ func TestChaos(t *testing.T) {
 		t.Fatalf("--intensity (%v) and --duration (%v) must be positive", *intensity, *runFor)
 	}
 	slot := time.Duration(float64(time.Minute) / *intensity)
+	matrix, err := selectFaults(*only)
+	if err != nil {
+		t.Fatal(err)
+	}
 	s := newStack(t)
 	t.Logf("chaos: %s; Kafka: %s; every %s one fault, for %s; lease TTL %s, takeover bound %s",
 		s, s.kafka.description, slot, *runFor, leaseTTL, takeoverBound)
@@ -64,7 +68,7 @@ func TestChaos(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := &run{t: t, s: s, prod: newProducer(t, s.kafka.brokers, s.topic), prog: newProgress(s.pool), js: js}
-	for _, f := range faults {
+	for _, f := range matrix {
 		r.rows = append(r.rows, &row{Fault: f.name})
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -85,8 +89,8 @@ func TestChaos(t *testing.T) {
 	r.requireClean("the warm-up", before)
 
 	start := time.Now()
-	for i := 0; time.Since(start) < *runFor || i < len(faults); i++ {
-		f, rw := faults[i%len(faults)], r.rows[i%len(faults)]
+	for i := 0; time.Since(start) < *runFor || i < len(matrix); i++ {
+		f, rw := matrix[i%len(matrix)], r.rows[i%len(matrix)]
 		if f.skipped != nil {
 			if why := f.skipped(r); why != "" {
 				rw.Skipped = why
@@ -104,7 +108,7 @@ func TestChaos(t *testing.T) {
 	t.Logf("load: %d orders acked, %d writes failed (last: %v), %d poison records", acked, failed, lastErr, poisoned)
 	n, ackedBelow := r.prod.mark()
 	waitUntil(t, 2*time.Minute, "the chain to drain", func() (bool, string) {
-		return caughtUp(context.Background(), s.pool, n, ackedBelow)
+		return r.caughtUp(n, ackedBelow)
 	})
 	s.requireRunning(s.running()...)
 	final := r.verifyChain()
@@ -143,9 +147,9 @@ func (r *run) inject(f fault, rw *row, before counts) counts {
 	}
 
 	// The chain catches up with everything produced before the heal.
-	waitUntil(t, 2*time.Minute, "the chain to catch up after "+f.name, func() (bool, string) {
-		return caughtUp(context.Background(), r.s.pool, n, acked)
-	})
+	if !await(t, 2*time.Minute, "the chain to catch up after "+f.name, func() (bool, string) { return r.caughtUp(n, acked) }) {
+		t.Fatalf("the chain did not catch up after %s: %s", f.name, r.whereAreTheMissing(n))
+	}
 	rw.recoveries = append(rw.recoveries, time.Since(healed))
 	r.s.requireRunning(r.s.running()...)
 

@@ -4,7 +4,9 @@ package chaos_test
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"sync"
 	"time"
@@ -49,6 +51,27 @@ var faults = []fault{
 	{name: "relay SIGKILL", inject: killRelay},
 	{name: "replay while running", inject: replay},
 	{name: "poison record", inject: poison},
+}
+
+// selectFaults is the matrix, or its faults whose names match only.
+func selectFaults(only string) ([]fault, error) {
+	if only == "" {
+		return faults, nil
+	}
+	re, err := regexp.Compile(only)
+	if err != nil {
+		return nil, fmt.Errorf("--only %q: %w", only, err)
+	}
+	var sel []fault
+	for _, f := range faults {
+		if re.MatchString(f.name) {
+			sel = append(sel, f)
+		}
+	}
+	if len(sel) == 0 {
+		return nil, fmt.Errorf("--only %q matches no fault", only)
+	}
+	return sel, nil
 }
 
 // stage is the function a worker fault hits: orders and ledger in turn.
@@ -116,9 +139,17 @@ func brokerKillSkipped(r *run) string {
 	return r.s.kafka.noKill
 }
 
+// killBroker SIGKILLs the broker leading a partition of orders (each
+// injection the next partition) and starts it again after 3 lease TTLs:
+// the partition's leadership moves to an in-sync replica, and the workers'
+// readers and the producer follow it.
 func killBroker(r *run, n int) hit {
-	r.t.Fatalf("the broker-kill fault ran on %s", r.s.kafka.description)
-	return hit{}
+	p := n % partitions
+	h := r.everything()
+	id, at := r.s.kafka.killLeader(r.t, r.s.topic, p, 3*leaseTTL)
+	h.at = at
+	r.logf("SIGKILLed Kafka broker %d, the leader of partition %d, and started it again after %s", id, p, 3*leaseTTL)
+	return h
 }
 
 // natsLeader is the NATS server leading stream's raft group.
