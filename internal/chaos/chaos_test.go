@@ -81,7 +81,7 @@ func TestChaos(t *testing.T) {
 	// Warm up: every lane flows before the first fault.
 	waitUntil(t, 60*time.Second, "every lane to flow", func() (bool, string) {
 		s.requireRunning(s.running()...)
-		_, still := r.prog.takeovers(hit{at: time.Now().Add(-2 * time.Second), lanes: r.prog.owned(nil)})
+		_, still := r.prog.takeovers(hit{at: time.Now().Add(-2 * time.Second), lanes: r.prog.owned(nil)}, time.Now())
 		n := r.prog.lanes()
 		return n == partitions+ledgerLanes && len(still) == 0, fmt.Sprintf("%d lanes seen, still: %s", n, laneList(still))
 	})
@@ -131,7 +131,7 @@ func (r *run) inject(f fault, rw *row, before counts) counts {
 	var took map[lane]time.Duration
 	waitUntil(t, takeoverBound+30*time.Second, "every lane to flow again after "+f.name, func() (bool, string) {
 		var still []lane
-		took, still = r.prog.takeovers(h)
+		took, still = r.prog.takeovers(h, healed)
 		return len(still) == 0, "standing still: " + laneList(still)
 	})
 	var worst time.Duration
@@ -147,7 +147,7 @@ func (r *run) inject(f fault, rw *row, before counts) counts {
 	}
 
 	// The chain catches up with everything produced before the heal.
-	if !await(t, 2*time.Minute, "the chain to catch up after "+f.name, func() (bool, string) { return r.caughtUp(n, acked) }) {
+	if !kfntest.Await(t, 2*time.Minute, "the chain to catch up after "+f.name, func() (bool, string) { return r.caughtUp(n, acked) }) {
 		t.Fatalf("the chain did not catch up after %s: %s", f.name, r.whereAreTheMissing(n))
 	}
 	rw.recoveries = append(rw.recoveries, time.Since(healed))

@@ -239,36 +239,12 @@ func (s *stack) forget(p *proc) {
 	s.relays = del(s.relays)
 }
 
-// waitUntil polls cond until it holds and fails the test if it does not
-// within limit.
+// waitUntil polls cond until it holds (kfntest.Await) and stops the test
+// if it does not within limit.
 func waitUntil(t *testing.T, limit time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	if !await(t, limit, what, cond) {
+	if !kfntest.Await(t, limit, what, cond) {
 		t.FailNow()
-	}
-}
-
-// await polls cond every 100 ms until it holds, logging its reason every
-// 10 s; on timeout it reports the error with cond's last reason and
-// returns false.
-func await(t *testing.T, limit time.Duration, what string, cond func() (bool, string)) bool {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	lastLog := time.Now()
-	for {
-		ok, why := cond()
-		if ok {
-			return true
-		}
-		if time.Since(lastLog) >= 10*time.Second {
-			t.Logf("waiting for %s: %s", what, why)
-			lastLog = time.Now()
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("timed out after %s waiting for %s: %s", limit, what, why)
-			return false
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 

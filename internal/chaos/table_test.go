@@ -36,21 +36,12 @@ type row struct {
 	recoveries []time.Duration
 }
 
+// add counts n violations of kfn verify's kind.
 func (rw *row) add(kind string, n int64) {
-	switch kind {
-	case "lost":
-		rw.Lost += n
-	case "duplicated":
-		rw.Duplicated += n
-	case "out_of_order":
-		rw.OutOfOrder += n
-	case "fenced_but_committed":
-		rw.FencedButCommitted += n
-	case "unexpected":
-		rw.Unexpected += n
-	case "unpublished":
-		rw.Unpublished += n
-	}
+	*map[string]*int64{
+		"lost": &rw.Lost, "duplicated": &rw.Duplicated, "out_of_order": &rw.OutOfOrder,
+		"fenced_but_committed": &rw.FencedButCommitted, "unexpected": &rw.Unexpected, "unpublished": &rw.Unpublished,
+	}[kind] += n
 }
 
 // finish computes the row's figures from its measurements.

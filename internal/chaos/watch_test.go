@@ -111,9 +111,10 @@ func (p *progress) owned(workers []string) []lane {
 }
 
 // takeovers returns, for each of h's lanes, how long after h.at its
-// cursor first moved forward by an owner other than h.from, and the lanes
-// that have not moved so since.
-func (p *progress) takeovers(h hit) (map[lane]time.Duration, []lane) {
+// cursor first moved forward by an owner other than h.from (or by anyone
+// after healed: a paused or cut-off worker that is back may own its lanes
+// again), and the lanes that have not moved so since.
+func (p *progress) takeovers(h hit, healed time.Time) (map[lane]time.Duration, []lane) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	got := map[lane]time.Duration{}
@@ -121,7 +122,7 @@ func (p *progress) takeovers(h hit) (map[lane]time.Duration, []lane) {
 	for _, l := range h.lanes {
 		ms := p.moved[l]
 		i := sort.Search(len(ms), func(i int) bool { return ms[i].at.After(h.at) })
-		for i < len(ms) && slices.Contains(h.from, ms[i].owner) {
+		for i < len(ms) && !ms[i].at.After(healed) && slices.Contains(h.from, ms[i].owner) {
 			i++
 		}
 		if i == len(ms) {
