@@ -36,10 +36,10 @@ func startKafka(t *testing.T) *kafkaUnderTest {
 	k := kfntest.Kafka(t)
 	u := &kafkaUnderTest{brokers: k.Brokers, embedded: k,
 		description: "the embedded broker (" + why + "; one broker: the broker-kill fault is skipped)",
-		noKill:      "skipped: the embedded Kafka is one broker"}
+		noKill:      "skipped: one broker"}
 	if !k.Embedded {
 		u.description = "KFN_TEST_KAFKA_BROKERS " + k.Brokers[0] + " (" + why + "; not the run's to kill: the broker-kill fault is skipped)"
-		u.noKill = "skipped: KFN_TEST_KAFKA_BROKERS is not the run's to kill"
+		u.noKill = "skipped: not the run's brokers"
 	}
 	return u
 }
