@@ -249,5 +249,5 @@ func waitUntil(t *testing.T, limit time.Duration, what string, cond func() (bool
 }
 
 func (s *stack) String() string {
-	return fmt.Sprintf("Postgres %s, NATS %s, Kafka %s", s.pg.DataDir, s.natsURL, s.kafka.description)
+	return fmt.Sprintf("Postgres %s, NATS %s, Kafka %s", s.pg.DataDir, s.natsURL, strings.Join(s.kafka.brokers, ","))
 }

@@ -78,7 +78,7 @@ type counts struct {
 }
 
 // verifyChain runs kfn verify on orders and counts the ledger's orders
-// booked other than once (one debit and one credit each).
+// booked more often than orders changed them.
 func (r *run) verifyChain() counts {
 	r.t.Helper()
 	c := counts{violations: map[string]int64{}}
@@ -92,21 +92,23 @@ func (r *run) verifyChain() counts {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	rows, err := r.s.pool.Query(ctx, `SELECT order_id, count(*) FROM ledger_entries GROUP BY order_id HAVING count(*) <> 2 ORDER BY order_id`)
+	// Each orders record that changed an order (its revisions, which kfn
+	// verify checks against Kafka: a producer's retry may write an order
+	// twice) emits one event, booked as a debit and a credit.
+	rows, err := r.s.pool.Query(ctx, `SELECT o.order_id, o.revisions, count(*) FROM orders o JOIN ledger_entries l USING (order_id)
+		GROUP BY o.order_id, o.revisions HAVING count(*) > 2 * o.revisions ORDER BY o.order_id`)
 	if err != nil {
 		r.t.Fatalf("ledger bookings: %v", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var id string
-		var n int64
-		if err := rows.Scan(&id, &n); err != nil {
+		var revisions, n int64
+		if err := rows.Scan(&id, &revisions, &n); err != nil {
 			r.t.Fatal(err)
 		}
-		if n > 2 {
-			c.violations["duplicated"]++
-			c.examples = append(c.examples, fmt.Sprintf("ledger duplicated: order %s booked in %d entries, want 2", id, n))
-		}
+		c.violations["duplicated"]++
+		c.examples = append(c.examples, fmt.Sprintf("ledger duplicated: order %s (%d revisions) booked in %d entries, want %d", id, revisions, n, 2*revisions))
 	}
 	if err := rows.Err(); err != nil {
 		r.t.Fatal(err)
