@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kfn-dev/kfn/functions/ledger"
+	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 	"github.com/kfn-dev/kfn/runtime/lease"
 )
@@ -152,9 +153,10 @@ func killBroker(r *run, n int) hit {
 	return h
 }
 
-// natsLeader is the NATS server leading stream's raft group.
-func (r *run) natsLeader(stream string) *kfntest.NATSServer {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+// natsLeader is the NATS server leading stream's raft group; it waits up
+// to limit for the group to have a leader.
+func (r *run) natsLeader(stream string, limit time.Duration) *kfntest.NATSServer {
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	var leader string
 	for leader == "" {
@@ -183,7 +185,7 @@ func (r *run) natsLeader(stream string) *kfntest.NATSServer {
 const leaseStream = "KV_" + lease.DefaultBucket
 
 func killNATSNode(r *run, n int) hit {
-	s := r.natsLeader(leaseStream)
+	s := r.natsLeader(leaseStream, 10*time.Second)
 	h := r.everything()
 	s.Kill()
 	r.logf("SIGKILL nats-server %s, the leader of %s", s.Name, leaseStream)
@@ -213,7 +215,12 @@ func restartNATS(r *run, n int) hit {
 			r.t.Fatalf("start the NATS cluster again: %v", err)
 		}
 	}
-	r.logf("NATS cluster back")
+	// A lane can move once kfn's streams have leaders again: the heal.
+	back := time.Now()
+	for _, stream := range []string{leaseStream, runtime.DefaultStream} {
+		r.natsLeader(stream, time.Minute)
+	}
+	r.logf("NATS cluster back; %s and %s had leaders %s later", leaseStream, runtime.DefaultStream, time.Since(back).Round(time.Millisecond))
 	return r.everything()
 }
 
