@@ -48,12 +48,16 @@ func TestClaimPartitionOnlyAcceptsALargerToken(t *testing.T) {
 }
 
 // Every accepted claim leaves a "claim" row in the audit log, committed
-// with it: the epoch history the exactly-once checker reads. A refused
-// claim, or one whose transaction rolls back, leaves none.
+// with it: the epoch history the exactly-once checker and kfn verify read,
+// with the cursor the claim found. A refused claim, or one whose
+// transaction rolls back, leaves none.
 func TestClaimsAreAuditedWithTheirEpochAndWALPosition(t *testing.T) {
 	db := kfntest.Postgres(t)
 	ctx := context.Background()
 	if _, err := inbox.ClaimPartition(ctx, db.Pool, part, 10, "w1", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := inTx(t, db, func(tx pgx.Tx) error { return inbox.Advance(ctx, tx, part, 10, 0, 7) }); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := inbox.ClaimPartition(ctx, db.Pool, part, 9, "w0", 0); !errors.Is(err, inbox.ErrFenced) {
@@ -77,12 +81,14 @@ func TestClaimsAreAuditedWithTheirEpochAndWALPosition(t *testing.T) {
 		t.Fatal(err)
 	}
 	type claim struct {
-		Actor, Owner string
-		Epoch        int64
-		Before       bool // its lsn is before the current WAL position
+		Actor, Owner          string
+		Epoch                 int64
+		Before                bool // its lsn is before the current WAL position
+		NextOffset, HighWater int64
 	}
 	rows, err := db.Pool.Query(ctx, `
-SELECT actor, details->>'owner', (details->>'epoch')::bigint, (details->>'lsn')::pg_lsn < pg_current_wal_insert_lsn()
+SELECT actor, details->>'owner', (details->>'epoch')::bigint, (details->>'lsn')::pg_lsn < pg_current_wal_insert_lsn(),
+       (details->>'next_offset')::bigint, (details->>'high_water')::bigint
   FROM kfn.audit_log WHERE action = $1 AND consumer = $2 AND topic = $3 AND partition = $4 ORDER BY id`,
 		inbox.ActionClaim, part.Consumer, part.Topic, part.Partition)
 	if err != nil {
@@ -92,7 +98,7 @@ SELECT actor, details->>'owner', (details->>'epoch')::bigint, (details->>'lsn'):
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []claim{{"w1", "w1", 10, true}, {"w3", "w3", 12, true}}
+	want := []claim{{"w1", "w1", 10, true, 0, 0}, {"w3", "w3", 12, true, 7, 7}}
 	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
 		t.Errorf("claim audit rows = %+v, want %+v (the refused and the rolled-back claims leave none)", got, want)
 	}

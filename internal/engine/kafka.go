@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sort"
 	"time"
@@ -208,41 +209,75 @@ func (l *KafkaLog) OffsetRange(ctx context.Context, topic string, partition int3
 	return l.source.offsetRange(ctx, topic, partition)
 }
 
-// scanGap is how long Scan waits for a next record before it takes the
-// rest of its range for offsets that hold no record (a compacted log's
-// gaps, transaction markers).
+// scanGap is how long Scan reads without getting a record before it
+// takes the rest of its range for offsets that hold no record (a
+// compacted log's gaps, transaction markers).
 const scanGap = 5 * time.Second
 
 // Scan calls each with the offset and key of every record of the partition
 // in [from, to), in offset order; to must not exceed the high watermark.
-// Offsets that hold no record are not passed to each.
+// Offsets that hold no record are not passed to each. It reads whole
+// fetch responses on one connection to the partition's leader (a
+// kafka.Reader's queue costs several times more per record).
 func (l *KafkaLog) Scan(ctx context.Context, topic string, partition int32, from, to int64, each func(offset int64, key []byte) error) error {
 	if from >= to {
 		return nil
 	}
-	reader, err := l.source.reader(topic, partition, from, 10000)
+	conn, err := l.dialLeader(ctx, topic, partition)
 	if err != nil {
 		return err
 	}
-	defer reader.Close()
-	for {
-		fetchCtx, cancel := context.WithTimeout(ctx, scanGap)
-		msg, err := reader.FetchMessage(fetchCtx)
-		cancel()
-		switch {
-		case err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
-			return nil // the rest of [from, to) holds no record
-		case err != nil:
-			return fmt.Errorf("read %s/%d from offset %d: %w", topic, partition, from, kafkaconn.Explain(err, l.source.brokers, l.source.security))
-		case msg.Offset >= to:
-			return nil
-		}
-		if err := each(msg.Offset, msg.Key); err != nil {
+	defer conn.Close()
+	if _, err := conn.Seek(from, kafka.SeekAbsolute); err != nil {
+		return fmt.Errorf("read %s/%d from offset %d: %w", topic, partition, from, err)
+	}
+	lastRecord := time.Now()
+	for from < to {
+		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if msg.Offset == to-1 {
-			return nil
+		if err := conn.SetReadDeadline(time.Now().Add(scanGap + time.Second)); err != nil {
+			return err
 		}
-		from = msg.Offset + 1
+		batch := conn.ReadBatchWith(kafka.ReadBatchConfig{MinBytes: 1, MaxBytes: 16 << 20, MaxWait: time.Second})
+		read := false
+		for from < to {
+			msg, err := batch.ReadMessage()
+			if err != nil {
+				break
+			}
+			if msg.Offset >= to {
+				from = to
+				break
+			}
+			if err := each(msg.Offset, msg.Key); err != nil {
+				batch.Close()
+				return err
+			}
+			from, read = msg.Offset+1, true
+		}
+		if err := batch.Close(); err != nil && !errors.Is(err, io.EOF) {
+			return fmt.Errorf("read %s/%d at offset %d: %w", topic, partition, from, kafkaconn.Explain(err, l.source.brokers, l.source.security))
+		}
+		if read {
+			lastRecord = time.Now()
+		} else if time.Since(lastRecord) > scanGap {
+			return nil // the rest of [from, to) holds no record
+		}
 	}
+	return nil
+}
+
+// dialLeader connects to the leader of the partition, asking each broker
+// in turn where it is.
+func (l *KafkaLog) dialLeader(ctx context.Context, topic string, partition int32) (*kafka.Conn, error) {
+	var errs []error
+	for _, b := range l.source.brokers {
+		conn, err := l.source.dialer.DialLeader(ctx, "tcp", b, topic, int(partition))
+		if err == nil {
+			return conn, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, fmt.Errorf("connect to the leader of %s/%d: %w", topic, partition, kafkaconn.Explain(errors.Join(errs...), l.source.brokers, l.source.security))
 }

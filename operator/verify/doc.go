@@ -46,6 +46,11 @@
 //     number of applied records of each key;
 //   - (count): one total, compared with the number of applied records.
 //
+// A re-execution (kfn replay --reexecute, audited) applies its records
+// again on purpose: each one it covered may have one more effect, and its
+// events may be in the stream again. It lowers the high-water mark, but the
+// records below the old one stay checked.
+//
 // The counting shapes need Kafka to hold every record from offset 0. With
 // no query the inbox is the evidence of an applied record, which holds
 // only within the inbox retention.

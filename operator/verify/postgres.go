@@ -119,6 +119,7 @@ type history struct {
 	minEpoch map[int32]int64
 	claims   map[int32][]claimAt  // sorted by position
 	kept     map[int32][][2]int64 // [to, previous high water) of each re-execution
+	redone   map[int32][][2]int64 // [from, to) of each re-execution
 	retried  map[int32]map[int64]bool
 }
 
@@ -130,6 +131,29 @@ type claimAt struct {
 }
 
 func (h *history) wasRetried(p int32, o int64) bool { return h.retried[p][o] }
+
+// reexecutions counts the re-executions (kfn replay --reexecute, an
+// audited choice to apply records again) that applied o again.
+func (h *history) reexecutions(p int32, o int64) int64 {
+	var n int64
+	for _, r := range h.redone[p] {
+		if o >= r[0] && o < r[1] {
+			n++
+		}
+	}
+	return n
+}
+
+// handledBefore is the highest high-water mark a re-execution lowered on
+// p: the records below it were handled before, whatever the cursor says
+// while the re-execution runs.
+func (h *history) handledBefore(p int32) int64 {
+	var high int64
+	for _, r := range h.kept[p] {
+		high = max(high, r[1])
+	}
+	return high
+}
 
 // keptByReexecution reports whether a re-execution left o handled under
 // the epoch that first committed it, below a later claim's position.
@@ -144,19 +168,19 @@ func (h *history) keptByReexecution(p int32, o int64) bool {
 
 func readHistory(ctx context.Context, tx pgx.Tx, spec Spec) (*history, error) {
 	h := &history{epochs: map[int32]map[int64]bool{}, minEpoch: map[int32]int64{}, claims: map[int32][]claimAt{},
-		kept: map[int32][][2]int64{}, retried: map[int32]map[int64]bool{}}
+		kept: map[int32][][2]int64{}, redone: map[int32][][2]int64{}, retried: map[int32]map[int64]bool{}}
 	rows, err := tx.Query(ctx, `
-SELECT partition, action, (details->>'epoch')::bigint, (details->>'to')::bigint, (details->>'offset')::bigint,
+SELECT partition, action, (details->>'epoch')::bigint, (details->>'from')::bigint, (details->>'to')::bigint, (details->>'offset')::bigint,
        greatest((details->>'next_offset')::bigint, (details->>'high_water')::bigint), (details->>'previous_high_water')::bigint
   FROM kfn.audit_log
- WHERE consumer = $1 AND topic = $2 AND (details ? 'epoch' OR action = $3)`, spec.Function, spec.Topic, inbox.ActionRetryApplied)
+ WHERE consumer = $1 AND topic = $2 AND (details ? 'epoch' OR action IN ($3, 'reexecute'))`, spec.Function, spec.Topic, inbox.ActionRetryApplied)
 	if err != nil {
 		return nil, fmt.Errorf("read the audit log of %s: %w", spec.Function, err)
 	}
 	var p int32
 	var action string
-	var epoch, to, offset, position, previousHigh *int64
-	_, err = pgx.ForEachRow(rows, []any{&p, &action, &epoch, &to, &offset, &position, &previousHigh}, func() error {
+	var epoch, from, to, offset, position, previousHigh *int64
+	_, err = pgx.ForEachRow(rows, []any{&p, &action, &epoch, &from, &to, &offset, &position, &previousHigh}, func() error {
 		if epoch != nil {
 			if h.epochs[p] == nil {
 				h.epochs[p] = map[int64]bool{}
@@ -169,8 +193,9 @@ SELECT partition, action, (details->>'epoch')::bigint, (details->>'to')::bigint,
 		switch {
 		case action == inbox.ActionClaim && epoch != nil && position != nil:
 			h.claims[p] = append(h.claims[p], claimAt{epoch: *epoch, position: *position})
-		case action == "reexecute" && to != nil && previousHigh != nil:
+		case action == "reexecute" && from != nil && to != nil && previousHigh != nil:
 			h.kept[p] = append(h.kept[p], [2]int64{*to, *previousHigh})
+			h.redone[p] = append(h.redone[p], [2]int64{*from, *to})
 		case action == inbox.ActionRetryApplied && offset != nil:
 			if h.retried[p] == nil {
 				h.retried[p] = map[int64]bool{}

@@ -99,14 +99,17 @@ func Run(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, spec S
 		rep.Cut.Stream = &StreamCut{Name: spec.Stream, LastSeq: info.State.LastSeq}
 	}
 
+	if n := pool.Config().MaxConns; n < 4 {
+		return nil, specError("database-url", "it allows %d connections (pool_max_conns): the check reads its snapshot over 4", n)
+	}
 	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, fmt.Errorf("begin a read-only snapshot in Postgres: %w", err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // read-only
 	var at time.Time
-	var snapshot string
-	if err := tx.QueryRow(ctx, `SELECT now(), pg_current_snapshot()::text`).Scan(&at, &snapshot); err != nil {
+	var snapshot, exported string
+	if err := tx.QueryRow(ctx, `SELECT now(), pg_current_snapshot()::text, pg_export_snapshot()`).Scan(&at, &snapshot, &exported); err != nil {
 		return nil, fmt.Errorf("take a snapshot in Postgres: %w", err)
 	}
 	rep.Cut.Snapshot = fmt.Sprintf("one REPEATABLE READ snapshot taken at %s (%s)", at.UTC().Format(time.RFC3339Nano), snapshot)
@@ -123,6 +126,13 @@ func Run(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, spec S
 	if err != nil {
 		return nil, err
 	}
+	var parked int64
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM kfn.parked_keys WHERE consumer = $1 AND topic = $2`, spec.Function, spec.Topic).Scan(&parked); err != nil {
+		return nil, fmt.Errorf("read the parked keys of %s: %w", spec.Function, err)
+	}
+	if parked > 0 {
+		rep.Cut.Notes = append(rep.Cut.Notes, fmt.Sprintf("%d keys are parked: their later records are dead letters (reason key_parked) until the key is released, and count as dead-lettered here", parked))
+	}
 
 	klog, err := engine.OpenKafkaLog(spec.KafkaBrokers, spec.KafkaSecurity)
 	if err != nil {
@@ -130,6 +140,10 @@ func Run(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, spec S
 	}
 	defer klog.Close()
 	parts, err := readKafkaRanges(ctx, klog, spec.Topic, cursors)
+	var bad *SpecError
+	if err != nil && !errors.As(err, &bad) {
+		return nil, fmt.Errorf("Kafka at %v does not answer (check --kafka-brokers and its TLS and SASL settings): %w", spec.KafkaBrokers, err)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +171,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, spec S
 	}
 
 	w := &walk{spec: spec, rep: rep, klog: klog, eff: eff, hist: hist, events: events, started: time.Now(), lastProgress: time.Now()}
-	if err := w.run(ctx, tx, parts); err != nil {
+	if err := w.run(ctx, pool, exported, parts); err != nil {
 		return nil, err
 	}
 	if err := checkOutbox(ctx, tx, spec, &rep.Violations.Unpublished); err != nil {
@@ -190,6 +204,14 @@ func readCursors(ctx context.Context, tx pgx.Tx, spec Spec) ([]cursor, error) {
 		return nil, fmt.Errorf("read the cursors of %s: %w", spec.Function, err)
 	}
 	if len(out) > 0 {
+		var subject bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM kfn.subject_lanes WHERE consumer = $1 AND subject = $2)
+    OR EXISTS (SELECT FROM kfn.event_inbox WHERE consumer = $1 AND subject = $2)`, spec.Function, spec.Topic).Scan(&subject); err != nil {
+			return nil, fmt.Errorf("read the cursors of %s: %w", spec.Function, err)
+		}
+		if subject {
+			return nil, specError("topic", "%s is the NATS subject of %q, a NATS-triggered function: kfn verify checks Kafka-triggered functions only", spec.Topic, spec.Function)
+		}
 		return out, nil
 	}
 	var topics []string

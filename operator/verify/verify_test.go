@@ -17,6 +17,7 @@ import (
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/connect"
+	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/operator/verify"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
@@ -37,6 +38,9 @@ type deployment struct {
 	js      jetstream.JetStream
 	stream  jetstream.Stream
 	spec    verify.Spec
+	// start starts a worker of the function again; stop stops it.
+	start func() (stop func())
+	lease string
 }
 
 const function = "vfn"
@@ -86,15 +90,20 @@ CREATE TABLE IF NOT EXISTS counts (key text PRIMARY KEY, revisions int NOT NULL)
 	}
 	msgs[len(msgs)/2].Value = []byte("poison")
 	d.kafka.Produce(t, d.topic, msgs...)
-	w, err := runtime.NewWorker(ctx, runtime.Config{
-		KafkaBrokers: d.kafka.Brokers, DatabaseURL: d.db.URL, NATSURL: natsURL, WorkerID: "worker-1",
-		LeaseBucket: kfntest.Name(t, "leases"), EventStream: streamName, BatchWait: 5 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
-	}, fn)
-	if err != nil {
-		t.Fatal(err)
+	d.lease = kfntest.Name(t, "leases")
+	d.start = func() func() {
+		w, err := runtime.NewWorker(ctx, runtime.Config{
+			KafkaBrokers: d.kafka.Brokers, DatabaseURL: d.db.URL, NATSURL: natsURL, WorkerID: "worker-1",
+			LeaseBucket: d.lease, EventStream: streamName, BatchWait: 5 * time.Millisecond,
+			LeaseTTL: 2 * time.Second, LeaseRenew: 500 * time.Millisecond, // a restarted worker takes its partitions back soon
+			Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+		}, fn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kfntest.Background(t, "worker", w.Run)
 	}
-	stop := kfntest.Background(t, "worker", w.Run)
+	stop := d.start()
 	nc, js, err := connect.NATS(natsURL, t.Name())
 	if err != nil {
 		t.Fatal(err)
@@ -205,12 +214,26 @@ func TestVerifyFindsInjectedViolations(t *testing.T) {
 			t.Error(bad)
 		}
 	})
+	t.Run("a re-executed record has one more effect", func(t *testing.T) {
+		d.exec(t, `INSERT INTO kfn.audit_log (actor, action, consumer, topic, partition, details)
+VALUES ('test', 'reexecute', $1, $2, 1, '{"from": 2, "to": 3, "previous_high_water": 20}')`, function, d.topic)
+		defer d.exec(t, `DELETE FROM kfn.audit_log WHERE action = 'reexecute'`)
+		d.exec(t, `INSERT INTO effects VALUES ($1, 1, 2)`, d.topic)
+		defer d.exec(t, `DELETE FROM effects WHERE ctid IN (SELECT ctid FROM effects WHERE source_partition = 1 AND source_offset = 2 OFFSET 1)`)
+		if bad := only(d.check(t, d.spec), "", 0, ""); bad != "" {
+			t.Errorf("a second effect of a re-executed record: %s", bad)
+		}
+		d.exec(t, `INSERT INTO effects VALUES ($1, 1, 2)`, d.topic)
+		if bad := only(d.check(t, d.spec), "duplicated", 1, "1@2 has 3 effects (re-executed 1 times)"); bad != "" {
+			t.Error(bad)
+		}
+	})
 	t.Run("a count too high per key is duplicated", func(t *testing.T) {
 		d.exec(t, `UPDATE counts SET revisions = revisions + 1 WHERE key = 'k2'`)
 		defer d.exec(t, `UPDATE counts SET revisions = revisions - 1 WHERE key = 'k2'`)
 		spec := d.spec
 		spec.EffectsSQL = perKey
-		if bad := only(d.check(t, spec), "duplicated", 1, `key "k2": 1 effects more`); bad != "" {
+		if bad := only(d.check(t, spec), "duplicated", 1, `key "k2": 1 effects more than applied records`); bad != "" {
 			t.Error(bad)
 		}
 	})
@@ -219,6 +242,23 @@ func TestVerifyFindsInjectedViolations(t *testing.T) {
 		defer d.exec(t, `DELETE FROM effects WHERE source_offset = 500`)
 		if bad := only(d.check(t, d.spec), "unexpected", 1, "1@500 has 1 effects, at or above the cursor"); bad != "" {
 			t.Error(bad)
+		}
+	})
+	t.Run("a NATS-triggered function is refused", func(t *testing.T) {
+		d.exec(t, `INSERT INTO kfn.subject_lanes (consumer, subject, lanes, changed_at) VALUES ($1, $2, 1, now())`, function, d.topic)
+		defer d.exec(t, `DELETE FROM kfn.subject_lanes`)
+		_, err := verify.Run(ctx, d.db.Pool, d.js, d.spec)
+		var bad *verify.SpecError
+		if !errors.As(err, &bad) || bad.Flag != "topic" || !strings.Contains(err.Error(), "NATS-triggered") {
+			t.Errorf("verify of a NATS-triggered function: %v; want a --topic error saying it is NATS-triggered", err)
+		}
+	})
+	t.Run("a parked key is stated in the cut", func(t *testing.T) {
+		d.exec(t, `INSERT INTO kfn.parked_keys (consumer, topic, partition, record_key, blocking_offset) VALUES ($1, $2, 0, 'k0', 10)`, function, d.topic)
+		defer d.exec(t, `DELETE FROM kfn.parked_keys`)
+		rep := d.check(t, d.spec)
+		if bad := only(rep, "", 0, ""); bad != "" || len(rep.Cut.Notes) != 1 || !strings.Contains(rep.Cut.Notes[0], "1 keys are parked") {
+			t.Errorf("%s; notes %q, want one saying 1 key is parked", bad, rep.Cut.Notes)
 		}
 	})
 	t.Run("an outbox row left behind is unpublished", func(t *testing.T) {
@@ -331,4 +371,79 @@ VALUES ('stuck-1', $1, $1, 'k1', 0, '', $2, $3, 0, 2, now() - interval '2 minute
 			t.Error(bad)
 		}
 	})
+}
+
+// A re-execution applies records again on purpose: their second effects,
+// their events under new ids and the epochs it leaves are no violation,
+// in each effects shape.
+func TestVerifyAcceptsAReexecution(t *testing.T) {
+	d := deploy(t, 40)
+	ctx := context.Background()
+	stop := d.start()
+	defer stop()
+	_, err := operator.Replay(ctx, d.db.Pool, d.js, operator.ReplayRequest{
+		Function: function, Topic: d.topic, Partition: 1, From: 2, To: 6, Reexecute: true, Reason: "test", Actor: "test", LeaseBucket: d.lease,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// While the worker applies them again, and after.
+	shapes := []string{perRecord, perKey, `SELECT sum(revisions) FROM counts`, ""}
+	for _, sql := range shapes {
+		spec := d.spec
+		spec.EffectsSQL = sql
+		if bad := only(d.check(t, spec), "", 0, ""); bad != "" {
+			t.Errorf("during a re-execution, effects %q: %s", sql, bad)
+		}
+	}
+	waitFor(t, "the re-executed records applied and their events relayed", func() bool {
+		var effects, outbox int
+		err := d.db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM effects), (SELECT count(*) FROM kfn.outbox)`).Scan(&effects, &outbox)
+		return err == nil && effects == 39+4 && outbox == 0
+	})
+	for _, sql := range shapes {
+		spec := d.spec
+		spec.EffectsSQL = sql
+		if bad := only(d.check(t, spec), "", 0, ""); bad != "" {
+			t.Errorf("after a re-execution, effects %q: %s", sql, bad)
+		}
+	}
+}
+
+// Under load (records produced between the checks and the worker applying
+// them all along), every check reads below its consistent cut and finds no
+// violation.
+func TestVerifyIsExactUnderLoad(t *testing.T) {
+	d := deploy(t, 40)
+	stop := d.start()
+	defer stop()
+	handled := func() int {
+		var n int
+		if d.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM kfn.inbox`).Scan(&n) != nil {
+			return -1
+		}
+		return n
+	}
+	var checked []int64
+	for round := range 8 {
+		if round == 1 {
+			waitFor(t, "the worker to take the partitions again", func() bool { return handled() > 40 })
+		}
+		msgs := make([]kafka.Message, 50)
+		for i := range msgs {
+			msgs[i] = kafka.Message{Partition: i % 2, Key: []byte(fmt.Sprintf("k%d", i%5)), Value: []byte(fmt.Sprintf("more-%d-%d", round, i))}
+		}
+		d.kafka.Produce(t, d.topic, msgs...)
+		rep := d.check(t, d.spec)
+		if bad := only(rep, "", 0, ""); bad != "" {
+			t.Errorf("under load: %s; cut %+v", bad, rep.Cut)
+		}
+		checked = append(checked, rep.Checked.Records)
+	}
+	waitFor(t, "the worker to apply every record", func() bool { return handled() == 40+8*50 })
+	rep := d.check(t, d.spec)
+	if bad := only(rep, "", 0, ""); bad != "" || rep.Checked.Records != 40+8*50 {
+		t.Errorf("once the worker caught up: %s; %d records checked, want %d", bad, rep.Checked.Records, 40+8*50)
+	}
+	t.Logf("records checked per run %v, 50 more produced before each", checked)
 }

@@ -7,29 +7,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kfn-dev/kfn/internal/engine"
 )
 
-// recordsSQL is what Postgres knows of each record of the function, one
-// row per offset in offset order: its inbox row (epoch, outcome), whether
-// it has a dead letter and how many effects the per-record effects query
-// found for it (%s: that query's rows, grouped).
-const recordsSQL = `
-WITH ib AS (SELECT partition AS p, "offset" AS o, epoch, outcome FROM kfn.inbox WHERE consumer = $1 AND topic = $2),
-     dl AS (SELECT DISTINCT partition AS p, "offset" AS o FROM kfn.dead_letters WHERE consumer = $1 AND topic = $2),
-     ef AS (%s)
-SELECT p, o, ib.epoch, ib.outcome = 'dead_lettered', dl.p IS NOT NULL, coalesce(ef.n, 0)
-  FROM ib FULL JOIN dl USING (p, o) FULL JOIN ef USING (p, o)
- ORDER BY p, o`
-
-const perRecordEffects = `SELECT source_partition::int AS p, source_offset::bigint AS o, count(*) AS n
-  FROM (%s) AS effects(source_topic, source_partition, source_offset) WHERE source_topic = $2 GROUP BY 1, 2`
-
-const noEffects = `SELECT NULL::int AS p, NULL::bigint AS o, 0::bigint AS n WHERE false`
-
-// pgRow is one row of recordsSQL.
+// pgRow is what Postgres holds for one offset (see records).
 type pgRow struct {
 	p       int32
 	o       int64
@@ -57,14 +40,18 @@ func (r *pgRow) what() string {
 }
 
 // keyCount is a key's effects count minus the applied records of the key
-// seen so far, and whether Kafka had a record of the key.
+// seen so far, how many more effects re-executions allow (they may not
+// have applied their records again yet), and whether Kafka had a record of
+// the key.
 type keyCount struct {
-	left int64
-	seen bool
+	left  int64
+	slack int64
+	seen  bool
 }
 
-// walk merges, one partition at a time, the records Kafka holds with the
-// rows of recordsSQL and the function's events, all in offset order.
+// walk merges, one partition at a time, the records Kafka holds with what
+// Postgres holds for them (records) and the function's events, all in
+// offset order.
 type walk struct {
 	spec   Spec
 	rep    *Report
@@ -73,14 +60,14 @@ type walk struct {
 	hist   *history
 	events *streamEvents
 
-	rows   pgx.Rows
+	pg     *records
 	row    pgRow
 	rowOK  bool
 	rowErr error
 	ei     int // the next event of events.list
 
-	keys    map[string]keyCount // the keyed shape's
-	applied int64               // the total shape's
+	keys           map[string]keyCount // the keyed shape's
+	applied, slack int64               // the total shape's
 
 	started, lastProgress time.Time
 	toCheck               int64
@@ -94,20 +81,13 @@ type partState struct {
 	fence   *fence
 }
 
-func (w *walk) run(ctx context.Context, tx pgx.Tx, parts []kafkaPartition) error {
-	ef := noEffects
-	if w.eff.shape == shapePerRecord {
-		ef = fmt.Sprintf(perRecordEffects, w.eff.sql)
-	}
-	rows, err := tx.Query(ctx, fmt.Sprintf(recordsSQL, ef), w.spec.Function, w.spec.Topic)
+func (w *walk) run(ctx context.Context, pool *pgxpool.Pool, snapshot string, parts []kafkaPartition) error {
+	pg, err := openRecords(ctx, pool, snapshot, w.spec, w.eff)
 	if err != nil {
-		if w.eff.shape == shapePerRecord {
-			return specError("effects-sql", "the query's rows do not read as (source_topic text, source_partition int, source_offset bigint): %v", err)
-		}
-		return fmt.Errorf("read the inbox and dead letters of %s: %w", w.spec.Function, err)
+		return err
 	}
-	w.rows = rows
-	defer rows.Close()
+	w.pg = pg
+	defer pg.close(ctx)
 	if w.eff.shape == shapeKeyed {
 		w.keys = make(map[string]keyCount, len(w.eff.perKey))
 		for k, n := range w.eff.perKey {
@@ -120,7 +100,7 @@ func (w *walk) run(ctx context.Context, tx pgx.Tx, parts []kafkaPartition) error
 		pc := PartitionCut{Partition: p.id, KafkaFirst: p.first, KafkaHigh: p.high, Cursor: -1, HighWater: -1}
 		epoch := int64(-1)
 		if p.cursor != nil {
-			s.bound, epoch = p.cursor.bound(), p.cursor.epoch
+			s.bound, epoch = max(p.cursor.bound(), w.hist.handledBefore(p.id)), p.cursor.epoch
 			pc.Cursor, pc.HighWater = p.cursor.next, p.cursor.high
 			if s.bound > p.high {
 				w.rep.Cut.Notes = append(w.rep.Cut.Notes, fmt.Sprintf("partition %d: the cursor %d is past Kafka's high watermark %d (was the topic recreated?)", p.id, s.bound, p.high))
@@ -159,16 +139,11 @@ func (w *walk) run(ctx context.Context, tx pgx.Tx, parts []kafkaPartition) error
 }
 
 func (w *walk) nextRow() {
-	if !w.rows.Next() {
-		w.rowOK, w.rowErr = false, w.rows.Err()
+	w.rowOK = w.pg.next(&w.row)
+	if !w.rowOK {
+		w.rowErr = w.pg.err()
 		return
 	}
-	w.row = pgRow{}
-	if err := w.rows.Scan(&w.row.p, &w.row.o, &w.row.epoch, &w.row.ibDead, &w.row.dead, &w.row.effects); err != nil {
-		w.rowOK, w.rowErr = false, err
-		return
-	}
-	w.rowOK = true
 	w.rep.Checked.Effects += w.row.effects
 }
 
@@ -231,6 +206,9 @@ func (w *walk) record(ctx context.Context, s *partState, o int64, key []byte) {
 	w.rep.Checked.Records++
 	vs := &w.rep.Violations
 	dead := r.deadLettered()
+	// A re-execution applied the record again, on purpose: one more
+	// effect each is expected (a dead letter then applied is too).
+	redone := w.hist.reexecutions(s.id, o)
 	var applied bool
 	switch w.eff.shape {
 	case shapePerRecord:
@@ -238,18 +216,18 @@ func (w *walk) record(ctx context.Context, s *partState, o int64, key []byte) {
 		if r != nil {
 			n = r.effects
 		}
-		switch {
-		case dead && n > 0:
+		switch allowed := 1 + redone; {
+		case dead && n > 0 && redone == 0:
 			vs.Duplicated.addN(n, "%d@%d was dead-lettered and has %d effects", s.id, o, n)
 		case n == 0 && !dead:
 			vs.Lost.add("%d@%d has no effect and no dead letter (cursor %d)", s.id, o, s.bound)
-		case n > 1:
-			vs.Duplicated.addN(n-1, "%d@%d has %d effects", s.id, o, n)
+		case n > allowed:
+			vs.Duplicated.addN(n-allowed, "%d@%d has %d effects (re-executed %d times)", s.id, o, n, redone)
 		}
 		applied = !dead && n > 0
 	case shapeNone:
 		applied = r != nil && r.epoch != nil && !dead
-		if !applied && !dead {
+		if !applied && !dead && redone == 0 { // a re-execution deletes the inbox rows it applies again
 			vs.Lost.add("%d@%d has no inbox row and no dead letter (cursor %d)", s.id, o, s.bound)
 		}
 	case shapeKeyed:
@@ -257,6 +235,7 @@ func (w *walk) record(ctx context.Context, s *partState, o int64, key []byte) {
 		if applied {
 			c := w.keys[string(key)]
 			c.left--
+			c.slack += redone
 			c.seen = true
 			w.keys[string(key)] = c
 		}
@@ -264,6 +243,7 @@ func (w *walk) record(ctx context.Context, s *partState, o int64, key []byte) {
 		applied = !dead
 		if applied {
 			w.applied++
+			w.slack += redone
 		}
 	}
 	if r != nil && r.epoch != nil {
@@ -271,13 +251,13 @@ func (w *walk) record(ctx context.Context, s *partState, o int64, key []byte) {
 	}
 	// An event is expected of a record the function handled: its effect,
 	// or its inbox row when the effect is lost.
-	handled := applied || !dead && r != nil && r.epoch != nil
-	w.checkEvents(ctx, s.id, o, handled, dead, evs)
+	handled := applied || redone > 0 || !dead && r != nil && r.epoch != nil
+	w.checkEvents(ctx, s.id, o, handled, dead, redone > 0, evs)
 	w.progress(s, o)
 }
 
 // checkEvents checks the events of one record, sorted by id hash.
-func (w *walk) checkEvents(ctx context.Context, p int32, o int64, handled, dead bool, evs []event) {
+func (w *walk) checkEvents(ctx context.Context, p int32, o int64, handled, dead, redone bool, evs []event) {
 	if len(evs) == 0 {
 		return
 	}
@@ -304,7 +284,7 @@ func (w *walk) checkEvents(ctx context.Context, p int32, o int64, handled, dead 
 		var v *Violation
 		var format string
 		switch {
-		case e.again:
+		case e.again && !redone: // a re-execution with --keep-event-ids publishes them again
 			v, format = &vs.Duplicated, "event %s for %d@%d is in the stream again (first at seq "+fmt.Sprint(evs[i-1].seq)+")"
 		case e.idx < 0 && derived:
 			v, format = &vs.Duplicated, "event %s is a second event for %d@%d, under an id kfn did not derive for it"
@@ -334,16 +314,16 @@ func (w *walk) finishCounts() {
 			case !c.seen:
 			case c.left < 0:
 				vs.Lost.addN(-c.left, "key %q: %d applied records more than effects", k, -c.left)
-			case c.left > 0:
-				vs.Duplicated.addN(c.left, "key %q: %d effects more than applied records", k, c.left)
+			case c.left > c.slack:
+				vs.Duplicated.addN(c.left-c.slack, "key %q: %d effects more than applied records (and re-executions)", k, c.left-c.slack)
 			}
 		}
 	case shapeTotal:
 		switch d := w.eff.total - w.applied; {
 		case d < 0:
 			vs.Lost.addN(-d, "%d applied records, %d effects", w.applied, w.eff.total)
-		case d > 0:
-			vs.Duplicated.addN(d, "%d applied records, %d effects", w.applied, w.eff.total)
+		case d > w.slack:
+			vs.Duplicated.addN(d-w.slack, "%d applied records (and %d re-executed), %d effects", w.applied, w.slack, w.eff.total)
 		}
 	}
 }

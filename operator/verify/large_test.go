@@ -1,0 +1,128 @@
+package verify_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kfn-dev/kfn/operator/verify"
+	"github.com/kfn-dev/kfn/runtime/kfntest"
+)
+
+// seeded is a function's state written straight into Kafka and Postgres,
+// as if it had applied n records: n records over 4 partitions in Kafka
+// (keys k0…k999), and in Postgres the cursors at the high watermarks, one
+// claim per partition, and an inbox row and an effect row per record,
+// with the counts per key.
+type seeded struct {
+	db    *kfntest.PG
+	topic string
+	spec  verify.Spec
+}
+
+func seed(tb testing.TB, n int) *seeded {
+	tb.Helper()
+	ctx := context.Background()
+	const parts = 4
+	s := &seeded{db: kfntest.Postgres(tb)}
+	k := kfntest.Kafka(tb)
+	s.topic = k.CreateTopic(tb, parts)
+	w := &kafka.Writer{
+		Addr: kafka.TCP(k.Brokers...), Topic: s.topic, RequiredAcks: kafka.RequireOne,
+		Balancer:  kafka.BalancerFunc(func(m kafka.Message, _ ...int) int { return m.Partition }),
+		BatchSize: 10000, BatchBytes: 16 << 20, BatchTimeout: time.Millisecond,
+	}
+	defer w.Close()
+	batch := make([]kafka.Message, 0, 10000)
+	for i := range n {
+		batch = append(batch, kafka.Message{Partition: i % parts, Key: fmt.Appendf(nil, "k%d", i%1000), Value: []byte("v")})
+		if len(batch) == cap(batch) || i == n-1 {
+			if err := w.WriteMessages(ctx, batch...); err != nil {
+				tb.Fatal(err)
+			}
+			batch = batch[:0]
+		}
+	}
+	for _, sql := range []string{ // each takes the topic ($1) and n ($2)
+		`INSERT INTO kfn.cursors (consumer, topic, partition, next_offset, high_water, epoch, owner)
+ SELECT 'big', $1, p, ($2 - p + 3) / 4, ($2 - p + 3) / 4, 1, 'seed' FROM generate_series(0, 3) AS p`,
+		`INSERT INTO kfn.audit_log (actor, action, consumer, topic, partition, details)
+ SELECT 'seed', 'claim', 'big', $1, p, '{"epoch": 1, "next_offset": 0, "high_water": 0}' FROM generate_series(0, 3) AS p WHERE $2::int > 0`,
+		`INSERT INTO kfn.inbox (consumer, topic, partition, "offset", epoch) SELECT 'big', $1, i % 4, i / 4, 1 FROM generate_series(0, $2 - 1) AS i`,
+		`CREATE TABLE effects AS SELECT $1::text AS source_topic, i % 4 AS source_partition, (i / 4)::bigint AS source_offset FROM generate_series(0, $2 - 1) AS i`,
+		`CREATE TABLE counts AS SELECT 'k' || i % 1000 AS key, count(*) AS revisions FROM generate_series(0, $2 - 1) AS i WHERE $1::text <> '' GROUP BY 1`,
+	} {
+		if _, err := s.db.Pool.Exec(ctx, sql, s.topic, n); err != nil {
+			tb.Fatalf("%s: %v", sql, err)
+		}
+	}
+	if _, err := s.db.Pool.Exec(ctx, `VACUUM ANALYZE`); err != nil {
+		tb.Fatal(err)
+	}
+	s.spec = verify.Spec{Function: "big", Topic: s.topic, EffectsSQL: perRecord, UnpublishedAfter: time.Minute, Examples: 3, KafkaBrokers: k.Brokers}
+	return s
+}
+
+func (s *seeded) run(tb testing.TB, effectsSQL string) *verify.Report {
+	tb.Helper()
+	spec := s.spec
+	spec.EffectsSQL = effectsSQL
+	rep, err := verify.Run(context.Background(), s.db.Pool, nil, spec)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return rep
+}
+
+// A range of 20,000 records is checked in each shape, reading every record
+// from Kafka, with no violation (the CI-sized version of
+// BenchmarkVerifyMillionRecords).
+func TestVerifyChecksASeededRange(t *testing.T) {
+	const n = 20000
+	s := seed(t, n)
+	for _, sql := range []string{perRecord, perKey, `SELECT count(*) FROM effects`, ""} {
+		rep := s.run(t, sql)
+		if !rep.OK || rep.Checked.Records != n {
+			t.Errorf("effects %q: ok %v, checked %+v, violations %+v; want %d records, no violation", sql, rep.OK, rep.Checked, rep.Violations, n)
+		}
+		t.Logf("effects %q: %d records in %.2fs", sql, rep.Checked.Records, rep.Seconds)
+	}
+}
+
+// BenchmarkVerifyMillionRecords checks 1,000,000 records (read from Kafka,
+// keys and all) against their inbox rows and their effects: one row per
+// record (sorted by Postgres, then again with an index on the effects
+// table that spares the sort) and counts per key. The figures are in
+// testdata/verify-bench.txt. Run it with
+//
+//	go test -run '^$' -bench BenchmarkVerifyMillionRecords -benchtime 2x ./operator/verify
+func BenchmarkVerifyMillionRecords(b *testing.B) {
+	const n = 1_000_000
+	s := seed(b, n)
+	for _, shape := range []struct {
+		name, sql string
+		before    []string
+	}{
+		{"per-record", perRecord, nil},
+		{"per-key", perKey, nil},
+		{"per-record-indexed", perRecord, []string{`CREATE INDEX ON effects (source_topic, source_partition, source_offset)`, `VACUUM ANALYZE effects`}},
+	} {
+		for _, sql := range shape.before {
+			if _, err := s.db.Pool.Exec(context.Background(), sql); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.Run(shape.name, func(b *testing.B) {
+			for b.Loop() {
+				rep := s.run(b, shape.sql)
+				if !rep.OK || rep.Checked.Records != n {
+					b.Fatalf("ok %v, checked %+v, violations %+v", rep.OK, rep.Checked, rep.Violations)
+				}
+				b.Logf("%d records checked in %.2fs (%.0f records/s)", rep.Checked.Records, rep.Seconds, float64(n)/rep.Seconds)
+			}
+		})
+	}
+}

@@ -1,0 +1,184 @@
+package verify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// The three ordered streams Postgres gives the walk, each on a connection
+// of its own that reads the run's snapshot (SET TRANSACTION SNAPSHOT), so
+// that none needs a sort or a join of the whole range: the inbox comes in
+// its primary key's order, the dead letters in their unique key's, and
+// only the effects query's rows are sorted (by its own columns, so that an
+// index on them spares the sort), in memory up to effectsWorkMem.
+const (
+	inboxSQL = `SELECT partition, "offset", epoch, outcome = 'dead_lettered' FROM kfn.inbox
+ WHERE consumer = $1 AND topic = $2 ORDER BY partition, "offset"`
+	deadLettersSQL = `SELECT DISTINCT partition, "offset" FROM kfn.dead_letters
+ WHERE consumer = $1 AND topic = $2 ORDER BY partition, "offset"`
+	effectsSQL = `SELECT source_partition::int, source_offset::bigint FROM (%s) AS effects(source_topic, source_partition, source_offset)
+ WHERE source_topic = $1 ORDER BY source_partition, source_offset`
+	effectsWorkMem = `SET LOCAL work_mem = '64MB'`
+)
+
+// stream is one ordered query: its current row's position and values.
+type stream struct {
+	name string
+	tx   pgx.Tx
+	conn *pgxpool.Conn
+	rows pgx.Rows
+	scan []any // after p and o
+	p    int32
+	o    int64
+	ok   bool
+	err  error
+}
+
+// query is one stream's query: its settings (SET LOCAL statements), its
+// SQL and arguments, and where its columns after p and o go.
+type query struct {
+	settings []string
+	sql      string
+	args     []any
+	scan     []any
+}
+
+// openStream begins a read-only transaction on a connection of its own
+// that reads snapshot, and runs q there.
+func openStream(ctx context.Context, pool *pgxpool.Pool, snapshot, name string, q query) (*stream, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	s := &stream{name: name, conn: conn, scan: q.scan}
+	if s.tx, err = conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}); err == nil {
+		_, err = s.tx.Exec(ctx, `SET TRANSACTION SNAPSHOT '`+snapshot+`'`)
+	}
+	for _, set := range append([]string{`SET LOCAL jit = off`}, q.settings...) {
+		if err == nil {
+			_, err = s.tx.Exec(ctx, set)
+		}
+	}
+	if err == nil {
+		s.rows, err = s.tx.Query(ctx, q.sql, q.args...)
+	}
+	if err != nil {
+		s.close(ctx)
+		return nil, err
+	}
+	s.next()
+	return s, nil
+}
+
+func (s *stream) next() {
+	if s.err != nil || !s.rows.Next() {
+		s.ok = false
+		if s.err == nil {
+			s.err = s.rows.Err()
+		}
+		return
+	}
+	if err := s.rows.Scan(append([]any{&s.p, &s.o}, s.scan...)...); err != nil {
+		s.ok, s.err = false, fmt.Errorf("read %s: %w", s.name, err)
+		return
+	}
+	s.ok = true
+}
+
+func (s *stream) close(ctx context.Context) {
+	if s.rows != nil {
+		s.rows.Close()
+	}
+	if s.tx != nil {
+		s.tx.Rollback(ctx) //nolint:errcheck // read-only
+	}
+	s.conn.Release()
+}
+
+// at reports whether the stream's current row is at (p, o).
+func (s *stream) at(p int32, o int64) bool { return s.ok && s.p == p && s.o == o }
+
+// records merges the three streams into one pgRow per offset, in order.
+type records struct {
+	inbox, dead, effects *stream
+	epoch                int64
+	ibDead               bool
+}
+
+func openRecords(ctx context.Context, pool *pgxpool.Pool, snapshot string, spec Spec, eff *effects) (*records, error) {
+	r := &records{}
+	var err error
+	args := []any{spec.Function, spec.Topic}
+	if r.inbox, err = openStream(ctx, pool, snapshot, "the inbox", query{sql: inboxSQL, args: args, scan: []any{&r.epoch, &r.ibDead}}); err != nil {
+		return nil, fmt.Errorf("read the inbox of %s: %w", spec.Function, err)
+	}
+	if r.dead, err = openStream(ctx, pool, snapshot, "the dead letters", query{sql: deadLettersSQL, args: args}); err != nil {
+		r.close(ctx)
+		return nil, fmt.Errorf("read the dead letters of %s: %w", spec.Function, err)
+	}
+	if eff.shape == shapePerRecord {
+		if r.effects, err = openStream(ctx, pool, snapshot, "the effects",
+			query{settings: []string{effectsWorkMem}, sql: fmt.Sprintf(effectsSQL, eff.sql), args: []any{spec.Topic}}); err != nil {
+			r.close(ctx)
+			return nil, specError("effects-sql", "the query's rows do not read as (source_topic text, source_partition int, source_offset bigint): %v", err)
+		}
+	}
+	return r, nil
+}
+
+func (r *records) streams() []*stream {
+	out := []*stream{r.inbox, r.dead}
+	if r.effects != nil {
+		out = append(out, r.effects)
+	}
+	return out
+}
+
+func (r *records) close(ctx context.Context) {
+	for _, s := range r.streams() {
+		if s != nil {
+			s.close(ctx)
+		}
+	}
+}
+
+// next returns the next offset any stream has a row for, merged; false at
+// the end of all three or on an error (err).
+func (r *records) next(row *pgRow) bool {
+	first := (*stream)(nil)
+	for _, s := range r.streams() {
+		if s.ok && (first == nil || before(s.p, s.o, first.p, first.o)) {
+			first = s
+		}
+	}
+	if first == nil {
+		return false
+	}
+	*row = pgRow{p: first.p, o: first.o}
+	if r.inbox.at(row.p, row.o) {
+		epoch, dead := r.epoch, r.ibDead
+		row.epoch, row.ibDead = &epoch, &dead
+		r.inbox.next()
+	}
+	if r.dead.at(row.p, row.o) {
+		row.dead = true
+		r.dead.next()
+	}
+	for r.effects != nil && r.effects.at(row.p, row.o) {
+		row.effects++
+		r.effects.next()
+	}
+	return true
+}
+
+func (r *records) err() error {
+	var errs []error
+	for _, s := range r.streams() {
+		errs = append(errs, s.err)
+	}
+	return errors.Join(errs...)
+}
