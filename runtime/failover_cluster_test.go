@@ -388,6 +388,10 @@ type producer struct {
 	// counted in expected, not errs.
 	expectErrors atomic.Bool
 	expected     atomic.Int64
+	// paused makes the producer skip its ticks (pause, resume); writing is
+	// held while a write is in flight.
+	paused  atomic.Bool
+	writing sync.Mutex
 }
 
 func (c *cluster) startProducer() *producer {
@@ -396,7 +400,10 @@ func (c *cluster) startProducer() *producer {
 	// A transport of its own: kafka-go's default transport is shared by the
 	// test binary and keeps asking for metadata of topics that earlier
 	// tests deleted, which fails writes with UnknownTopicOrPartition.
-	transport := &kafka.Transport{DialTimeout: 5 * time.Second}
+	// It refreshes its metadata every second (kafka-go's default is 6 s, and
+	// a failed write does not refresh it), so that it finds a partition's
+	// new leader soon after a broker dies.
+	transport := &kafka.Transport{DialTimeout: 5 * time.Second, MetadataTTL: time.Second}
 	w := &kafka.Writer{
 		Transport:    transport,
 		Addr:         kafka.TCP(c.kafka.Brokers...),
@@ -422,6 +429,11 @@ func (c *cluster) startProducer() *producer {
 				return
 			case <-t.C:
 			}
+			p.writing.Lock()
+			if p.paused.Load() {
+				p.writing.Unlock()
+				continue
+			}
 			msgs := make([]kafka.Message, perTick)
 			for i := range msgs {
 				part := next % failoverPartitions
@@ -431,6 +443,7 @@ func (c *cluster) startProducer() *producer {
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 			err := w.WriteMessages(ctx, msgs...)
 			cancel()
+			p.writing.Unlock()
 			if err != nil {
 				if p.expectErrors.Load() {
 					p.expected.Add(1)
@@ -447,6 +460,17 @@ func (c *cluster) startProducer() *producer {
 	c.t.Cleanup(func() { p.stop() })
 	return p
 }
+
+// pause stops production until resume; it returns once no write is in
+// flight.
+func (p *producer) pause() {
+	p.paused.Store(true)
+	p.writing.Lock() // waits for the write in flight; later ones see paused
+	p.writing.Unlock()
+}
+
+// resume ends a pause.
+func (p *producer) resume() { p.paused.Store(false) }
 
 // stop ends production and returns how many records were acknowledged.
 func (p *producer) stop() int64 {

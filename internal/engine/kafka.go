@@ -74,23 +74,41 @@ func (k *kafkaSource) partitions(ctx context.Context, topic string) ([]int32, er
 }
 
 // offsetRange returns the first available offset and the high watermark
-// (the offset the next produced record will get) of a partition.
+// (the offset the next produced record will get) of a partition. It asks
+// the partition's leader as a broker names it now, on a connection of its
+// own, as kafka-go's readers do: the client's transport routes by metadata
+// it refreshes only on a timer (MetadataTTL), not when a request fails, so
+// right after a leader change it would keep asking the dead leader, and a
+// claim would wait up to MetadataTTL longer than Kafka's failover.
 func (k *kafkaSource) offsetRange(ctx context.Context, topic string, partition int32) (first, high int64, err error) {
-	resp, err := k.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{
-		topic: {kafka.FirstOffsetOf(int(partition)), kafka.LastOffsetOf(int(partition))},
-	}})
-	if err != nil {
-		return 0, 0, fmt.Errorf("list offsets of %s/%d: %w", topic, partition, kafkaconn.Explain(err, k.brokers, k.security))
-	}
-	for _, p := range resp.Topics[topic] {
-		if p.Partition == int(partition) {
-			if p.Error != nil {
-				return 0, 0, fmt.Errorf("list offsets of %s/%d: %w", topic, partition, p.Error)
-			}
-			return p.FirstOffset, p.LastOffset, nil
+	ctx, cancel := context.WithTimeout(ctx, offsetRangeTimeout)
+	defer cancel()
+	var errs []error
+	for _, broker := range k.brokers {
+		if first, high, err = k.leaderOffsets(ctx, broker, topic, partition); err == nil {
+			return first, high, nil
 		}
+		errs = append(errs, err)
 	}
-	return 0, 0, fmt.Errorf("list offsets of %s/%d: partition missing from the answer", topic, partition)
+	return 0, 0, fmt.Errorf("list offsets of %s/%d: %w", topic, partition, kafkaconn.Explain(errors.Join(errs...), k.brokers, k.security))
+}
+
+// offsetRangeTimeout bounds offsetRange, like the client's Timeout.
+const offsetRangeTimeout = 10 * time.Second
+
+// leaderOffsets asks broker who leads the partition, then the leader for
+// the partition's offsets.
+func (k *kafkaSource) leaderOffsets(ctx context.Context, broker, topic string, partition int32) (first, high int64, err error) {
+	conn, err := k.dialer.DialLeader(ctx, "tcp", broker, topic, int(partition))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer conn.Close()
+	deadline, _ := ctx.Deadline()
+	if err := conn.SetDeadline(deadline); err != nil {
+		return 0, 0, err
+	}
+	return conn.ReadOffsets()
 }
 
 // ping asks a broker for its API versions: a round trip to the cluster.

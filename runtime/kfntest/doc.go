@@ -25,7 +25,10 @@
 //
 // Fault tests run real processes with BuildBinary and StartProcess (SIGTERM,
 // SIGKILL, SIGSTOP/SIGCONT), a separate nats-server with NATSProcess, or a
-// cluster of them with clustered JetStream (NATSClusterProcesses).
+// cluster of them with clustered JetStream (NATSClusterProcesses), and a
+// real Apache Kafka cluster of JVM processes, replication factor 3, whose
+// brokers they kill and start (KafkaClusterProcesses, through
+// deploy/local/kafka/kafka.sh; Java and Maven needed, see HaveJava).
 // StartSecureNATS runs a nats-server as production does: TLS with a CA the
 // test makes, and operator/account/user JWTs (its User writes .creds).
 // Await polls a condition with a bound and says why it did not hold.

@@ -38,6 +38,9 @@ type KafkaCluster struct {
 	client    *kafka.Client
 	transport *kafka.Transport
 	replicas  int // the replication factor of CreateTopic's topics; 0 means 1
+	// throwaway is set when the cluster dies with the test: its topics are
+	// not deleted at the end.
+	throwaway bool
 }
 
 var kafkaOnce struct {
@@ -126,8 +129,10 @@ func describeBroker(brokers []string) (string, error) {
 }
 
 // CreateTopic creates a topic with a unique name and the given number of
-// partitions (replication factor 1; 3 on a KafkaProcessCluster), waits until every partition has a leader
-// and answers ListOffsets, and deletes the topic when the test ends.
+// partitions (replication factor 1; 3 on a KafkaProcessCluster), waits
+// until every partition has a leader and answers ListOffsets, and deletes
+// the topic when the test ends (not on a KafkaProcessCluster, which dies
+// with the test).
 func (k *KafkaCluster) CreateTopic(t testing.TB, partitions int) string {
 	t.Helper()
 	topic := Name(t, "topic")
@@ -153,17 +158,19 @@ func (k *KafkaCluster) CreateTopicNamed(t testing.TB, topic string, partitions i
 	if err != nil {
 		t.Fatalf("kfntest: create topic %s with %d partitions on %v: %v", topic, partitions, k.Brokers, err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		resp, err := k.client.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}})
-		if err == nil {
-			err = resp.Errors[topic]
-		}
-		if err != nil && !errors.Is(err, kafka.UnknownTopicOrPartition) {
-			t.Logf("kfntest: delete topic %s: %v", topic, err)
-		}
-	})
+	if !k.throwaway {
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			resp, err := k.client.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}})
+			if err == nil {
+				err = resp.Errors[topic]
+			}
+			if err != nil && !errors.Is(err, kafka.UnknownTopicOrPartition) {
+				t.Logf("kfntest: delete topic %s: %v", topic, err)
+			}
+		})
+	}
 	if err := k.waitTopicReady(ctx, topic, partitions); err != nil {
 		t.Fatalf("kfntest: topic %s did not become ready: %v", topic, err)
 	}

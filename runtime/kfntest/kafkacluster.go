@@ -21,9 +21,23 @@ import (
 	"github.com/kfn-dev/kfn/runtime/devstack"
 )
 
-// kafkaNodeStartTimeout bounds how long a node of a KafkaProcessCluster may
-// take to answer: a JVM starts slowly on a busy 2-core machine.
-const kafkaNodeStartTimeout = 120 * time.Second
+// envKafkaStartTimeout is kafka.sh's bound, in seconds, on how long a node
+// may take to answer; the harness keeps to it too (default 120: a JVM
+// starts slowly on a busy 2-core machine).
+const envKafkaStartTimeout = "KFN_KAFKA_START_TIMEOUT"
+
+// kafkaNodeStartTimeout reads envKafkaStartTimeout.
+func kafkaNodeStartTimeout() (time.Duration, error) {
+	v := os.Getenv(envKafkaStartTimeout)
+	if v == "" {
+		return 120 * time.Second, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%s=%q: want a whole number of seconds above 0", envKafkaStartTimeout, v)
+	}
+	return time.Duration(n) * time.Second, nil
+}
 
 // clusterReplicas is the replication factor of a KafkaProcessCluster's
 // topics; kafka.sh's cluster mode sets min.insync.replicas to 2.
@@ -35,11 +49,12 @@ const clusterReplicas = 3
 // mode: replication factor 3, min.insync.replicas 2. Fault tests kill and
 // start its brokers; node id i (1..n) is broker id i.
 type KafkaProcessCluster struct {
-	t       testing.TB
-	script  string
-	env     []string
-	brokers []string
-	kafka   *KafkaCluster
+	t            testing.TB
+	script       string
+	startTimeout time.Duration // how long a node may take to answer
+	env          []string
+	brokers      []string
+	kafka        *KafkaCluster
 
 	mu    sync.Mutex
 	procs []*Process // by node id - 1; nil before the first start
@@ -69,8 +84,10 @@ func missingJava() string {
 // ports with their data under t.TempDir(), waits until every one answers
 // and lists all n brokers, and kills them all when the test ends, failed or
 // not. Each node runs as `kafka.sh run N`, a child process of the test
-// binary, so it also dies with the test binary. It fails the test at once
-// when Java or Maven is missing (check HaveJava to choose another broker).
+// binary, so it also dies with the test binary. A node may take
+// KFN_KAFKA_START_TIMEOUT seconds (default 120) to answer, here and in
+// Start. It fails the test at once when Java or Maven is missing (check
+// HaveJava to choose another broker).
 func KafkaClusterProcesses(t testing.TB, n int) *KafkaProcessCluster {
 	t.Helper()
 	if n < clusterReplicas {
@@ -83,11 +100,15 @@ func KafkaClusterProcesses(t testing.TB, n int) *KafkaProcessCluster {
 	if err != nil {
 		t.Fatalf("kfntest: %v", err)
 	}
+	startTimeout, err := kafkaNodeStartTimeout()
+	if err != nil {
+		t.Fatalf("kfntest: %v", err)
+	}
 	ports, err := freePorts(2 * n)
 	if err != nil {
 		t.Fatalf("kfntest: %v", err)
 	}
-	c := &KafkaProcessCluster{t: t, script: script, procs: make([]*Process, n)}
+	c := &KafkaProcessCluster{t: t, script: script, startTimeout: startTimeout, procs: make([]*Process, n)}
 	var cports []string
 	for i := range n {
 		c.brokers = append(c.brokers, net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[i])))
@@ -105,10 +126,13 @@ func KafkaClusterProcesses(t testing.TB, n int) *KafkaProcessCluster {
 		"KFN_KAFKA_PORTS="+strings.Join(portsOf(c.brokers), ","),
 		"KFN_KAFKA_CONTROLLER_PORTS="+strings.Join(cports, ","),
 	)
-	transport := &kafka.Transport{DialTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}
+	// Metadata refreshed every second (kafka-go's default is 6 s, and a
+	// failed request does not refresh it): Produce and HighWatermarks find
+	// a partition's new leader soon after a broker is killed.
+	transport := &kafka.Transport{DialTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second, MetadataTTL: time.Second}
 	t.Cleanup(transport.CloseIdleConnections)
 	c.kafka = &KafkaCluster{
-		Brokers: c.brokers, transport: transport, replicas: clusterReplicas,
+		Brokers: c.brokers, transport: transport, replicas: clusterReplicas, throwaway: true,
 		client: &kafka.Client{Addr: kafka.TCP(c.brokers...), Timeout: 10 * time.Second, Transport: transport},
 	}
 
@@ -119,7 +143,7 @@ func KafkaClusterProcesses(t testing.TB, n int) *KafkaProcessCluster {
 			t.Fatalf("kfntest: %v", err)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), kafkaNodeStartTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), c.startTimeout)
 	defer cancel()
 	for id := 1; id <= n; id++ {
 		if err := c.waitReady(ctx, id, n); err != nil {
@@ -178,8 +202,8 @@ func (c *KafkaProcessCluster) Brokers() []string { return slices.Clone(c.brokers
 func (c *KafkaProcessCluster) Cluster() *KafkaCluster { return c.kafka }
 
 // CreateTopic creates topic with the given number of partitions and
-// replication factor 3, waits until every partition has a leader, and
-// deletes it when the test ends. Every node must be up.
+// replication factor 3 and waits until every partition has a leader. Every
+// node must be up.
 func (c *KafkaProcessCluster) CreateTopic(t testing.TB, topic string, partitions int) {
 	t.Helper()
 	c.kafka.CreateTopicNamed(t, topic, partitions)
@@ -214,7 +238,7 @@ func (c *KafkaProcessCluster) Start(id int) error {
 	if err := c.launch(id); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), kafkaNodeStartTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), c.startTimeout)
 	defer cancel()
 	return c.waitReady(ctx, id, 0)
 }
@@ -224,42 +248,74 @@ func (c *KafkaProcessCluster) Start(id int) error {
 // after a leader is killed, that is still the dead node until the
 // controller fences it.
 func (c *KafkaProcessCluster) Leader(ctx context.Context, topic string, partition int) (int, error) {
-	var errs []error
-	for _, addr := range c.brokers {
-		id, err := leaderFrom(ctx, addr, topic, partition)
-		if err == nil {
-			return id, nil
-		}
-		errs = append(errs, err)
-	}
-	return 0, fmt.Errorf("leader of %s/%d: %w", topic, partition, errors.Join(errs...))
-}
-
-func leaderFrom(ctx context.Context, addr, topic string, partition int) (int, error) {
-	conn, err := kafka.DialContext(ctx, "tcp", addr)
+	parts, err := c.metadata(ctx, topic)
 	if err != nil {
-		return 0, err
-	}
-	defer conn.Close()
-	if deadline, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(deadline)
-	}
-	parts, err := conn.ReadPartitions(topic)
-	if err != nil {
-		return 0, fmt.Errorf("metadata from %s: %w", addr, err)
+		return 0, fmt.Errorf("leader of %s/%d: %w", topic, partition, err)
 	}
 	for _, p := range parts {
-		if p.Topic != topic || p.ID != partition {
+		if p.ID != partition {
 			continue
 		}
 		// kafka-go leaves Leader zero when the leader (-1: none) is not
 		// among the listed brokers; node ids start at 1.
 		if p.Leader.ID <= 0 || p.Leader.Host == "" {
-			return 0, fmt.Errorf("%s says partition %d of %s has no leader", addr, partition, topic)
+			return 0, fmt.Errorf("partition %d of %s has no leader", partition, topic)
 		}
 		return p.Leader.ID, nil
 	}
-	return 0, fmt.Errorf("%s lists no partition %d of %s", addr, partition, topic)
+	return 0, fmt.Errorf("no partition %d of %s in the metadata", partition, topic)
+}
+
+// InSync reports, as an error, the partitions of topic whose in-sync
+// replicas are not all their replicas (a restarted node has not caught up
+// yet); nil means every replica of every partition is in sync.
+func (c *KafkaProcessCluster) InSync(ctx context.Context, topic string) error {
+	parts, err := c.metadata(ctx, topic)
+	if err != nil {
+		return fmt.Errorf("in-sync replicas of %s: %w", topic, err)
+	}
+	var behind []string
+	for _, p := range parts {
+		if len(p.Isr) < len(p.Replicas) {
+			behind = append(behind, fmt.Sprintf("partition %d: %d of %d replicas in sync", p.ID, len(p.Isr), len(p.Replicas)))
+		}
+	}
+	if len(behind) > 0 {
+		return fmt.Errorf("%s: %s", topic, strings.Join(behind, "; "))
+	}
+	return nil
+}
+
+// metadata reads the partitions of topic from the first node that answers,
+// on a connection of its own.
+func (c *KafkaProcessCluster) metadata(ctx context.Context, topic string) ([]kafka.Partition, error) {
+	var errs []error
+	for _, addr := range c.brokers {
+		parts, err := partitionsFrom(ctx, addr, topic)
+		if err == nil {
+			return parts, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, errors.Join(errs...)
+}
+
+func partitionsFrom(ctx context.Context, addr, topic string) ([]kafka.Partition, error) {
+	conn, err := kafka.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	_ = conn.SetDeadline(deadline)
+	parts, err := conn.ReadPartitions(topic)
+	if err != nil {
+		return nil, fmt.Errorf("metadata from %s: %w", addr, err)
+	}
+	return parts, nil
 }
 
 func (c *KafkaProcessCluster) node(id int) (*Process, error) {
@@ -322,7 +378,7 @@ func (c *KafkaProcessCluster) waitReady(ctx context.Context, id, all int) error 
 		select {
 		case <-ctx.Done():
 			p.Kill()
-			return fmt.Errorf("kafka node %d did not become ready on %s within %s: %v; output (tail):\n%s", id, addr, kafkaNodeStartTimeout, last, p.LogTail(40))
+			return fmt.Errorf("kafka node %d did not become ready on %s within %s (%s): %v; output (tail):\n%s", id, addr, c.startTimeout, envKafkaStartTimeout, last, p.LogTail(40))
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
