@@ -183,7 +183,7 @@ func lockStream(ctx context.Context, js jetstream.JetStream, name string, replic
 				kv.Delete(ctx, name, jetstream.LastRevision(rev)) //nolint:errcheck // it expires anyway
 			}, nil
 		}
-		if !errors.Is(err, jetstream.ErrKeyExists) {
+		if !lease.CreateConflict(err) {
 			return nil, fmt.Errorf("lock stream %s for an update: %w", name, err)
 		}
 		select {

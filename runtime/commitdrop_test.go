@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kfn-dev/kfn/internal/effects"
+	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
 // TestCommitWhoseReplyIsLostIsNeitherRepeatedNorMistakenForATakeover makes
@@ -20,7 +21,7 @@ func TestCommitWhoseReplyIsLostIsNeitherRepeatedNorMistakenForATakeover(t *testi
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := newPGProxy(t, u.Host)
+	proxy := kfntest.PostgresProxy(t, u.Host)
 	u.Host = proxy.Addr()
 	b.cfg.DatabaseURL = u.String()
 	b.cfg.NoRelay = true // only the record path talks to Postgres through the proxy
@@ -43,9 +44,9 @@ func TestCommitWhoseReplyIsLostIsNeitherRepeatedNorMistakenForATakeover(t *testi
 		// proxy counts the cut when it reads the COMMIT's reply, a moment
 		// later (a check at once missed it under -race).
 		waitFor(t, 10*time.Second, "the proxy to cut the round's commit", func() bool {
-			return proxy.dropped.Load() >= int32(round+1)
+			return proxy.CommitsCut() >= round+1
 		})
-		if n := proxy.dropped.Load(); n != int32(round+1) {
+		if n := proxy.CommitsCut(); n != round+1 {
 			t.Fatalf("round %d: the proxy cut off %d commits in all, want %d", round, n, round+1)
 		}
 		// The cut commit landed, so the cursor is caught up; the lane's
@@ -60,7 +61,7 @@ func TestCommitWhoseReplyIsLostIsNeitherRepeatedNorMistakenForATakeover(t *testi
 	}
 	// Each cut commit landed: the lane's next transaction must have found
 	// the cursor ahead under its own token and resumed from it.
-	if got, want := w.Stats().CommitRepliesLost.Load(), int64(proxy.dropped.Load()); got != want {
+	if got, want := w.Stats().CommitRepliesLost.Load(), int64(proxy.CommitsCut()); got != want {
 		t.Errorf("the lane recovered from %d commits whose reply was lost, want %d (one per cut commit)", got, want)
 	}
 	if n := w.Stats().Fenced.Load(); n != 0 {

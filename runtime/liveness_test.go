@@ -40,7 +40,7 @@ func TestLivenessFrozenPostgresPath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := newPGProxy(t, u.Host)
+	proxy := kfntest.PostgresProxy(t, u.Host)
 	u.Host = proxy.Addr()
 	frozen := c.startWorkerEnv(frozenID, "DATABASE_URL="+u.String())
 	workers := append([]*proc{frozen}, c.startWorkers(2)...)

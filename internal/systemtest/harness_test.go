@@ -277,25 +277,12 @@ func consumerIdle(js jetstream.JetStream) (bool, string) {
 	return ci.NumPending == 0 && ci.NumAckPending == 0, state
 }
 
-// waitUntil polls cond every 50 ms until it holds, logging its reason every
-// 10 s; on timeout it fails the test with cond's last reason.
+// waitUntil polls cond until it holds (kfntest.Await) and stops the test
+// if it does not within limit.
 func waitUntil(t *testing.T, limit time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
-	lastLog := time.Now()
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		if time.Since(lastLog) >= 10*time.Second {
-			t.Logf("waiting for %s: %s", what, why)
-			lastLog = time.Now()
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s: %s", limit, what, why)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !kfntest.Await(t, limit, what, cond) {
+		t.FailNow()
 	}
 }
 

@@ -30,7 +30,10 @@
 // brokers they kill and start (KafkaClusterProcesses, through
 // deploy/local/kafka/kafka.sh; Java and Maven needed, see HaveJava).
 // StartSecureNATS runs a nats-server as production does: TLS with a CA the
-// test makes, and operator/account/user JWTs (its User writes .creds). On
+// test makes, and operator/account/user JWTs (its User writes .creds).
+// Await polls a condition with a bound and says why it did not hold.
+// PostgresProxy puts a TCP proxy in front of Postgres that freezes a path
+// (every socket open, nothing forwarded) or cuts off COMMIT replies. On
 // Linux every child process dies with the test binary, even when
 // `go test -timeout` kills it.
 package kfntest

@@ -103,7 +103,7 @@ func (s *Store) acquire(ctx context.Context, group, item, owner, instance string
 	}
 	sent := time.Now()
 	rev, err := s.create(ctx, key, data, freedAt)
-	if errors.Is(err, jetstream.ErrKeyExists) {
+	if CreateConflict(err) {
 		return nil, fmt.Errorf("acquire lease %s: %w", key, ErrHeld)
 	}
 	if err != nil {
@@ -135,6 +135,21 @@ func (s *Store) create(ctx context.Context, key string, data []byte, freedAt uin
 		}
 	}
 	return s.kv.Create(ctx, key, data)
+}
+
+// CreateConflict reports whether a KV Create failed because another writer
+// got the key first. nats.go maps most such replies to ErrKeyExists, but
+// not one race: when the key was deleted, Create retries at the delete
+// marker's revision, and if another writer wins that retry the server's
+// "wrong last sequence" comes back unmapped (code 10164 on a replicated
+// bucket, 10071 on one replica).
+func CreateConflict(err error) bool {
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return true
+	}
+	var api *jetstream.APIError
+	return errors.As(err, &api) && (api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
 // reclaimOwn deletes the lease on item if its current term was written by

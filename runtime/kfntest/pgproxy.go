@@ -1,4 +1,4 @@
-package runtime_test
+package kfntest
 
 import (
 	"bytes"
@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-// pgProxy is a TCP proxy in front of Postgres for fault tests. It forwards
+// PGProxy is a TCP proxy in front of Postgres for fault tests. It forwards
 // bytes both ways, and on request it misbehaves in two ways:
 //
 //   - CutCommits(n): the next n COMMITs are forwarded to the server, which
@@ -19,7 +19,7 @@ import (
 //     connects no new client to the server, but it closes nothing either:
 //     every socket stays open, as on a network path that silently stalls. On
 //     Thaw it delivers what it held back and carries on.
-type pgProxy struct {
+type PGProxy struct {
 	ln     net.Listener
 	target string
 
@@ -38,13 +38,16 @@ type pgProxy struct {
 // the tag "COMMIT". When the proxy sees it, the server has committed.
 var commitComplete = []byte("C\x00\x00\x00\x0bCOMMIT\x00")
 
-func newPGProxy(t *testing.T, target string) *pgProxy {
+// PostgresProxy starts a PGProxy on a free loopback port in front of
+// target (host:port) and closes it, and every socket it holds, when the
+// test ends.
+func PostgresProxy(t testing.TB, target string) *PGProxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("kfntest: listen for a Postgres proxy: %v", err)
 	}
-	p := &pgProxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
+	p := &PGProxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -52,13 +55,16 @@ func newPGProxy(t *testing.T, target string) *pgProxy {
 }
 
 // Addr is the proxy's host:port, to put in a database URL.
-func (p *pgProxy) Addr() string { return p.ln.Addr().String() }
+func (p *PGProxy) Addr() string { return p.ln.Addr().String() }
 
 // CutCommits arms the proxy to cut off the replies of the next n COMMITs.
-func (p *pgProxy) CutCommits(n int) { p.armed.Store(int32(n)) }
+func (p *PGProxy) CutCommits(n int) { p.armed.Store(int32(n)) }
+
+// CommitsCut is how many COMMIT replies the proxy has cut off so far.
+func (p *PGProxy) CommitsCut() int { return int(p.dropped.Load()) }
 
 // Freeze stops all forwarding, keeping every socket open.
-func (p *pgProxy) Freeze() {
+func (p *PGProxy) Freeze() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.thawed == nil {
@@ -67,7 +73,7 @@ func (p *pgProxy) Freeze() {
 }
 
 // Thaw resumes forwarding.
-func (p *pgProxy) Thaw() {
+func (p *PGProxy) Thaw() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.thawed != nil {
@@ -77,7 +83,7 @@ func (p *pgProxy) Thaw() {
 }
 
 // pass blocks while the proxy is frozen.
-func (p *pgProxy) pass() {
+func (p *PGProxy) pass() {
 	p.mu.Lock()
 	ch := p.thawed
 	p.mu.Unlock()
@@ -86,7 +92,7 @@ func (p *pgProxy) pass() {
 	}
 }
 
-func (p *pgProxy) close() {
+func (p *PGProxy) close() {
 	p.Thaw()
 	p.ln.Close()
 	p.mu.Lock()
@@ -98,13 +104,13 @@ func (p *pgProxy) close() {
 }
 
 // track registers c to be closed by close.
-func (p *pgProxy) track(c net.Conn) {
+func (p *PGProxy) track(c net.Conn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.conns[c] = true
 }
 
-func (p *pgProxy) accept() {
+func (p *PGProxy) accept() {
 	defer p.wg.Done()
 	for {
 		client, err := p.ln.Accept()
@@ -117,7 +123,7 @@ func (p *pgProxy) accept() {
 	}
 }
 
-func (p *pgProxy) serve(client net.Conn) {
+func (p *PGProxy) serve(client net.Conn) {
 	defer p.wg.Done()
 	p.pass() // a frozen path connects nobody, and refuses nobody
 	server, err := net.Dial("tcp", p.target)
