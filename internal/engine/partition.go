@@ -133,6 +133,15 @@ func (pr *partitionRun) run(ctx context.Context) error {
 			continue
 		}
 		next = pr.prefetch(prefetchCtx, reader)
+		err = retryInfra(ctx, pr.log, "check for expired records", func(ctx context.Context) error {
+			return pr.skipGap(ctx, batch[0].Offset)
+		})
+		if err != nil {
+			return err
+		}
+		if batch = uncommitted(batch, pr.cursor.next); len(batch) == 0 {
+			continue
+		}
 		err = retryInfra(ctx, pr.log, "apply batch", func(ctx context.Context) error {
 			done, err := pr.apply(ctx, batch)
 			batch = uncommitted(batch[done:], pr.cursor.next)
@@ -168,16 +177,9 @@ func (pr *partitionRun) claim(ctx context.Context) error {
 		return fmt.Errorf("cursor %d is past the partition's high watermark %d (was the topic recreated?): move it with kfn replay", pr.cursor.next, high)
 	}
 	if pr.cursor.next < first {
-		// Kafka deleted records (retention) before anyone handled them. They
-		// cannot be read any more; say so loudly and resume at the first one.
-		pr.log.Error("records expired from Kafka before they were handled: skipping them", "from", pr.cursor.next, "to", first, "count", first-pr.cursor.next)
-		err := pr.w.withTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
-			return inbox.SkipExpired(ctx, tx, pr.part, pr.token, pr.cursor.next, first)
-		})
-		if err != nil {
+		if err := pr.skipExpired(ctx, first); err != nil {
 			return err
 		}
-		pr.cursor.next = first
 	}
 	pr.w.stats.update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *PartitionStats) {
 		p.Epoch, p.NextOffset, p.HighWater = pr.token, pr.cursor.next, high
@@ -190,6 +192,57 @@ func (pr *partitionRun) claim(ctx context.Context) error {
 	// The keys parked by earlier owners (KeyOrder ParkKey). Only the owner
 	// parks keys, so from here on the lane's memory holds every one.
 	return pr.reloadHeld(ctx)
+}
+
+// skipExpired moves the cursor to `to` over records Kafka deleted
+// (retention) before anyone handled them: they cannot be read any more, so
+// it says so loudly, records the skip in the audit log under the lane's
+// token, and the lane resumes at `to`. The claim and the batch loop
+// (skipGap) both skip through here.
+func (pr *partitionRun) skipExpired(ctx context.Context, to int64) error {
+	from := pr.cursor.next
+	pr.log.Error("records expired from Kafka before they were handled: skipping them", "from", from, "to", to, "count", to-from)
+	err := pr.w.withTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		return inbox.SkipExpired(ctx, tx, pr.part, pr.token, from, to)
+	})
+	if err != nil {
+		return pr.cursor.fenced(err)
+	}
+	pr.cursor.next, pr.cursor.highWater = to, max(pr.cursor.highWater, to)
+	return nil
+}
+
+// skipGap checks a batch that starts at offset read, above the lane's
+// cursor. kafka-go's reader, asked for an offset Kafka has deleted, jumps
+// to the first one it still holds and only logs it (to ErrorLogger), so
+// records that expired while the lane was behind would be passed over
+// unnoticed. A gap is also legitimate (compaction, transaction markers),
+// so only a cursor below the partition's first offset is a skip; only a
+// batch with a gap pays the round trip to Kafka.
+func (pr *partitionRun) skipGap(ctx context.Context, read int64) error {
+	if read <= pr.cursor.next {
+		return nil
+	}
+	first, _, err := pr.w.kafka.offsetRange(ctx, pr.part.Topic, pr.part.Partition)
+	if err != nil {
+		return err
+	}
+	if to := expiredUntil(pr.cursor.next, read, first); to > pr.cursor.next {
+		return pr.skipExpired(ctx, to)
+	}
+	return nil
+}
+
+// expiredUntil is where a lane whose cursor is next, and whose reader
+// returned offset read next, must skip to when Kafka's first offset is
+// first: next itself when nothing expired (the gap is compaction or
+// transaction markers), else up to first, but never past read (records
+// may expire after they were read; those were read and are handled).
+func expiredUntil(next, read, first int64) int64 {
+	if next >= first {
+		return next
+	}
+	return min(first, read)
 }
 
 // fetched is a batch read by prefetch, or why it could not be.
