@@ -216,8 +216,8 @@ func (pr *partitionRun) skipExpired(ctx context.Context, to int64) error {
 // cursor. kafka-go's reader, asked for an offset Kafka has deleted, jumps
 // to the first one it still holds and only logs it (to ErrorLogger), so
 // records that expired while the lane was behind would be passed over
-// unnoticed. A gap is also legitimate (compaction, transaction markers),
-// so only a cursor below the partition's first offset is a skip; only a
+// unnoticed. A gap can be legitimate (compaction; kafka-go v0.4 delivers
+// transaction markers as records, so they leave none), so only a cursor below the partition's first offset is a skip; only a
 // batch with a gap pays the round trip to Kafka.
 func (pr *partitionRun) skipGap(ctx context.Context, read int64) error {
 	if read <= pr.cursor.next {
@@ -235,8 +235,8 @@ func (pr *partitionRun) skipGap(ctx context.Context, read int64) error {
 
 // expiredUntil is where a lane whose cursor is next, and whose reader
 // returned offset read next, must skip to when Kafka's first offset is
-// first: next itself when nothing expired (the gap is compaction or
-// transaction markers), else up to first, but never past read (records
+// first: next itself when nothing expired (a legitimate gap, such as
+// compaction's), else up to first, but never past read (records
 // may expire after they were read; those were read and are handled).
 func expiredUntil(next, read, first int64) int64 {
 	if next >= first {
