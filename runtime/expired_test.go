@@ -87,6 +87,35 @@ WHERE action = 'skip_expired' AND consumer = $1 ORDER BY id`, b.fn)
 	b.check(t, b.fn, applied)
 }
 
+// TestRecordsExpiredBeforeTheClaimAreAudited: a partition whose records
+// below 5 were deleted while no worker ran is claimed with its cursor at
+// 0; the claim skips [0, 5) through the same path.
+func TestRecordsExpiredBeforeTheClaimAreAudited(t *testing.T) {
+	b := setup(t, 1)
+	fn := effects.Function(b.fn, b.topic)
+	_, stop := b.run(t, fn) // the empty partition's cursor: 0
+	b.waitCaughtUp(t, b.fn)
+	stop()
+	produced := b.produceN(t, 1, 10)
+	deleteRecords(t, b, 5)
+	_, stop = b.run(t, fn)
+	b.waitCaughtUp(t, b.fn)
+	stop()
+	var skips []string
+	rows, err := b.pg.Pool.Query(context.Background(), `SELECT details->>'from' || '-' || (details->>'to') FROM kfn.audit_log
+WHERE action = 'skip_expired' AND consumer = $1 ORDER BY id`, b.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if skips, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	if len(skips) != 1 || skips[0] != "0-5" {
+		t.Errorf("skip_expired rows %v, want [0-5]", skips)
+	}
+	b.check(t, b.fn, produced[5:])
+}
+
 // deleteRecords deletes the records of partition 0 of the bundle's topic
 // below offset before, as retention would (kafka-go has no DeleteRecords).
 func deleteRecords(t *testing.T, b *bundle, before int64) {
