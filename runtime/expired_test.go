@@ -18,10 +18,33 @@ import (
 // past a lane that is held back (its handler blocked, its reader's queue
 // full); kafka-go's reader then jumps to the first offset left. The lane
 // must audit that range as a skip_expired, exactly as a claim does, skip
-// nothing else, and apply every record still there once.
+// nothing else, and apply every record still there once. With batches of
+// one, the jump is before a batch; with batches of 5 gathered for up to a
+// second, the records read before the jump and those after it share one.
 func TestRecordsExpiredWhileTheLaneIsBehindAreAudited(t *testing.T) {
+	for _, c := range []struct {
+		name             string
+		batch            int
+		wait             time.Duration
+		before, logStart int
+	}{
+		{"before a batch", 1, 5 * time.Millisecond, 10, 25},
+		{"inside a batch", 5, time.Second, 28, 45},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			expireBehindTheLane(t, c.batch, c.wait, c.before, c.logStart)
+		})
+	}
+}
+
+// expireBehindTheLane holds a lane at offset 0 with `before` records
+// produced, produces 20 more, deletes those below logStart, then lets the
+// lane go on.
+func expireBehindTheLane(t *testing.T, batch int, wait time.Duration, before, logStart int) {
 	b := setup(t, 1)
-	b.cfg.BatchSize = 1 // a reader queue of 2: the reader stops fetching while the lane is held
+	// A reader queue of twice the batch: the reader stops fetching while
+	// the lane is held.
+	b.cfg.BatchSize, b.cfg.BatchWait = batch, wait
 	fn := effects.Function(b.fn, b.topic)
 	entered, release := make(chan struct{}), make(chan struct{})
 	handler := fn.Handler
@@ -32,7 +55,7 @@ func TestRecordsExpiredWhileTheLaneIsBehindAreAudited(t *testing.T) {
 		}
 		return handler(ctx, tx, rec, out)
 	}
-	first := b.produceN(t, 1, 10) // read in one fetch: the reader stops inside it
+	first := b.produceN(t, 1, before) // read in one fetch: the reader stops inside it
 	_, stop := b.run(t, fn)
 	defer stop()
 	select {
@@ -40,9 +63,8 @@ func TestRecordsExpiredWhileTheLaneIsBehindAreAudited(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the handler never got offset 0")
 	}
-	later := b.produceN(t, 1, 20) // offsets 10..29: not fetched yet
-	const logStart = 25
-	deleteRecords(t, b, logStart)
+	later := b.produceN(t, 1, 20) // not fetched yet
+	deleteRecords(t, b, int64(logStart))
 	close(release)
 	b.waitCaughtUp(t, b.fn)
 	stop()
@@ -75,14 +97,14 @@ WHERE action = 'skip_expired' AND consumer = $1 ORDER BY id`, b.fn)
 	var applied []effects.Produced
 	for _, p := range append(first, later...) {
 		switch {
-		case skipped[p.Offset] && p.Offset >= logStart:
+		case skipped[p.Offset] && p.Offset >= int64(logStart):
 			t.Errorf("offset %d is still in Kafka but was skipped as expired", p.Offset)
 		case !skipped[p.Offset]:
 			applied = append(applied, p)
 		}
 	}
-	if len(applied)+len(skipped) != 30 {
-		t.Errorf("%d applied + %d skipped, want 30 records in all", len(applied), len(skipped))
+	if len(applied)+len(skipped) != before+20 {
+		t.Errorf("%d applied + %d skipped, want %d records in all", len(applied), len(skipped), before+20)
 	}
 	b.check(t, b.fn, applied)
 }

@@ -133,22 +133,31 @@ func (pr *partitionRun) run(ctx context.Context) error {
 			continue
 		}
 		next = pr.prefetch(prefetchCtx, reader)
-		err = retryInfra(ctx, pr.log, "check for expired records", func(ctx context.Context) error {
-			return pr.skipGap(ctx, batch[0].Offset)
-		})
-		if err != nil {
-			return err
-		}
-		if batch = uncommitted(batch, pr.cursor.next); len(batch) == 0 {
-			continue
-		}
-		err = retryInfra(ctx, pr.log, "apply batch", func(ctx context.Context) error {
-			done, err := pr.apply(ctx, batch)
-			batch = uncommitted(batch[done:], pr.cursor.next)
-			return err
-		})
-		if err != nil {
-			return err
+		for len(batch) > 0 {
+			// The records read before an expiry are applied before it is
+			// skipped: the batch goes in one or two parts.
+			cut := len(batch)
+			err = retryInfra(ctx, pr.log, "check for expired records", func(ctx context.Context) error {
+				var err error
+				cut, err = pr.skipGap(ctx, batch)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			part := uncommitted(batch[:cut], pr.cursor.next)
+			batch = batch[cut:]
+			if len(part) == 0 {
+				continue
+			}
+			err = retryInfra(ctx, pr.log, "apply batch", func(ctx context.Context) error {
+				done, err := pr.apply(ctx, part)
+				part = uncommitted(part[done:], pr.cursor.next)
+				return err
+			})
+			if err != nil {
+				return err
+			}
 		}
 	}
 }
@@ -212,37 +221,61 @@ func (pr *partitionRun) skipExpired(ctx context.Context, to int64) error {
 	return nil
 }
 
-// skipGap checks a batch that starts at offset read, above the lane's
-// cursor. kafka-go's reader, asked for an offset Kafka has deleted, jumps
-// to the first one it still holds and only logs it (to ErrorLogger), so
+// skipGap checks a batch with a gap: before its first record, or between
+// two. kafka-go's reader, asked for an offset Kafka has deleted, jumps to
+// the first one it still holds and only logs it (to ErrorLogger), so
 // records that expired while the lane was behind would be passed over
 // unnoticed. A gap can be legitimate (compaction; kafka-go v0.4 delivers
-// transaction markers as records, so they leave none), so only a cursor below the partition's first offset is a skip; only a
-// batch with a gap pays the round trip to Kafka.
-func (pr *partitionRun) skipGap(ctx context.Context, read int64) error {
-	if read <= pr.cursor.next {
-		return nil
+// transaction markers as records, so they leave none), so only a cursor
+// below the partition's first offset is an expiry; only a batch with a gap
+// pays the round trip to Kafka. It returns how many of the batch's records
+// to apply now; the rest is checked again after them.
+func (pr *partitionRun) skipGap(ctx context.Context, batch []Record) (int, error) {
+	if !gapped(batch, pr.cursor.next) {
+		return len(batch), nil
 	}
 	first, _, err := pr.w.kafka.offsetRange(ctx, pr.part.Topic, pr.part.Partition)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	if to := expiredUntil(pr.cursor.next, read, first); to > pr.cursor.next {
-		return pr.skipExpired(ctx, to)
+	cut, to := expired(batch, pr.cursor.next, first)
+	if to > pr.cursor.next {
+		return cut, pr.skipExpired(ctx, to)
 	}
-	return nil
+	return cut, nil
 }
 
-// expiredUntil is where a lane whose cursor is next, and whose reader
-// returned offset read next, must skip to when Kafka's first offset is
-// first: next itself when nothing expired (a legitimate gap, such as
-// compaction's), else up to first, but never past read (records
-// may expire after they were read; those were read and are handled).
-func expiredUntil(next, read, first int64) int64 {
-	if next >= first {
-		return next
+// gapped says whether batch, read at cursor next, skips an offset.
+func gapped(batch []Record, next int64) bool {
+	for _, r := range batch {
+		if r.Offset != next {
+			return true
+		}
+		next++
 	}
-	return min(first, read)
+	return false
+}
+
+// expired decides for a batch read at cursor next from a partition whose
+// first offset is now first. A cursor at or above first means nothing
+// expired: the gaps are legitimate, and the whole batch is applied (cut is
+// its length, to is next). Below first, every missing offset is gone for
+// good: a batch that starts above the cursor skips to its first record or
+// to first, whichever is lower (to), and nothing is applied before the
+// batch is checked again (cut 0); otherwise the records read before the
+// expiry, from the cursor on, without a gap and below first, are applied
+// first (cut of them), and the rest is checked after them.
+func expired(batch []Record, next, first int64) (cut int, to int64) {
+	if next >= first {
+		return len(batch), next
+	}
+	if batch[0].Offset > next {
+		return 0, min(first, batch[0].Offset)
+	}
+	for cut < len(batch) && batch[cut].Offset == next+int64(cut) && batch[cut].Offset < first {
+		cut++
+	}
+	return cut, next
 }
 
 // fetched is a batch read by prefetch, or why it could not be.
