@@ -133,9 +133,10 @@ func (pr *partitionRun) run(ctx context.Context) error {
 			continue
 		}
 		next = pr.prefetch(prefetchCtx, reader)
-		for len(batch) > 0 {
-			// The records read before an expiry are applied before it is
-			// skipped: the batch goes in one or two parts.
+		// The records read before an expiry are applied before it is
+		// skipped: the batch goes in one or more parts, each checked at
+		// the cursor its predecessor left.
+		for ; len(batch) > 0; batch = uncommitted(batch, pr.cursor.next) {
 			cut := len(batch)
 			err = retryInfra(ctx, pr.log, "check for expired records", func(ctx context.Context) error {
 				var err error
@@ -145,7 +146,7 @@ func (pr *partitionRun) run(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			part := uncommitted(batch[:cut], pr.cursor.next)
+			part := batch[:cut]
 			batch = batch[cut:]
 			if len(part) == 0 {
 				continue
