@@ -133,13 +133,32 @@ func (pr *partitionRun) run(ctx context.Context) error {
 			continue
 		}
 		next = pr.prefetch(prefetchCtx, reader)
-		err = retryInfra(ctx, pr.log, "apply batch", func(ctx context.Context) error {
-			done, err := pr.apply(ctx, batch)
-			batch = uncommitted(batch[done:], pr.cursor.next)
-			return err
-		})
-		if err != nil {
-			return err
+		// The records read before an expiry are applied before it is
+		// skipped: the batch goes in one or more parts, each checked at
+		// the cursor its predecessor left.
+		for ; len(batch) > 0; batch = uncommitted(batch, pr.cursor.next) {
+			cut := len(batch)
+			err = retryInfra(ctx, pr.log, "check for expired records", func(ctx context.Context) error {
+				var err error
+				cut, err = pr.skipGap(ctx, batch)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			part := batch[:cut]
+			batch = batch[cut:]
+			if len(part) == 0 {
+				continue
+			}
+			err = retryInfra(ctx, pr.log, "apply batch", func(ctx context.Context) error {
+				done, err := pr.apply(ctx, part)
+				part = uncommitted(part[done:], pr.cursor.next)
+				return err
+			})
+			if err != nil {
+				return err
+			}
 		}
 	}
 }
@@ -168,16 +187,9 @@ func (pr *partitionRun) claim(ctx context.Context) error {
 		return fmt.Errorf("cursor %d is past the partition's high watermark %d (was the topic recreated?): move it with kfn replay", pr.cursor.next, high)
 	}
 	if pr.cursor.next < first {
-		// Kafka deleted records (retention) before anyone handled them. They
-		// cannot be read any more; say so loudly and resume at the first one.
-		pr.log.Error("records expired from Kafka before they were handled: skipping them", "from", pr.cursor.next, "to", first, "count", first-pr.cursor.next)
-		err := pr.w.withTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
-			return inbox.SkipExpired(ctx, tx, pr.part, pr.token, pr.cursor.next, first)
-		})
-		if err != nil {
+		if err := pr.skipExpired(ctx, first); err != nil {
 			return err
 		}
-		pr.cursor.next = first
 	}
 	pr.w.stats.update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *PartitionStats) {
 		p.Epoch, p.NextOffset, p.HighWater = pr.token, pr.cursor.next, high
@@ -190,6 +202,81 @@ func (pr *partitionRun) claim(ctx context.Context) error {
 	// The keys parked by earlier owners (KeyOrder ParkKey). Only the owner
 	// parks keys, so from here on the lane's memory holds every one.
 	return pr.reloadHeld(ctx)
+}
+
+// skipExpired moves the cursor to `to` over records Kafka deleted
+// (retention) before anyone handled them: they cannot be read any more, so
+// it says so loudly, records the skip in the audit log under the lane's
+// token, and the lane resumes at `to`. The claim and the batch loop
+// (skipGap) both skip through here.
+func (pr *partitionRun) skipExpired(ctx context.Context, to int64) error {
+	from := pr.cursor.next
+	pr.log.Error("records expired from Kafka before they were handled: skipping them", "from", from, "to", to, "count", to-from)
+	err := pr.w.withTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		return inbox.SkipExpired(ctx, tx, pr.part, pr.token, from, to)
+	})
+	if err != nil {
+		return pr.cursor.fenced(err)
+	}
+	pr.cursor.next, pr.cursor.highWater = to, max(pr.cursor.highWater, to)
+	return nil
+}
+
+// skipGap checks a batch with a gap: before its first record, or between
+// two. kafka-go's reader, asked for an offset Kafka has deleted, jumps to
+// the first one it still holds and only logs it (to ErrorLogger), so
+// records that expired while the lane was behind would be passed over
+// unnoticed. A gap can be legitimate (compaction; kafka-go v0.4 delivers
+// transaction markers as records, so they leave none), so only a cursor
+// below the partition's first offset is an expiry; only a batch with a gap
+// pays the round trip to Kafka. It returns how many of the batch's records
+// to apply now; the rest is checked again after them.
+func (pr *partitionRun) skipGap(ctx context.Context, batch []Record) (int, error) {
+	if !gapped(batch, pr.cursor.next) {
+		return len(batch), nil
+	}
+	first, _, err := pr.w.kafka.offsetRange(ctx, pr.part.Topic, pr.part.Partition)
+	if err != nil {
+		return 0, err
+	}
+	cut, to := expired(batch, pr.cursor.next, first)
+	if to > pr.cursor.next {
+		return cut, pr.skipExpired(ctx, to)
+	}
+	return cut, nil
+}
+
+// gapped says whether batch, read at cursor next, skips an offset.
+func gapped(batch []Record, next int64) bool {
+	for _, r := range batch {
+		if r.Offset != next {
+			return true
+		}
+		next++
+	}
+	return false
+}
+
+// expired decides for a batch read at cursor next from a partition whose
+// first offset is now first. A cursor at or above first means nothing
+// expired: the gaps are legitimate, and the whole batch is applied (cut is
+// its length, to is next). Below first, every missing offset is gone for
+// good: a batch that starts above the cursor skips to its first record or
+// to first, whichever is lower (to), and nothing is applied before the
+// batch is checked again (cut 0); otherwise the records read before the
+// expiry, from the cursor on, without a gap and below first, are applied
+// first (cut of them), and the rest is checked after them.
+func expired(batch []Record, next, first int64) (cut int, to int64) {
+	if next >= first {
+		return len(batch), next
+	}
+	if batch[0].Offset > next {
+		return 0, min(first, batch[0].Offset)
+	}
+	for cut < len(batch) && batch[cut].Offset == next+int64(cut) && batch[cut].Offset < first {
+		cut++
+	}
+	return cut, next
 }
 
 // fetched is a batch read by prefetch, or why it could not be.
