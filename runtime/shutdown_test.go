@@ -104,15 +104,16 @@ func TestShutdownHandsPartitionsOverAtOnce(t *testing.T) {
 		t.Errorf("the last partition of %s was claimed %s after SIGTERM, over %s: the handoff waited for something (the TTL is %s)", stopped.id, last, shutdownHandoff, shutdownTTL)
 	}
 
-	// The other worker claimed each of those partitions once: the
-	// departure was not undone by a members listing that began before it
-	// (which moved the partitions back and took them again, a handoff
-	// twice over).
+	// The other worker claimed each of those partitions once after the
+	// signal (claims before it were the start's balancing): the departure
+	// was not undone by a members listing that began before it (which
+	// moved the partitions back and took them again, a handoff twice
+	// over).
 	var reclaimed []string
 	for _, p := range slices.Sorted(maps.Keys(before)) {
 		var n int
 		err := c.pg.Pool.QueryRow(context.Background(), `SELECT count(*) FROM kfn.audit_log
- WHERE action = 'claim' AND actor = $1 AND consumer = $2 AND topic = $3 AND partition = $4`, survivor.id, c.fn, c.topic, p).Scan(&n)
+ WHERE action = 'claim' AND actor = $1 AND consumer = $2 AND topic = $3 AND partition = $4 AND at >= $5`, survivor.id, c.fn, c.topic, p, signalled).Scan(&n)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -239,60 +239,103 @@ const scanStall = 30 * time.Second
 // connection to the partition's leader (a kafka.Reader's queue costs
 // several times more per record). It never skips records silently: when
 // Kafka returns nothing from an offset below its high watermark for
-// scanStall, that is an error.
+// scanStall, that is an error. A Kafka error (a leader change, a dropped
+// connection) is retried on a new connection to the partition's leader
+// until scanStall has passed without progress.
 func (l *KafkaLog) Scan(ctx context.Context, topic string, partition int32, from, to int64, each func(offset int64, key []byte) error) error {
-	if from >= to {
+	s := &scan{log: l, topic: topic, partition: partition, from: from, to: to, each: each, progress: time.Now()}
+	for {
+		err := s.run(ctx)
+		var handler handlerError
+		if errors.As(err, &handler) {
+			return handler.err
+		}
+		if err == nil || ctx.Err() != nil || time.Since(s.progress) > scanStall {
+			return err
+		}
+		// A leader change (a broker killed) or a dropped connection: ask
+		// again who leads the partition and go on from where this read
+		// stopped, until scanStall without progress.
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(scanRetry):
+		}
+	}
+}
+
+// scanRetry is the pause before a scan connects again after a Kafka error.
+const scanRetry = 250 * time.Millisecond
+
+// scan is one KafkaLog.Scan: where it is, and when it last moved.
+type scan struct {
+	log       *KafkaLog
+	topic     string
+	partition int32
+	from, to  int64
+	each      func(offset int64, key []byte) error
+	progress  time.Time
+}
+
+// handlerError is an error of the caller's each: never retried.
+type handlerError struct{ err error }
+
+func (e handlerError) Error() string { return e.err.Error() }
+
+// run reads from s.from on one connection to the partition's leader until
+// s.to, the high watermark, or an error.
+func (s *scan) run(ctx context.Context) error {
+	if s.from >= s.to {
 		return nil
 	}
-	conn, err := l.dialLeader(ctx, topic, partition)
+	conn, err := s.log.dialLeader(ctx, s.topic, s.partition)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	if _, err := conn.Seek(from, kafka.SeekAbsolute); err != nil {
-		return fmt.Errorf("read %s/%d from offset %d: %w", topic, partition, from, err)
+	if _, err := conn.Seek(s.from, kafka.SeekAbsolute); err != nil {
+		return fmt.Errorf("read %s/%d from offset %d: %w", s.topic, s.partition, s.from, err)
 	}
-	progress := time.Now()
-	for from < to {
+	for s.from < s.to {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		if err := conn.SetReadDeadline(time.Now().Add(scanStall)); err != nil {
 			return err
 		}
-		last := from
+		last := s.from
 		batch := conn.ReadBatchWith(kafka.ReadBatchConfig{MinBytes: 1, MaxBytes: 16 << 20, MaxWait: time.Second})
-		for from < to {
+		for s.from < s.to {
 			msg, err := batch.ReadMessage()
 			if err != nil {
 				break
 			}
-			if msg.Offset >= to {
-				from = to
+			if msg.Offset >= s.to {
+				s.from = s.to
 				break
 			}
-			if err := each(msg.Offset, msg.Key); err != nil {
+			if err := s.each(msg.Offset, msg.Key); err != nil {
 				batch.Close()
-				return err
+				return handlerError{err}
 			}
-			from = msg.Offset + 1
+			s.from = msg.Offset + 1
 		}
 		high := batch.HighWaterMark()
 		if err := batch.Close(); err != nil && !errors.Is(err, io.EOF) {
-			return fmt.Errorf("read %s/%d at offset %d: %w", topic, partition, from, kafkaconn.Explain(err, l.source.brokers, l.source.security))
+			return fmt.Errorf("read %s/%d at offset %d: %w", s.topic, s.partition, s.from, kafkaconn.Explain(err, s.log.source.brokers, s.log.source.security))
 		}
 		// The connection's offset has moved past what the batch held,
 		// records and markers alike.
-		if next, _ := conn.Offset(); next > from {
-			from = min(next, to)
+		if next, _ := conn.Offset(); next > s.from {
+			s.from = min(next, s.to)
 		}
 		switch {
-		case from >= to || from >= high:
+		case s.from >= s.to || s.from >= high:
 			return nil
-		case from > last:
-			progress = time.Now()
-		case time.Since(progress) > scanStall:
-			return fmt.Errorf("read %s/%d: Kafka returned no record from offset %d, below its high watermark %d, for %s", topic, partition, from, high, scanStall)
+		case s.from > last:
+			s.progress = time.Now()
+		case time.Since(s.progress) > scanStall:
+			return fmt.Errorf("read %s/%d: Kafka returned no record from offset %d, below its high watermark %d, for %s", s.topic, s.partition, s.from, high, scanStall)
 		}
 	}
 	return nil

@@ -418,9 +418,16 @@ func TestMembershipIgnoresHeartbeatsRewrittenDuringAListing(t *testing.T) {
 	defer wg.Wait()
 	defer cancel()
 	known := []string{"a", "b", "c", "self"}
-	rawPartial := 0
+	rawPartial, timedOut := 0, 0
 	for i := range 300 {
 		list, err := r.beat(ctx, known)
+		if errors.Is(err, context.DeadlineExceeded) {
+			// A beat bounded by RenewEvery that ran out (a loaded machine,
+			// -race): the manager's loop beats again; what is checked here
+			// is that a listing that returns misses no member.
+			timedOut++
+			continue
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -431,5 +438,8 @@ func TestMembershipIgnoresHeartbeatsRewrittenDuringAListing(t *testing.T) {
 			rawPartial++
 		}
 	}
-	t.Logf("plain listings that missed a member: %d of 300 (the membership loop missed none)", rawPartial)
+	if timedOut > 30 {
+		t.Fatalf("%d of 300 beats ran out of time: too few listings checked", timedOut)
+	}
+	t.Logf("plain listings that missed a member: %d of %d (the membership loop missed none; %d beats ran out of time)", rawPartial, 300-timedOut, timedOut)
 }

@@ -38,8 +38,10 @@ func TestKafkaVersionReadsTheServerJar(t *testing.T) {
 		{dir, "*", "4.4.0"},
 		{"/", "/nonexistent/*", ""},
 	} {
-		// sh -c 'script' arg0 args…: the class path shows in its command line.
-		cmd := exec.Command("sh", "-c", "sleep 30", "java", "-Xmx256m", "-cp", tc.classpath, "kafka.Kafka")
+		// sh -c 'script' arg0 args…: the class path shows in its command
+		// line. The script ends in ":", so sh waits for sleep instead of
+		// replacing itself with it (and its command line with sleep's).
+		cmd := exec.Command("sh", "-c", "sleep 30; :", "java", "-Xmx256m", "-cp", tc.classpath, "kafka.Kafka")
 		cmd.Dir = tc.cwd
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
