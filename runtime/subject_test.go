@@ -252,3 +252,90 @@ func TestEventStreamIsCreatedBounded(t *testing.T) {
 		})
 	}
 }
+
+// TestNATSTriggeredFunctionGetsAnEventWhoseDeliveryWasLost has a delivery
+// of the lane's consumer go where the lane never sees it, as one in flight
+// when a NATS server between the consumer and the worker dies: JetStream
+// counts it as delivered, and the worker's next pull gets the events after
+// it. The lane acks with AckAll, so it must not ack past the lost one: the
+// event must be applied in seconds, not lost (nor left to the consumer's
+// two-minute ack wait). The lost delivery is made by a second pull request
+// on the lane's consumer, which JetStream serves in turn with the lane's.
+func TestNATSTriggeredFunctionGetsAnEventWhoseDeliveryWasLost(t *testing.T) {
+	b := setup(t, 1)
+	ctx := context.Background()
+	js := jetStream(t, b.cfg.NATSURL)
+	stream, subject := kfntest.Name(t, "stream"), kfntest.Name(t, "subj")+".created"
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject}}); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			msg := nats.NewMsg(subject)
+			msg.Header.Set("Nats-Msg-Id", fmt.Sprintf("ev-%02d", i))
+			if _, err := js.PublishMsg(ctx, msg); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	table := pgx.Identifier{"events_" + b.fn}.Sanitize()
+	fn := runtime.Function{
+		Name: b.fn, Subject: subject, Stream: stream,
+		Setup: func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (event_id text)`)
+			return err
+		},
+		Handler: func(ctx context.Context, tx pgx.Tx, rec runtime.Record, out *runtime.Events) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ($1)`, rec.EventID)
+			return err
+		},
+	}
+	_, stop := b.run(t, fn)
+	defer stop()
+	var cons jetstream.Consumer
+	waitFor(t, 15*time.Second, "the lane's consumer", func() bool {
+		var err error
+		cons, err = js.Consumer(ctx, stream, b.fn)
+		return err == nil
+	})
+	type stolen struct {
+		id  string
+		err error
+	}
+	lost := make(chan stolen, 1)
+	go func() {
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(20*time.Second))
+		if err != nil {
+			lost <- stolen{err: err}
+			return
+		}
+		s := stolen{err: errors.New("no delivery")}
+		for m := range batch.Messages() {
+			s = stolen{id: m.Headers().Get("Nats-Msg-Id")} // never acked
+		}
+		if s.err == nil {
+			s.err = batch.Error()
+		}
+		lost <- s
+	}()
+	time.Sleep(500 * time.Millisecond) // the pull request above reaches the server
+	publish(0, 10)
+	s := <-lost
+	if s.err != nil {
+		t.Fatalf("the second pull request got no event: %v", s.err)
+	}
+	t.Logf("the delivery of %s was lost", s.id)
+	publish(10, 20) // later deliveries to the lane, which it acks
+	waitFor(t, 20*time.Second, "all 20 events, the lost one too, well before the 2-minute ack wait", func() bool {
+		var n int
+		err := b.pg.Pool.QueryRow(ctx, `SELECT count(DISTINCT event_id) FROM `+table+` WHERE event_id = $1`, s.id).Scan(&n)
+		var all int
+		err2 := b.pg.Pool.QueryRow(ctx, `SELECT count(DISTINCT event_id) FROM `+table).Scan(&all)
+		return err == nil && err2 == nil && n == 1 && all == 20
+	})
+	var rows int
+	if err := b.pg.Pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&rows); err != nil || rows != 20 {
+		t.Errorf("applied %d rows (%v), want each of the 20 events once", rows, err)
+	}
+}

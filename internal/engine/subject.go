@@ -33,6 +33,9 @@ type subjectRun struct {
 	lanes  int
 	start  int64      // the lane's cursor when claimed: no event of it below is unhandled
 	retry  *retryLane // dead letters marked for retry (retry.go)
+	// delivered is the consumer sequence of the last event the lane's
+	// consumer delivered to it (0: none yet).
+	delivered uint64
 }
 
 // ackWait is how long JetStream waits for an ack before redelivering. It
@@ -82,11 +85,11 @@ func (sr *subjectRun) run(ctx context.Context) error {
 		return err
 	}
 	sr.log.Debug("subject lane claimed", "next_seq", sr.start)
-	msgs, err := cons.Messages(jetstream.PullMaxMessages(2 * sr.w.cfg.BatchSize))
+	msgs, err := sr.consume(cons)
 	if err != nil {
-		return fmt.Errorf("consume %s: %w", sr.fn.Subject, err)
+		return err
 	}
-	defer msgs.Stop()
+	defer func() { msgs.Stop() }()
 	for {
 		if err := sr.retry.applyPending(ctx); err != nil {
 			return err
@@ -95,7 +98,8 @@ func (sr *subjectRun) run(ctx context.Context) error {
 		if errors.Is(err, errRetryWake) {
 			continue
 		}
-		if err != nil {
+		lost := errors.Is(err, errDeliveryLost)
+		if err != nil && !lost {
 			return err
 		}
 		recs := make([]Record, 0, len(batch))
@@ -114,11 +118,67 @@ func (sr *subjectRun) run(ctx context.Context) error {
 				return err // not acked: JetStream redelivers, the inbox skips what committed
 			}
 		}
-		// AckAll: this acks every event of the batch, the skipped ones too.
-		if err := batch[len(batch)-1].Ack(); err != nil {
-			sr.log.Debug("ack failed; the events will be redelivered and skipped", "err", err)
+		if len(batch) > 0 {
+			// AckAll: this acks every event of the batch, the skipped ones too.
+			if err := batch[len(batch)-1].Ack(); err != nil {
+				sr.log.Debug("ack failed; the events will be redelivered and skipped", "err", err)
+			}
+		}
+		if lost {
+			// The events after the gap are not acked: a new consumer
+			// delivers them again, from the last ack on.
+			sr.log.Warn("an event the lane's consumer delivered never reached the lane (lost in flight when a NATS server went away); the lane's consumer starts again after its last ack",
+				"delivered", sr.delivered)
+			msgs.Stop()
+			if err := retryInfra(ctx, sr.log, "restart subject consumer", func(ctx context.Context) error {
+				cons, err = sr.newTermConsumer(ctx)
+				return err
+			}); err != nil {
+				return err
+			}
+			next, err := sr.consume(cons)
+			if err != nil {
+				return err
+			}
+			msgs = next
 		}
 	}
+}
+
+// errDeliveryLost: the consumer sequence of a delivery skipped one or more
+// deliveries, which JetStream counts as delivered but the lane never got.
+var errDeliveryLost = errors.New("a delivery of the lane's consumer was lost")
+
+// consume starts reading cons, a consumer this lane just created.
+func (sr *subjectRun) consume(cons jetstream.Consumer) (jetstream.MessagesContext, error) {
+	sr.delivered = 0
+	msgs, err := cons.Messages(jetstream.PullMaxMessages(2 * sr.w.cfg.BatchSize))
+	if err != nil {
+		return nil, fmt.Errorf("consume %s: %w", sr.fn.Subject, err)
+	}
+	return msgs, nil
+}
+
+// inSequence reports whether m is the delivery after the previous one the
+// lane got. A delivery in flight when a NATS server on its way went down
+// (the client's server, or the consumer leader's) is lost without a word:
+// the client reconnects and pulls on, and JetStream, which counts the event
+// as delivered, sends the next ones. The lane acks with AckAll, so acking a
+// later event would ack the lost one unhandled, and it would never be
+// delivered again. Every delivery, a redelivery too, takes the consumer's
+// next delivery sequence, so a lost one shows as a gap. A sequence at or
+// below the previous one (a new consumer leader that resumes from its
+// replicated state) only delivers events again, which the inbox skips.
+func (sr *subjectRun) inSequence(m jetstream.Msg) bool {
+	md, err := m.Metadata()
+	if err != nil {
+		return true // not a JetStream delivery: there is no sequence to check
+	}
+	if md.Sequence.Consumer > sr.delivered+1 {
+		return false
+	}
+	sr.delivered = md.Sequence.Consumer
+	return true
 }
 
 // LaneConsumer is the durable JetStream consumer of a lane: the function's
@@ -203,7 +263,8 @@ func (sr *subjectRun) cursorFitsStream(ctx context.Context, start uint64) bool {
 }
 
 // fetch blocks for the first event, then gathers more until the batch is full
-// or BatchWait has passed since the first one.
+// or BatchWait has passed since the first one. It ends the batch before a
+// delivery that follows a lost one, with errDeliveryLost.
 func (sr *subjectRun) fetch(ctx context.Context, msgs jetstream.MessagesContext) ([]jetstream.Msg, error) {
 	wctx, stop := sr.retry.waitContext(ctx)
 	first, err := msgs.Next(jetstream.NextContext(wctx))
@@ -216,6 +277,9 @@ func (sr *subjectRun) fetch(ctx context.Context, msgs jetstream.MessagesContext)
 			return nil, errRetryWake
 		}
 		return nil, fmt.Errorf("read %s: %w", sr.fn.Subject, err)
+	}
+	if !sr.inSequence(first) {
+		return nil, errDeliveryLost
 	}
 	batch := []jetstream.Msg{first}
 	deadline := time.Now().Add(sr.w.cfg.BatchWait)
@@ -232,6 +296,9 @@ func (sr *subjectRun) fetch(ctx context.Context, msgs jetstream.MessagesContext)
 				return nil, ctx.Err()
 			}
 			break
+		}
+		if !sr.inSequence(m) {
+			return batch, errDeliveryLost
 		}
 		batch = append(batch, m)
 	}
