@@ -149,10 +149,17 @@ func (sr *subjectRun) run(ctx context.Context) error {
 // deliveries, which JetStream counts as delivered but the lane never got.
 var errDeliveryLost = errors.New("a delivery of the lane's consumer was lost")
 
+// pullExpiry is how long one pull request of a lane waits on the server.
+// nats.go's Messages sends heartbeats every half of it and ends with
+// ErrNoHeartbeat (the lane stops and is run again) when two are missed: a
+// pull request lost with a NATS node, or sent before a new consumer's
+// leader was ready, then costs seconds, not the 30 s default's.
+const pullExpiry = 5 * time.Second
+
 // consume starts reading cons, a consumer this lane just created.
 func (sr *subjectRun) consume(cons jetstream.Consumer) (jetstream.MessagesContext, error) {
 	sr.delivered = 0
-	msgs, err := cons.Messages(jetstream.PullMaxMessages(2 * sr.w.cfg.BatchSize))
+	msgs, err := cons.Messages(jetstream.PullMaxMessages(2*sr.w.cfg.BatchSize), jetstream.PullExpiry(pullExpiry))
 	if err != nil {
 		return nil, fmt.Errorf("consume %s: %w", sr.fn.Subject, err)
 	}
