@@ -84,14 +84,14 @@ func Run(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, spec S
 	// transaction the snapshot below sees.
 	var events *streamEvents
 	if js != nil {
-		stream, err := js.Stream(ctx, spec.Stream)
+		stream, err := retryNATS(ctx, func() (jetstream.Stream, error) { return js.Stream(ctx, spec.Stream) })
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			return nil, specError("event-stream", "JetStream has no stream %q: name the stream the relay publishes to (or leave out --nats-url to skip the events)", spec.Stream)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("read the event stream %s: %w", spec.Stream, err)
 		}
-		info, err := stream.Info(ctx)
+		info, err := retryNATS(ctx, func() (*jetstream.StreamInfo, error) { return stream.Info(ctx) })
 		if err != nil {
 			return nil, fmt.Errorf("read the event stream %s: %w", spec.Stream, err)
 		}
