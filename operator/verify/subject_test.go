@@ -14,8 +14,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/functions/ledger"
+	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/operator/verify"
+	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
@@ -75,7 +77,8 @@ func deployLedger(t *testing.T, events int) (*kfntest.PG, jetstream.JetStream, v
 
 // The ledger, a NATS-triggered function, is checked against the events
 // on its subject: clean in every effects shape, and a lost, a duplicated
-// and an unexpected booking are each found with the event's id.
+// and an unexpected booking are each found with the event's id, and a
+// booking by a fenced owner with its epoch.
 func TestVerifyChecksANATSTriggeredFunction(t *testing.T) {
 	const events = 30
 	db, js, spec := deployLedger(t, events)
@@ -144,6 +147,35 @@ SELECT account, side, amount_cents, currency, order_id, event_id FROM ledger_ent
 	exec(`DELETE FROM ledger_entries WHERE event_id = 'ev-nowhere'`)
 	if bad := only(run(spec), "", 0, ""); bad != "" {
 		t.Errorf("after taking every injection back: %s", bad)
+	}
+
+	// Fenced but committed: a new owner claims lane 0; the old one, not
+	// fenced, books the next event of the lane by hand with its epoch.
+	part := inbox.Partition{Consumer: spec.Function, Topic: spec.Topic, Partition: 0}
+	old, err := inbox.ReadCursor(ctx, db.Pool, part)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inbox.ClaimPartition(ctx, db.Pool, part, old.Epoch+1, "worker-2", 0); err != nil {
+		t.Fatal(err)
+	}
+	key := "late"
+	for outbox.LaneOf([]byte(key), 2) != 0 {
+		key += "+"
+	}
+	msg := nats.NewMsg(spec.Topic)
+	msg.Header.Set(jetstream.MsgIDHeader, "ev-late")
+	msg.Header.Set("kfn-key", key)
+	ack, err := js.PublishMsg(ctx, msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec(`INSERT INTO kfn.event_inbox (consumer, event_id, subject, stream_seq, epoch) VALUES ($1, 'ev-late', $2, $3, $4)`, spec.Function, spec.Topic, ack.Sequence, old.Epoch)
+	exec(`INSERT INTO ledger_entries (account, side, amount_cents, currency, order_id, event_id) VALUES ('receivable:x', 'debit', 1, 'EUR', $1, 'ev-late')`, key)
+	exec(`UPDATE kfn.cursors SET next_offset = $3, high_water = $3 WHERE consumer = $1 AND topic = $2 AND partition = 0`, spec.Function, spec.Topic, ack.Sequence+1)
+	if bad := only(run(spec), "fenced_but_committed", 1,
+		fmt.Sprintf("0@%d was committed by epoch %d after epoch %d had claimed the partition from offset %d", ack.Sequence, old.Epoch, old.Epoch+1, old.NextOffset)); bad != "" {
+		t.Errorf("a booking by a fenced owner: %s", bad)
 	}
 
 	// Without NATS the events cannot be read: the flag to give is named.
