@@ -41,6 +41,15 @@ type position struct {
 	id string
 }
 
+// String names the position in an example: a record's partition@offset,
+// or an event's id, stream sequence (o) and lane (p).
+func (a position) String() string {
+	if a.id != "" {
+		return fmt.Sprintf("event %s (stream seq %d, lane %d)", a.id, a.o, a.p)
+	}
+	return fmt.Sprintf("%d@%d", a.p, a.o)
+}
+
 func (a position) less(b position) bool {
 	return before(a.p, a.o, b.p, b.o) || a.p == b.p && a.o == b.o && a.id < b.id
 }

@@ -143,7 +143,7 @@ func (w *walk) runEvents(ctx context.Context, pool *pgxpool.Pool, snapshot strin
 			continue
 		}
 		w.rep.Checked.Records++
-		w.judge(r, []byte(e.key), w.hist.reexecutions(e.lane, int64(e.seq)), fmt.Sprintf("event %s (stream seq %d, lane %d)", e.id, e.seq, e.lane), bound)
+		w.judge(r, []byte(e.key), w.hist.reexecutions(e.lane, int64(e.seq)), position{p: e.lane, o: int64(e.seq), id: e.id}, bound)
 		if r != nil && r.epoch != nil && r.sameLanes {
 			fences[e.lane].check(r.seq, *r.epoch, &w.rep.Violations.FencedButCommitted)
 		}

@@ -214,7 +214,7 @@ func (w *walk) record(ctx context.Context, s *partState, o int64, key []byte) {
 	// A re-execution applied the record again, on purpose: one more
 	// effect each is expected (a dead letter then applied is too).
 	redone := w.hist.reexecutions(s.id, o)
-	applied := w.judge(r, key, redone, fmt.Sprintf("%d@%d", s.id, o), s.bound)
+	applied := w.judge(r, key, redone, position{p: s.id, o: o}, s.bound)
 	if r != nil && r.epoch != nil {
 		s.fence.check(o, *r.epoch, &w.rep.Violations.FencedButCommitted)
 	}
@@ -226,9 +226,9 @@ func (w *walk) record(ctx context.Context, s *partState, o int64, key []byte) {
 }
 
 // judge checks what Postgres holds for one record or event below the
-// cursor bound, named where, against the effects shape, and reports
-// whether it was applied.
-func (w *walk) judge(r *pgRow, key []byte, redone int64, where string, bound int64) bool {
+// cursor bound, at where, against the effects shape, and reports whether
+// it was applied.
+func (w *walk) judge(r *pgRow, key []byte, redone int64, where position, bound int64) bool {
 	vs := &w.rep.Violations
 	dead := r.deadLettered()
 	var applied bool
