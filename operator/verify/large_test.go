@@ -10,7 +10,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/operator/verify"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
@@ -140,15 +139,7 @@ func seedEvents(tb testing.TB, n int) (*kfntest.PG, jetstream.JetStream, verify.
 	tb.Helper()
 	ctx := context.Background()
 	db := kfntest.Postgres(tb)
-	nc, js, err := connect.NATS(kfntest.NATSURL(tb), tb.Name())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(nc.Close)
-	stream, subject := kfntest.Name(tb, "seeded"), kfntest.Name(tb, "seeded")+".accepted"
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject}}); err != nil {
-		tb.Fatal(err)
-	}
+	js, stream, subject := eventSource(tb)
 	for i := range n {
 		msg := nats.NewMsg(subject)
 		msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("e%d", i))

@@ -44,12 +44,7 @@ func runSubject(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream,
 		spec.Function, spec.Topic).Scan(&lanes); err != nil {
 		return nil, fmt.Errorf("read the lanes of %s: %w", spec.Function, err)
 	}
-	eff, err := probeEffects(ctx, tx, spec.EffectsSQL, true)
-	if err != nil {
-		return nil, err
-	}
-	rep.Cut.Effects = eff.describe()
-	hist, err := readHistory(ctx, tx, spec)
+	eff, hist, err := readEffectsAndHistory(ctx, tx, spec, rep, true)
 	if err != nil {
 		return nil, err
 	}

@@ -33,15 +33,7 @@ func deployLedger(t *testing.T, events int) (*kfntest.PG, jetstream.JetStream, v
 	ctx := context.Background()
 	db := kfntest.Postgres(t)
 	natsURL := kfntest.NATSURL(t)
-	nc, js, err := connect.NATS(natsURL, t.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	stream, subject := kfntest.Name(t, "accepted"), kfntest.Name(t, "orders")+".accepted"
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject}}); err != nil {
-		t.Fatal(err)
-	}
+	js, stream, subject := eventSource(t)
 	for i := range events {
 		msg := nats.NewMsg(subject)
 		id := fmt.Sprintf("o%d", i)
@@ -73,6 +65,22 @@ func deployLedger(t *testing.T, events int) (*kfntest.PG, jetstream.JetStream, v
 	})
 	stop()
 	return db, js, verify.Spec{Function: fn.Name, Topic: subject, Stream: stream, EffectsSQL: ledgerDebits, UnpublishedAfter: time.Minute, Examples: 3}
+}
+
+// eventSource connects to the test NATS server and creates a stream
+// holding one subject of the test's own.
+func eventSource(tb testing.TB) (js jetstream.JetStream, stream, subject string) {
+	tb.Helper()
+	nc, js, err := connect.NATS(kfntest.NATSURL(tb), tb.Name())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	stream, subject = kfntest.Name(tb, "source"), kfntest.Name(tb, "orders")+".accepted"
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: stream, Subjects: []string{subject}}); err != nil {
+		tb.Fatal(err)
+	}
+	return js, stream, subject
 }
 
 // The ledger, a NATS-triggered function, is checked against the events

@@ -111,12 +111,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, spec S
 		return nil, err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // read-only
-	eff, err := probeEffects(ctx, tx, spec.EffectsSQL, false)
-	if err != nil {
-		return nil, err
-	}
-	rep.Cut.Effects = eff.describe()
-	hist, err := readHistory(ctx, tx, spec)
+	eff, hist, err := readEffectsAndHistory(ctx, tx, spec, rep, false)
 	if err != nil {
 		return nil, err
 	}
@@ -176,6 +171,22 @@ func Run(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, spec S
 		rep.Cut.Statement += fmt.Sprintf("; the events of %s in stream %s up to sequence %d, read before the snapshot", spec.Function, spec.Stream, events.lastSeq)
 	}
 	return rep.done(start), nil
+}
+
+// readEffectsAndHistory probes the effects query's shape (events: the
+// function is NATS-triggered), states it in rep, and reads the audit
+// history of the function's partitions or lanes.
+func readEffectsAndHistory(ctx context.Context, tx pgx.Tx, spec Spec, rep *Report, events bool) (*effects, *history, error) {
+	eff, err := probeEffects(ctx, tx, spec.EffectsSQL, events)
+	if err != nil {
+		return nil, nil, err
+	}
+	rep.Cut.Effects = eff.describe()
+	hist, err := readHistory(ctx, tx, spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	return eff, hist, nil
 }
 
 // openEventStream finds the event stream and reads its state.
