@@ -21,6 +21,9 @@ Checks, read-only, that function F applied every record of Kafka topic T
 exactly once: every record Kafka holds below the function's cursors against
 kfn's inbox, dead letters and outbox, the function's events in the event
 stream (with --nats-url) and the business effects (with --effects-sql).
+For a NATS-triggered function T is its subject (--nats-url is then
+required, --kafka-brokers not): every event on T in the event stream below
+its lane's cursor against the event inbox and the effects.
 It reports lost, duplicated, unexpected, fenced_but_committed, unpublished
 and out_of_order, each with a count and examples, and the consistent cut it
 read below. Exit code: 0 no violation, 1 at least one, 2 it could not check
@@ -31,10 +34,14 @@ read below. Exit code: 0 no violation, 1 at least one, 2 it could not check
   (key, count)   how many records changed each Kafka record key
   (count)        one total
 The counting shapes need Kafka to hold the topic from offset 0.
+For a NATS-triggered function the per-record shape is (event_id), one row
+per applied event, and the counting shapes count per event key.
 
 examples:
   kfn verify --function orders --topic orders --effects-sql 'SELECT order_id, revisions FROM orders'
   kfn verify --function orders --topic orders --nats-url nats://localhost:4222 --json | jq .violations
+  kfn verify --function ledger --topic orders.accepted --nats-url nats://localhost:4222 \
+    --effects-sql "SELECT event_id FROM ledger_entries WHERE side = 'debit'"
 
 `
 
@@ -53,7 +60,7 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	natsSec := bindNATSSecurity(fs)
 	stream := bind(fs, settings.EventStream)
 	function := fs.String("function", "", "the function to verify (required)")
-	topic := fs.String("topic", "", "its source Kafka topic (required)")
+	topic := fs.String("topic", "", "its source Kafka topic, or NATS subject (required)")
 	effectsSQL := fs.String("effects-sql", "", "`SQL` returning the business effects, in one of the shapes above (default: the inbox is the evidence)")
 	effectsFile := fs.String("effects-sql-file", "", "`file` holding --effects-sql")
 	unpublished := fs.Duration("unpublished-after", time.Minute, "an outbox row older than this counts as unpublished")
@@ -66,9 +73,6 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if err != nil {
 			return err
 		}
-	}
-	if len(*brokers) == 0 {
-		return &usageError{msg: fmt.Sprintf("--%s is required (or set %s): the records are read from Kafka", settings.KafkaBrokers.Flag, settings.KafkaBrokers.Env)}
 	}
 	if *effectsSQL != "" && *effectsFile != "" {
 		return &usageError{msg: "--effects-sql and --effects-sql-file exclude each other"}
@@ -95,6 +99,11 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		var usage *usageError
 		switch {
 		case errors.As(err, &spec):
+			// The source's kind decides which service is needed.
+			envs := map[string]string{settings.KafkaBrokers.Flag: settings.KafkaBrokers.Env, settings.NATSURL.Flag: settings.NATSURL.Env}
+			if env, ok := envs[spec.Flag]; ok {
+				return &usageError{msg: fmt.Sprintf("%s (set it or %s)", spec.Error(), env)}
+			}
 			return &usageError{msg: spec.Error()}
 		case errors.As(err, &usage):
 			return err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -112,6 +113,10 @@ func TestVerifyExitCodesAndJSON(t *testing.T) {
 		t.Errorf("kfn verify (table) with a lost record: exit %d, out %q; want 1, FAILED", code, out)
 	}
 
+	// A NATS-triggered function's lanes, as its first claim records them.
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO kfn.subject_lanes (consumer, subject, lanes, changed_at) VALUES ('booker', 'counted.accepted', 1, now())`); err != nil {
+		t.Fatal(err)
+	}
 	replace := func(flag, value string) []string {
 		args := cloneArgs(base)
 		for i := range args {
@@ -133,6 +138,9 @@ func TestVerifyExitCodesAndJSON(t *testing.T) {
 		{"no topic", base[:len(base)-4], "--topic is required"},
 		{"Postgres down", replace("--database-url", "postgres://kfn@127.0.0.1:1/kfn?connect_timeout=2"), "cannot reach Postgres"},
 		{"Kafka down", replace("--kafka-brokers", "127.0.0.1:1"), "127.0.0.1:1"},
+		{"no Kafka", slices.Delete(cloneArgs(base), 3, 5), "--kafka-brokers: no brokers: " + topic + ` is a Kafka topic of "counter", whose records are read from Kafka (set it or KFN_KAFKA_BROKERS)`},
+		{"a NATS-triggered function without NATS", []string{"verify", "--database-url", db.URL, "--function", "booker", "--topic", "counted.accepted"},
+			`--nats-url: counted.accepted is the NATS subject of "booker", a NATS-triggered function, whose events are read from the event stream: give the NATS server (set it or KFN_NATS_URL)`},
 	} {
 		start := time.Now()
 		code, out, stderr := kfn(t, tc.args...)

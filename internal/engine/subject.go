@@ -11,6 +11,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/inbox"
@@ -321,15 +322,7 @@ func eventRecord(m jetstream.Msg, stream string) Record {
 		seq = int64(md.Sequence.Stream)
 	}
 	h := m.Headers()
-	rec := Record{Topic: m.Subject(), Offset: seq, Value: m.Data(), EventID: storableEventID(h.Get(jetstream.MsgIDHeader))}
-	if rec.EventID == "" {
-		rec.EventID = "stream/" + stream + "/" + strconv.FormatInt(seq, 10)
-	}
-	if k, err := base64.StdEncoding.DecodeString(h.Get(outbox.HeaderKeyBase64)); err == nil && len(k) > 0 {
-		rec.Key = k
-	} else if k := h.Get(outbox.HeaderKey); k != "" {
-		rec.Key = []byte(k)
-	}
+	rec := Record{Topic: m.Subject(), Offset: seq, Value: m.Data(), EventID: EventID(h, stream, seq), Key: EventKey(h)}
 	if t, err := time.Parse(time.RFC3339Nano, h.Get(outbox.HeaderTime)); err == nil {
 		rec.Time = t
 	}
@@ -339,6 +332,28 @@ func eventRecord(m jetstream.Msg, stream string) Record {
 		}
 	}
 	return rec
+}
+
+// EventID is the id a NATS-triggered function's event inbox knows the
+// event at stream sequence seq by: its Nats-Msg-Id (storable, see
+// storableEventID), or its stream position when it has none.
+func EventID(h nats.Header, stream string, seq int64) string {
+	if id := storableEventID(h.Get(jetstream.MsgIDHeader)); id != "" {
+		return id
+	}
+	return "stream/" + stream + "/" + strconv.FormatInt(seq, 10)
+}
+
+// EventKey is an event's key, the bytes its lane is chosen by
+// (outbox.LaneOf): the base64 key header's bytes, else the text key's.
+func EventKey(h nats.Header) []byte {
+	if k, err := base64.StdEncoding.DecodeString(h.Get(outbox.HeaderKeyBase64)); err == nil && len(k) > 0 {
+		return k
+	}
+	if k := h.Get(outbox.HeaderKey); k != "" {
+		return []byte(k)
+	}
+	return nil
 }
 
 // storableEventID keeps an event id that is valid text as it is. Any

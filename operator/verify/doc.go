@@ -1,5 +1,6 @@
 // Package verify owns kfn verify: the read-only reconciliation of one
-// Kafka-triggered function against a deployment. It compares every record
+// function against a deployment, Kafka-triggered or NATS-triggered (see
+// "NATS-triggered functions" below). It compares every record
 // Kafka holds below the function's cursors with what Postgres and JetStream
 // say happened to it, and reports six kinds of violation, each with a count
 // and a few examples:
@@ -53,6 +54,38 @@
 // The counting shapes need Kafka to hold every record from offset 0. With
 // no query the inbox is the evidence of an applied record, which holds
 // only within the inbox retention.
+//
+// # NATS-triggered functions
+//
+// For a function whose source is a NATS subject (it has a kfn.subject_lanes
+// row or event inbox rows on it), Run reads the snapshot first and then
+// every event on the subject in the event stream up to its last sequence,
+// so that every lane's cursor is at or below it. An event is checked when
+// its stream sequence lies below the cursor of its lane (outbox.LaneOf of
+// its key over the current lane count); its id is its Nats-Msg-Id, as the
+// worker's event inbox keys it. Copies of an event (republished past the
+// duplicate window) are one event: the inbox skips them. The event inbox,
+// which holds dead-lettered events too, and the effects are read in event
+// id order and merged with the events sorted by id:
+//
+//   - lost: an event below its lane's cursor with no effect (no event
+//     inbox row without a query) and not dead-lettered;
+//   - duplicated: an event with more than one effect, or a dead-lettered
+//     one with an effect;
+//   - unexpected: an event inbox row or effect for an id the stream does
+//     not hold (rows of events below the stream's first sequence are not
+//     compared);
+//   - fenced_but_committed: an event inbox row whose epoch is older than a
+//     claim of its lane that found the cursor at or below its sequence
+//     (rows committed before the last change of the lane count are left
+//     out: their lanes were others);
+//   - unpublished: as for a Kafka-triggered function;
+//   - out_of_order: not checked (the count stays 0, and the cut says so).
+//
+// The effects query's per-record shape is then (event_id); (key, count)
+// counts per event key, and the counting shapes need the stream to hold
+// the subject from sequence 1. What is held is one entry per event on the
+// subject (its id, sequence and lane, and its key for the keyed shape).
 //
 // Memory: the records, the inbox rows, the dead letters and per-record
 // effects are merged as ordered streams, one partition at a time; Postgres

@@ -52,56 +52,25 @@ type streamEvents struct {
 // emitted for the topic, then checks that the events of each key come in
 // their records' offset order.
 func (s *streamEvents) read(ctx context.Context, spec Spec, generations map[int32]int, hist *history, vs *Violations, progress io.Writer) error {
-	if s.lastSeq == 0 {
-		return nil
-	}
-	cons, err := s.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy})
-	if err != nil {
-		return fmt.Errorf("read the event stream %s: %w", spec.Stream, err)
-	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(4096))
-	if err != nil {
-		return fmt.Errorf("read the event stream %s: %w", spec.Stream, err)
-	}
-	defer it.Stop()
 	source := outbox.CloudEventsSourcePrefix + spec.Function
-	lastProgress := time.Now()
-	for n := 1; ; n++ {
-		msg, err := it.Next(jetstream.NextMaxWait(streamIdle))
-		if errors.Is(err, jetstream.ErrNoHeartbeat) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("read the event stream %s: %w", spec.Stream, err)
-		}
-		meta, err := msg.Metadata()
-		if err != nil {
-			return fmt.Errorf("read the event stream %s: %w", spec.Stream, err)
-		}
-		seq := meta.Sequence.Stream
-		if seq > s.lastSeq {
-			break
-		}
+	err := scanStream(ctx, s.stream, spec.Stream, "", s.lastSeq, progress, func(msg jetstream.Msg, seq uint64) {
 		h := msg.Headers()
-		if h.Get(outbox.HeaderSource) == source && h.Get(outbox.HeaderSourceTopic) == spec.Topic {
-			p, perr := strconv.ParseInt(h.Get(outbox.HeaderSourcePartition), 10, 32)
-			o, oerr := strconv.ParseInt(h.Get(outbox.HeaderSourceOffset), 10, 64)
-			id := h.Get(outbox.HeaderID)
-			if perr != nil || oerr != nil || id == "" {
-				vs.Unexpected.add("stream message %d on %s says it is an event of %s but lacks its source partition, offset or id", seq, msg.Subject(), spec.Function)
-			} else {
-				e := event{seq: seq, p: int32(p), o: o, id: hashOf(id), key: hashOf(h.Get(outbox.HeaderKeyBase64) + "\x00" + h.Get(outbox.HeaderKey))}
-				e.gen, e.idx = derive(spec.Function, spec.Topic, e.p, o, id, generations[e.p])
-				s.list = append(s.list, e)
-			}
+		if h.Get(outbox.HeaderSource) != source || h.Get(outbox.HeaderSourceTopic) != spec.Topic {
+			return
 		}
-		if progress != nil && n%65536 == 0 && time.Since(lastProgress) > 2*time.Second {
-			lastProgress = time.Now()
-			fmt.Fprintf(progress, "kfn verify: stream %s: sequence %d of %d, %d events of %s\n", spec.Stream, seq, s.lastSeq, len(s.list), spec.Function)
+		p, perr := strconv.ParseInt(h.Get(outbox.HeaderSourcePartition), 10, 32)
+		o, oerr := strconv.ParseInt(h.Get(outbox.HeaderSourceOffset), 10, 64)
+		id := h.Get(outbox.HeaderID)
+		if perr != nil || oerr != nil || id == "" {
+			vs.Unexpected.add("stream message %d on %s says it is an event of %s but lacks its source partition, offset or id", seq, msg.Subject(), spec.Function)
+			return
 		}
-		if seq >= s.lastSeq || meta.NumPending == 0 {
-			break
-		}
+		e := event{seq: seq, p: int32(p), o: o, id: hashOf(id), key: hashOf(h.Get(outbox.HeaderKeyBase64) + "\x00" + h.Get(outbox.HeaderKey))}
+		e.gen, e.idx = derive(spec.Function, spec.Topic, e.p, o, id, generations[e.p])
+		s.list = append(s.list, e)
+	})
+	if err != nil {
+		return err
 	}
 	s.byRecord()
 	for i := 1; i < len(s.list); i++ {
@@ -110,6 +79,53 @@ func (s *streamEvents) read(ctx context.Context, spec Spec, generations map[int3
 	s.checkOrder(ctx, hist, &vs.OutOfOrder)
 	s.byRecord()
 	return nil
+}
+
+// scanStream calls fn with every message of stream (on subject filter,
+// every subject when empty) up to sequence last, in order.
+func scanStream(ctx context.Context, stream jetstream.Stream, name, filter string, last uint64, progress io.Writer, fn func(jetstream.Msg, uint64)) error {
+	if last == 0 {
+		return nil
+	}
+	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
+	if filter != "" {
+		cfg.FilterSubjects = []string{filter}
+	}
+	cons, err := stream.OrderedConsumer(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("read the event stream %s: %w", name, err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(4096))
+	if err != nil {
+		return fmt.Errorf("read the event stream %s: %w", name, err)
+	}
+	defer it.Stop()
+	lastProgress := time.Now()
+	for n := 1; ; n++ {
+		msg, err := it.Next(jetstream.NextMaxWait(streamIdle))
+		if errors.Is(err, jetstream.ErrNoHeartbeat) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read the event stream %s: %w", name, err)
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			return fmt.Errorf("read the event stream %s: %w", name, err)
+		}
+		seq := meta.Sequence.Stream
+		if seq > last {
+			return nil
+		}
+		fn(msg, seq)
+		if progress != nil && n%65536 == 0 && time.Since(lastProgress) > 2*time.Second {
+			lastProgress = time.Now()
+			fmt.Fprintf(progress, "kfn verify: stream %s: sequence %d of %d\n", name, seq, last)
+		}
+		if seq >= last || meta.NumPending == 0 {
+			return nil
+		}
+	}
 }
 
 // byRecord sorts the events by record, then id, then stream sequence.

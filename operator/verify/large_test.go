@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/operator/verify"
@@ -126,5 +128,81 @@ func BenchmarkVerifyMillionRecords(b *testing.B) {
 				b.Logf("%d records checked in %.2fs (%.0f records/s)", rep.Checked.Records, rep.Seconds, float64(n)/rep.Seconds)
 			}
 		})
+	}
+}
+
+// seedEvents writes a NATS-triggered function's state straight into
+// JetStream and Postgres, as if it had applied n events of one lane (ids
+// e0…, keys k0…k999): the events on a subject of their own, the lane's
+// cursor past the last, one claim, an event inbox row and a debit each.
+func seedEvents(tb testing.TB, n int) (*kfntest.PG, jetstream.JetStream, verify.Spec) {
+	tb.Helper()
+	ctx := context.Background()
+	db := kfntest.Postgres(tb)
+	js, stream, subject := eventSource(tb)
+	for i := range n {
+		msg := nats.NewMsg(subject)
+		msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("e%d", i))
+		msg.Header.Set("kfn-key", fmt.Sprintf("k%d", i%1000))
+		if _, err := js.PublishMsgAsync(msg); err != nil {
+			tb.Fatal(err)
+		}
+		if i%1000 == 999 || i == n-1 { // a bounded window of acks outstanding
+			select {
+			case <-js.PublishAsyncComplete():
+			case <-time.After(time.Minute):
+				tb.Fatal("publishing the seeded events stalled for a minute")
+			}
+		}
+	}
+	for _, sql := range []string{ // each takes the subject ($1) and n ($2)
+		`INSERT INTO kfn.subject_lanes (consumer, subject, lanes, changed_at) SELECT 'big', $1, 1, 'epoch' WHERE $2::int > 0`,
+		`INSERT INTO kfn.cursors (consumer, topic, partition, next_offset, high_water, epoch, owner) VALUES ('big', $1, 0, $2 + 1, $2 + 1, 1, 'seed')`,
+		`INSERT INTO kfn.audit_log (actor, action, consumer, topic, partition, details) SELECT 'seed', 'claim', 'big', $1, 0, '{"epoch": 1, "next_offset": 0, "high_water": 0}' WHERE $2::int > 0`,
+		`INSERT INTO kfn.event_inbox (consumer, event_id, subject, stream_seq, epoch) SELECT 'big', 'e' || i, $1, i + 1, 1 FROM generate_series(0, $2 - 1) AS i`,
+		`CREATE TABLE debits AS SELECT 'e' || i AS event_id FROM generate_series(0, $2 - 1) AS i WHERE $1::text <> ''`,
+	} {
+		if _, err := db.Pool.Exec(ctx, sql, subject, n); err != nil {
+			tb.Fatalf("%s: %v", sql, err)
+		}
+	}
+	if _, err := db.Pool.Exec(ctx, `VACUUM ANALYZE`); err != nil {
+		tb.Fatal(err)
+	}
+	return db, js, verify.Spec{Function: "big", Topic: subject, Stream: stream, EffectsSQL: `SELECT event_id FROM debits`, UnpublishedAfter: time.Minute, Examples: 3}
+}
+
+// A range of 20,000 events of a NATS-triggered function is checked with
+// no violation (the CI-sized version of BenchmarkVerifyEvents).
+func TestVerifyChecksASeededEventRange(t *testing.T) {
+	const n = 20000
+	db, js, spec := seedEvents(t, n)
+	rep, err := verify.Run(context.Background(), db.Pool, js, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK || rep.Checked.Records != n || rep.Checked.Effects != n {
+		t.Errorf("ok %v, checked %+v, violations %+v; want %d events and effects, no violation", rep.OK, rep.Checked, rep.Violations, n)
+	}
+	t.Logf("%d events in %.2fs", rep.Checked.Records, rep.Seconds)
+}
+
+// BenchmarkVerifyEvents checks 200,000 events of a NATS-triggered function
+// (read from the stream) against their event inbox rows and one effect
+// row each. Run it with
+//
+//	go test -run '^$' -bench BenchmarkVerifyEvents -benchtime 2x ./operator/verify
+func BenchmarkVerifyEvents(b *testing.B) {
+	const n = 200_000
+	db, js, spec := seedEvents(b, n)
+	for b.Loop() {
+		rep, err := verify.Run(context.Background(), db.Pool, js, spec)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if !rep.OK || rep.Checked.Records != n {
+			b.Fatalf("ok %v, checked %+v, violations %+v", rep.OK, rep.Checked, rep.Violations)
+		}
+		b.Logf("%d events checked in %.2fs (%.0f events/s)", rep.Checked.Records, rep.Seconds, float64(n)/rep.Seconds)
 	}
 }

@@ -28,6 +28,9 @@ const (
 type effects struct {
 	sql   string
 	shape shape
+	// events: the function is NATS-triggered, its per-record shape is
+	// (event_id) and its keys are event keys.
+	events bool
 	// keyIsBytes: the keyed shape's key column is bytea (else it is read
 	// as text, compared with the Kafka key's bytes).
 	keyIsBytes bool
@@ -41,6 +44,9 @@ type effects struct {
 func (e *effects) describe() string {
 	switch e.shape {
 	case shapePerRecord:
+		if e.events {
+			return "one row per applied event (--effects-sql)"
+		}
 		return "one row per applied record (--effects-sql)"
 	case shapeKeyed:
 		return "a count per record key (--effects-sql), compared with the applied records of each key"
@@ -50,11 +56,12 @@ func (e *effects) describe() string {
 	return "no --effects-sql: an inbox row is the evidence of an applied record (inbox rows are purged after --inbox-retention)"
 }
 
-// probeEffects runs the query for its columns only and tells its shape.
-func probeEffects(ctx context.Context, tx pgx.Tx, sql string) (*effects, error) {
+// probeEffects runs the query for its columns only and tells its shape;
+// events: the function is NATS-triggered.
+func probeEffects(ctx context.Context, tx pgx.Tx, sql string, events bool) (*effects, error) {
 	sql = strings.TrimRight(strings.TrimSpace(sql), "; \t\r\n")
 	if sql == "" {
-		return &effects{shape: shapeNone}, nil
+		return &effects{shape: shapeNone, events: events}, nil
 	}
 	rows, err := tx.Query(ctx, `SELECT * FROM (`+sql+`) AS effects LIMIT 0`)
 	if err != nil {
@@ -65,16 +72,21 @@ func probeEffects(ctx context.Context, tx pgx.Tx, sql string) (*effects, error) 
 	if err := rows.Err(); err != nil {
 		return nil, specError("effects-sql", "the query fails: %v", err)
 	}
-	e := &effects{sql: sql}
-	switch len(fields) {
-	case 3:
+	e := &effects{sql: sql, events: events}
+	const byteaOID, textOID, varcharOID = 17, 25, 1043
+	switch n := len(fields); {
+	case n == 3 && !events:
 		e.shape = shapePerRecord
-	case 2:
-		e.shape, e.keyIsBytes = shapeKeyed, fields[0].DataTypeOID == 17 // bytea
-	case 1:
+	case n == 2:
+		e.shape, e.keyIsBytes = shapeKeyed, fields[0].DataTypeOID == byteaOID
+	case n == 1 && events && (fields[0].DataTypeOID == textOID || fields[0].DataTypeOID == varcharOID):
+		e.shape = shapePerRecord
+	case n == 1:
 		e.shape = shapeTotal
+	case events:
+		return nil, specError("effects-sql", "the query returns %d columns; for a NATS-triggered function return (event_id) per applied event, (key, count) per event key, or (count)", n)
 	default:
-		return nil, specError("effects-sql", "the query returns %d columns; return (source_topic, source_partition, source_offset) per applied record, (key, count) per record key, or (count)", len(fields))
+		return nil, specError("effects-sql", "the query returns %d columns; return (source_topic, source_partition, source_offset) per applied record, (key, count) per record key, or (count)", n)
 	}
 	return e, nil
 }

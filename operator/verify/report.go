@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+	"time"
 )
 
 // Report is what Run found. Its JSON is the output of kfn verify --json.
@@ -153,6 +154,13 @@ func orNone(n int64) string {
 		return "-"
 	}
 	return fmt.Sprint(n)
+}
+
+// done ends the report: its verdict and how long the run took.
+func (r *Report) done(start time.Time) *Report {
+	r.OK = r.Violations.Total() == 0
+	r.Seconds = time.Since(start).Seconds()
+	return r
 }
 
 // room reports whether another example would be kept.

@@ -23,7 +23,36 @@ const (
 	effectsSQL = `SELECT source_partition::int, source_offset::bigint FROM (%s) AS effects(source_topic, source_partition, source_offset)
  WHERE source_topic = $1 ORDER BY source_partition, source_offset`
 	effectsWorkMem = `SET LOCAL work_mem = '64MB'`
+
+	// A NATS-triggered function's streams are keyed by event id, in byte
+	// order (COLLATE "C", Go's string order): its event inbox (which holds
+	// its dead-lettered events too) and the (event_id) effects.
+	eventInboxSQL = `SELECT event_id COLLATE "C" AS id, epoch, outcome = 'dead_lettered', stream_seq,
+       processed_at >= coalesce((SELECT changed_at FROM kfn.subject_lanes WHERE consumer = $1 AND subject = $2), '-infinity')
+  FROM kfn.event_inbox WHERE consumer = $1 ORDER BY id`
+	eventEffectsSQL = `SELECT event_id::text COLLATE "C" AS id FROM (%s) AS effects(event_id) ORDER BY id`
 )
+
+// position is where a stream's row is: a record's partition and offset,
+// or (for a NATS-triggered function) an event id.
+type position struct {
+	p  int32
+	o  int64
+	id string
+}
+
+// String names the position in an example: a record's partition@offset,
+// or an event's id, stream sequence (o) and lane (p).
+func (a position) String() string {
+	if a.id != "" {
+		return fmt.Sprintf("event %s (stream seq %d, lane %d)", a.id, a.o, a.p)
+	}
+	return fmt.Sprintf("%d@%d", a.p, a.o)
+}
+
+func (a position) less(b position) bool {
+	return before(a.p, a.o, b.p, b.o) || a.p == b.p && a.o == b.o && a.id < b.id
+}
 
 // stream is one ordered query: its current row's position and values.
 type stream struct {
@@ -31,9 +60,9 @@ type stream struct {
 	tx   pgx.Tx
 	conn *pgxpool.Conn
 	rows pgx.Rows
-	scan []any // after p and o
-	p    int32
-	o    int64
+	scan []any // after the position
+	byID bool  // the position is an event id (else a partition and offset)
+	pos  position
 	ok   bool
 	err  error
 }
@@ -45,6 +74,7 @@ type query struct {
 	sql      string
 	args     []any
 	scan     []any
+	byID     bool
 }
 
 // openStream begins a read-only transaction on a connection of its own
@@ -54,7 +84,7 @@ func openStream(ctx context.Context, pool *pgxpool.Pool, snapshot, name string, 
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
-	s := &stream{name: name, conn: conn, scan: q.scan}
+	s := &stream{name: name, conn: conn, scan: q.scan, byID: q.byID}
 	if s.tx, err = conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}); err == nil {
 		_, err = s.tx.Exec(ctx, `SET TRANSACTION SNAPSHOT '`+snapshot+`'`)
 	}
@@ -82,7 +112,11 @@ func (s *stream) next() {
 		}
 		return
 	}
-	if err := s.rows.Scan(append([]any{&s.p, &s.o}, s.scan...)...); err != nil {
+	at := []any{&s.pos.p, &s.pos.o}
+	if s.byID {
+		at = []any{&s.pos.id}
+	}
+	if err := s.rows.Scan(append(at, s.scan...)...); err != nil {
 		s.ok, s.err = false, fmt.Errorf("read %s: %w", s.name, err)
 		return
 	}
@@ -99,14 +133,17 @@ func (s *stream) close(ctx context.Context) {
 	s.conn.Release()
 }
 
-// at reports whether the stream's current row is at (p, o).
-func (s *stream) at(p int32, o int64) bool { return s.ok && s.p == p && s.o == o }
+// at reports whether the stream's current row is at pos.
+func (s *stream) at(pos position) bool { return s.ok && s.pos == pos }
 
-// records merges the three streams into one pgRow per offset, in order.
+// records merges the streams into one pgRow per position, in order: for a
+// Kafka-triggered function the inbox, the dead letters and the effects by
+// record; for a NATS-triggered one the event inbox and the effects by
+// event id (dead is nil).
 type records struct {
 	inbox, dead, effects *stream
-	epoch                int64
-	ibDead               bool
+	epoch, seq           int64
+	ibDead, sameLanes    bool
 }
 
 func openRecords(ctx context.Context, pool *pgxpool.Pool, snapshot string, spec Spec, eff *effects) (*records, error) {
@@ -130,45 +167,63 @@ func openRecords(ctx context.Context, pool *pgxpool.Pool, snapshot string, spec 
 	return r, nil
 }
 
+// openEventRecords opens the streams of a NATS-triggered function.
+func openEventRecords(ctx context.Context, pool *pgxpool.Pool, snapshot string, spec Spec, eff *effects) (*records, error) {
+	r := &records{}
+	var err error
+	if r.inbox, err = openStream(ctx, pool, snapshot, "the event inbox", query{settings: []string{effectsWorkMem}, sql: eventInboxSQL,
+		args: []any{spec.Function, spec.Topic}, scan: []any{&r.epoch, &r.ibDead, &r.seq, &r.sameLanes}, byID: true}); err != nil {
+		return nil, fmt.Errorf("read the event inbox of %s: %w", spec.Function, err)
+	}
+	if eff.shape == shapePerRecord {
+		if r.effects, err = openStream(ctx, pool, snapshot, "the effects",
+			query{settings: []string{effectsWorkMem}, sql: fmt.Sprintf(eventEffectsSQL, eff.sql), byID: true}); err != nil {
+			r.close(ctx)
+			return nil, specError("effects-sql", "the query's rows do not read as (event_id text): %v", err)
+		}
+	}
+	return r, nil
+}
+
 func (r *records) streams() []*stream {
-	out := []*stream{r.inbox, r.dead}
-	if r.effects != nil {
-		out = append(out, r.effects)
+	var out []*stream
+	for _, s := range []*stream{r.inbox, r.dead, r.effects} {
+		if s != nil {
+			out = append(out, s)
+		}
 	}
 	return out
 }
 
 func (r *records) close(ctx context.Context) {
 	for _, s := range r.streams() {
-		if s != nil {
-			s.close(ctx)
-		}
+		s.close(ctx)
 	}
 }
 
-// next returns the next offset any stream has a row for, merged; false at
-// the end of all three or on an error (err).
+// next returns the next position any stream has a row for, merged; false
+// at the end of all of them or on an error (err).
 func (r *records) next(row *pgRow) bool {
 	first := (*stream)(nil)
 	for _, s := range r.streams() {
-		if s.ok && (first == nil || before(s.p, s.o, first.p, first.o)) {
+		if s.ok && (first == nil || s.pos.less(first.pos)) {
 			first = s
 		}
 	}
 	if first == nil {
 		return false
 	}
-	*row = pgRow{p: first.p, o: first.o}
-	if r.inbox.at(row.p, row.o) {
+	*row = pgRow{position: first.pos}
+	if r.inbox.at(row.position) {
 		epoch, dead := r.epoch, r.ibDead
-		row.epoch, row.ibDead = &epoch, &dead
+		row.epoch, row.ibDead, row.seq, row.sameLanes = &epoch, &dead, r.seq, r.sameLanes
 		r.inbox.next()
 	}
-	if r.dead.at(row.p, row.o) {
+	if r.dead != nil && r.dead.at(row.position) {
 		row.dead = true
 		r.dead.next()
 	}
-	for r.effects != nil && r.effects.at(row.p, row.o) {
+	for r.effects != nil && r.effects.at(row.position) {
 		row.effects++
 		r.effects.next()
 	}

@@ -79,50 +79,39 @@ func Run(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, spec S
 	rep := &Report{Function: spec.Function, Source: "kafka topic " + spec.Topic}
 	rep.Violations.init(spec.Examples)
 	rep.Cut.Partitions = []PartitionCut{}
+	if n := pool.Config().MaxConns; n < 4 {
+		return nil, specError("database-url", "it allows %d connections (pool_max_conns): the check reads its snapshot over 4", n)
+	}
+	var subject bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM kfn.subject_lanes WHERE consumer = $1 AND subject = $2)
+    OR EXISTS (SELECT FROM kfn.event_inbox WHERE consumer = $1 AND subject = $2)`, spec.Function, spec.Topic).Scan(&subject); err != nil {
+		return nil, fmt.Errorf("read the source of %s: %w", spec.Function, err)
+	}
+	if subject {
+		return runSubject(ctx, pool, js, spec, rep, start)
+	}
+	if len(spec.KafkaBrokers) == 0 {
+		return nil, specError("kafka-brokers", "no brokers: %s is a Kafka topic of %q, whose records are read from Kafka", spec.Topic, spec.Function)
+	}
 
 	// The stream's end first: every event up to it comes from a
 	// transaction the snapshot below sees.
 	var events *streamEvents
 	if js != nil {
-		stream, err := retryNATS(ctx, func() (jetstream.Stream, error) { return js.Stream(ctx, spec.Stream) })
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			return nil, specError("event-stream", "JetStream has no stream %q: name the stream the relay publishes to (or leave out --nats-url to skip the events)", spec.Stream)
-		}
+		stream, info, err := openEventStream(ctx, js, spec)
 		if err != nil {
-			return nil, fmt.Errorf("read the event stream %s: %w", spec.Stream, err)
-		}
-		info, err := retryNATS(ctx, func() (*jetstream.StreamInfo, error) { return stream.Info(ctx) })
-		if err != nil {
-			return nil, fmt.Errorf("read the event stream %s: %w", spec.Stream, err)
+			return nil, err
 		}
 		events = &streamEvents{stream: stream, lastSeq: info.State.LastSeq}
 		rep.Cut.Stream = &StreamCut{Name: spec.Stream, LastSeq: info.State.LastSeq}
 	}
 
-	if n := pool.Config().MaxConns; n < 4 {
-		return nil, specError("database-url", "it allows %d connections (pool_max_conns): the check reads its snapshot over 4", n)
-	}
-	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	tx, exported, cursors, err := openSnapshot(ctx, pool, rep, spec)
 	if err != nil {
-		return nil, fmt.Errorf("begin a read-only snapshot in Postgres: %w", err)
+		return nil, err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // read-only
-	var at time.Time
-	var snapshot, exported string
-	if err := tx.QueryRow(ctx, `SELECT now(), pg_current_snapshot()::text, pg_export_snapshot()`).Scan(&at, &snapshot, &exported); err != nil {
-		return nil, fmt.Errorf("take a snapshot in Postgres: %w", err)
-	}
-	rep.Cut.Snapshot = fmt.Sprintf("one REPEATABLE READ snapshot taken at %s (%s)", at.UTC().Format(time.RFC3339Nano), snapshot)
-	cursors, err := readCursors(ctx, tx, spec)
-	if err != nil {
-		return nil, err
-	}
-	eff, err := probeEffects(ctx, tx, spec.EffectsSQL)
-	if err != nil {
-		return nil, err
-	}
-	rep.Cut.Effects = eff.describe()
-	hist, err := readHistory(ctx, tx, spec)
+	eff, hist, err := readEffectsAndHistory(ctx, tx, spec, rep, false)
 	if err != nil {
 		return nil, err
 	}
@@ -181,14 +170,70 @@ func Run(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, spec S
 	if events != nil {
 		rep.Cut.Statement += fmt.Sprintf("; the events of %s in stream %s up to sequence %d, read before the snapshot", spec.Function, spec.Stream, events.lastSeq)
 	}
-	rep.OK = rep.Violations.Total() == 0
-	rep.Seconds = time.Since(start).Seconds()
-	return rep, nil
+	return rep.done(start), nil
 }
 
-// readCursors reads the function's cursors on the topic: no cursor at all
-// is an unknown function (or one that never ran), a mistake of --function
-// or --topic.
+// readEffectsAndHistory probes the effects query's shape (events: the
+// function is NATS-triggered), states it in rep, and reads the audit
+// history of the function's partitions or lanes.
+func readEffectsAndHistory(ctx context.Context, tx pgx.Tx, spec Spec, rep *Report, events bool) (*effects, *history, error) {
+	eff, err := probeEffects(ctx, tx, spec.EffectsSQL, events)
+	if err != nil {
+		return nil, nil, err
+	}
+	rep.Cut.Effects = eff.describe()
+	hist, err := readHistory(ctx, tx, spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	return eff, hist, nil
+}
+
+// openEventStream finds the event stream and reads its state.
+func openEventStream(ctx context.Context, js jetstream.JetStream, spec Spec) (jetstream.Stream, *jetstream.StreamInfo, error) {
+	stream, err := retryNATS(ctx, func() (jetstream.Stream, error) { return js.Stream(ctx, spec.Stream) })
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, nil, specError("event-stream", "JetStream has no stream %q: name the stream the relay publishes to (or leave out --nats-url to skip the events)", spec.Stream)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the event stream %s: %w", spec.Stream, err)
+	}
+	info, err := retryNATS(ctx, func() (*jetstream.StreamInfo, error) { return stream.Info(ctx) })
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the event stream %s: %w", spec.Stream, err)
+	}
+	return stream, info, nil
+}
+
+// openSnapshot begins the run's read-only snapshot, states it in rep,
+// exports it for the streams' connections and reads the function's
+// cursors there.
+func openSnapshot(ctx context.Context, pool *pgxpool.Pool, rep *Report, spec Spec) (pgx.Tx, string, []cursor, error) {
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("begin a read-only snapshot in Postgres: %w", err)
+	}
+	var at time.Time
+	var snapshot, exported string
+	err = tx.QueryRow(ctx, `SELECT now(), pg_current_snapshot()::text, pg_export_snapshot()`).Scan(&at, &snapshot, &exported)
+	if err != nil {
+		err = fmt.Errorf("take a snapshot in Postgres: %w", err)
+	}
+	var cursors []cursor
+	if err == nil {
+		rep.Cut.Snapshot = fmt.Sprintf("one REPEATABLE READ snapshot taken at %s (%s)", at.UTC().Format(time.RFC3339Nano), snapshot)
+		cursors, err = readCursors(ctx, tx, spec)
+	}
+	if err != nil {
+		tx.Rollback(ctx) //nolint:errcheck // read-only
+		return nil, "", nil, err
+	}
+	return tx, exported, cursors, nil
+}
+
+// readCursors reads the function's cursors on the topic (or subject: one
+// per lane): no cursor at all is an unknown function (or one that never
+// ran), a mistake of --function or --topic.
 func readCursors(ctx context.Context, tx pgx.Tx, spec Spec) ([]cursor, error) {
 	rows, err := tx.Query(ctx, `SELECT partition, next_offset, high_water, generation, epoch FROM kfn.cursors
  WHERE consumer = $1 AND topic = $2 ORDER BY partition`, spec.Function, spec.Topic)
@@ -204,14 +249,6 @@ func readCursors(ctx context.Context, tx pgx.Tx, spec Spec) ([]cursor, error) {
 		return nil, fmt.Errorf("read the cursors of %s: %w", spec.Function, err)
 	}
 	if len(out) > 0 {
-		var subject bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM kfn.subject_lanes WHERE consumer = $1 AND subject = $2)
-    OR EXISTS (SELECT FROM kfn.event_inbox WHERE consumer = $1 AND subject = $2)`, spec.Function, spec.Topic).Scan(&subject); err != nil {
-			return nil, fmt.Errorf("read the cursors of %s: %w", spec.Function, err)
-		}
-		if subject {
-			return nil, specError("topic", "%s is the NATS subject of %q, a NATS-triggered function: kfn verify checks Kafka-triggered functions only", spec.Topic, spec.Function)
-		}
 		return out, nil
 	}
 	var topics []string

@@ -1,9 +1,11 @@
 package verify
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -12,14 +14,18 @@ import (
 	"github.com/kfn-dev/kfn/internal/engine"
 )
 
-// pgRow is what Postgres holds for one offset (see records).
+// pgRow is what Postgres holds for one offset, or one event id (see
+// records).
 type pgRow struct {
-	p       int32
-	o       int64
-	epoch   *int64 // nil: no inbox row
-	ibDead  *bool
-	dead    bool // a dead letter
-	effects int64
+	position
+	epoch *int64 // nil: no inbox row
+	// seq is an event inbox row's stream sequence; sameLanes: the row was
+	// committed under the current lane count.
+	seq       int64
+	sameLanes bool
+	ibDead    *bool
+	dead      bool // a dead letter
+	effects   int64
 }
 
 func (r *pgRow) deadLettered() bool { return r != nil && (r.dead || r.ibDead != nil && *r.ibDead) }
@@ -88,12 +94,7 @@ func (w *walk) run(ctx context.Context, pool *pgxpool.Pool, snapshot string, par
 	}
 	w.pg = pg
 	defer pg.close(ctx)
-	if w.eff.shape == shapeKeyed {
-		w.keys = make(map[string]keyCount, len(w.eff.perKey))
-		for k, n := range w.eff.perKey {
-			w.keys[k] = keyCount{left: n}
-		}
-	}
+	w.initKeys()
 	states := make([]*partState, len(parts))
 	for i, p := range parts {
 		s := &partState{kafkaPartition: p}
@@ -131,11 +132,17 @@ func (w *walk) run(ctx context.Context, pool *pgxpool.Pool, snapshot string, par
 		return fmt.Errorf("read the inbox and dead letters of %s: %w", w.spec.Function, w.rowErr)
 	}
 	w.finishCounts()
-	if w.eff.shape == shapePerRecord || w.eff.shape == shapeNone {
-		return nil
-	}
-	w.rep.Checked.Effects = w.eff.sum
 	return nil
+}
+
+// initKeys starts the keyed shape's counts from the query's.
+func (w *walk) initKeys() {
+	if w.eff.shape == shapeKeyed {
+		w.keys = make(map[string]keyCount, len(w.eff.perKey))
+		for k, n := range w.eff.perKey {
+			w.keys[k] = keyCount{left: n}
+		}
+	}
 }
 
 func (w *walk) nextRow() {
@@ -204,11 +211,26 @@ func (w *walk) record(ctx context.Context, s *partState, o int64, key []byte) {
 		evs = w.events.list[start:w.ei]
 	}
 	w.rep.Checked.Records++
-	vs := &w.rep.Violations
-	dead := r.deadLettered()
 	// A re-execution applied the record again, on purpose: one more
 	// effect each is expected (a dead letter then applied is too).
 	redone := w.hist.reexecutions(s.id, o)
+	applied := w.judge(r, key, redone, position{p: s.id, o: o}, s.bound)
+	if r != nil && r.epoch != nil {
+		s.fence.check(o, *r.epoch, &w.rep.Violations.FencedButCommitted)
+	}
+	// An event is expected of a record the function handled: its effect,
+	// or its inbox row when the effect is lost.
+	handled := applied || redone > 0 || !r.deadLettered() && r != nil && r.epoch != nil
+	w.checkEvents(ctx, s.id, o, handled, r.deadLettered(), redone > 0, evs)
+	w.progress(s, o)
+}
+
+// judge checks what Postgres holds for one record or event below the
+// cursor bound, at where, against the effects shape, and reports whether
+// it was applied.
+func (w *walk) judge(r *pgRow, key []byte, redone int64, where position, bound int64) bool {
+	vs := &w.rep.Violations
+	dead := r.deadLettered()
 	var applied bool
 	switch w.eff.shape {
 	case shapePerRecord:
@@ -218,17 +240,17 @@ func (w *walk) record(ctx context.Context, s *partState, o int64, key []byte) {
 		}
 		switch allowed := 1 + redone; {
 		case dead && n > 0 && redone == 0:
-			vs.Duplicated.addN(n, "%d@%d was dead-lettered and has %d effects", s.id, o, n)
+			vs.Duplicated.addN(n, "%s was dead-lettered and has %d effects", where, n)
 		case n == 0 && !dead:
-			vs.Lost.add("%d@%d has no effect and no dead letter (cursor %d)", s.id, o, s.bound)
+			vs.Lost.add("%s has no effect and no dead letter (cursor %d)", where, bound)
 		case n > allowed:
-			vs.Duplicated.addN(n-allowed, "%d@%d has %d effects (re-executed %d times)", s.id, o, n, redone)
+			vs.Duplicated.addN(n-allowed, "%s has %d effects (re-executed %d times)", where, n, redone)
 		}
 		applied = !dead && n > 0
 	case shapeNone:
 		applied = r != nil && r.epoch != nil && !dead
 		if !applied && !dead && redone == 0 { // a re-execution deletes the inbox rows it applies again
-			vs.Lost.add("%d@%d has no inbox row and no dead letter (cursor %d)", s.id, o, s.bound)
+			vs.Lost.add("%s has no inbox row and no dead letter (cursor %d)", where, bound)
 		}
 	case shapeKeyed:
 		// A record a re-execution dead-lettered keeps the effects it had.
@@ -249,14 +271,7 @@ func (w *walk) record(ctx context.Context, s *partState, o int64, key []byte) {
 		}
 		w.slack += redone
 	}
-	if r != nil && r.epoch != nil {
-		s.fence.check(o, *r.epoch, &vs.FencedButCommitted)
-	}
-	// An event is expected of a record the function handled: its effect,
-	// or its inbox row when the effect is lost.
-	handled := applied || redone > 0 || !dead && r != nil && r.epoch != nil
-	w.checkEvents(ctx, s.id, o, handled, dead, redone > 0, evs)
-	w.progress(s, o)
+	return applied
 }
 
 // checkEvents checks the events of one record, sorted by id hash.
@@ -307,6 +322,9 @@ func (w *walk) checkEvents(ctx context.Context, p int32, o int64, handled, dead,
 // finishCounts compares the counting shapes' counts with the applied
 // records.
 func (w *walk) finishCounts() {
+	if w.eff.shape == shapeKeyed || w.eff.shape == shapeTotal {
+		w.rep.Checked.Effects = w.eff.sum
+	}
 	vs := &w.rep.Violations
 	switch w.eff.shape {
 	case shapeKeyed:
@@ -341,19 +359,19 @@ func (w *walk) progress(s *partState, o int64) {
 		n, w.toCheck, 100*n/max(1, w.toCheck), s.id, o, float64(n)/time.Since(w.started).Seconds())
 }
 
-// fence checks the epochs of a partition's inbox rows, in offset order:
-// a row's epoch must have claimed the partition, and no claim by a newer
-// epoch may have found the cursor at or below the row (from that position
-// on the partition was the newer epoch's, so the older one committed the
-// row after it had been fenced).
+// fence checks the epochs of a partition's inbox rows (or a lane's event
+// inbox rows, by stream sequence), in any order: a row's epoch must have
+// claimed the partition, and no claim by a newer epoch may have found the
+// cursor at or below the row (from that position on the partition was the
+// newer epoch's, so the older one committed the row after it had been
+// fenced).
 type fence struct {
 	p        int32
 	hist     *history
 	known    map[int64]bool
 	minKnown int64
 	claims   []claimAt // by position
-	next     int       // claims[:next] are at or below the current offset
-	newest   claimAt   // the newest of claims[:next]
+	newest   []claimAt // newest[i]: the claim of the newest epoch in claims[:i+1]
 }
 
 func newFence(p int32, hist *history, cursorEpoch int64) *fence {
@@ -361,20 +379,25 @@ func newFence(p int32, hist *history, cursorEpoch int64) *fence {
 	if len(f.known) > 0 && cursorEpoch >= 0 {
 		f.known[cursorEpoch] = true
 	}
+	f.newest = make([]claimAt, len(f.claims))
+	for i, c := range f.claims {
+		if i > 0 && f.newest[i-1].epoch >= c.epoch {
+			c = f.newest[i-1]
+		}
+		f.newest[i] = c
+	}
 	return f
 }
 
 func (f *fence) check(o, epoch int64, v *Violation) {
-	for f.next < len(f.claims) && f.claims[f.next].position <= o {
-		if c := f.claims[f.next]; c.epoch > f.newest.epoch {
-			f.newest = c
-		}
-		f.next++
+	var newest claimAt // of the claims at or below o
+	if n, _ := slices.BinarySearchFunc(f.claims, o+1, func(c claimAt, t int64) int { return cmp.Compare(c.position, t) }); n > 0 {
+		newest = f.newest[n-1]
 	}
 	switch {
 	case len(f.known) > 0 && epoch > f.minKnown && !f.known[epoch]:
 		v.add("%d@%d was committed by epoch %d, which never claimed the partition", f.p, o, epoch)
-	case epoch < f.newest.epoch && !f.hist.keptByReexecution(f.p, o):
-		v.add("%d@%d was committed by epoch %d after epoch %d had claimed the partition from offset %d", f.p, o, epoch, f.newest.epoch, f.newest.position)
+	case epoch < newest.epoch && !f.hist.keptByReexecution(f.p, o):
+		v.add("%d@%d was committed by epoch %d after epoch %d had claimed the partition from offset %d", f.p, o, epoch, newest.epoch, newest.position)
 	}
 }
