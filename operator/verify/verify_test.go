@@ -95,7 +95,12 @@ CREATE TABLE IF NOT EXISTS counts (key text PRIMARY KEY, revisions int NOT NULL)
 		w, err := runtime.NewWorker(ctx, runtime.Config{
 			KafkaBrokers: d.kafka.Brokers, DatabaseURL: d.db.URL, NATSURL: natsURL, WorkerID: "worker-1",
 			LeaseBucket: d.lease, EventStream: streamName, BatchWait: 5 * time.Millisecond,
-			LeaseTTL: 2 * time.Second, LeaseRenew: 500 * time.Millisecond, // a restarted worker takes its partitions back soon
+			// A restarted worker takes its own partitions back at once
+			// (same WorkerID); a 6 s TTL gives statements 2.4 s
+			// (KFN_STATEMENT_TIMEOUT's default, 0.4 TTL), so a loaded
+			// machine does not dead-letter the records the subtests
+			// expect applied (0.8 s did, under load average 11-29).
+			LeaseTTL: 6 * time.Second, LeaseRenew: time.Second,
 			Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
 		}, fn)
 		if err != nil {
