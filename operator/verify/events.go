@@ -91,11 +91,11 @@ func scanStream(ctx context.Context, stream jetstream.Stream, name, filter strin
 	if filter != "" {
 		cfg.FilterSubjects = []string{filter}
 	}
-	cons, err := stream.OrderedConsumer(ctx, cfg)
+	cons, err := retryNATS(ctx, func() (jetstream.Consumer, error) { return stream.OrderedConsumer(ctx, cfg) })
 	if err != nil {
 		return fmt.Errorf("read the event stream %s: %w", name, err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(4096))
+	it, err := retryNATS(ctx, func() (jetstream.MessagesContext, error) { return cons.Messages(jetstream.PullMaxMessages(4096)) })
 	if err != nil {
 		return fmt.Errorf("read the event stream %s: %w", name, err)
 	}
