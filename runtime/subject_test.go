@@ -161,18 +161,7 @@ func TestNATSTriggeredFunctionTakesOverUnackedEventsAtOnce(t *testing.T) {
 		t.Fatalf("the dead owner fetched %d events, want 10", fetched)
 	}
 
-	table := pgx.Identifier{"events_" + b.fn}.Sanitize()
-	fn := runtime.Function{
-		Name: b.fn, Subject: subject, Stream: stream,
-		Setup: func(ctx context.Context, tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (event_id text)`)
-			return err
-		},
-		Handler: func(ctx context.Context, tx pgx.Tx, rec runtime.Record, out *runtime.Events) error {
-			_, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ($1)`, rec.EventID)
-			return err
-		},
-	}
+	fn, table := eventRecorder(b, subject, stream)
 	_, stop := b.run(t, fn)
 	waitFor(t, 15*time.Second, "the 17 events after the ack floor, well before the 2-minute ack wait", func() bool {
 		var n int
@@ -205,6 +194,24 @@ func TestNATSTriggeredFunctionTakesOverUnackedEventsAtOnce(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("applied events %v, want each of ev-03…ev-19 once", got)
 	}
+}
+
+// eventRecorder is a NATS-triggered function of b on subject in stream
+// that writes a row per applied event (its id) into table, with no unique
+// key: an event applied twice shows as two rows.
+func eventRecorder(b *bundle, subject, stream string) (fn runtime.Function, table string) {
+	table = pgx.Identifier{"events_" + b.fn}.Sanitize()
+	return runtime.Function{
+		Name: b.fn, Subject: subject, Stream: stream,
+		Setup: func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (event_id text)`)
+			return err
+		},
+		Handler: func(ctx context.Context, tx pgx.Tx, rec runtime.Record, out *runtime.Events) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ($1)`, rec.EventID)
+			return err
+		},
+	}, table
 }
 
 // jetStream connects to NATS for the duration of the test.
@@ -279,18 +286,7 @@ func TestNATSTriggeredFunctionGetsAnEventWhoseDeliveryWasLost(t *testing.T) {
 			}
 		}
 	}
-	table := pgx.Identifier{"events_" + b.fn}.Sanitize()
-	fn := runtime.Function{
-		Name: b.fn, Subject: subject, Stream: stream,
-		Setup: func(ctx context.Context, tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (event_id text)`)
-			return err
-		},
-		Handler: func(ctx context.Context, tx pgx.Tx, rec runtime.Record, out *runtime.Events) error {
-			_, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ($1)`, rec.EventID)
-			return err
-		},
-	}
+	fn, table := eventRecorder(b, subject, stream)
 	_, stop := b.run(t, fn)
 	defer stop()
 	var cons jetstream.Consumer
