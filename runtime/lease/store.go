@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -64,11 +65,34 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, cfg StoreConfig) (*S
 	}
 	s := &Store{js: js, cfg: cfg, log: cfg.Logger.With("bucket", cfg.Bucket)}
 	kv, err := s.openBucket(ctx)
+	for settled := time.Now().Add(openSettle); unanswered(err) && time.Now().Before(settled); {
+		// A JetStream cluster that has just started (or lost a node)
+		// answers no request about streams until its meta leader is
+		// elected: seconds. Workers started with it wait, not exit.
+		s.log.Warn("JetStream did not answer about the lease bucket in time; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(500 * time.Millisecond):
+		}
+		kv, err = s.openBucket(ctx)
+	}
 	if err != nil {
 		return nil, err
 	}
 	s.kv = kv
 	return s, nil
+}
+
+// openSettle bounds how long OpenStore retries while JetStream does not
+// answer (a cluster electing its leaders), before it reports the error.
+const openSettle = 30 * time.Second
+
+// unanswered reports whether err is a JetStream request that got no
+// answer in time, and only that: a refused request or a missing bucket is
+// not retried.
+func unanswered(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
 }
 
 // Config returns the store's configuration, defaults applied.
