@@ -393,7 +393,9 @@ func (o *kafkaOutage) over() {
 func retryInfra(ctx context.Context, log *slog.Logger, what string, op func(context.Context) error) error {
 	policy := backoff.NewExponentialBackOff()
 	policy.InitialInterval = 100 * time.Millisecond
-	policy.MaxInterval = 2 * time.Second // a lane resumes within about 3 s of the service's return
+	// A lane resumes within 1.5 s (the cap, randomized by ±50%) of the
+	// service's return: under the lease TTL of the fault tests (2 s).
+	policy.MaxInterval = time.Second
 	policy.MaxElapsedTime = 0
 	return backoff.RetryNotify(func() error {
 		err := op(ctx)
