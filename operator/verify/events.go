@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/outbox"
@@ -36,9 +37,13 @@ type event struct {
 const maxEmits = 64
 
 // streamIdle is how long reading the stream waits for a next message
-// before it takes the stream for read up to the cut (the messages up to
-// it deleted or expired).
+// before it asks the stream whether one is left to read up to the cut.
 const streamIdle = 10 * time.Second
+
+// streamStall is how long reading the stream goes on without a message
+// while the stream says one is left up to the cut (a NATS node lost, its
+// leaders being elected) before it is an error.
+const streamStall = time.Minute
 
 // streamEvents reads the function's events from the event stream up to
 // the cut.
@@ -82,50 +87,112 @@ func (s *streamEvents) read(ctx context.Context, spec Spec, generations map[int3
 }
 
 // scanStream calls fn with every message of stream (on subject filter,
-// every subject when empty) up to sequence last, in order.
+// every subject when empty) up to sequence last, in order. It never stops
+// short silently: when no message comes for streamIdle, it asks the stream
+// whether one is left up to the cut, and reads on from where it was if
+// so, until streamStall without a message.
 func scanStream(ctx context.Context, stream jetstream.Stream, name, filter string, last uint64, progress io.Writer, fn func(jetstream.Msg, uint64)) error {
-	if last == 0 {
-		return nil
+	sc := &streamScan{stream: stream, name: name, filter: filter, last: last, next: 1, progress: progress, fn: fn, moved: time.Now()}
+	for sc.next <= last {
+		done, err := sc.read(ctx)
+		if done || err != nil {
+			return err
+		}
+		left, err := sc.left(ctx)
+		if err != nil || !left {
+			return err
+		}
+		if time.Since(sc.moved) > streamStall {
+			return fmt.Errorf("read the event stream %s: no message from sequence %d, below the cut %d, for %s", name, sc.next, last, streamStall)
+		}
 	}
+	return nil
+}
+
+// streamScan is one scanStream: the next sequence it wants, and when it
+// last got a message.
+type streamScan struct {
+	stream       jetstream.Stream
+	name, filter string
+	last, next   uint64
+	progress     io.Writer
+	fn           func(jetstream.Msg, uint64)
+	moved        time.Time
+	lastProgress time.Time
+	n            int
+}
+
+// read reads with an ordered consumer from sc.next until the cut (done)
+// or streamIdle without a message.
+func (sc *streamScan) read(ctx context.Context) (done bool, err error) {
 	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
-	if filter != "" {
-		cfg.FilterSubjects = []string{filter}
+	if sc.next > 1 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, sc.next
 	}
-	cons, err := retryNATS(ctx, func() (jetstream.Consumer, error) { return stream.OrderedConsumer(ctx, cfg) })
+	if sc.filter != "" {
+		cfg.FilterSubjects = []string{sc.filter}
+	}
+	cons, err := retryNATS(ctx, func() (jetstream.Consumer, error) { return sc.stream.OrderedConsumer(ctx, cfg) })
 	if err != nil {
-		return fmt.Errorf("read the event stream %s: %w", name, err)
+		return false, fmt.Errorf("read the event stream %s: %w", sc.name, err)
 	}
 	it, err := retryNATS(ctx, func() (jetstream.MessagesContext, error) { return cons.Messages(jetstream.PullMaxMessages(4096)) })
 	if err != nil {
-		return fmt.Errorf("read the event stream %s: %w", name, err)
+		return false, fmt.Errorf("read the event stream %s: %w", sc.name, err)
 	}
 	defer it.Stop()
-	lastProgress := time.Now()
-	for n := 1; ; n++ {
+	for {
 		msg, err := it.Next(jetstream.NextMaxWait(streamIdle))
-		if errors.Is(err, jetstream.ErrNoHeartbeat) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-			return nil
+		if errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrNoHeartbeat) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			return false, ctx.Err()
 		}
 		if err != nil {
-			return fmt.Errorf("read the event stream %s: %w", name, err)
+			return false, fmt.Errorf("read the event stream %s: %w", sc.name, err)
 		}
 		meta, err := msg.Metadata()
 		if err != nil {
-			return fmt.Errorf("read the event stream %s: %w", name, err)
+			return false, fmt.Errorf("read the event stream %s: %w", sc.name, err)
 		}
 		seq := meta.Sequence.Stream
-		if seq > last {
-			return nil
+		if seq > sc.last {
+			return true, nil
 		}
-		fn(msg, seq)
-		if progress != nil && n%65536 == 0 && time.Since(lastProgress) > 2*time.Second {
-			lastProgress = time.Now()
-			fmt.Fprintf(progress, "kfn verify: stream %s: sequence %d of %d\n", name, seq, last)
+		sc.fn(msg, seq)
+		sc.next, sc.moved = seq+1, time.Now()
+		if sc.n++; sc.progress != nil && sc.n%65536 == 0 && time.Since(sc.lastProgress) > 2*time.Second {
+			sc.lastProgress = time.Now()
+			fmt.Fprintf(sc.progress, "kfn verify: stream %s: sequence %d of %d\n", sc.name, seq, sc.last)
 		}
-		if seq >= last || meta.NumPending == 0 {
-			return nil
+		if seq >= sc.last || meta.NumPending == 0 {
+			return true, nil
 		}
 	}
+}
+
+// left reports whether the stream holds a message from sc.next up to the
+// cut: its last one (on the filter) is there.
+func (sc *streamScan) left(ctx context.Context) (bool, error) {
+	var lastSeq uint64
+	if sc.filter == "" {
+		info, err := retryNATS(ctx, func() (*jetstream.StreamInfo, error) { return sc.stream.Info(ctx) })
+		if err != nil {
+			return false, fmt.Errorf("read the event stream %s: %w", sc.name, err)
+		}
+		if info.State.Msgs == 0 {
+			return false, nil
+		}
+		lastSeq = info.State.LastSeq
+	} else {
+		msg, err := retryNATS(ctx, func() (*jetstream.RawStreamMsg, error) { return sc.stream.GetLastMsgForSubject(ctx, sc.filter) })
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("read the event stream %s: %w", sc.name, err)
+		}
+		lastSeq = msg.Sequence
+	}
+	return lastSeq >= sc.next, nil
 }
 
 // byRecord sorts the events by record, then id, then stream sequence.
