@@ -34,8 +34,15 @@ func TestFailoverNATSClusterLosesTheLeaseBucketLeader(t *testing.T) {
 	c := &cluster{t: t, pg: kfntest.Postgres(t), kafka: kfntest.Kafka(t), natsURL: kfntest.JoinURLs(servers)}
 	c.topic = c.kafka.CreateTopic(t, failoverPartitions)
 	c.fn = kfntest.Name(t, "fn")
-	workers := []*proc{c.startWorkerEnv(c.nextID(), "KFN_NATS_REPLICAS=3"), c.startWorkerEnv(c.nextID(), "KFN_NATS_REPLICAS=3")}
+	// One worker first, until it owns every partition: it creates the
+	// lease bucket (a stream of 3 replicas on a cluster that has just
+	// started). A second worker started with it waited for JetStream past
+	// its request timeouts under CI load; starting together is what
+	// TestWorkersStartingTogetherAllSucceed checks, not this test.
+	workers := []*proc{c.startWorkerEnv(c.nextID(), "KFN_NATS_REPLICAS=3")}
 	prod := c.startProducer()
+	c.waitBalanced(ids(workers), 60*time.Second)
+	workers = append(workers, c.startWorkerEnv(c.nextID(), "KFN_NATS_REPLICAS=3"))
 	c.waitBalanced(ids(workers), 60*time.Second)
 
 	nc, js, err := connect.NATS(c.natsURL, "test")
