@@ -148,10 +148,17 @@ func killBroker(r *run, n int) hit {
 	p := n % partitions
 	h := r.everything()
 	id, at := r.s.kafka.killLeader(r.t, r.s.topic, p, 3*leaseTTL)
-	h.at = at
+	// The partition cannot be read before Kafka fences the dead leader
+	// (kafka.sh's cluster: a broker session of 4 s) and elects another: the
+	// lanes' takeover counts from then, as from a whole service's heal.
+	h.at = at.Add(kafkaBrokerSession)
 	r.logf("SIGKILLed Kafka broker %d, the leader of partition %d, and started it again after %s", id, p, 3*leaseTTL)
 	return h
 }
+
+// kafkaBrokerSession is how long the cluster of deploy/local/kafka takes to
+// fence a broker that stopped answering (broker.session.timeout.ms).
+const kafkaBrokerSession = 4 * time.Second
 
 // natsLeader is the NATS server leading stream's raft group; it waits up
 // to limit for the group to have a leader.
