@@ -87,6 +87,7 @@ func TestChaos(t *testing.T) {
 	})
 	before := r.verifyChain()
 	r.requireClean("the warm-up", before)
+	r.requireClean("the ledger's warm-up", r.verifyLedger())
 
 	start := time.Now()
 	for i := 0; time.Since(start) < *runFor || i < len(matrix); i++ {
@@ -113,7 +114,9 @@ func TestChaos(t *testing.T) {
 	s.requireRunning(s.running()...)
 	final := r.verifyChain()
 	r.requireClean("the end state", final)
-	r.report(final)
+	finalLedger := r.verifyLedger()
+	r.requireClean("the ledger's end state", finalLedger)
+	r.report(final, finalLedger)
 }
 
 // inject plays one fault and fills its row: takeovers, time to catch up,
@@ -176,14 +179,30 @@ func (r *run) requireClean(when string, c counts) {
 	}
 }
 
+// clean says whether a check found no violation.
+func clean(c counts) bool {
+	return !slices.ContainsFunc(violationKinds, func(k string) bool { return c.violations[k] != 0 })
+}
+
+// verdictWord says how the end state's checks came out.
+func verdictWord(checks ...counts) string {
+	for _, c := range checks {
+		if !clean(c) {
+			return "VIOLATIONS (see above)"
+		}
+	}
+	return "no violation"
+}
+
 // report prints the table and writes it to --json.
-func (r *run) report(final counts) {
+func (r *run) report(final, finalLedger counts) {
 	r.t.Helper()
 	for _, rw := range r.rows {
 		rw.finish()
 	}
 	table := renderTable(r.rows)
 	fmt.Printf("\n=== chaos table (Kafka: %s; lease TTL %s; takeover bound %s)\n%s\n", r.s.kafka.description, leaseTTL, takeoverBound, table)
+	fmt.Printf("end state, kfn verify: orders %d records, ledger %d events, %s\n", final.records, finalLedger.records, verdictWord(final, finalLedger))
 	if *jsonOut == "" {
 		return
 	}
@@ -194,9 +213,10 @@ func (r *run) report(final counts) {
 		LeaseTTLMs    int64   `json:"lease_ttl_ms"`
 		BoundMs       int64   `json:"takeover_bound_ms"`
 		FinalRecords  int64   `json:"final_records"`
+		FinalEvents   int64   `json:"final_ledger_events"`
 		Rows          []*row  `json:"rows"`
 		FinalVerified bool    `json:"final_verified_ok"`
-	}{r.s.kafka.description, runFor.String(), *intensity, leaseTTL.Milliseconds(), takeoverBound.Milliseconds(), final.records, r.rows, !slices.ContainsFunc(violationKinds, func(k string) bool { return final.violations[k] != 0 })}
+	}{r.s.kafka.description, runFor.String(), *intensity, leaseTTL.Milliseconds(), takeoverBound.Milliseconds(), final.records, finalLedger.records, r.rows, clean(final) && clean(finalLedger)}
 	data, err := json.MarshalIndent(out, "", "  ")
 	if err != nil {
 		r.t.Fatal(err)

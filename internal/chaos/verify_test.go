@@ -10,6 +10,9 @@ import (
 	"fmt"
 	"os/exec"
 	"time"
+
+	"github.com/kfn-dev/kfn/functions/ledger"
+	"github.com/kfn-dev/kfn/functions/orders"
 )
 
 // violationKinds are the keys of kfn verify's "violations", in the table's
@@ -34,15 +37,20 @@ type verdict struct {
 	Seconds float64 `json:"seconds"`
 }
 
-// ordersEffects is the orders function's effects query for kfn verify:
-// how many records changed each order (a record's key is its order id).
-const ordersEffects = `SELECT order_id, revisions FROM orders`
+// The functions' effects queries for kfn verify: orders counts how many
+// records changed each order (a record's key is its order id); the ledger
+// books one debit per event it applied.
+const (
+	ordersEffects = `SELECT order_id, revisions FROM orders`
+	ledgerEffects = `SELECT event_id FROM ledger_entries WHERE side = 'debit'`
+)
 
-// verify runs kfn verify on the orders function against the running
-// deployment, with its events in the stream.
-func (r *run) verify() verdict {
+// verify runs kfn verify on one function against the running deployment:
+// orders against its Kafka topic and its events in the stream, the ledger
+// against the orders.accepted events in the stream.
+func (r *run) verify(function, source, effects string) verdict {
 	r.t.Helper()
-	args := []string{"verify", "--json", "--examples", "3", "--function", ordersFn, "--topic", r.s.topic, "--effects-sql", ordersEffects}
+	args := []string{"verify", "--json", "--examples", "3", "--function", function, "--topic", source, "--effects-sql", effects}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, r.s.kfn, args...)
@@ -69,27 +77,44 @@ func (r *run) verify() verdict {
 	return v
 }
 
-// counts is one check of the chain: kfn verify's violations of orders by
-// kind, plus the ledger's duplicated bookings, and the records checked.
+// counts is one check of the chain: kfn verify's violations by kind, with
+// examples, and the records (orders) or events (the ledger) it checked.
 type counts struct {
 	records    int64
 	violations map[string]int64
 	examples   []string
 }
 
+// countsOf reads a verdict of function's verify into counts, checked
+// being what it counts as records.
+func countsOf(function string, checked int64, v verdict) counts {
+	c := counts{records: checked, violations: map[string]int64{}}
+	for _, k := range violationKinds {
+		c.violations[k] += v.Violations[k].Count
+		for _, e := range v.Violations[k].Examples {
+			c.examples = append(c.examples, function+" "+k+": "+e)
+		}
+	}
+	return c
+}
+
+// verifyLedger runs kfn verify on the ledger, the chain's NATS-triggered
+// function, against every orders.accepted event in the stream below its
+// lanes' cursors. It reads the whole subject, so the run calls it on the
+// warm-up and the end state; after each fault verifyChain's query checks
+// the ledger's bookings.
+func (r *run) verifyLedger() counts {
+	r.t.Helper()
+	v := r.verify(ledger.Name, orders.AcceptedSubject, ledgerEffects)
+	return countsOf(ledger.Name, v.Checked.Events, v)
+}
+
 // verifyChain runs kfn verify on orders and counts the ledger's orders
 // booked more often than orders changed them.
 func (r *run) verifyChain() counts {
 	r.t.Helper()
-	c := counts{violations: map[string]int64{}}
-	v := r.verify()
-	c.records = v.Checked.Records
-	for _, k := range violationKinds {
-		c.violations[k] += v.Violations[k].Count
-		for _, e := range v.Violations[k].Examples {
-			c.examples = append(c.examples, "orders "+k+": "+e)
-		}
-	}
+	v := r.verify(ordersFn, r.s.topic, ordersEffects)
+	c := countsOf(ordersFn, v.Checked.Records, v)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// Each orders record that changed an order (its revisions, which kfn
