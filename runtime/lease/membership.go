@@ -44,42 +44,60 @@ func (s *Store) Leave(ctx context.Context, group, memberID string) error {
 }
 
 // Members lists the live members of group (those whose heartbeat key is
-// present), sorted.
+// present and not outlived, see outlived), sorted.
 func (s *Store) Members(ctx context.Context, group string) ([]string, error) {
-	lister, err := s.kv.ListKeysFiltered(ctx, memberFilter(group))
+	w, err := s.kv.WatchFiltered(ctx, []string{memberFilter(group)}, jetstream.IgnoreDeletes(), jetstream.MetaOnly())
 	if err != nil {
 		return nil, fmt.Errorf("list members of %s: %w", group, err)
 	}
-	defer func() { _ = lister.Stop() }()
+	defer func() { _ = w.Stop() }()
 	var members []string
-	keys := lister.Keys()
 	for {
 		select {
 		case <-ctx.Done():
 			// A partial list must not look like members leaving.
 			return nil, fmt.Errorf("list members of %s: %w", group, ctx.Err())
-		case key, ok := <-keys:
+		case e, ok := <-w.Updates():
 			if !ok {
-				// The lister also closes its channel, without error, when
-				// ctx ends.
+				// The watcher also closes its channel when ctx ends.
 				if err := ctx.Err(); err != nil {
 					return nil, fmt.Errorf("list members of %s: %w", group, err)
 				}
+				return nil, fmt.Errorf("list members of %s: the watch ended before its last key", group)
+			}
+			if e == nil { // every key the bucket held is listed
 				slices.Sort(members)
 				return slices.Compact(members), nil
 			}
-			if id, ok := splitMemberKey(group, key); ok {
+			if id, ok := splitMemberKey(group, e.Key()); ok && !s.outlived(e) {
 				members = append(members, id)
 			}
 		}
 	}
 }
 
-// memberPresent reports whether memberID's heartbeat key is in the bucket.
-// A listing can miss a key that is rewritten while it runs (it is deleted
-// from under the listing's consumer and written again past its end), so a
-// member missing from a listing is asked for directly before it counts as
-// gone.
+// outlived reports whether a heartbeat was written more than two TTLs
+// plus outlivedSkew ago: the bucket's MaxAge (one TTL) should have removed
+// it long since. A replica that missed the expiry keeps serving such a key
+// (seen here after a whole NATS cluster restarted under load: a member
+// killed two minutes earlier came and went from the listings for half a
+// minute, and its lanes were handed to it again and again; nats-server
+// issues 3653 and 4754 report the same). Counting it as live would give a
+// dead member items. The allowance covers clocks of this host and the
+// NATS servers that disagree.
+func (s *Store) outlived(e jetstream.KeyValueEntry) bool {
+	return s.now().Sub(e.Created()) > 2*s.cfg.TTL+outlivedSkew
+}
+
+// outlivedSkew is how far this host's clock may be ahead of the NATS
+// servers' before a live heartbeat looks outlived.
+const outlivedSkew = 10 * time.Second
+
+// memberPresent reports whether memberID's heartbeat key is in the bucket,
+// and not outlived. A listing can miss a key that is rewritten while it
+// runs (it is deleted from under the listing's consumer and written again
+// past its end), so a member missing from a listing is asked for directly
+// before it counts as gone.
 func (s *Store) memberPresent(ctx context.Context, group, memberID string) (bool, error) {
 	e, err := s.kv.Get(ctx, memberKey(group, memberID))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -89,7 +107,7 @@ func (s *Store) memberPresent(ctx context.Context, group, memberID string) (bool
 		return false, fmt.Errorf("read heartbeat of %s in %s: %w", memberID, group, err)
 	}
 	s.noteRevision(e.Revision())
-	return true, nil
+	return !s.outlived(e), nil
 }
 
 // eventKind classifies a watched change.

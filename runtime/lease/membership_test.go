@@ -61,3 +61,45 @@ func TestMembershipListingBegunBeforeADepartureDoesNotUndoIt(t *testing.T) {
 		t.Errorf("after the listing begun before B left, A owns %v with tokens %v; want all 6 items still under the tokens %v it took them with", tr.owners(), after, tokens)
 	}
 }
+
+// A heartbeat older than the bucket's MaxAge allows is a replica's stale
+// copy, not a live member: after a whole NATS cluster restarted under
+// load, a member killed two minutes before kept coming and going from the
+// listings, and its lanes were handed to it again and again. The store's
+// clock is moved forward here, so that heartbeats written now are as old
+// as that stale copy was (the bucket's TTL is long, so the server does not
+// expire them meanwhile).
+func TestMembersLeaveOutAHeartbeatTheBucketShouldHaveExpired(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := testContext(t)
+	const ttl = 30 * time.Second
+	store, err := OpenStore(ctx, b.js, StoreConfig{Bucket: "test_leases_30s", TTL: ttl, SafetyMargin: SafetyMarginFor(ttl), Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"A", "B"} {
+		if err := store.Heartbeat(ctx, "fn.orders", id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(when string, want []string) {
+		t.Helper()
+		members, err := store.Members(ctx, "fn.orders")
+		if err != nil {
+			t.Fatal(err)
+		}
+		present, err := store.memberPresent(ctx, "fn.orders", "A")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(members, want) || present != slices.Contains(want, "A") {
+			t.Errorf("%s: listed %v, A present %v; want %v", when, members, present, want)
+		}
+	}
+	check("fresh heartbeats", []string{"A", "B"})
+	store.now = func() time.Time { return time.Now().Add(2*ttl + outlivedSkew - 5*time.Second) }
+	check("heartbeats just inside the allowance", []string{"A", "B"})
+	store.now = func() time.Time { return time.Now().Add(2*ttl + outlivedSkew + 5*time.Second) }
+	check("heartbeats the bucket should have expired", nil)
+}

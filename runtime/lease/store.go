@@ -23,6 +23,7 @@ type Store struct {
 	kv  jetstream.KeyValue
 	cfg StoreConfig
 	log *slog.Logger
+	now func() time.Time // time.Now; a test moves it
 
 	// maxSeen is the largest revision this Store has written or read. When
 	// the bucket is lost, it is the best knowledge of how far the lost
@@ -63,7 +64,7 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, cfg StoreConfig) (*S
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	s := &Store{js: js, cfg: cfg, log: cfg.Logger.With("bucket", cfg.Bucket)}
+	s := &Store{js: js, cfg: cfg, log: cfg.Logger.With("bucket", cfg.Bucket), now: time.Now}
 	kv, err := s.openBucket(ctx)
 	for settled := time.Now().Add(openSettle); unanswered(err) && time.Now().Before(settled); {
 		// A JetStream cluster that has just started (or lost a node)
@@ -412,7 +413,7 @@ func OpenExisting(ctx context.Context, js jetstream.JetStream, bucket string, lo
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("lease bucket %s: %w", bucket, err)
 	}
-	s := &Store{js: js, kv: kv, cfg: cfg, log: cfg.Logger.With("bucket", bucket)}
+	s := &Store{js: js, kv: kv, cfg: cfg, log: cfg.Logger.With("bucket", bucket), now: time.Now}
 	s.noteBucket(st)
 	return s, nil
 }
