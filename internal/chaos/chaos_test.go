@@ -28,8 +28,15 @@ type run struct {
 	s    *stack
 	prod *producer
 	prog *progress
+	nc   *nats.Conn
 	js   jetstream.JetStream
 	rows []*row
+}
+
+// natsConnState describes the run's own NATS connection, for a failure
+// message.
+func (r *run) natsConnState() string {
+	return fmt.Sprintf("%v to %s, %d reconnects, last error %v", r.nc.Status(), r.nc.ConnectedUrlRedacted(), r.nc.Stats().Reconnects, r.nc.LastError())
 }
 
 func (r *run) logf(format string, args ...any) {
@@ -67,7 +74,7 @@ func TestChaos(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &run{t: t, s: s, prod: newProducer(t, s.kafka.brokers, s.topic), prog: newProgress(s.pool), js: js}
+	r := &run{t: t, s: s, prod: newProducer(t, s.kafka.brokers, s.topic), prog: newProgress(s.pool), nc: nc, js: js}
 	for _, f := range matrix {
 		r.rows = append(r.rows, &row{Fault: f.name})
 	}

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -166,15 +167,28 @@ func (r *run) natsLeader(stream string, limit time.Duration) *kfntest.NATSServer
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	var leader string
+	var seen []string // what each failed look-up said, in order, repeats once
 	for leader == "" {
-		st, err := r.js.Stream(ctx, stream)
+		// One look-up can go unanswered (a request that reached a
+		// restarted server before its JetStream was back), so each gets
+		// a short deadline of its own.
+		lookCtx, lookCancel := context.WithTimeout(ctx, 2*time.Second)
+		st, err := r.js.Stream(lookCtx, stream)
+		lookCancel()
 		if err == nil && st.CachedInfo().Cluster != nil {
 			leader = st.CachedInfo().Cluster.Leader
 		}
 		if leader == "" {
+			what := fmt.Sprintf("%s no leader", time.Now().Format("15:04:05.000"))
+			if err != nil {
+				what = fmt.Sprintf("%s %v", time.Now().Format("15:04:05.000"), err)
+			}
+			if len(seen) == 0 || seen[len(seen)-1][13:] != what[13:] {
+				seen = append(seen, what)
+			}
 			select {
 			case <-ctx.Done():
-				r.t.Fatalf("no leader of stream %s: %v", stream, err)
+				r.t.Fatalf("no leader of stream %s within %s; the look-ups said: %s; the test's NATS connection: %s", stream, limit, strings.Join(seen, "; "), r.natsConnState())
 			case <-time.After(100 * time.Millisecond):
 			}
 		}

@@ -31,6 +31,9 @@
 // deploy/local/kafka/kafka.sh; Java and Maven needed, see HaveJava).
 // StartSecureNATS runs a nats-server as production does: TLS with a CA the
 // test makes, and operator/account/user JWTs (its User writes .creds).
+// A process's output goes to a file in the test's temporary directory, or
+// in the directory KFN_TEST_PROCESS_LOGS names, where it outlives the test
+// (a chaos run's whole story); a failed test logs the file's tail.
 // Await polls a condition with a bound and says why it did not hold.
 // PostgresProxy puts a TCP proxy in front of Postgres that freezes a path
 // (every socket open, nothing forwarded) or cuts off COMMIT replies. On

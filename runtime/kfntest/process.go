@@ -44,12 +44,16 @@ func StartProcess(t testing.TB, cmd *exec.Cmd) *Process {
 func startProcess(t testing.TB, cmd *exec.Cmd) (*Process, error) {
 	p := &Process{Cmd: cmd, t: t}
 	if cmd.Stdout == nil && cmd.Stderr == nil {
-		p.LogFile = filepath.Join(t.TempDir(), filepath.Base(cmd.Path)+".log")
-		f, err := os.Create(p.LogFile)
+		dir := t.TempDir()
+		if keep := os.Getenv("KFN_TEST_PROCESS_LOGS"); keep != "" {
+			dir = keep
+		}
+		f, err := os.CreateTemp(dir, filepath.Base(cmd.Path)+"-*.log")
 		if err != nil {
 			return nil, fmt.Errorf("create process log: %w", err)
 		}
 		defer f.Close() // the child keeps its own descriptor
+		p.LogFile = f.Name()
 		cmd.Stdout, cmd.Stderr = f, f
 	}
 	child, err := devstack.StartChild(cmd)
