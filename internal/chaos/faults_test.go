@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/kfn-dev/kfn/functions/ledger"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
@@ -236,13 +238,42 @@ func restartNATS(r *run, n int) hit {
 			r.t.Fatalf("start the NATS cluster again: %v", err)
 		}
 	}
-	// A lane can move once kfn's streams have leaders again: the heal.
+	// A lane can move once kfn's streams have leaders again and the lease
+	// bucket takes writes: the heal. (A just-started server may answer a
+	// stream look-up from its own stale view, so only a write that a
+	// quorum stored counts.)
 	back := time.Now()
 	for _, stream := range []string{leaseStream, runtime.DefaultStream} {
 		r.natsLeader(stream, time.Minute)
 	}
-	r.logf("NATS cluster back; %s and %s had leaders %s later", leaseStream, runtime.DefaultStream, time.Since(back).Round(time.Millisecond))
+	r.leaseBucketTakesWrites(time.Minute)
+	r.logf("NATS cluster back; %s and %s had leaders and the lease bucket took a write %s later", leaseStream, runtime.DefaultStream, time.Since(back).Round(time.Millisecond))
 	return r.everything()
+}
+
+// leaseBucketTakesWrites waits up to limit until a write to the lease
+// bucket is stored, under a key no group uses (the bucket's MaxAge
+// removes it).
+func (r *run) leaseBucketTakesWrites(limit time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	var err error
+	for {
+		attempt, attemptCancel := context.WithTimeout(ctx, 2*time.Second)
+		var kv jetstream.KeyValue
+		if kv, err = r.js.KeyValue(attempt, lease.DefaultBucket); err == nil {
+			_, err = kv.Put(attempt, "chaos_probe", []byte(time.Now().Format(time.RFC3339Nano)))
+		}
+		attemptCancel()
+		if err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			r.t.Fatalf("the lease bucket took no write within %s: %v", limit, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 func restartPostgres(r *run, n int) hit {
