@@ -9,9 +9,9 @@ import (
 	"io"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/outbox"
@@ -148,7 +148,10 @@ type streamScan struct {
 }
 
 // read reads with an ordered consumer from sc.next until the cut (done)
-// or streamIdle without a message.
+// or streamIdle without a message. The messages come to a handler (one
+// goroutine, in order), which spares a timer and a heartbeat check per
+// message that an iterator's Next takes; read owns sc again once the
+// consumption is closed.
 func (sc *streamScan) read(ctx context.Context) (done bool, err error) {
 	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
 	if sc.next > 1 {
@@ -161,35 +164,77 @@ func (sc *streamScan) read(ctx context.Context) (done bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("read the event stream %s: %w", sc.name, err)
 	}
-	it, err := retryNATS(ctx, func() (jetstream.MessagesContext, error) { return cons.Messages(jetstream.PullMaxMessages(4096)) })
-	if err != nil {
-		return false, fmt.Errorf("read the event stream %s: %w", sc.name, err)
-	}
-	defer it.Stop()
-	for {
-		msg, err := it.Next(jetstream.NextMaxWait(streamIdle))
-		if errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrNoHeartbeat) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-			return false, ctx.Err()
-		}
-		if err != nil {
-			return false, fmt.Errorf("read the event stream %s: %w", sc.name, err)
+	end := make(chan error, 1) // the handler's end: nil at the cut
+	var got atomic.Int64       // messages handled, for the idle check
+	finished := false          // the handler's own
+	handle := func(msg jetstream.Msg) {
+		if finished {
+			return
 		}
 		meta, err := msg.Metadata()
 		if err != nil {
-			return false, fmt.Errorf("read the event stream %s: %w", sc.name, err)
+			finished = true
+			end <- fmt.Errorf("read the event stream %s: %w", sc.name, err)
+			return
 		}
 		seq := meta.Sequence.Stream
 		if seq > sc.last {
-			return true, nil
+			finished = true
+			end <- nil
+			return
 		}
 		sc.fn(msg, seq)
-		sc.next, sc.moved = seq+1, time.Now()
+		sc.next = seq + 1
+		got.Add(1)
 		if sc.n++; sc.progress != nil && sc.n%65536 == 0 && time.Since(sc.lastProgress) > 2*time.Second {
 			sc.lastProgress = time.Now()
 			fmt.Fprintf(sc.progress, "kfn verify: stream %s: sequence %d of %d\n", sc.name, seq, sc.last)
 		}
 		if seq >= sc.last || meta.NumPending == 0 {
-			return true, nil
+			finished = true
+			end <- nil
+		}
+	}
+	cc, err := retryNATS(ctx, func() (jetstream.ConsumeContext, error) {
+		// Its errors (missed heartbeats, a server gone) are the ordered
+		// consumer's to recover from; a stall is the idle check's.
+		return cons.Consume(handle, jetstream.PullMaxMessages(4096), jetstream.ConsumeErrHandler(func(jetstream.ConsumeContext, error) {}))
+	})
+	if err != nil {
+		return false, fmt.Errorf("read the event stream %s: %w", sc.name, err)
+	}
+	stop := func() {
+		cc.Stop()
+		<-cc.Closed()
+	}
+	idle := time.NewTicker(streamIdle)
+	defer idle.Stop()
+	var seen int64
+	started, moved := time.Now(), sc.moved // moved: when a message was last seen to have come
+	for {
+		select {
+		case err := <-end:
+			stop()
+			return err == nil, err
+		case <-ctx.Done():
+			stop()
+			return false, ctx.Err()
+		case <-idle.C:
+			if n := got.Load(); n != seen {
+				seen, moved = n, time.Now()
+				continue
+			}
+			stop()
+			select {
+			case err := <-end: // it ended as it was stopped
+				return err == nil, err
+			default:
+			}
+			if got.Load() > 0 && moved.Before(started) {
+				moved = started
+			}
+			sc.moved = moved
+			return false, nil
 		}
 	}
 }
