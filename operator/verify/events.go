@@ -9,6 +9,7 @@ import (
 	"io"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -148,10 +149,11 @@ type streamScan struct {
 }
 
 // read reads with an ordered consumer from sc.next until the cut (done)
-// or streamIdle without a message. The messages come to a handler (one
-// goroutine, in order), which spares a timer and a heartbeat check per
-// message that an iterator's Next takes; read owns sc again once the
-// consumption is closed.
+// or streamIdle without a message. The messages come to a handler (one at
+// a time, in order), which spares a timer and a heartbeat check per
+// message that an iterator's Next takes. The handler works under mu until
+// read stops it: from then on read owns sc again, whatever the
+// consumption still delivers (a server gone may keep it from closing).
 func (sc *streamScan) read(ctx context.Context) (done bool, err error) {
 	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
 	if sc.next > 1 {
@@ -164,10 +166,13 @@ func (sc *streamScan) read(ctx context.Context) (done bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("read the event stream %s: %w", sc.name, err)
 	}
-	end := make(chan error, 1) // the handler's end: nil at the cut
+	end := make(chan error, 1) // the handler's end (one at most): nil at the cut
 	var got atomic.Int64       // messages handled, for the idle check
-	finished := false          // the handler's own
+	var mu sync.Mutex
+	finished := false // under mu
 	handle := func(msg jetstream.Msg) {
+		mu.Lock()
+		defer mu.Unlock()
 		if finished {
 			return
 		}
@@ -205,7 +210,9 @@ func (sc *streamScan) read(ctx context.Context) (done bool, err error) {
 	}
 	stop := func() {
 		cc.Stop()
-		<-cc.Closed()
+		mu.Lock()
+		finished = true
+		mu.Unlock()
 	}
 	idle := time.NewTicker(streamIdle)
 	defer idle.Stop()
