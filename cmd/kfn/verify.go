@@ -23,7 +23,8 @@ kfn's inbox, dead letters and outbox, the function's events in the event
 stream (with --nats-url) and the business effects (with --effects-sql).
 For a NATS-triggered function T is its subject (--nats-url is then
 required, --kafka-brokers not): every event on T in the event stream below
-its lane's cursor against the event inbox and the effects.
+its lane's cursor against the event inbox and the effects, and the
+function's own events in that stream against the events on T they came of.
 It reports lost, duplicated, unexpected, fenced_but_committed, unpublished
 and out_of_order, each with a count and examples, and the consistent cut it
 read below. Exit code: 0 no violation, 1 at least one, 2 it could not check

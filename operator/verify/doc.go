@@ -79,13 +79,30 @@
 //     claim of its lane that found the cursor at or below its sequence
 //     (rows committed before the last change of the lane count are left
 //     out: their lanes were others);
-//   - unpublished: as for a Kafka-triggered function;
-//   - out_of_order: not checked (the count stays 0, and the cut says so).
+//   - unpublished: as for a Kafka-triggered function.
+//
+// The same read of the stream finds the function's own events (those the
+// relay published for it, with the subject as their source topic); the
+// source of each is the event on the subject at its source offset (a
+// stream sequence), and its lane is the source's. They are checked as a
+// Kafka-triggered function's events are, with the source event in place
+// of the record:
+//
+//   - duplicated: an event id stored twice, or a second event for one
+//     source event under an id kfn did not derive for it (outbox.EventID
+//     of "event/" and the source's id);
+//   - unexpected: an event whose source offset holds no event on the
+//     subject, or whose source event below its lane's cursor was not
+//     handled or was dead-lettered (those of pending source events may
+//     come from transactions after the snapshot: not compared);
+//   - out_of_order: two events of one key (and lane) in the stream, in the
+//     order opposite to their source events' stream sequences.
 //
 // The effects query's per-record shape is then (event_id); (key, count)
 // counts per event key, and the counting shapes need the stream to hold
 // the subject from sequence 1. What is held is one entry per event on the
-// subject (its id, sequence and lane, and its key for the keyed shape).
+// subject (its id, sequence and lane, and its key for the keyed shape),
+// and one small entry per event of the function, as above.
 //
 // Memory: the records, the inbox rows, the dead letters and per-record
 // effects are merged as ordered streams, one partition at a time; Postgres

@@ -9,9 +9,10 @@ import (
 	"io"
 	"slices"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/outbox"
@@ -30,6 +31,9 @@ type event struct {
 	idx int16
 	// again: an earlier message in the stream has the same id.
 	again bool
+	// matched: a NATS-triggered function's event whose source event was
+	// found on the subject (of).
+	matched bool
 }
 
 // maxEmits bounds the emit indexes tried to tell whether an event id is
@@ -51,6 +55,9 @@ type streamEvents struct {
 	stream  jetstream.Stream
 	lastSeq uint64
 	list    []event // sorted by record, then id, then sequence, once read
+	// subject: the function is NATS-triggered, its records are the events
+	// on its subject (an event's p is their lane, o their sequence).
+	subject bool
 }
 
 // read reads every message up to lastSeq and keeps those the function
@@ -59,31 +66,50 @@ type streamEvents struct {
 func (s *streamEvents) read(ctx context.Context, spec Spec, generations map[int32]int, hist *history, vs *Violations, progress io.Writer) error {
 	source := outbox.CloudEventsSourcePrefix + spec.Function
 	err := scanStream(ctx, s.stream, spec.Stream, "", s.lastSeq, progress, func(msg jetstream.Msg, seq uint64) {
-		h := msg.Headers()
-		if h.Get(outbox.HeaderSource) != source || h.Get(outbox.HeaderSourceTopic) != spec.Topic {
-			return
+		if e, id, ok := s.parse(msg, seq, spec, source, vs); ok {
+			e.gen, e.idx = derive(spec.Function, spec.Topic, e.p, e.o, "", id, generations[e.p])
+			s.list = append(s.list, e)
 		}
-		p, perr := strconv.ParseInt(h.Get(outbox.HeaderSourcePartition), 10, 32)
-		o, oerr := strconv.ParseInt(h.Get(outbox.HeaderSourceOffset), 10, 64)
-		id := h.Get(outbox.HeaderID)
-		if perr != nil || oerr != nil || id == "" {
-			vs.Unexpected.add("stream message %d on %s says it is an event of %s but lacks its source partition, offset or id", seq, msg.Subject(), spec.Function)
-			return
-		}
-		e := event{seq: seq, p: int32(p), o: o, id: hashOf(id), key: hashOf(h.Get(outbox.HeaderKeyBase64) + "\x00" + h.Get(outbox.HeaderKey))}
-		e.gen, e.idx = derive(spec.Function, spec.Topic, e.p, o, id, generations[e.p])
-		s.list = append(s.list, e)
 	})
 	if err != nil {
 		return err
 	}
+	s.finish(ctx, hist, vs)
+	return nil
+}
+
+// parse reads msg, at stream sequence seq, as an event of the function
+// (its ce-source is source) emitted while handling a record of spec.Topic
+// (a subject of it, for a NATS-triggered function), and returns it, with
+// its id; false for any other message. One that says it is such an event
+// but lacks its source or id is unexpected.
+func (s *streamEvents) parse(msg jetstream.Msg, seq uint64, spec Spec, source string, vs *Violations) (event, string, bool) {
+	h := msg.Headers()
+	if h.Get(outbox.HeaderSource) != source {
+		return event{}, "", false
+	}
+	if topic := h.Get(outbox.HeaderSourceTopic); topic != spec.Topic && !outbox.CoversSubject([]string{spec.Topic}, topic) {
+		return event{}, "", false
+	}
+	p, perr := strconv.ParseInt(h.Get(outbox.HeaderSourcePartition), 10, 32)
+	o, oerr := strconv.ParseInt(h.Get(outbox.HeaderSourceOffset), 10, 64)
+	id := h.Get(outbox.HeaderID)
+	if perr != nil || oerr != nil || id == "" {
+		vs.Unexpected.add("stream message %d on %s says it is an event of %s but lacks its source partition, offset or id", seq, msg.Subject(), spec.Function)
+		return event{}, "", false
+	}
+	return event{seq: seq, p: int32(p), o: o, id: hashOf(id), key: hashOf(h.Get(outbox.HeaderKeyBase64) + "\x00" + h.Get(outbox.HeaderKey))}, id, true
+}
+
+// finish marks the copies of an event, checks the order of the events
+// of each key, and leaves them sorted by record.
+func (s *streamEvents) finish(ctx context.Context, hist *history, vs *Violations) {
 	s.byRecord()
 	for i := 1; i < len(s.list); i++ {
 		s.list[i].again = s.list[i].id == s.list[i-1].id && s.list[i].p == s.list[i-1].p && s.list[i].o == s.list[i-1].o
 	}
 	s.checkOrder(ctx, hist, &vs.OutOfOrder)
 	s.byRecord()
-	return nil
 }
 
 // scanStream calls fn with every message of stream (on subject filter,
@@ -123,7 +149,11 @@ type streamScan struct {
 }
 
 // read reads with an ordered consumer from sc.next until the cut (done)
-// or streamIdle without a message.
+// or streamIdle without a message. The messages come to a handler (one at
+// a time, in order), which spares a timer and a heartbeat check per
+// message that an iterator's Next takes. The handler works under mu until
+// read stops it: from then on read owns sc again, whatever the
+// consumption still delivers (a server gone may keep it from closing).
 func (sc *streamScan) read(ctx context.Context) (done bool, err error) {
 	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
 	if sc.next > 1 {
@@ -136,35 +166,82 @@ func (sc *streamScan) read(ctx context.Context) (done bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("read the event stream %s: %w", sc.name, err)
 	}
-	it, err := retryNATS(ctx, func() (jetstream.MessagesContext, error) { return cons.Messages(jetstream.PullMaxMessages(4096)) })
-	if err != nil {
-		return false, fmt.Errorf("read the event stream %s: %w", sc.name, err)
-	}
-	defer it.Stop()
-	for {
-		msg, err := it.Next(jetstream.NextMaxWait(streamIdle))
-		if errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrNoHeartbeat) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-			return false, ctx.Err()
-		}
-		if err != nil {
-			return false, fmt.Errorf("read the event stream %s: %w", sc.name, err)
+	end := make(chan error, 1) // the handler's end (one at most): nil at the cut
+	var got atomic.Int64       // messages handled, for the idle check
+	var mu sync.Mutex
+	finished := false // under mu
+	handle := func(msg jetstream.Msg) {
+		mu.Lock()
+		defer mu.Unlock()
+		if finished {
+			return
 		}
 		meta, err := msg.Metadata()
 		if err != nil {
-			return false, fmt.Errorf("read the event stream %s: %w", sc.name, err)
+			finished = true
+			end <- fmt.Errorf("read the event stream %s: %w", sc.name, err)
+			return
 		}
 		seq := meta.Sequence.Stream
 		if seq > sc.last {
-			return true, nil
+			finished = true
+			end <- nil
+			return
 		}
 		sc.fn(msg, seq)
-		sc.next, sc.moved = seq+1, time.Now()
+		sc.next = seq + 1
+		got.Add(1)
 		if sc.n++; sc.progress != nil && sc.n%65536 == 0 && time.Since(sc.lastProgress) > 2*time.Second {
 			sc.lastProgress = time.Now()
 			fmt.Fprintf(sc.progress, "kfn verify: stream %s: sequence %d of %d\n", sc.name, seq, sc.last)
 		}
 		if seq >= sc.last || meta.NumPending == 0 {
-			return true, nil
+			finished = true
+			end <- nil
+		}
+	}
+	cc, err := retryNATS(ctx, func() (jetstream.ConsumeContext, error) {
+		// Its errors (missed heartbeats, a server gone) are the ordered
+		// consumer's to recover from; a stall is the idle check's.
+		return cons.Consume(handle, jetstream.PullMaxMessages(4096), jetstream.ConsumeErrHandler(func(jetstream.ConsumeContext, error) {}))
+	})
+	if err != nil {
+		return false, fmt.Errorf("read the event stream %s: %w", sc.name, err)
+	}
+	stop := func() {
+		cc.Stop()
+		mu.Lock()
+		finished = true
+		mu.Unlock()
+	}
+	idle := time.NewTicker(streamIdle)
+	defer idle.Stop()
+	var seen int64
+	started, moved := time.Now(), sc.moved // moved: when a message was last seen to have come
+	for {
+		select {
+		case err := <-end:
+			stop()
+			return err == nil, err
+		case <-ctx.Done():
+			stop()
+			return false, ctx.Err()
+		case <-idle.C:
+			if n := got.Load(); n != seen {
+				seen, moved = n, time.Now()
+				continue
+			}
+			stop()
+			select {
+			case err := <-end: // it ended as it was stopped
+				return err == nil, err
+			default:
+			}
+			if got.Load() > 0 && moved.Before(started) {
+				moved = started
+			}
+			sc.moved = moved
+			return false, nil
 		}
 	}
 }
@@ -195,6 +272,19 @@ func (sc *streamScan) left(ctx context.Context) (bool, error) {
 	return lastSeq >= sc.next, nil
 }
 
+// of returns the events of record o of partition p (for a NATS-triggered
+// function: of the event at stream sequence o, in lane p), sorted by id,
+// and marks them matched.
+func (s *streamEvents) of(p int32, o int64) []event {
+	i, _ := slices.BinarySearchFunc(s.list, event{p: p, o: o}, func(a, b event) int { return cmp.Or(cmp.Compare(a.p, b.p), cmp.Compare(a.o, b.o)) })
+	j := i
+	for j < len(s.list) && s.list[j].p == p && s.list[j].o == o {
+		s.list[j].matched = true
+		j++
+	}
+	return s.list[i:j]
+}
+
 // byRecord sorts the events by record, then id, then stream sequence.
 func (s *streamEvents) byRecord() {
 	slices.SortFunc(s.list, func(a, b event) int {
@@ -223,8 +313,8 @@ func (s *streamEvents) checkOrder(ctx context.Context, hist *history, v *Violati
 		}
 		if e.o < prev.o {
 			if v.room() {
-				v.add("the event %s for %d@%d comes after the event for %d@%d (stream seq %d) of the same key",
-					s.text(ctx, *e), e.p, e.o, prev.p, prev.o, prev.seq)
+				v.add("the event %s for %s comes after the event for %s (stream seq %d) of the same key",
+					s.text(ctx, *e), s.source(*e), s.source(*prev), prev.seq)
 			} else {
 				v.Count++
 			}
@@ -245,6 +335,14 @@ func (s *streamEvents) text(ctx context.Context, e event) string {
 		eventKey(msg.Header.Get(outbox.HeaderKey), msg.Header.Get(outbox.HeaderKeyBase64)))
 }
 
+// source names the record an event was emitted for, in an example.
+func (s *streamEvents) source(e event) string {
+	if s.subject {
+		return fmt.Sprintf("the event at stream seq %d (lane %d)", e.o, e.p)
+	}
+	return fmt.Sprintf("%d@%d", e.p, e.o)
+}
+
 func eventKey(key, b64 string) string {
 	if b64 != "" {
 		return "base64:" + b64
@@ -259,11 +357,12 @@ func hashOf(s string) uint64 {
 }
 
 // derive finds the generation and emit index that make id the id of an
-// event function emitted for the record (outbox.EventID); index -1 when
-// none up to the partition's current generation and maxEmits does.
-func derive(function, topic string, p int32, o int64, id string, generations int) (gen, idx int16) {
+// event function emitted for the record (outbox.EventID; eventID is the
+// record's event id when it is a NATS event); index -1 when none up to the
+// partition's current generation and maxEmits does.
+func derive(function, topic string, p int32, o int64, eventID, id string, generations int) (gen, idx int16) {
 	for g := 0; g <= generations; g++ {
-		src := outbox.SourceID(topic, p, o, "", g)
+		src := outbox.SourceID(topic, p, o, eventID, g)
 		for i := 0; i < maxEmits; i++ {
 			if outbox.EventID(function, src, i) == id {
 				return int16(g), int16(i)

@@ -66,8 +66,60 @@ func runSubject(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream,
 			return nil, err
 		}
 	}
+	generations := map[int32]int{}
+	for _, c := range cursors {
+		generations[c.partition] = c.generation
+	}
+	evs, events, err := readSubject(ctx, stream, spec, eff, lanes, last, generations, hist, &rep.Violations)
+	if err != nil {
+		return nil, err
+	}
+	rep.Checked.Events = int64(len(events.list))
+
+	w := &walk{spec: spec, rep: rep, eff: eff, hist: hist, events: events, started: time.Now(), lastProgress: time.Now()}
+	if err := w.runEvents(ctx, pool, exported, evs, cursors, lanes, first, last); err != nil {
+		return nil, err
+	}
+	if err := checkOutbox(ctx, tx, spec, &rep.Violations.Unpublished); err != nil {
+		return nil, err
+	}
+	rep.Cut.Statement = fmt.Sprintf("the events on %s in stream %s up to sequence %d, read after the snapshot, below their lane's cursor "+
+		"(%d lanes by key hash; the larger of next_offset and high_water) in the Postgres snapshot; events from the cursor on are pending. "+
+		"The partitions are the lanes, and kafka_first and kafka_high the stream's first sequence and its last plus one; "+
+		"the function's own events in the stream up to the same sequence",
+		spec.Topic, spec.Stream, last, lanes)
+	return rep.done(start), nil
+}
+
+// readSubject reads the stream up to the cut once: the events on the
+// subject (in stream order, then sorted by id) and the function's own
+// events, emitted while handling them. An own event's source is the
+// event on the subject at its source offset (read before it: it was
+// published after its source was handled); its lane is the source's, and
+// its id is checked against those kfn derives from the source's id.
+func readSubject(ctx context.Context, stream jetstream.Stream, spec Spec, eff *effects, lanes int, last uint64,
+	generations map[int32]int, hist *history, vs *Violations) ([]trigger, *streamEvents, error) {
+	events := &streamEvents{stream: stream, lastSeq: last, subject: true}
+	source := outbox.CloudEventsSourcePrefix + spec.Function
+	subject := []string{spec.Topic}
 	var evs []trigger
-	err = scanStream(ctx, stream, spec.Stream, spec.Topic, last, spec.Progress, func(msg jetstream.Msg, seq uint64) {
+	err := scanStream(ctx, stream, spec.Stream, "", last, spec.Progress, func(msg jetstream.Msg, seq uint64) {
+		if e, id, ok := events.parse(msg, seq, spec, source, vs); ok {
+			e.gen, e.idx = 0, -1
+			i, found := slices.BinarySearchFunc(evs, uint64(e.o), func(t trigger, seq uint64) int { return cmp.Compare(t.seq, seq) })
+			if found && e.o >= 0 {
+				t := evs[i]
+				e.p = t.lane
+				e.gen, e.idx = derive(spec.Function, spec.Topic, 0, e.o, t.id, id, generations[t.lane])
+			} else {
+				e.p = -1 // no event on the subject there
+			}
+			events.list = append(events.list, e)
+			return
+		}
+		if !outbox.CoversSubject(subject, msg.Subject()) {
+			return
+		}
 		h := msg.Headers()
 		key := engine.EventKey(h)
 		t := trigger{id: engine.EventID(h, spec.Stream, int64(seq)), seq: seq, lane: int32(outbox.LaneOf(key, lanes))}
@@ -77,27 +129,16 @@ func runSubject(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream,
 		evs = append(evs, t)
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	events.finish(ctx, hist, vs)
 	slices.SortFunc(evs, func(a, b trigger) int { return cmp.Or(cmp.Compare(a.id, b.id), cmp.Compare(a.seq, b.seq)) })
-
-	w := &walk{spec: spec, rep: rep, eff: eff, hist: hist, started: time.Now(), lastProgress: time.Now()}
-	if err := w.runEvents(ctx, pool, exported, evs, cursors, lanes, first, last); err != nil {
-		return nil, err
-	}
-	if err := checkOutbox(ctx, tx, spec, &rep.Violations.Unpublished); err != nil {
-		return nil, err
-	}
-	rep.Cut.Statement = fmt.Sprintf("the events on %s in stream %s up to sequence %d, read after the snapshot, below their lane's cursor "+
-		"(%d lanes by key hash; the larger of next_offset and high_water) in the Postgres snapshot; events from the cursor on are pending. "+
-		"The partitions are the lanes, and kafka_first and kafka_high the stream's first sequence and its last plus one",
-		spec.Topic, spec.Stream, last, lanes)
-	rep.Cut.Notes = append(rep.Cut.Notes, "out_of_order is not checked for a NATS-triggered function: its own events are not read from the stream (count 0)")
-	return rep.done(start), nil
+	return evs, events, nil
 }
 
-// runEvents merges the function's events, sorted by id, with what
-// Postgres holds for each id (its event inbox row and effects).
+// runEvents merges the events on the subject, sorted by id, with what
+// Postgres holds for each id (its event inbox row and effects), and finds
+// the function's own events of each by its lane and sequence.
 func (w *walk) runEvents(ctx context.Context, pool *pgxpool.Pool, snapshot string, evs []trigger, cursors []cursor, lanes int, first, last uint64) error {
 	pg, err := openEventRecords(ctx, pool, snapshot, w.spec, w.eff)
 	if err != nil {
@@ -124,7 +165,6 @@ func (w *walk) runEvents(ctx context.Context, pool *pgxpool.Pool, snapshot strin
 		for i < len(evs) && evs[i].id == e.id {
 			i++ // later copies: republished, the inbox skips them
 		}
-		w.rep.Checked.Events++
 		w.eventOrphansBefore(e.id, first)
 		var r *pgRow
 		if w.rowOK && w.row.id == e.id {
@@ -132,16 +172,20 @@ func (w *walk) runEvents(ctx context.Context, pool *pgxpool.Pool, snapshot strin
 			r = &row
 			w.nextRow()
 		}
+		own := w.events.of(e.lane, int64(e.seq))
 		bound := bounds[e.lane]
 		if int64(e.seq) >= bound {
-			pending[e.lane]++
+			pending[e.lane]++ // its own events may come from a transaction after the snapshot
 			continue
 		}
 		w.rep.Checked.Records++
-		w.judge(r, []byte(e.key), w.hist.reexecutions(e.lane, int64(e.seq)), position{p: e.lane, o: int64(e.seq), id: e.id}, bound)
+		where := position{p: e.lane, o: int64(e.seq), id: e.id}
+		redone := w.hist.reexecutions(e.lane, int64(e.seq))
+		applied := w.judge(r, []byte(e.key), redone, where, bound)
 		if r != nil && r.epoch != nil && r.sameLanes {
 			fences[e.lane].check(r.seq, *r.epoch, &w.rep.Violations.FencedButCommitted)
 		}
+		w.checkEvents(ctx, where, r, applied, redone, own)
 	}
 	for w.rowOK {
 		w.eventOrphan(first)
@@ -149,6 +193,7 @@ func (w *walk) runEvents(ctx context.Context, pool *pgxpool.Pool, snapshot strin
 	if w.rowErr != nil {
 		return fmt.Errorf("read the event inbox of %s: %w", w.spec.Function, w.rowErr)
 	}
+	w.ownOrphans(ctx, first)
 	w.finishCounts()
 	for lane := range lanes {
 		w.rep.Cut.Partitions = append(w.rep.Cut.Partitions, PartitionCut{Partition: int32(lane), KafkaFirst: int64(first), KafkaHigh: int64(last) + 1,
@@ -161,6 +206,23 @@ func (w *walk) runEvents(ctx context.Context, pool *pgxpool.Pool, snapshot strin
 		}
 	}
 	return nil
+}
+
+// ownOrphans reports the function's own events that no event on the
+// subject in the stream is the source of (unless the stream no longer
+// holds their source).
+func (w *walk) ownOrphans(ctx context.Context, first uint64) {
+	v := &w.rep.Violations.Unexpected
+	for _, e := range w.events.list {
+		if e.matched || e.o < int64(first) {
+			continue
+		}
+		if v.room() {
+			v.add("event %s claims to be for the event at stream seq %d, but there is no event on %s there", w.events.text(ctx, e), e.o, w.spec.Topic)
+		} else {
+			v.Count++
+		}
+	}
 }
 
 // eventOrphansBefore reports the rows before event id id that no event in

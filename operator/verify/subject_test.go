@@ -25,9 +25,12 @@ import (
 // ledgerDebits is the ledger's effects query: one debit per booked event.
 const ledgerDebits = `SELECT event_id FROM ledger_entries WHERE side = 'debit'`
 
-// deployLedger runs the ledger's handler, over two lanes, on events
-// orders.accepted events published to a subject of its own (the last one
-// not a valid order: dead-lettered), until every event is handled.
+// deployLedger runs the ledger's handler, over two lanes, on
+// orders.accepted events published to a subject of its own (event ev-oI
+// for order oI%10, keyed by it; the last one not a valid order:
+// dead-lettered), until every event is handled. The ledger's
+// payments.captured events go to the same stream, as they do in a
+// deployment with one event stream.
 func deployLedger(t *testing.T, events int) (*kfntest.PG, jetstream.JetStream, verify.Spec) {
 	t.Helper()
 	ctx := context.Background()
@@ -36,8 +39,8 @@ func deployLedger(t *testing.T, events int) (*kfntest.PG, jetstream.JetStream, v
 	js, stream, subject := eventSource(t)
 	for i := range events {
 		msg := nats.NewMsg(subject)
-		id := fmt.Sprintf("o%d", i)
-		msg.Header.Set(jetstream.MsgIDHeader, "ev-"+id)
+		id := fmt.Sprintf("o%d", i%10)
+		msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("ev-o%d", i))
 		msg.Header.Set("kfn-key", id)
 		msg.Data = fmt.Appendf(nil, `{"order_id":%q,"customer":"c%d","amount_cents":%d,"currency":"EUR"}`, id, i%3, 100+i)
 		if i == events-1 {
@@ -51,17 +54,17 @@ func deployLedger(t *testing.T, events int) (*kfntest.PG, jetstream.JetStream, v
 		BatchHandler: ledger.HandleBatch, Setup: ledger.Setup}
 	w, err := runtime.NewWorker(ctx, runtime.Config{
 		KafkaBrokers: kfntest.Kafka(t).Brokers, DatabaseURL: db.URL, NATSURL: natsURL, WorkerID: "worker-1",
-		LeaseBucket: kfntest.Name(t, "leases"), EventStream: kfntest.Name(t, "captured"), BatchWait: 5 * time.Millisecond, Lanes: 2,
+		LeaseBucket: kfntest.Name(t, "leases"), EventStream: stream, BatchWait: 5 * time.Millisecond, Lanes: 2,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
 	}, fn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := kfntest.Background(t, "worker", w.Run)
-	waitFor(t, "every event handled", func() bool {
-		var n int
-		err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM kfn.event_inbox WHERE consumer = $1`, fn.Name).Scan(&n)
-		return err == nil && n == events
+	waitFor(t, "every event handled and its payments.captured event published", func() bool {
+		var n, pending int
+		err := db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM kfn.event_inbox WHERE consumer = $1), (SELECT count(*) FROM kfn.outbox)`, fn.Name).Scan(&n, &pending)
+		return err == nil && n == events && pending == 0
 	})
 	stop()
 	return db, js, verify.Spec{Function: fn.Name, Topic: subject, Stream: stream, EffectsSQL: ledgerDebits, UnpublishedAfter: time.Minute, Examples: 3}
@@ -80,6 +83,11 @@ func eventSource(tb testing.TB) (js jetstream.JetStream, stream, subject string)
 	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: stream, Subjects: []string{subject}}); err != nil {
 		tb.Fatal(err)
 	}
+	tb.Cleanup(func() { // a worker added payments.captured to it, which no other stream may then hold
+		if err := js.DeleteStream(context.Background(), stream); err != nil {
+			tb.Errorf("delete stream %s: %v", stream, err)
+		}
+	})
 	return js, stream, subject
 }
 
@@ -115,8 +123,8 @@ func TestVerifyChecksANATSTriggeredFunction(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("clean run:\n%s", table.String())
-	if bad := only(rep, "", 0, ""); bad != "" || rep.Checked.Records != events || rep.Checked.Effects != events-dead || len(rep.Cut.Partitions) != 2 {
-		t.Fatalf("clean run: %s; checked %+v, want %d events and %d effects; cut %+v", bad, rep.Checked, events, events-dead, rep.Cut)
+	if bad := only(rep, "", 0, ""); bad != "" || rep.Checked.Records != events || rep.Checked.Effects != events-dead || rep.Checked.Events != events-dead || len(rep.Cut.Partitions) != 2 {
+		t.Fatalf("clean run: %s; checked %+v, want %d events on the subject, %d effects and as many payments.captured events; cut %+v", bad, rep.Checked, events, events-dead, rep.Cut)
 	}
 	for _, sql := range []string{`SELECT order_id, count(*) FROM ledger_entries WHERE side = 'debit' GROUP BY order_id`,
 		`SELECT count(*) FROM ledger_entries WHERE side = 'debit'`, ""} {
@@ -155,6 +163,97 @@ SELECT account, side, amount_cents, currency, order_id, event_id FROM ledger_ent
 	exec(`DELETE FROM ledger_entries WHERE event_id = 'ev-nowhere'`)
 	if bad := only(run(spec), "", 0, ""); bad != "" {
 		t.Errorf("after taking every injection back: %s", bad)
+	}
+
+	// The ledger's own payments.captured events: each is found by the
+	// order event it was emitted for (its kfn-source-offset, a stream
+	// sequence on the subject), and checked like a Kafka-triggered
+	// function's events.
+	stream, err := js.Stream(ctx, spec.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	captured := func(source uint64) *jetstream.RawStreamMsg {
+		t.Helper()
+		info, err := stream.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+			msg, err := stream.GetMsg(ctx, seq)
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				continue // deleted by an earlier case
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if msg.Subject == ledger.CapturedSubject && msg.Header.Get(outbox.HeaderSourceOffset) == fmt.Sprint(source) {
+				return msg
+			}
+		}
+		t.Fatalf("no payments.captured event for the event at stream seq %d", source)
+		return nil
+	}
+	republish := func(msg *jetstream.RawStreamMsg, id string, set ...string) uint64 {
+		t.Helper()
+		return republish(t, js, msg, id, set...)
+	}
+	deleteMsg := func(seq uint64) {
+		t.Helper()
+		if err := stream.DeleteMsg(ctx, seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// ev-oI is at stream seq I+1, for order oI%10, in lane laneOf(oI%10).
+	laneOf := func(i int) int { return outbox.LaneOf(fmt.Appendf(nil, "o%d", i%10), 2) }
+
+	// Out of order: order o0's events are ev-o0, ev-o10 and ev-o20 (seq 1,
+	// 11 and 21); the captured events of the last two are published again
+	// in the opposite order, and the originals deleted.
+	a, b := captured(11), captured(21)
+	seqB := republish(b, b.Header.Get(outbox.HeaderID))
+	seqA := republish(a, a.Header.Get(outbox.HeaderID))
+	deleteMsg(a.Sequence)
+	deleteMsg(b.Sequence)
+	if bad := only(run(spec), "out_of_order", 1, fmt.Sprintf(`(stream seq %d, key "o0") for the event at stream seq 11 (lane %d) comes after the event for the event at stream seq 21 (lane %d) (stream seq %d)`,
+		seqA, laneOf(0), laneOf(0), seqB)); bad != "" {
+		t.Errorf("two captured events of an order swapped: %s", bad)
+	}
+	deleteMsg(seqA)
+	deleteMsg(seqB)
+	republish(a, a.Header.Get(outbox.HeaderID))
+	republish(b, b.Header.Get(outbox.HeaderID))
+
+	// Duplicated: the captured event of ev-o6 published again under a new
+	// id, then that of ev-o8 stored twice.
+	seq := republish(captured(7), "0f0f0f0f-0000-8000-8000-000000000001")
+	if bad := only(run(spec), "duplicated", 1, fmt.Sprintf(`event 0f0f0f0f-0000-8000-8000-000000000001 on %s (stream seq %d, key "o6") is a second event for event ev-o6 (stream seq 7, lane %d)`,
+		ledger.CapturedSubject, seq, laneOf(6))); bad != "" {
+		t.Errorf("a captured event under a new id: %s", bad)
+	}
+	deleteMsg(seq)
+	again := captured(9)
+	seq = republish(again, again.Header.Get(outbox.HeaderID))
+	if bad := only(run(spec), "duplicated", 1, fmt.Sprintf("for event ev-o8 (stream seq 9, lane %d) is in the stream again (first at seq %d)", laneOf(8), again.Sequence)); bad != "" {
+		t.Errorf("a captured event stored twice: %s", bad)
+	}
+	deleteMsg(seq)
+
+	// Unexpected: a captured event claiming as its source a stream
+	// sequence that holds no event on the subject (a captured event's own),
+	// and one for the dead-lettered ev-o29.
+	seq = republish(captured(2), "0f0f0f0f-0000-8000-8000-000000000002", outbox.HeaderSourceOffset, fmt.Sprint(a.Sequence))
+	if bad := only(run(spec), "unexpected", 1, fmt.Sprintf("claims to be for the event at stream seq %d, but there is no event on %s there", a.Sequence, spec.Topic)); bad != "" {
+		t.Errorf("a captured event of no order event: %s", bad)
+	}
+	deleteMsg(seq)
+	seq = republish(captured(2), outbox.EventID(spec.Function, outbox.SourceID("", 0, 0, "ev-o29", 0), 0), outbox.HeaderSourceOffset, "30", outbox.HeaderKey, "o9")
+	if bad := only(run(spec), "unexpected", 1, fmt.Sprintf("for event ev-o29 (stream seq 30, lane %d), which was dead-lettered", laneOf(9))); bad != "" {
+		t.Errorf("a captured event of a dead-lettered order event: %s", bad)
+	}
+	deleteMsg(seq)
+	if bad := only(run(spec), "", 0, ""); bad != "" {
+		t.Errorf("after taking every captured event injection back: %s", bad)
 	}
 
 	// Fenced but committed: a new owner claims lane 0; the old one, not

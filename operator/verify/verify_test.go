@@ -161,6 +161,28 @@ func (d *deployment) exec(t *testing.T, sql string, args ...any) {
 	}
 }
 
+// republish publishes a copy of msg with id as its ce-id, no
+// Nats-Msg-Id (JetStream's duplicate window would drop it) and the headers
+// in set (name, value, …) changed, and returns its sequence.
+func republish(t *testing.T, js jetstream.JetStream, msg *jetstream.RawStreamMsg, id string, set ...string) uint64 {
+	t.Helper()
+	h := nats.Header{}
+	for k, v := range msg.Header {
+		if k != jetstream.MsgIDHeader {
+			h[k] = v
+		}
+	}
+	h.Set(outbox.HeaderID, id)
+	for i := 0; i+1 < len(set); i += 2 {
+		h.Set(set[i], set[i+1])
+	}
+	ack, err := js.PublishMsg(context.Background(), &nats.Msg{Subject: msg.Subject, Header: h, Data: msg.Data})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
 // only says what is wrong with rep unless exactly the violations of kind
 // were found, count of them, each example containing want.
 func only(rep *verify.Report, kind string, count int64, want string) string {
@@ -305,23 +327,9 @@ VALUES ('stuck-1', $1, $1, 'k1', 0, '', $2, $3, 0, 2, now() - interval '2 minute
 		t.Fatalf("no event for 0@%d in the stream", o)
 		return nil
 	}
-	// republish publishes a copy of msg with id as its ce-id and no
-	// Nats-Msg-Id (JetStream's duplicate window would drop it), and
-	// returns its sequence.
 	republish := func(t *testing.T, msg *jetstream.RawStreamMsg, id string) uint64 {
 		t.Helper()
-		h := nats.Header{}
-		for k, v := range msg.Header {
-			if k != jetstream.MsgIDHeader {
-				h[k] = v
-			}
-		}
-		h.Set(outbox.HeaderID, id)
-		ack, err := d.js.PublishMsg(ctx, &nats.Msg{Subject: msg.Subject, Header: h, Data: msg.Data})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ack.Sequence
+		return republish(t, d.js, msg, id)
 	}
 	deleteMsg := func(t *testing.T, seq uint64) {
 		t.Helper()

@@ -214,14 +214,12 @@ func (w *walk) record(ctx context.Context, s *partState, o int64, key []byte) {
 	// A re-execution applied the record again, on purpose: one more
 	// effect each is expected (a dead letter then applied is too).
 	redone := w.hist.reexecutions(s.id, o)
-	applied := w.judge(r, key, redone, position{p: s.id, o: o}, s.bound)
+	where := position{p: s.id, o: o}
+	applied := w.judge(r, key, redone, where, s.bound)
 	if r != nil && r.epoch != nil {
 		s.fence.check(o, *r.epoch, &w.rep.Violations.FencedButCommitted)
 	}
-	// An event is expected of a record the function handled: its effect,
-	// or its inbox row when the effect is lost.
-	handled := applied || redone > 0 || !r.deadLettered() && r != nil && r.epoch != nil
-	w.checkEvents(ctx, s.id, o, handled, r.deadLettered(), redone > 0, evs)
+	w.checkEvents(ctx, where, r, applied, redone, evs)
 	w.progress(s, o)
 }
 
@@ -274,20 +272,25 @@ func (w *walk) judge(r *pgRow, key []byte, redone int64, where position, bound i
 	return applied
 }
 
-// checkEvents checks the events of one record, sorted by id hash.
-func (w *walk) checkEvents(ctx context.Context, p int32, o int64, handled, dead, redone bool, evs []event) {
+// checkEvents checks the events of one record (or input event) at where,
+// sorted by id hash, from what Postgres holds for it (r), whether judge
+// found it applied, and how often re-executions applied it again.
+func (w *walk) checkEvents(ctx context.Context, where position, r *pgRow, applied bool, redone int64, evs []event) {
 	if len(evs) == 0 {
 		return
 	}
 	vs := &w.rep.Violations
-	if !handled {
+	// An event is expected of a record the function handled: its effect,
+	// or its inbox row when the effect is lost.
+	dead := r.deadLettered()
+	if handled := applied || redone > 0 || !dead && r != nil && r.epoch != nil; !handled {
 		why := "not applied"
 		if dead {
 			why = "dead-lettered"
 		}
 		for _, e := range evs {
 			if vs.Unexpected.room() {
-				vs.Unexpected.add("event %s for %d@%d, which was %s", w.events.text(ctx, e), p, o, why)
+				vs.Unexpected.add("event %s for %s, which was %s", w.events.text(ctx, e), where, why)
 			} else {
 				vs.Unexpected.Count++
 			}
@@ -302,17 +305,17 @@ func (w *walk) checkEvents(ctx context.Context, p int32, o int64, handled, dead,
 		var v *Violation
 		var format string
 		switch {
-		case e.again && !redone: // a re-execution with --keep-event-ids publishes them again
-			v, format = &vs.Duplicated, "event %s for %d@%d is in the stream again (first at seq "+fmt.Sprint(evs[i-1].seq)+")"
+		case e.again && redone == 0: // a re-execution with --keep-event-ids publishes them again
+			v, format = &vs.Duplicated, "event %s for %s is in the stream again (first at seq "+fmt.Sprint(evs[i-1].seq)+")"
 		case e.idx < 0 && derived:
-			v, format = &vs.Duplicated, "event %s is a second event for %d@%d, under an id kfn did not derive for it"
+			v, format = &vs.Duplicated, "event %s is a second event for %s, under an id kfn did not derive for it"
 		case e.idx < 0:
-			v, format = &vs.Unexpected, "event %s claims to be for %d@%d, but kfn did not derive its id for that record"
+			v, format = &vs.Unexpected, "event %s claims to be for %s, but kfn did not derive its id for that record"
 		default:
 			continue
 		}
 		if v.room() {
-			v.add(format, w.events.text(ctx, e), p, o)
+			v.add(format, w.events.text(ctx, e), where)
 		} else {
 			v.Count++
 		}
