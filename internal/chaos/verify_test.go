@@ -106,7 +106,7 @@ func countsOf(function string, checked int64, v verdict) counts {
 func (r *run) verifyLedger() counts {
 	r.t.Helper()
 	v := r.verify(ledger.Name, orders.AcceptedSubject, ledgerEffects)
-	return countsOf(ledger.Name, v.Checked.Events, v)
+	return countsOf(ledger.Name, v.Checked.Records, v) // the events below its lanes' cursors
 }
 
 // verifyChain runs kfn verify on orders and counts the ledger's orders
