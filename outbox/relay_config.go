@@ -56,9 +56,13 @@ type RelayConfig struct {
 	PollInterval time.Duration
 	// Linger is how long a shard waits, after a batch smaller than
 	// BatchSize, before it reads again: commits arriving meanwhile are read
-	// together, which saves a query per commit at a steady rate, for at most
-	// Linger more latency. Negative: no wait. Default 5ms.
-	Linger time.Duration
+	// together, which saves a query per commit at a steady rate. A shard
+	// that keeps finding rows doubles its wait after each such batch, up to
+	// MaxLinger, and goes back to Linger once a read finds nothing (an idle
+	// shard that a notification wakes reads at once). Negative: no wait.
+	// Defaults 5ms and 20ms.
+	Linger    time.Duration
+	MaxLinger time.Duration
 	// AckTimeout is how long a publish may wait for its stream ack before it
 	// counts as failed and is sent again. Default 5s.
 	AckTimeout time.Duration
@@ -126,6 +130,9 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 	if c.Linger == 0 {
 		c.Linger = 5 * time.Millisecond
 	}
+	if c.MaxLinger == 0 {
+		c.MaxLinger = max(c.Linger, 20*time.Millisecond)
+	}
 	if c.AckTimeout == 0 {
 		c.AckTimeout = 5 * time.Second
 	}
@@ -180,6 +187,8 @@ func (c RelayConfig) validate() error {
 		return bad("MaxInFlight", "is %d: allow at least one in-flight publish", c.MaxInFlight)
 	case c.PollInterval <= 0:
 		return bad("PollInterval", "is %v: it must be positive", c.PollInterval)
+	case c.Linger > 0 && c.MaxLinger < c.Linger:
+		return bad("MaxLinger", "is %v: it must be at least Linger (%v)", c.MaxLinger, c.Linger)
 	case c.AckTimeout <= 0:
 		return bad("AckTimeout", "is %v: it must be positive", c.AckTimeout)
 	case c.RetryMin <= 0 || c.RetryMax < c.RetryMin:

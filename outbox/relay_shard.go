@@ -47,6 +47,9 @@ type shardLoop struct {
 	publishRetry *backoff.ExponentialBackOff
 	dbRetry      *backoff.ExponentialBackOff
 	timer        *time.Timer
+	// lingerFor is the last wait between two reads (see linger); 0 after
+	// an empty read.
+	lingerFor time.Duration
 
 	batch   batchState
 	scratch readScratch
@@ -130,6 +133,7 @@ func (l *shardLoop) run(ctx context.Context) {
 		acked = nil
 		if len(rows) == 0 {
 			l.batch.rows = rows
+			l.lingerFor = 0 // idle: the next rows are read as soon as they are notified
 			l.waitForRows(ctx)
 			continue
 		}
@@ -160,21 +164,38 @@ func (l *shardLoop) waitForRows(ctx context.Context) {
 	}
 }
 
-// linger waits Linger after a batch that was not full before the next
-// read, so that rows committing meanwhile come in one read rather than one
-// read each: at a steady rate a shard reads at most once per Linger plus a
-// publish round, instead of once per notifying commit. An idle shard that
+// linger waits after a batch that was not full before the next read, so
+// that rows committing meanwhile come in one read rather than one read
+// each: at a steady rate a shard reads at most once per linger plus a
+// publish round, instead of once per notifying commit. The wait starts at
+// Linger and doubles while the shard keeps finding rows, up to MaxLinger:
+// a shard under a steady flow reads fewer, bigger batches (each read costs
+// the relay about as much CPU as relaying a few events), while a shard
+// that sees one commit now and then waits only Linger. An idle shard that
 // a notification wakes reads at once.
 func (l *shardLoop) linger(ctx context.Context) {
-	if l.r.cfg.Linger <= 0 {
+	l.lingerFor = nextLinger(l.lingerFor, l.r.cfg.Linger, l.r.cfg.MaxLinger)
+	if l.lingerFor <= 0 {
 		return
 	}
-	l.timer.Reset(l.r.cfg.Linger)
+	l.timer.Reset(l.lingerFor)
 	select {
 	case <-l.timer.C:
 	case <-ctx.Done():
 	}
 	l.timer.Stop()
+}
+
+// nextLinger is the wait after a batch that was not full, given the last
+// one (0 after an empty read): first base, then twice the last, up to most.
+func nextLinger(last, base, most time.Duration) time.Duration {
+	if base <= 0 {
+		return 0
+	}
+	if last <= 0 {
+		return base
+	}
+	return min(2*last, most)
 }
 
 // keyQueue holds a batch's unpublished rows of one key: head is the first,

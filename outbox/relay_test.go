@@ -436,6 +436,7 @@ func TestRelayConfigValidation(t *testing.T) {
 		{"BatchSize", func(c *RelayConfig) { c.BatchSize = -1 }},
 		{"MaxInFlight", func(c *RelayConfig) { c.MaxInFlight = -3 }},
 		{"PollInterval", func(c *RelayConfig) { c.PollInterval = -time.Second }},
+		{"MaxLinger", func(c *RelayConfig) { c.Linger, c.MaxLinger = 30*time.Millisecond, 10*time.Millisecond }},
 		{"RetryMin/RetryMax", func(c *RelayConfig) { c.RetryMin, c.RetryMax = time.Second, time.Millisecond }},
 	}
 	for _, tc := range cases {
@@ -453,6 +454,29 @@ func TestRelayConfigValidation(t *testing.T) {
 	d := RelayConfig{}.WithDefaults()
 	if d.Duplicates != 2*time.Minute || d.Stream == "" || d.BatchSize == 0 || d.MaxInFlight == 0 || d.Logger == nil {
 		t.Fatalf("defaults not applied: %+v", d)
+	}
+}
+
+// A shard's wait between reads starts at Linger after an empty read,
+// doubles while reads keep finding rows, stops at MaxLinger, and is off
+// when Linger is negative.
+func TestNextLingerGrowsWhileBusyAndStartsOverWhenIdle(t *testing.T) {
+	const base, most = 5 * time.Millisecond, 20 * time.Millisecond
+	var got []time.Duration
+	last := time.Duration(0)
+	for range 4 {
+		last = nextLinger(last, base, most)
+		got = append(got, last)
+	}
+	want := []time.Duration{5 * time.Millisecond, 10 * time.Millisecond, 20 * time.Millisecond, 20 * time.Millisecond}
+	if !slices.Equal(got, want) {
+		t.Errorf("waits after busy batches = %v, want %v", got, want)
+	}
+	if d := nextLinger(0, base, most); d != base {
+		t.Errorf("wait after an empty read = %v, want Linger %v", d, base)
+	}
+	if d := nextLinger(most, -1, most); d != 0 {
+		t.Errorf("wait with Linger off = %v, want 0", d)
 	}
 }
 
