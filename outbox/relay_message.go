@@ -87,7 +87,7 @@ func buildMessage(row *relayRow, stream, source string, buf *messageBuf) (*nats.
 	set(HeaderID, row.EventID)
 	set(HeaderType, row.Type)
 	set(HeaderSource, source)
-	set(HeaderTime, row.CreatedAt.UTC().Format(time.RFC3339Nano))
+	set(HeaderTime, buf.timeText(row.CreatedAt))
 	switch {
 	case row.Key == "":
 	case ValidHeaderValue(row.Key):
@@ -115,6 +115,18 @@ func buildMessage(row *relayRow, stream, source string, buf *messageBuf) (*nats.
 type messageBuf struct {
 	msg    nats.Msg
 	values []string
+	// lastTime is the last ce-time formatted, lastTimeText its text: the
+	// rows of one transaction share their created_at, so most rows reuse it.
+	lastTime     time.Time
+	lastTimeText string
+}
+
+// timeText is t as ce-time: RFC 3339 in UTC, to the nanosecond.
+func (b *messageBuf) timeText(t time.Time) string {
+	if b.lastTimeText == "" || !t.Equal(b.lastTime) {
+		b.lastTime, b.lastTimeText = t, t.UTC().Format(time.RFC3339Nano)
+	}
+	return b.lastTimeText
 }
 
 // relayHeaderCount is the most headers buildMessage sets itself.

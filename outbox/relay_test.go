@@ -566,4 +566,15 @@ func TestBuildMessageHeaders(t *testing.T) {
 	if msg.Subject != "a.c" || string(msg.Data) != "e" || !maps.EqualFunc(msg.Header, fresh.Header, slices.Equal) {
 		t.Errorf("message built in a reused buffer = %s %q %v, want %s %q %v", msg.Subject, msg.Data, msg.Header, fresh.Subject, fresh.Data, fresh.Header)
 	}
+	// A row committed with the one before shares its ce-time; one committed
+	// at another time gets its own.
+	same, later := *row, *row
+	same.EventID, later.EventID = "id-3", "id-4"
+	later.CreatedAt = row.CreatedAt.Add(time.Microsecond)
+	for _, r := range []*relayRow{row, &same, &later} {
+		msg, _ = buildMessage(r, "S", CloudEventsSourcePrefix+r.Source, &buf)
+		if got, want := msg.Header.Get(HeaderTime), r.CreatedAt.UTC().Format(time.RFC3339Nano); got != want {
+			t.Errorf("%s: ce-time from a reused buffer = %q, want %q", r.EventID, got, want)
+		}
+	}
 }
