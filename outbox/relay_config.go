@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -97,6 +98,9 @@ type RelayConfig struct {
 	// afterAck, when set, is called by a shard loop for every event acked by
 	// the stream (tests and benchmarks measure latency with it).
 	afterAck func(eventID string, ackedAt time.Time)
+	// publish, when set, sends the relay's messages instead of
+	// (*nats.Conn).PublishMsg (tests make publishes fail with it).
+	publish func(*nats.Conn, *nats.Msg) error
 }
 
 // ShardScheduler hands out relay shards (0 to Shards-1) to this process.

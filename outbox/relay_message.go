@@ -107,11 +107,9 @@ func buildMessage(row *relayRow, stream, source string, buf *messageBuf) (*nats.
 }
 
 // messageBuf is what buildMessage reuses from one message to the next. A
-// publish encodes the message before it returns, so the next message can
-// take its place, provided nothing keeps the message to send it again
-// later: the relay publishes with nats.go's own retries off
-// (jetstream.WithRetryAttempts(0)), and retries a failed publish itself,
-// with a message built anew.
+// core NATS publish encodes the message before it returns, and the relay
+// retries a failed publish itself with a message built anew, so nothing
+// keeps a message once it is sent.
 type messageBuf struct {
 	msg    nats.Msg
 	values []string

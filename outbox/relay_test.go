@@ -200,39 +200,29 @@ func TestRelayKeepsPerKeyOrderWhileRowsArrive(t *testing.T) {
 	requirePublishedOnce(t, relay, len(all))
 }
 
-// flakyJetStream fails chosen publishes the way a reconnect does: the
-// message is sent (or not) but its ack future reports an error.
-type flakyJetStream struct {
-	jetstream.JetStream
-	fail func(n int, eventID string) (send bool, fail bool)
-	n    atomic.Int64
-}
-
-func (f *flakyJetStream) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
-	send, fail := f.fail(int(f.n.Add(1)), m.Header.Get(jetstream.MsgIDHeader))
-	if !fail {
-		return f.JetStream.PublishMsgAsync(m, opts...)
-	}
-	if send {
-		if _, err := f.JetStream.PublishMsgAsync(m, opts...); err != nil {
-			return nil, err
+// flakyPublish fails chosen publishes: fail(n, event id) says whether the
+// n-th publish reaches the stream (send) and whether its ack is lost
+// (fail). A lost ack is replaced by a 503 "no responders" status on the
+// publish's reply subject, the answer the relay gets when no stream
+// listens, which it treats as an outage.
+func flakyPublish(fail func(n int, eventID string) (send bool, fail bool)) func(*nats.Conn, *nats.Msg) error {
+	var n atomic.Int64
+	return func(nc *nats.Conn, m *nats.Msg) error {
+		send, lose := fail(int(n.Add(1)), m.Header.Get(jetstream.MsgIDHeader))
+		if !lose {
+			return nc.PublishMsg(m)
 		}
+		reply := m.Reply
+		if send {
+			lost := *m
+			lost.Reply = nc.NewRespInbox() // nobody listens: the stream's ack goes nowhere
+			if err := nc.PublishMsg(&lost); err != nil {
+				return err
+			}
+		}
+		return nc.PublishMsg(&nats.Msg{Subject: reply, Header: nats.Header{"Status": []string{"503"}}})
 	}
-	return failedFuture{m: m, err: fmt.Errorf("connection lost mid-publish (test): %w", nats.ErrDisconnected)}, nil
 }
-
-type failedFuture struct {
-	m   *nats.Msg
-	err error
-}
-
-func (f failedFuture) Ok() <-chan *jetstream.PubAck { return nil }
-func (f failedFuture) Err() <-chan error {
-	ch := make(chan error, 1)
-	ch <- f.err
-	return ch
-}
-func (f failedFuture) Msg() *nats.Msg { return f.m }
 
 // Publishes fail in the middle of the in-flight window, some after the
 // message reached the stream, some before. Later events of the failed keys
@@ -244,7 +234,7 @@ func TestRelayKeepsKeyOrderWhenPublishesFailMidWindow(t *testing.T) {
 	cfg := f.config()
 	var mu sync.Mutex
 	storedUnacked := map[string]bool{} // events the stream stored whose ack was lost
-	flaky := &flakyJetStream{JetStream: f.js, fail: func(n int, id string) (bool, bool) {
+	cfg.publish = flakyPublish(func(n int, id string) (bool, bool) {
 		switch {
 		case n%7 == 3:
 			return false, true // lost before reaching the server
@@ -255,8 +245,7 @@ func TestRelayKeepsKeyOrderWhenPublishesFailMidWindow(t *testing.T) {
 			return true, true // stored, but the ack was lost
 		}
 		return false, false
-	}}
-	cfg.JetStream = flaky
+	})
 	keys := sameShardKeys(6) // one shard loop, so failures hit one window
 	rows := f.newRows(keys, 30)
 	f.insert(rows)
@@ -422,7 +411,7 @@ func TestRelayConfigValidation(t *testing.T) {
 	}
 	defer pool.Close()
 	valid := func() RelayConfig {
-		return RelayConfig{Pool: pool, JetStream: &flakyJetStream{}, Subjects: []string{"a.>"}}
+		return RelayConfig{Pool: pool, JetStream: struct{ jetstream.JetStream }{}, Subjects: []string{"a.>"}}
 	}
 	cases := []struct {
 		field  string
