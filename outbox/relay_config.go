@@ -20,10 +20,11 @@ type RelayConfig struct {
 	// extra connection of its own (with the pool's settings) to LISTEN for
 	// new rows.
 	Pool *pgxpool.Pool
-	// JetStream publishes the events. Every shard publishes through it, so its
-	// PublishAsyncMaxPending (4000 by default in nats.go) should be at least
-	// Shards × MaxInFlight for the shards one process runs; past it publishes
-	// stall and are retried.
+	// JetStream is the stream's JetStream context. The relay looks up (or
+	// creates) the stream through it, and publishes the events on its
+	// connection (JetStream.Conn()) with core NATS, taking the stream's
+	// acks on one subscription of its own: at most Shards × MaxInFlight
+	// publishes are in flight per process.
 	JetStream jetstream.JetStream
 
 	// Stream is the JetStream stream the events land in. Default
