@@ -45,8 +45,9 @@ type Relay struct {
 	wake     [Shards]chan struct{}
 	counters relayCounters
 
-	acksMu sync.Mutex
-	acks   *ackRouter // made by the first shard loop
+	acksMu    sync.Mutex
+	acks      *ackRouter // while shard loops run (acksUsers of them)
+	acksUsers int
 
 	streamMu       sync.Mutex
 	streamSubjects []string // subjects the stream captures; nil until known
@@ -141,17 +142,19 @@ func (r *Relay) RunShard(ctx context.Context, shard int) error {
 	r.counters.activeShards.Add(1)
 	defer r.counters.activeShards.Add(-1)
 	pprof.Do(ctx, profileLabels, func(ctx context.Context) {
-		if acks := r.ackRouter(ctx); acks != nil {
+		if acks := r.takeAckRouter(ctx); acks != nil {
+			defer r.releaseAckRouter()
 			newShardLoop(r, shard, acks).run(ctx)
 		}
 	})
 	return nil
 }
 
-// ackRouter returns the relay's ack router, making it on first use,
-// retrying with backoff while NATS refuses the subscription; nil when ctx
-// ends first.
-func (r *Relay) ackRouter(ctx context.Context) *ackRouter {
+// takeAckRouter returns the relay's ack router, making it when no shard
+// loop runs, retrying with backoff while NATS refuses the subscription;
+// nil when ctx ends first. A caller that got one gives it back with
+// releaseAckRouter.
+func (r *Relay) takeAckRouter(ctx context.Context) *ackRouter {
 	r.acksMu.Lock()
 	defer r.acksMu.Unlock()
 	retry := r.newBackoff()
@@ -167,7 +170,18 @@ func (r *Relay) ackRouter(ctx context.Context) *ackRouter {
 			return nil
 		}
 	}
+	r.acksUsers++
 	return r.acks
+}
+
+// releaseAckRouter closes the ack router when the last shard loop stops.
+func (r *Relay) releaseAckRouter() {
+	r.acksMu.Lock()
+	defer r.acksMu.Unlock()
+	if r.acksUsers--; r.acksUsers == 0 {
+		r.acks.close()
+		r.acks = nil
+	}
 }
 
 // ProfileLabel is the pprof label (key and value) on the relay's goroutines

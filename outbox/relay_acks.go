@@ -32,6 +32,8 @@ type ackRouter struct {
 	prefix  string
 	seq     atomic.Uint64 // the last reply sequence handed out, over all shards
 	inbox   [Shards]ackInbox
+	sub     *nats.Subscription
+	status  chan nats.Status
 }
 
 // ackInbox holds the acks of one shard's publishes until its loop takes
@@ -62,13 +64,22 @@ func newAckRouter(nc *nats.Conn, publish func(*nats.Conn, *nats.Msg) error) (*ac
 	for i := range a.inbox {
 		a.inbox[i].ready = make(chan struct{}, 1)
 	}
-	status := nc.StatusChanged(nats.RECONNECTING, nats.CLOSED)
-	if _, err := nc.Subscribe(a.prefix+"*.*", a.handle); err != nil {
-		nc.RemoveStatusListener(status)
+	a.status = nc.StatusChanged(nats.RECONNECTING, nats.CLOSED)
+	sub, err := nc.Subscribe(a.prefix+"*.*", a.handle)
+	if err != nil {
+		nc.RemoveStatusListener(a.status)
 		return nil, fmt.Errorf("subscribe to the relay's stream acks: %w", err)
 	}
-	go a.watch(status)
+	a.sub = sub
+	go a.watch(a.status)
 	return a, nil
+}
+
+// close ends the subscription and the watch on the connection; acks still
+// on their way are dropped (their rows stay in the outbox).
+func (a *ackRouter) close() {
+	a.sub.Unsubscribe() //nolint:errcheck // a closed connection has dropped it already
+	a.nc.RemoveStatusListener(a.status)
 }
 
 // send publishes msg for shard with a reply subject of its own and returns
@@ -95,7 +106,7 @@ func (a *ackRouter) handle(m *nats.Msg) {
 }
 
 // watch tells every shard that its publishes so far lost their acks each
-// time the connection drops, until it closes.
+// time the connection drops, until it closes or the router does.
 func (a *ackRouter) watch(status <-chan nats.Status) {
 	for s := range status {
 		upTo := a.seq.Load()

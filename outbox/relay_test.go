@@ -265,6 +265,25 @@ func TestRelayKeepsKeyOrderWhenPublishesFailMidWindow(t *testing.T) {
 	}
 }
 
+// The relay's ack subscription lives while shard loops run: a stopped
+// relay leaves nothing behind on a connection that lives on, and one run
+// again takes its acks anew.
+func TestRelayStoppingDropsItsAckSubscription(t *testing.T) {
+	t.Parallel()
+	f := newRelayFixture(t, kfntest.NATSURL(t))
+	for round := range 2 {
+		rows := f.newRows([]string{fmt.Sprintf("r%d", round)}, 3)
+		f.insert(rows)
+		_, stop := f.startRelay(f.config())
+		f.waitDelivered(3*(round+1), 10*time.Second)
+		running := f.nc.NumSubscriptions()
+		stop()
+		if n := f.nc.NumSubscriptions(); n != running-1 {
+			t.Fatalf("round %d: %d subscriptions on the connection after the relay stopped, want %d (its ack subscription gone)", round, n, running-1)
+		}
+	}
+}
+
 func TestRelayWakesOnNotifyWithoutPolling(t *testing.T) {
 	t.Parallel()
 	f := newRelayFixture(t, kfntest.NATSURL(t))
