@@ -45,6 +45,10 @@ type Relay struct {
 	wake     [Shards]chan struct{}
 	counters relayCounters
 
+	acksMu    sync.Mutex
+	acks      *ackRouter // while shard loops run (acksUsers of them)
+	acksUsers int
+
 	streamMu       sync.Mutex
 	streamSubjects []string // subjects the stream captures; nil until known
 	// missedAt is when a subject was last looked up and found uncovered.
@@ -137,13 +141,52 @@ func (r *Relay) RunShard(ctx context.Context, shard int) error {
 	}
 	r.counters.activeShards.Add(1)
 	defer r.counters.activeShards.Add(-1)
-	pprof.Do(ctx, profileLabels, func(ctx context.Context) { newShardLoop(r, shard).run(ctx) })
+	pprof.Do(ctx, profileLabels, func(ctx context.Context) {
+		if acks := r.takeAckRouter(ctx); acks != nil {
+			defer r.releaseAckRouter()
+			newShardLoop(r, shard, acks).run(ctx)
+		}
+	})
 	return nil
+}
+
+// takeAckRouter returns the relay's ack router, making it when no shard
+// loop runs, retrying with backoff while NATS refuses the subscription;
+// nil when ctx ends first. A caller that got one gives it back with
+// releaseAckRouter.
+func (r *Relay) takeAckRouter(ctx context.Context) *ackRouter {
+	r.acksMu.Lock()
+	defer r.acksMu.Unlock()
+	retry := r.newBackoff()
+	for r.acks == nil {
+		acks, err := newAckRouter(r.cfg.JetStream.Conn(), r.cfg.publish)
+		if err == nil {
+			r.acks = acks
+			break
+		}
+		delay := retry.NextBackOff()
+		r.log.Warn("cannot take stream acks yet; retrying", "err", err, "retry_in", delay)
+		if !sleepCtx(ctx, delay) {
+			return nil
+		}
+	}
+	r.acksUsers++
+	return r.acks
+}
+
+// releaseAckRouter closes the ack router when the last shard loop stops.
+func (r *Relay) releaseAckRouter() {
+	r.acksMu.Lock()
+	defer r.acksMu.Unlock()
+	if r.acksUsers--; r.acksUsers == 0 {
+		r.acks.close()
+		r.acks = nil
+	}
 }
 
 // ProfileLabel is the pprof label (key and value) on the relay's goroutines
 // (its shard loops, its LISTEN loop, and the NATS subscription that takes
-// its acks, which the first publish starts): a CPU profile of a worker
+// its acks, which the first shard loop starts): a CPU profile of a worker
 // shows the relay's share with `go tool pprof -tagfocus kfn=relay`.
 const (
 	ProfileLabelKey   = "kfn"

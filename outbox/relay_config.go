@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -19,10 +20,11 @@ type RelayConfig struct {
 	// extra connection of its own (with the pool's settings) to LISTEN for
 	// new rows.
 	Pool *pgxpool.Pool
-	// JetStream publishes the events. Every shard publishes through it, so its
-	// PublishAsyncMaxPending (4000 by default in nats.go) should be at least
-	// Shards × MaxInFlight for the shards one process runs; past it publishes
-	// stall and are retried.
+	// JetStream is the stream's JetStream context. The relay looks up (or
+	// creates) the stream through it, and publishes the events on its
+	// connection (JetStream.Conn()) with core NATS, taking the stream's
+	// acks on one subscription of its own: at most Shards × MaxInFlight
+	// publishes are in flight per process.
 	JetStream jetstream.JetStream
 
 	// Stream is the JetStream stream the events land in. Default
@@ -56,9 +58,13 @@ type RelayConfig struct {
 	PollInterval time.Duration
 	// Linger is how long a shard waits, after a batch smaller than
 	// BatchSize, before it reads again: commits arriving meanwhile are read
-	// together, which saves a query per commit at a steady rate, for at most
-	// Linger more latency. Negative: no wait. Default 5ms.
-	Linger time.Duration
+	// together, which saves a query per commit at a steady rate. A shard
+	// that keeps finding rows doubles its wait after each such batch, up to
+	// MaxLinger, and goes back to Linger once a read finds nothing (an idle
+	// shard that a notification wakes reads at once). Negative: no wait.
+	// Defaults 5ms and 20ms.
+	Linger    time.Duration
+	MaxLinger time.Duration
 	// AckTimeout is how long a publish may wait for its stream ack before it
 	// counts as failed and is sent again. Default 5s.
 	AckTimeout time.Duration
@@ -93,6 +99,9 @@ type RelayConfig struct {
 	// afterAck, when set, is called by a shard loop for every event acked by
 	// the stream (tests and benchmarks measure latency with it).
 	afterAck func(eventID string, ackedAt time.Time)
+	// publish, when set, sends the relay's messages instead of
+	// (*nats.Conn).PublishMsg (tests make publishes fail with it).
+	publish func(*nats.Conn, *nats.Msg) error
 }
 
 // ShardScheduler hands out relay shards (0 to Shards-1) to this process.
@@ -125,6 +134,9 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 	}
 	if c.Linger == 0 {
 		c.Linger = 5 * time.Millisecond
+	}
+	if c.MaxLinger == 0 {
+		c.MaxLinger = max(c.Linger, 20*time.Millisecond)
 	}
 	if c.AckTimeout == 0 {
 		c.AckTimeout = 5 * time.Second
@@ -180,6 +192,8 @@ func (c RelayConfig) validate() error {
 		return bad("MaxInFlight", "is %d: allow at least one in-flight publish", c.MaxInFlight)
 	case c.PollInterval <= 0:
 		return bad("PollInterval", "is %v: it must be positive", c.PollInterval)
+	case c.Linger > 0 && c.MaxLinger < c.Linger:
+		return bad("MaxLinger", "is %v: it must be at least Linger (%v)", c.MaxLinger, c.Linger)
 	case c.AckTimeout <= 0:
 		return bad("AckTimeout", "is %v: it must be positive", c.AckTimeout)
 	case c.RetryMin <= 0 || c.RetryMax < c.RetryMin:

@@ -87,7 +87,7 @@ func buildMessage(row *relayRow, stream, source string, buf *messageBuf) (*nats.
 	set(HeaderID, row.EventID)
 	set(HeaderType, row.Type)
 	set(HeaderSource, source)
-	set(HeaderTime, row.CreatedAt.UTC().Format(time.RFC3339Nano))
+	set(HeaderTime, buf.timeText(row.CreatedAt))
 	switch {
 	case row.Key == "":
 	case ValidHeaderValue(row.Key):
@@ -107,14 +107,24 @@ func buildMessage(row *relayRow, stream, source string, buf *messageBuf) (*nats.
 }
 
 // messageBuf is what buildMessage reuses from one message to the next. A
-// publish encodes the message before it returns, so the next message can
-// take its place, provided nothing keeps the message to send it again
-// later: the relay publishes with nats.go's own retries off
-// (jetstream.WithRetryAttempts(0)), and retries a failed publish itself,
-// with a message built anew.
+// core NATS publish encodes the message before it returns, and the relay
+// retries a failed publish itself with a message built anew, so nothing
+// keeps a message once it is sent.
 type messageBuf struct {
 	msg    nats.Msg
 	values []string
+	// lastTime is the last ce-time formatted, lastTimeText its text: the
+	// rows of one transaction share their created_at, so most rows reuse it.
+	lastTime     time.Time
+	lastTimeText string
+}
+
+// timeText is t as ce-time: RFC 3339 in UTC, to the nanosecond.
+func (b *messageBuf) timeText(t time.Time) string {
+	if b.lastTimeText == "" || !t.Equal(b.lastTime) {
+		b.lastTime, b.lastTimeText = t, t.UTC().Format(time.RFC3339Nano)
+	}
+	return b.lastTimeText
 }
 
 // relayHeaderCount is the most headers buildMessage sets itself.

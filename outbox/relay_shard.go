@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -36,6 +37,11 @@ type shardLoop struct {
 	r     *Relay
 	shard int
 	log   *slog.Logger
+	// acks sends the shard's publishes; their acks come into inbox, and
+	// are taken into ackScratch.
+	acks       *ackRouter
+	inbox      *ackInbox
+	ackScratch []ackResult
 
 	// parked keys are skipped until the time given; their rows stay in the
 	// outbox, and later rows of the key wait behind them.
@@ -47,6 +53,9 @@ type shardLoop struct {
 	publishRetry *backoff.ExponentialBackOff
 	dbRetry      *backoff.ExponentialBackOff
 	timer        *time.Timer
+	// lingerFor is the last wait between two reads (see linger); 0 after
+	// an empty read.
+	lingerFor time.Duration
 
 	batch   batchState
 	scratch readScratch
@@ -96,12 +105,14 @@ func (b *batchState) reset(rows []relayRow) {
 	}
 }
 
-func newShardLoop(r *Relay, shard int) *shardLoop {
+func newShardLoop(r *Relay, shard int, acks *ackRouter) *shardLoop {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
 	return &shardLoop{
 		r:            r,
 		shard:        shard,
+		acks:         acks,
+		inbox:        &acks.inbox[shard],
 		log:          r.log.With("shard", shard),
 		parked:       map[string]time.Time{},
 		covered:      map[string]bool{},
@@ -130,6 +141,7 @@ func (l *shardLoop) run(ctx context.Context) {
 		acked = nil
 		if len(rows) == 0 {
 			l.batch.rows = rows
+			l.lingerFor = 0 // idle: the next rows are read as soon as they are notified
 			l.waitForRows(ctx)
 			continue
 		}
@@ -160,21 +172,38 @@ func (l *shardLoop) waitForRows(ctx context.Context) {
 	}
 }
 
-// linger waits Linger after a batch that was not full before the next
-// read, so that rows committing meanwhile come in one read rather than one
-// read each: at a steady rate a shard reads at most once per Linger plus a
-// publish round, instead of once per notifying commit. An idle shard that
+// linger waits after a batch that was not full before the next read, so
+// that rows committing meanwhile come in one read rather than one read
+// each: at a steady rate a shard reads at most once per linger plus a
+// publish round, instead of once per notifying commit. The wait starts at
+// Linger and doubles while the shard keeps finding rows, up to MaxLinger:
+// a shard under a steady flow reads fewer, bigger batches (each read costs
+// the relay about as much CPU as relaying a few events), while a shard
+// that sees one commit now and then waits only Linger. An idle shard that
 // a notification wakes reads at once.
 func (l *shardLoop) linger(ctx context.Context) {
-	if l.r.cfg.Linger <= 0 {
+	l.lingerFor = nextLinger(l.lingerFor, l.r.cfg.Linger, l.r.cfg.MaxLinger)
+	if l.lingerFor <= 0 {
 		return
 	}
-	l.timer.Reset(l.r.cfg.Linger)
+	l.timer.Reset(l.lingerFor)
 	select {
 	case <-l.timer.C:
 	case <-ctx.Done():
 	}
 	l.timer.Stop()
+}
+
+// nextLinger is the wait after a batch that was not full, given the last
+// one (0 after an empty read): first base, then twice the last, up to most.
+func nextLinger(last, base, most time.Duration) time.Duration {
+	if base <= 0 {
+		return 0
+	}
+	if last <= 0 {
+		return base
+	}
+	return min(2*last, most)
 }
 
 // keyQueue holds a batch's unpublished rows of one key: head is the first,
@@ -185,13 +214,17 @@ type keyQueue struct {
 	attempts int // failed publishes of the head row that were the message's fault
 }
 
-// flight is a publish awaiting its ack.
+// flight is a publish awaiting its ack: seq is its reply sequence, and
+// settled says the ack (duplicate) or the failure (err) came in.
 type flight struct {
-	queue    int32
-	row      int32
-	ack      jetstream.PubAckFuture
-	deadline time.Time
-	span     trace.Span // kfn.relay.publish; nil without a tracer
+	queue     int32
+	row       int32
+	seq       uint64
+	settled   bool
+	duplicate bool
+	err       error
+	deadline  time.Time
+	span      trace.Span // kfn.relay.publish; nil without a tracer
 }
 
 // publishBatch publishes rows and returns the ids the stream acked. It
@@ -234,13 +267,13 @@ func (l *shardLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 				l.log.Warn("dropped event headers NATS cannot carry", "event_id", rows[row].EventID, "headers", dropped)
 			}
 			span := l.startPublish(&rows[row], msg)
-			ack, err := cfg.JetStream.PublishMsgAsync(msg, noPublishRetries)
+			seq, err := l.acks.send(l.shard, msg)
 			if err != nil {
 				endPublish(span, false, err)
 				failed(q, row, err)
 				continue
 			}
-			b.flights = append(b.flights, flight{queue: q, row: row, ack: ack, deadline: time.Now().Add(cfg.AckTimeout), span: span})
+			b.flights = append(b.flights, flight{queue: q, row: row, seq: seq, deadline: time.Now().Add(cfg.AckTimeout), span: span})
 		}
 
 		inFlight := len(b.flights) - b.oldest
@@ -259,6 +292,7 @@ func (l *shardLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 		var wakeAt time.Time
 		var oldest *flight
 		if inFlight > 0 {
+			l.takeAcks()
 			oldest = &b.flights[b.oldest]
 			wakeAt = oldest.deadline
 		}
@@ -268,23 +302,13 @@ func (l *shardLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 		if wakeAt.IsZero() {
 			continue // unreachable: with nothing in flight the shard is paused
 		}
-		var okCh <-chan *jetstream.PubAck
-		var errCh <-chan error
-		if oldest != nil {
-			okCh, errCh = oldest.ack.Ok(), oldest.ack.Err()
-		}
 		// An ack that is already in needs no timer.
-		var pubAck *jetstream.PubAck
-		var pubErr error
 		timedOut := false
-		select {
-		case pubAck = <-okCh:
-		case pubErr = <-errCh:
-		default:
+		if oldest == nil || !oldest.settled {
 			l.timer.Reset(time.Until(wakeAt))
 			select {
-			case pubAck = <-okCh:
-			case pubErr = <-errCh:
+			case <-l.inbox.ready:
+				l.takeAcks()
 			case <-l.timer.C:
 				timedOut = true
 			case <-ctx.Done():
@@ -292,7 +316,7 @@ func (l *shardLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 			l.timer.Stop()
 		}
 		switch {
-		case pubAck != nil:
+		case oldest != nil && oldest.settled && oldest.err == nil:
 			f := l.popFlight()
 			now := time.Now()
 			q := &b.queues[f.queue]
@@ -302,19 +326,19 @@ func (l *shardLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 			}
 			row := &rows[f.row]
 			b.acked = append(b.acked, row.ID)
-			endPublish(f.span, pubAck.Duplicate, nil)
+			endPublish(f.span, f.duplicate, nil)
 			l.publishRetry.Reset()
-			l.r.counters.acked(pubAck.Duplicate, row.CreatedAt, now)
+			l.r.counters.acked(f.duplicate, row.CreatedAt, now)
 			if cfg.afterAck != nil {
 				cfg.afterAck(row.EventID, now)
 			}
-		case pubErr != nil:
+		case oldest != nil && oldest.settled:
 			f := l.popFlight()
-			if errors.Is(pubErr, jetstream.ErrNoStreamResponse) {
+			if errors.Is(f.err, jetstream.ErrNoStreamResponse) {
 				clear(l.covered) // perhaps the stream no longer captures the subject
 			}
-			endPublish(f.span, false, pubErr)
-			failed(f.queue, f.row, pubErr)
+			endPublish(f.span, false, f.err)
+			failed(f.queue, f.row, f.err)
 		case timedOut && oldest != nil && !time.Now().Before(oldest.deadline):
 			f := l.popFlight()
 			endPublish(f.span, false, errAckTimeout)
@@ -323,10 +347,29 @@ func (l *shardLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 	}
 }
 
-// noPublishRetries turns off nats.go's resending of a message that found
-// no stream (after 250ms, twice): the loop reuses the message's memory
-// (messageBuf), and it retries failed publishes itself.
-var noPublishRetries = jetstream.WithRetryAttempts(0)
+// takeAcks settles the flights whose acks came in. Acks of publishes no
+// longer in flight (timed out and sent again, or of an earlier loop of the
+// shard) are dropped.
+func (l *shardLoop) takeAcks() {
+	got := l.inbox.take(l.ackScratch)
+	flying := l.batch.flights[l.batch.oldest:]
+	for _, a := range got {
+		if a.lost {
+			for i := range flying {
+				if f := &flying[i]; !f.settled && f.seq <= a.seq {
+					f.settled, f.err = true, a.err
+				}
+			}
+			continue
+		}
+		i, found := slices.BinarySearchFunc(flying, a.seq, func(f flight, seq uint64) int { return cmp.Compare(f.seq, seq) })
+		if found && !flying[i].settled {
+			flying[i].settled, flying[i].duplicate, flying[i].err = true, a.duplicate, a.err
+		}
+	}
+	clear(got) // drop the errors
+	l.ackScratch = got[:0]
+}
 
 // popFlight removes the oldest flight, which has been settled, and
 // returns it.

@@ -200,39 +200,29 @@ func TestRelayKeepsPerKeyOrderWhileRowsArrive(t *testing.T) {
 	requirePublishedOnce(t, relay, len(all))
 }
 
-// flakyJetStream fails chosen publishes the way a reconnect does: the
-// message is sent (or not) but its ack future reports an error.
-type flakyJetStream struct {
-	jetstream.JetStream
-	fail func(n int, eventID string) (send bool, fail bool)
-	n    atomic.Int64
-}
-
-func (f *flakyJetStream) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
-	send, fail := f.fail(int(f.n.Add(1)), m.Header.Get(jetstream.MsgIDHeader))
-	if !fail {
-		return f.JetStream.PublishMsgAsync(m, opts...)
-	}
-	if send {
-		if _, err := f.JetStream.PublishMsgAsync(m, opts...); err != nil {
-			return nil, err
+// flakyPublish fails chosen publishes: fail(n, event id) says whether the
+// n-th publish reaches the stream (send) and whether its ack is lost
+// (fail). A lost ack is replaced by a 503 "no responders" status on the
+// publish's reply subject, the answer the relay gets when no stream
+// listens, which it treats as an outage.
+func flakyPublish(fail func(n int, eventID string) (send bool, fail bool)) func(*nats.Conn, *nats.Msg) error {
+	var n atomic.Int64
+	return func(nc *nats.Conn, m *nats.Msg) error {
+		send, lose := fail(int(n.Add(1)), m.Header.Get(jetstream.MsgIDHeader))
+		if !lose {
+			return nc.PublishMsg(m)
 		}
+		reply := m.Reply
+		if send {
+			lost := *m
+			lost.Reply = nc.NewRespInbox() // nobody listens: the stream's ack goes nowhere
+			if err := nc.PublishMsg(&lost); err != nil {
+				return err
+			}
+		}
+		return nc.PublishMsg(&nats.Msg{Subject: reply, Header: nats.Header{"Status": []string{"503"}}})
 	}
-	return failedFuture{m: m, err: fmt.Errorf("connection lost mid-publish (test): %w", nats.ErrDisconnected)}, nil
 }
-
-type failedFuture struct {
-	m   *nats.Msg
-	err error
-}
-
-func (f failedFuture) Ok() <-chan *jetstream.PubAck { return nil }
-func (f failedFuture) Err() <-chan error {
-	ch := make(chan error, 1)
-	ch <- f.err
-	return ch
-}
-func (f failedFuture) Msg() *nats.Msg { return f.m }
 
 // Publishes fail in the middle of the in-flight window, some after the
 // message reached the stream, some before. Later events of the failed keys
@@ -244,7 +234,7 @@ func TestRelayKeepsKeyOrderWhenPublishesFailMidWindow(t *testing.T) {
 	cfg := f.config()
 	var mu sync.Mutex
 	storedUnacked := map[string]bool{} // events the stream stored whose ack was lost
-	flaky := &flakyJetStream{JetStream: f.js, fail: func(n int, id string) (bool, bool) {
+	cfg.publish = flakyPublish(func(n int, id string) (bool, bool) {
 		switch {
 		case n%7 == 3:
 			return false, true // lost before reaching the server
@@ -255,8 +245,7 @@ func TestRelayKeepsKeyOrderWhenPublishesFailMidWindow(t *testing.T) {
 			return true, true // stored, but the ack was lost
 		}
 		return false, false
-	}}
-	cfg.JetStream = flaky
+	})
 	keys := sameShardKeys(6) // one shard loop, so failures hit one window
 	rows := f.newRows(keys, 30)
 	f.insert(rows)
@@ -273,6 +262,25 @@ func TestRelayKeepsKeyOrderWhenPublishesFailMidWindow(t *testing.T) {
 	if st := relay.Stats(); st.Duplicates != uint64(len(storedUnacked)) || st.Published != uint64(len(rows)-len(storedUnacked)) {
 		t.Errorf("relay acked %d events as new and %d as duplicates; want %d and %d (one duplicate per event stored with a lost ack)",
 			st.Published, st.Duplicates, len(rows)-len(storedUnacked), len(storedUnacked))
+	}
+}
+
+// The relay's ack subscription lives while shard loops run: a stopped
+// relay leaves nothing behind on a connection that lives on, and one run
+// again takes its acks anew.
+func TestRelayStoppingDropsItsAckSubscription(t *testing.T) {
+	t.Parallel()
+	f := newRelayFixture(t, kfntest.NATSURL(t))
+	for round := range 2 {
+		rows := f.newRows([]string{fmt.Sprintf("r%d", round)}, 3)
+		f.insert(rows)
+		_, stop := f.startRelay(f.config())
+		f.waitDelivered(3*(round+1), 10*time.Second)
+		running := f.nc.NumSubscriptions()
+		stop()
+		if n := f.nc.NumSubscriptions(); n != running-1 {
+			t.Fatalf("round %d: %d subscriptions on the connection after the relay stopped, want %d (its ack subscription gone)", round, n, running-1)
+		}
 	}
 }
 
@@ -422,7 +430,7 @@ func TestRelayConfigValidation(t *testing.T) {
 	}
 	defer pool.Close()
 	valid := func() RelayConfig {
-		return RelayConfig{Pool: pool, JetStream: &flakyJetStream{}, Subjects: []string{"a.>"}}
+		return RelayConfig{Pool: pool, JetStream: struct{ jetstream.JetStream }{}, Subjects: []string{"a.>"}}
 	}
 	cases := []struct {
 		field  string
@@ -436,6 +444,7 @@ func TestRelayConfigValidation(t *testing.T) {
 		{"BatchSize", func(c *RelayConfig) { c.BatchSize = -1 }},
 		{"MaxInFlight", func(c *RelayConfig) { c.MaxInFlight = -3 }},
 		{"PollInterval", func(c *RelayConfig) { c.PollInterval = -time.Second }},
+		{"MaxLinger", func(c *RelayConfig) { c.Linger, c.MaxLinger = 30*time.Millisecond, 10*time.Millisecond }},
 		{"RetryMin/RetryMax", func(c *RelayConfig) { c.RetryMin, c.RetryMax = time.Second, time.Millisecond }},
 	}
 	for _, tc := range cases {
@@ -453,6 +462,29 @@ func TestRelayConfigValidation(t *testing.T) {
 	d := RelayConfig{}.WithDefaults()
 	if d.Duplicates != 2*time.Minute || d.Stream == "" || d.BatchSize == 0 || d.MaxInFlight == 0 || d.Logger == nil {
 		t.Fatalf("defaults not applied: %+v", d)
+	}
+}
+
+// A shard's wait between reads starts at Linger after an empty read,
+// doubles while reads keep finding rows, stops at MaxLinger, and is off
+// when Linger is negative.
+func TestNextLingerGrowsWhileBusyAndStartsOverWhenIdle(t *testing.T) {
+	const base, most = 5 * time.Millisecond, 20 * time.Millisecond
+	var got []time.Duration
+	last := time.Duration(0)
+	for range 4 {
+		last = nextLinger(last, base, most)
+		got = append(got, last)
+	}
+	want := []time.Duration{5 * time.Millisecond, 10 * time.Millisecond, 20 * time.Millisecond, 20 * time.Millisecond}
+	if !slices.Equal(got, want) {
+		t.Errorf("waits after busy batches = %v, want %v", got, want)
+	}
+	if d := nextLinger(0, base, most); d != base {
+		t.Errorf("wait after an empty read = %v, want Linger %v", d, base)
+	}
+	if d := nextLinger(most, -1, most); d != 0 {
+		t.Errorf("wait with Linger off = %v, want 0", d)
 	}
 }
 
@@ -541,5 +573,16 @@ func TestBuildMessageHeaders(t *testing.T) {
 	fresh, _ := buildMessage(next, "S2", CloudEventsSourcePrefix+next.Source, nil)
 	if msg.Subject != "a.c" || string(msg.Data) != "e" || !maps.EqualFunc(msg.Header, fresh.Header, slices.Equal) {
 		t.Errorf("message built in a reused buffer = %s %q %v, want %s %q %v", msg.Subject, msg.Data, msg.Header, fresh.Subject, fresh.Data, fresh.Header)
+	}
+	// A row committed with the one before shares its ce-time; one committed
+	// at another time gets its own.
+	same, later := *row, *row
+	same.EventID, later.EventID = "id-3", "id-4"
+	later.CreatedAt = row.CreatedAt.Add(time.Microsecond)
+	for _, r := range []*relayRow{row, &same, &later} {
+		msg, _ = buildMessage(r, "S", CloudEventsSourcePrefix+r.Source, &buf)
+		if got, want := msg.Header.Get(HeaderTime), r.CreatedAt.UTC().Format(time.RFC3339Nano); got != want {
+			t.Errorf("%s: ce-time from a reused buffer = %q, want %q", r.EventID, got, want)
+		}
 	}
 }

@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// spanPublish is the relay's span of one publish, from PublishMsgAsync to
+// spanPublish is the relay's span of one publish, from the publish to
 // the stream's ack (or the failure that gets the event sent again).
 const spanPublish = "kfn.relay.publish"
 

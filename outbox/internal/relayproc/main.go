@@ -14,9 +14,13 @@
 //	                        shards
 //	KFN_MEMBER              lease member id (default: generated)
 //	KFN_KILL_BEFORE_PUBLISH N: SIGKILL itself just before the Nth publish
-//	KFN_KILL_AFTER_ACK      N: SIGKILL itself when the Nth stream ack
-//	                        arrives, before the relay sees it (so after the
-//	                        publish, before the row's delete)
+//	KFN_KILL_AFTER_ACK      N: SIGKILL itself when the relay takes the Nth
+//	                        stream ack (so after the publish, before the
+//	                        row's delete)
+//
+// The fault points are found through the relay's publish spans
+// (RelayConfig.Tracer): a span starts just before each publish and ends,
+// without an error status, when the stream acks it.
 //
 // It prints "relay running" on stdout once the relay has started and exits
 // 0 on SIGTERM or SIGINT.
@@ -37,6 +41,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/outbox"
@@ -74,20 +81,18 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	faulty := &faultyJetStream{
-		JetStream:         js,
-		killBeforePublish: envInt("KFN_KILL_BEFORE_PUBLISH"),
-		killAfterAck:      envInt("KFN_KILL_AFTER_ACK"),
-	}
-
 	cfg := outbox.RelayConfig{
 		Pool:      pool,
-		JetStream: faulty,
+		JetStream: js,
 		Stream:    os.Getenv("KFN_STREAM"),
 		Subjects:  strings.Split(os.Getenv("KFN_SUBJECTS"), ","),
 		BatchSize: int(envInt("KFN_BATCH")),
 		RetryMax:  time.Second,
 		Logger:    log,
+		Tracer: &faultTracer{
+			killBeforePublish: envInt("KFN_KILL_BEFORE_PUBLISH"),
+			killAfterAck:      envInt("KFN_KILL_AFTER_ACK"),
+		},
 	}
 	if group := os.Getenv("KFN_LEASE_GROUP"); group != "" {
 		mgr, err := lease.NewManager(ctx, js, lease.Config{
@@ -113,52 +118,43 @@ func envInt(name string) int64 {
 	return n
 }
 
-// faultyJetStream kills the process at a chosen publish or ack.
-type faultyJetStream struct {
-	jetstream.JetStream
+// faultTracer kills the process at a chosen publish or ack: the relay
+// starts a span just before each publish and ends it when the ack or the
+// failure comes in.
+type faultTracer struct {
+	noop.Tracer
 	killBeforePublish int64
 	killAfterAck      int64
 	publishes         atomic.Int64
 	acks              atomic.Int64
 }
 
-func (f *faultyJetStream) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+func (f *faultTracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
 	if n := f.publishes.Add(1); n == f.killBeforePublish {
 		killSelf()
 	}
-	ack, err := f.JetStream.PublishMsgAsync(m, opts...)
-	if err != nil || f.killAfterAck == 0 {
-		return ack, err
+	ctx, span := f.Tracer.Start(ctx, name, opts...)
+	return ctx, &faultSpan{Span: span, tracer: f}
+}
+
+// faultSpan is one publish: an error status marks a failed one.
+type faultSpan struct {
+	trace.Span
+	tracer *faultTracer
+	failed bool
+}
+
+func (s *faultSpan) SetStatus(code codes.Code, description string) {
+	s.failed = code == codes.Error
+	s.Span.SetStatus(code, description)
+}
+
+func (s *faultSpan) End(opts ...trace.SpanEndOption) {
+	if !s.failed && s.tracer.killAfterAck > 0 && s.tracer.acks.Add(1) == s.tracer.killAfterAck {
+		killSelf()
 	}
-	return f.watch(ack), nil
+	s.Span.End(opts...)
 }
-
-// watch passes an ack future's outcome on, unless it is the ack to die at.
-func (f *faultyJetStream) watch(inner jetstream.PubAckFuture) jetstream.PubAckFuture {
-	out := &relayedFuture{inner: inner, ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1)}
-	go func() {
-		select {
-		case ack := <-inner.Ok():
-			if f.acks.Add(1) == f.killAfterAck {
-				killSelf()
-			}
-			out.ok <- ack
-		case err := <-inner.Err():
-			out.err <- err
-		}
-	}()
-	return out
-}
-
-type relayedFuture struct {
-	inner jetstream.PubAckFuture
-	ok    chan *jetstream.PubAck
-	err   chan error
-}
-
-func (r *relayedFuture) Ok() <-chan *jetstream.PubAck { return r.ok }
-func (r *relayedFuture) Err() <-chan error            { return r.err }
-func (r *relayedFuture) Msg() *nats.Msg               { return r.inner.Msg() }
 
 func killSelf() {
 	fmt.Fprintln(os.Stderr, "relayproc: fault point reached, SIGKILL")
