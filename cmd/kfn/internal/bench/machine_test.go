@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +11,8 @@ import (
 	"runtime/debug"
 	"testing"
 	"time"
+
+	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
 // The machine's description names the CPU, the memory and the OS, and its
@@ -46,11 +50,19 @@ func TestKafkaVersionReadsTheServerJar(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		// Start returns once sh runs: its command line is the new one.
+		// Start returns as soon as the child's exec has replaced its memory,
+		// which is before the kernel has set the new command line up: read
+		// it only once it is sh's (a broker's is set long before bench
+		// asks).
+		cmdline := fmt.Sprintf("/proc/%d/cmdline", cmd.Process.Pid)
+		set := kfntest.Await(t, 5*time.Second, "sh's command line", func() (bool, string) {
+			b, err := os.ReadFile(cmdline)
+			return err == nil && bytes.Contains(b, []byte("kafka.Kafka")), fmt.Sprintf("%q, %v", b, err)
+		})
 		got := KafkaVersion(cmd.Process.Pid)
 		cmd.Process.Kill()
 		cmd.Wait()
-		if got != tc.want {
+		if set && got != tc.want {
 			t.Errorf("-cp %s in %s: version %q; want %q", tc.classpath, tc.cwd, got, tc.want)
 		}
 	}
