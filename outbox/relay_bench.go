@@ -55,14 +55,23 @@ type RelayBenchResult struct {
 	// RelayCost is the cost per event of relaying the backlog; LatencyCost
 	// that of the latency run, which includes the committing sessions'
 	// client side.
-	RelayCost          EventCost
-	LatencyCost        EventCost
-	MaxRate            float64 // events/s committed and relayed when committing as fast as possible
-	LatencyRate        int     // the rate asked for
-	LatencyEvents      int
-	LatencyP50         time.Duration // commit → stream ack, at Rate
+	RelayCost     EventCost
+	LatencyCost   EventCost
+	MaxRate       float64 // events/s committed and relayed when committing as fast as possible
+	LatencyRate   int     // the rate asked for
+	LatencyEvents int
+	// LatencyP50, P99 and Max are commit → stream ack at Rate, from
+	// sending COMMIT; the Visible figures from the COMMIT's reply, when the
+	// rows are visible to the relay. CommitP50 and P99 are the COMMIT's own
+	// round trip (the WAL flush of a durable commit), which the first
+	// includes and the relay cannot shorten.
+	LatencyP50         time.Duration
 	LatencyP99         time.Duration
 	LatencyMax         time.Duration
+	VisibleP50         time.Duration
+	VisibleP99         time.Duration
+	CommitP50          time.Duration
+	CommitP99          time.Duration
 	LatencyRateReached float64 // events/s actually committed in the latency run
 }
 
@@ -73,6 +82,7 @@ func (r RelayBenchResult) String() string {
 		"ratio relay/naive: %.1fx\n"+
 		"max rate committing and relaying: %.0f events/s\n"+
 		"commit→ack latency at %.0f events/s (asked %d/s, %d events): p50 %v, p99 %v, max %v\n"+
+		"  the COMMIT's own round trip (its WAL flush): p50 %v, p99 %v; from the COMMIT's reply to the ack: p50 %v, p99 %v\n"+
 		"cost in the latency run (relay and committers): %s",
 		r.Events, r.RelayElapsed.Round(time.Millisecond), r.RelayPerSecond,
 		r.RelayCost,
@@ -80,6 +90,7 @@ func (r RelayBenchResult) String() string {
 		r.Ratio,
 		r.MaxRate,
 		r.LatencyRateReached, r.LatencyRate, r.LatencyEvents, r.LatencyP50.Round(10*time.Microsecond), r.LatencyP99.Round(10*time.Microsecond), r.LatencyMax.Round(10*time.Microsecond),
+		r.CommitP50.Round(10*time.Microsecond), r.CommitP99.Round(10*time.Microsecond), r.VisibleP50.Round(10*time.Microsecond), r.VisibleP99.Round(10*time.Microsecond),
 		r.LatencyCost)
 }
 
@@ -171,14 +182,21 @@ func RunRelayBenchmark(ctx context.Context, cfg RelayBenchConfig) (RelayBenchRes
 		return res, err
 	}
 	res.LatencyCost = cost
-	res.LatencyEvents, res.LatencyRateReached = len(lat), rate
-	slices.Sort(lat)
-	if len(lat) > 0 {
-		res.LatencyP50 = lat[len(lat)/2]
-		res.LatencyP99 = lat[len(lat)*99/100]
-		res.LatencyMax = lat[len(lat)-1]
-	}
+	res.LatencyEvents, res.LatencyRateReached = len(lat.fromSend), rate
+	res.LatencyP50, res.LatencyP99, res.LatencyMax = percentiles(lat.fromSend)
+	res.VisibleP50, res.VisibleP99, _ = percentiles(lat.fromReply)
+	res.CommitP50, res.CommitP99, _ = percentiles(lat.commit)
 	return res, nil
+}
+
+// percentiles sorts d and returns its p50, p99 and maximum (zeros when
+// empty).
+func percentiles(d []time.Duration) (p50, p99, most time.Duration) {
+	if len(d) == 0 {
+		return 0, 0, 0
+	}
+	slices.Sort(d)
+	return d[len(d)/2], d[len(d)*99/100], d[len(d)-1]
 }
 
 type relayBench struct {
@@ -342,18 +360,29 @@ func (b *relayBench) naiveRelay(ctx context.Context, name string) (int, time.Dur
 	return done, time.Since(start), nil
 }
 
+// latencies are a latency run's figures: per event, from sending its
+// COMMIT and from the COMMIT's reply to its stream ack; per transaction,
+// the COMMIT's round trip.
+type latencies struct {
+	fromSend, fromReply, commit []time.Duration
+}
+
+// commitTimes are when a transaction's COMMIT went out and when its reply
+// came back.
+type commitTimes struct{ sent, replied time.Time }
+
 // latency commits rate events per second (0: as fast as it can) for
-// Duration with the relay running, from Committers sessions, and returns,
-// per event, the time from just before COMMIT to its stream ack, the rate
-// actually reached (events committed over the time until the last ack)
-// and the cost per event.
-func (b *relayBench) latency(ctx context.Context, name string, rate int) ([]time.Duration, float64, EventCost, error) {
+// Duration with the relay running, from Committers sessions, and returns
+// the latencies, the rate actually reached (events committed over the time
+// until the last ack) and the cost per event.
+func (b *relayBench) latency(ctx context.Context, name string, rate int) (latencies, float64, EventCost, error) {
+	var lat latencies
 	stream, subject, err := b.stream(ctx, name)
 	if err != nil {
-		return nil, 0, EventCost{}, err
+		return lat, 0, EventCost{}, err
 	}
 	var mu sync.Mutex
-	committedAt := map[string]time.Time{}
+	committedAt := map[string]commitTimes{}
 	ackedAt := map[string]time.Time{}
 	rc := b.relayConfig(stream, subject)
 	rc.afterAck = func(id string, at time.Time) {
@@ -363,7 +392,7 @@ func (b *relayBench) latency(ctx context.Context, name string, rate int) ([]time
 	}
 	relay, err := NewRelay(rc)
 	if err != nil {
-		return nil, 0, EventCost{}, err
+		return lat, 0, EventCost{}, err
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -376,7 +405,7 @@ func (b *relayBench) latency(ctx context.Context, name string, rate int) ([]time
 	// Let the relay reach its steady state (LISTEN up, shards idle).
 	for !relay.Stats().Listening {
 		if !sleepCtx(ctx, 5*time.Millisecond) {
-			return nil, 0, EventCost{}, ctx.Err()
+			return lat, 0, EventCost{}, ctx.Err()
 		}
 	}
 
@@ -428,6 +457,7 @@ func (b *relayBench) latency(ctx context.Context, name string, rate int) ([]time
 				for _, r := range rows {
 					committedAt[r.EventID] = at
 				}
+				lat.commit = append(lat.commit, at.replied.Sub(at.sent))
 				mu.Unlock()
 				total.Add(int64(len(rows)))
 			}
@@ -436,7 +466,7 @@ func (b *relayBench) latency(ctx context.Context, name string, rate int) ([]time
 	commitWG.Wait()
 	close(errs)
 	if err := <-errs; err != nil {
-		return nil, 0, EventCost{}, err
+		return lat, 0, EventCost{}, err
 	}
 	n := int(total.Load())
 	deadline := time.Now().Add(30 * time.Second)
@@ -448,7 +478,7 @@ func (b *relayBench) latency(ctx context.Context, name string, rate int) ([]time
 			break
 		}
 		if time.Now().After(deadline) {
-			return nil, 0, EventCost{}, fmt.Errorf("latency run: only %d of %d events acked 30s after the last commit", acked, n)
+			return lat, 0, EventCost{}, fmt.Errorf("latency run: only %d of %d events acked 30s after the last commit", acked, n)
 		}
 		sleepCtx(ctx, 2*time.Millisecond)
 	}
@@ -456,24 +486,27 @@ func (b *relayBench) latency(ctx context.Context, name string, rate int) ([]time
 	spent := cost.perEvent(n)
 	mu.Lock()
 	defer mu.Unlock()
-	lat := make([]time.Duration, 0, n)
+	lat.fromSend, lat.fromReply = make([]time.Duration, 0, n), make([]time.Duration, 0, n)
 	for id, at := range committedAt {
-		lat = append(lat, ackedAt[id].Sub(at))
+		lat.fromSend = append(lat.fromSend, ackedAt[id].Sub(at.sent))
+		lat.fromReply = append(lat.fromReply, ackedAt[id].Sub(at.replied))
 	}
 	return lat, reached, spent, nil
 }
 
-// commit inserts rows in one transaction and returns the time just before
-// its COMMIT.
-func (b *relayBench) commit(ctx context.Context, rows []Row) (time.Time, error) {
+// commit inserts rows in one transaction and returns when its COMMIT went
+// out and when the reply came.
+func (b *relayBench) commit(ctx context.Context, rows []Row) (commitTimes, error) {
 	tx, err := b.cfg.Pool.Begin(ctx)
 	if err != nil {
-		return time.Time{}, err
+		return commitTimes{}, err
 	}
 	if err := Insert(ctx, tx, rows); err != nil {
 		tx.Rollback(ctx) //nolint:errcheck // the insert's error is the one to report
-		return time.Time{}, err
+		return commitTimes{}, err
 	}
-	before := time.Now()
-	return before, tx.Commit(ctx)
+	at := commitTimes{sent: time.Now()}
+	err = tx.Commit(ctx)
+	at.replied = time.Now()
+	return at, err
 }

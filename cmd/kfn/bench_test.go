@@ -86,11 +86,25 @@ func TestBenchRunsEveryModeAndCountsCPUByProcess(t *testing.T) {
 		`relay cost on the backlog, in this process: [\d.]+ µs CPU`,
 		`max rate committing events with the relay running: \d+ events/s`,
 		`commit→ack latency at \d+ events/s \(\d+ events\): p50 \S+ +p99 \S+ +max \S+ +\(80% of the max rate`,
+		`(?m)^  of which the COMMIT's own round trip \(its WAL flush\): p50 \S+ +p99 \S+; from the COMMIT's reply to the ack: p50 \S+ +p99 \S+$`,
 		`(?m)^command: kfn bench --records 2000 --naive-records 2000 .*--report-dir ` + regexp.QuoteMeta(reports) + ` `,
 		`(?m)^machine: .+, \d+ CPUs, [\d.]+ GiB memory; .+, Linux .+; go.+; load average [\d.]+ [\d.]+ [\d.]+ at start$`,
 		`(?m)^versions: Postgres \d+\.\d+.*, NATS 2\.\d+\.\d+, Kafka: (embedded broker \(franz-go kfake v\S+\)|Apache Kafka \d\S*)$`} {
 		if !regexp.MustCompile(want).MatchString(stdout) {
 			t.Errorf("bench output does not match %q:\n%s", want, stdout)
+		}
+	}
+	// Each event's latency from sending COMMIT is its transaction's COMMIT
+	// round trip plus its latency from the reply, so neither part's
+	// percentile can exceed the whole's.
+	if m := regexp.MustCompile(`commit→ack latency at .*: p50 (\S+) +p99 (\S+) .*\n  of which the COMMIT's own round trip \(its WAL flush\): p50 (\S+) +p99 \S+; from the COMMIT's reply to the ack: p50 (\S+) +p99 (\S+)`).FindStringSubmatch(stdout); m != nil {
+		var d [5]time.Duration
+		for i := range d {
+			d[i], _ = time.ParseDuration(m[i+1])
+		}
+		whole50, whole99, commit50, reply50, reply99 := d[0], d[1], d[2], d[3], d[4]
+		if commit50 <= 0 || reply50 <= 0 || reply50 > whole50 || reply99 > whole99 || commit50 > whole50 {
+			t.Errorf("commit→ack p50 %v p99 %v, COMMIT p50 %v, from its reply p50 %v p99 %v: want the parts positive and within the whole", whole50, whole99, commit50, reply50, reply99)
 		}
 	}
 	if !strings.Contains(stderr, "round 1/1  chain") {
