@@ -207,6 +207,9 @@ func TestParkKeyHoldsAKeyBehindItsFailedRecordUntilItIsRetried(t *testing.T) {
 	if got := parkedKeys(t, b, 1); len(got) != 0 {
 		t.Errorf("parked keys of partition 1 = %v; want none: K's order is per partition", got)
 	}
+	// The worker counts a batch's parked records just after its commit,
+	// so caught up in the database can come a moment before the count.
+	waitFor(t, 10*time.Second, "the worker to count the 2 parked records", func() bool { return w.Stats().KeyParked.Load() >= 2 })
 	if n := w.Stats().KeyParked.Load(); n != 2 {
 		t.Errorf("records key_parked = %d, want 2", n)
 	}

@@ -486,7 +486,8 @@ func TestDLQDiscardedRecordIsNotAppliedAgain(t *testing.T) {
 	cursor := func() int {
 		return countRows(t, db, `SELECT coalesce(max(next_offset), -1) FROM kfn.cursors WHERE consumer = $1`, fn.Name)
 	}
-	waitUntil("the cursor to reach 5", func() bool { return cursor() == 5 })
+	// The worker counts a batch just after its commit: wait for both.
+	waitUntil("the cursor to reach 5 and the bad order to be counted", func() bool { return cursor() == 5 && w.Stats().DeadLettered.Load() >= 1 })
 	dead := listedIDs(t, db, "--function", fn.Name)
 	if len(dead) != 1 || w.Stats().DeadLettered.Load() != 1 {
 		t.Fatalf("dead letters %v, dead-lettered %d; want the one bad order", dead, w.Stats().DeadLettered.Load())
