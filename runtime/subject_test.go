@@ -295,6 +295,18 @@ func TestNATSTriggeredFunctionGetsAnEventWhoseDeliveryWasLost(t *testing.T) {
 		cons, err = js.Consumer(ctx, stream, b.fn)
 		return err == nil
 	})
+	// waitingPulls waits until n pull requests wait on the lane's consumer:
+	// the lane's own, then the lane's and the test's, so that the events
+	// published after reach both (a fixed sleep lost that race on a loaded
+	// machine).
+	waitingPulls := func(n int) {
+		t.Helper()
+		waitFor(t, 15*time.Second, fmt.Sprintf("%d pull requests waiting on the lane's consumer", n), func() bool {
+			info, err := cons.Info(ctx)
+			return err == nil && info.NumWaiting >= n
+		})
+	}
+	waitingPulls(1)
 	type stolen struct {
 		id  string
 		err error
@@ -315,7 +327,7 @@ func TestNATSTriggeredFunctionGetsAnEventWhoseDeliveryWasLost(t *testing.T) {
 		}
 		lost <- s
 	}()
-	time.Sleep(500 * time.Millisecond) // the pull request above reaches the server
+	waitingPulls(2)
 	publish(0, 10)
 	s := <-lost
 	if s.err != nil {
