@@ -3,6 +3,7 @@ package lease
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -104,5 +105,22 @@ func TestManagerLogsItsHeldLeasesOncePerChange(t *testing.T) {
 		if held[i] == held[i-1] {
 			t.Errorf("A logged %d held leases twice in a row (%v): a line without a change", held[i], held)
 		}
+	}
+}
+
+// TestShutdownPhasesStartNoLaterThanAnyClaimSawTheStop: Run notes the end
+// of its ctx in a goroutine that can run after a claim's work returned; the
+// phases are timed from the earliest stop any claim saw, so none is
+// negative.
+func TestShutdownPhasesStartNoLaterThanAnyClaimSawTheStop(t *testing.T) {
+	base := time.Now()
+	at := func(us int) time.Time { return base.Add(time.Duration(us) * time.Microsecond) }
+	p := shutdownPhases{stopAsked: at(100)} // noted late
+	p.note(claimEnd{item: "0", stopAsked: at(10), workReturned: at(30), released: at(200)})
+	p.note(claimEnd{item: "1", stopAsked: at(40), workReturned: at(80), released: at(150)})
+	attrs := p.attrs()
+	want := []any{"claims", 2, "released", 2, "work_returned_after", 70 * time.Microsecond, "slowest_item", "1", "released_after", 190 * time.Microsecond}
+	if fmt.Sprint(attrs) != fmt.Sprint(want) {
+		t.Errorf("attrs %v, want %v", attrs, want)
 	}
 }

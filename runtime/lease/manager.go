@@ -315,6 +315,12 @@ type shutdownPhases struct {
 
 func (p *shutdownPhases) note(end claimEnd) {
 	p.claims++
+	// Run noted the end of its ctx in a goroutine that may have run after
+	// a claim's work had already returned: the stop came no later than
+	// any claim noticed it.
+	if !end.stopAsked.IsZero() {
+		p.stopAsked = minTime(p.stopAsked, end.stopAsked)
+	}
 	if end.workReturned.After(p.lastWork) {
 		p.lastWork, p.slowest = end.workReturned, end.item
 	}
