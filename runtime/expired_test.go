@@ -15,8 +15,8 @@ import (
 )
 
 // TestRecordsExpiredWhileTheLaneIsBehindAreAudited: Kafka deletes records
-// past a lane that is held back (its handler blocked, its reader's queue
-// full); kafka-go's reader then jumps to the first offset left. The lane
+// past a lane that is held back (its handler blocked, its reader's buffer
+// full); the reader then jumps to the first offset left. The lane
 // must audit that range as a skip_expired, exactly as a claim does, skip
 // nothing else, and apply every record still there once. With batches of
 // one, the jump is before a batch; with batches of 5 gathered for up to a
@@ -42,8 +42,8 @@ func TestRecordsExpiredWhileTheLaneIsBehindAreAudited(t *testing.T) {
 // lane go on.
 func expireBehindTheLane(t *testing.T, batch int, wait time.Duration, before, logStart int) {
 	b := setup(t, 1)
-	// A reader queue of twice the batch: the reader stops fetching while
-	// the lane is held.
+	// The reader fetches only when the lane asks for more records than it
+	// holds: it stops fetching while the lane is held.
 	b.cfg.BatchSize, b.cfg.BatchWait = batch, wait
 	fn := effects.Function(b.fn, b.topic)
 	entered, release := make(chan struct{}), make(chan struct{})

@@ -115,8 +115,8 @@ const DefaultStream = settings.DefaultEventStream
 // function (then Topic is the subject, Partition is 0, Offset is the stream
 // sequence and EventID is set).
 //
-// kafka-go reads an empty value as nil, so an empty value and a null value
-// (a tombstone) look the same.
+// A null key, value or header value is nil; an empty one is an empty,
+// non-nil slice.
 type Record struct {
 	Topic     string
 	Partition int32

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"sort"
 	"time"
@@ -126,30 +125,6 @@ func (k *kafkaSource) ping(ctx context.Context) error {
 	return nil
 }
 
-// reader opens a partition reader positioned at offset.
-func (k *kafkaSource) reader(topic string, partition int32, offset int64, queue int) (*kafka.Reader, error) {
-	r := kafka.NewReader(kafka.ReaderConfig{
-		Brokers:         k.brokers,
-		Dialer:          k.dialer,
-		Topic:           topic,
-		Partition:       int(partition),
-		MinBytes:        1,
-		MaxBytes:        16 << 20,
-		MaxWait:         250 * time.Millisecond,
-		QueueCapacity:   queue,
-		ReadLagInterval: -1,
-		MaxAttempts:     3,
-		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) {
-			k.log.Debug("kafka reader: "+fmt.Sprintf(msg, args...), "topic", topic, "partition", partition)
-		}),
-	})
-	if err := r.SetOffset(offset); err != nil {
-		r.Close()
-		return nil, fmt.Errorf("position reader of %s/%d at %d: %w", topic, partition, offset, err)
-	}
-	return r, nil
-}
-
 // OffsetRange returns the first offset Kafka still holds in a partition and
 // its high watermark, for the operator's tools.
 func OffsetRange(ctx context.Context, brokers []string, security kafkaconn.Security, topic string, partition int32) (first, high int64, err error) {
@@ -176,22 +151,32 @@ func ReadRecord(ctx context.Context, brokers []string, security kafkaconn.Securi
 	if offset < first || offset >= high {
 		return Record{}, fmt.Errorf("offset %d is outside the records Kafka holds for %s/%d [%d, %d)", offset, topic, partition, first, high)
 	}
-	reader, err := source.reader(topic, partition, offset, 1)
+	reader, err := source.reader(topic, partition, offset)
 	if err != nil {
 		return Record{}, err
 	}
 	defer reader.Close()
-	readCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	readCtx, cancel := context.WithTimeout(ctx, readRecordTimeout)
 	defer cancel()
-	msg, err := reader.FetchMessage(readCtx)
-	if err != nil {
-		return Record{}, fmt.Errorf("read %s/%d@%d: %w", topic, partition, offset, err)
+	for reader.next <= offset {
+		got, err := reader.fetchResponse(readCtx)
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			return Record{}, fmt.Errorf("read %s/%d@%d: no answer within %s: is it in a transaction still open? %w", topic, partition, offset, readRecordTimeout, err)
+		}
+		if err != nil {
+			return Record{}, err
+		}
+		for _, m := range got.msgs {
+			if m.Offset == offset {
+				return toRecord(m), nil
+			}
+		}
 	}
-	if msg.Offset != offset {
-		return Record{}, fmt.Errorf("read %s/%d@%d: Kafka returned offset %d", topic, partition, offset, msg.Offset)
-	}
-	return toRecord(msg), nil
+	return Record{}, fmt.Errorf("offset %d of %s/%d holds no committed record: a transaction marker, a record of an aborted transaction, or one compacted away", offset, topic, partition)
 }
+
+// readRecordTimeout bounds ReadRecord's wait for Kafka.
+const readRecordTimeout = 10 * time.Second
 
 // RecordFromKafka is the Record a handler sees for a Kafka message.
 func RecordFromKafka(m kafka.Message) Record { return toRecord(m) }
@@ -232,16 +217,17 @@ func (l *KafkaLog) OffsetRange(ctx context.Context, topic string, partition int3
 // gives up with an error.
 const scanStall = 30 * time.Second
 
-// Scan calls each with the offset and key of every record of the partition
-// in [from, to), in offset order; to must not exceed the high watermark.
-// Offsets that hold no record (a compacted log's gaps, transaction
-// markers) are not passed to each. It reads whole fetch responses on one
-// connection to the partition's leader (a kafka.Reader's queue costs
-// several times more per record). It never skips records silently: when
-// Kafka returns nothing from an offset below its high watermark for
-// scanStall, that is an error. A Kafka error (a leader change, a dropped
-// connection) is retried on a new connection to the partition's leader
-// until scanStall has passed without progress.
+// Scan calls each with the offset and key of every committed record of
+// the partition in [from, to), in offset order; to must not exceed the
+// high watermark. Offsets that hold no committed record (a compacted log's
+// gaps, transaction markers, the records of aborted transactions) are not
+// passed to each: Scan reads at read_committed, as the workers do, whole
+// fetch responses at a time (a kafka.Reader's queue costs several times
+// more per record). It never skips records silently: when Kafka returns
+// nothing from an offset below its high watermark for scanStall (a
+// transaction left open, say), that is an error. A Kafka error (a leader
+// change, a dropped connection) is retried with a new reader until
+// scanStall has passed without progress.
 func (l *KafkaLog) Scan(ctx context.Context, topic string, partition int32, from, to int64, each func(offset int64, key []byte) error) error {
 	s := &scan{log: l, topic: topic, partition: partition, from: from, to: to, each: each, progress: time.Now()}
 	for {
@@ -282,75 +268,43 @@ type handlerError struct{ err error }
 
 func (e handlerError) Error() string { return e.err.Error() }
 
-// run reads from s.from on one connection to the partition's leader until
-// s.to, the high watermark, or an error.
+// run reads from s.from with one reader until s.to, the high watermark,
+// or an error.
 func (s *scan) run(ctx context.Context) error {
 	if s.from >= s.to {
 		return nil
 	}
-	conn, err := s.log.dialLeader(ctx, s.topic, s.partition)
+	reader, err := s.log.source.reader(s.topic, s.partition, s.from)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	if _, err := conn.Seek(s.from, kafka.SeekAbsolute); err != nil {
-		return fmt.Errorf("read %s/%d from offset %d: %w", s.topic, s.partition, s.from, err)
-	}
+	defer reader.Close()
 	for s.from < s.to {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if err := conn.SetReadDeadline(time.Now().Add(scanStall)); err != nil {
-			return err
-		}
 		last := s.from
-		batch := conn.ReadBatchWith(kafka.ReadBatchConfig{MinBytes: 1, MaxBytes: 16 << 20, MaxWait: time.Second})
-		for s.from < s.to {
-			msg, err := batch.ReadMessage()
-			if err != nil {
+		got, err := reader.fetchResponse(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range got.msgs {
+			if m.Offset >= s.to {
 				break
 			}
-			if msg.Offset >= s.to {
-				s.from = s.to
-				break
-			}
-			if err := s.each(msg.Offset, msg.Key); err != nil {
-				batch.Close()
+			if err := s.each(m.Offset, m.Key); err != nil {
 				return handlerError{err}
 			}
-			s.from = msg.Offset + 1
 		}
-		high := batch.HighWaterMark()
-		if err := batch.Close(); err != nil && !errors.Is(err, io.EOF) {
-			return fmt.Errorf("read %s/%d at offset %d: %w", s.topic, s.partition, s.from, kafkaconn.Explain(err, s.log.source.brokers, s.log.source.security))
-		}
-		// The connection's offset has moved past what the batch held,
-		// records and markers alike.
-		if next, _ := conn.Offset(); next > s.from {
-			s.from = min(next, s.to)
-		}
+		s.from = min(got.next, s.to)
 		switch {
-		case s.from >= s.to || s.from >= high:
+		case s.from >= s.to || s.from >= got.high:
 			return nil
 		case s.from > last:
 			s.progress = time.Now()
-		case time.Since(s.progress) > scanStall:
-			return fmt.Errorf("read %s/%d: Kafka returned no record from offset %d, below its high watermark %d, for %s", s.topic, s.partition, s.from, high, scanStall)
+		case time.Since(s.progress) <= scanStall:
+		case s.from >= got.lastStable:
+			return fmt.Errorf("read %s/%d: a transaction still open holds offset %d (last stable offset %d, high watermark %d) after %s: its records are neither committed nor aborted yet", s.topic, s.partition, s.from, got.lastStable, got.high, scanStall)
+		default:
+			return fmt.Errorf("read %s/%d: Kafka returned no record from offset %d, below its high watermark %d, for %s", s.topic, s.partition, s.from, got.high, scanStall)
 		}
 	}
 	return nil
-}
-
-// dialLeader connects to the leader of the partition, asking each broker
-// in turn where it is.
-func (l *KafkaLog) dialLeader(ctx context.Context, topic string, partition int32) (*kafka.Conn, error) {
-	var errs []error
-	for _, b := range l.source.brokers {
-		conn, err := l.source.dialer.DialLeader(ctx, "tcp", b, topic, int(partition))
-		if err == nil {
-			return conn, nil
-		}
-		errs = append(errs, err)
-	}
-	return nil, fmt.Errorf("connect to the leader of %s/%d: %w", topic, partition, kafkaconn.Explain(errors.Join(errs...), l.source.brokers, l.source.security))
 }

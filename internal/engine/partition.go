@@ -76,7 +76,7 @@ func (pr *partitionRun) run(ctx context.Context) error {
 		return err
 	}
 	pr.log.Debug("partition claimed", "next_offset", pr.cursor.next, "took", time.Since(began))
-	reader, err := pr.w.kafka.reader(pr.part.Topic, pr.part.Partition, pr.cursor.next, 2*pr.w.cfg.BatchSize)
+	reader, err := pr.w.kafka.reader(pr.part.Topic, pr.part.Partition, pr.cursor.next)
 	if err != nil {
 		return err
 	}
@@ -121,7 +121,7 @@ func (pr *partitionRun) run(ctx context.Context) error {
 				return err
 			}
 			reader.Close()
-			if reader, err = pr.w.kafka.reader(pr.part.Topic, pr.part.Partition, pr.cursor.next, 2*pr.w.cfg.BatchSize); err != nil {
+			if reader, err = pr.w.kafka.reader(pr.part.Topic, pr.part.Partition, pr.cursor.next); err != nil {
 				return err
 			}
 			continue
@@ -223,14 +223,14 @@ func (pr *partitionRun) skipExpired(ctx context.Context, to int64) error {
 }
 
 // skipGap checks a batch with a gap: before its first record, or between
-// two. kafka-go's reader, asked for an offset Kafka has deleted, jumps to
-// the first one it still holds and only logs it (to ErrorLogger), so
-// records that expired while the lane was behind would be passed over
-// unnoticed. A gap can be legitimate (compaction; kafka-go v0.4 delivers
-// transaction markers as records, so they leave none), so only a cursor
-// below the partition's first offset is an expiry; only a batch with a gap
-// pays the round trip to Kafka. It returns how many of the batch's records
-// to apply now; the rest is checked again after them.
+// two. The lane's reader, asked for an offset Kafka has deleted, jumps to
+// the first one it still holds (outOfRange), so records that expired
+// while the lane was behind would be passed over unnoticed. A gap can be
+// legitimate (compaction, transaction markers, the records of aborted
+// transactions), so only a cursor below the partition's first offset is
+// an expiry; only a batch with a gap pays the round trip to Kafka. It
+// returns how many of the batch's records to apply now; the rest is
+// checked again after them.
 func (pr *partitionRun) skipGap(ctx context.Context, batch []Record) (int, error) {
 	if !gapped(batch, pr.cursor.next) {
 		return len(batch), nil
@@ -287,7 +287,7 @@ type fetched struct {
 
 // prefetch reads the next batch (fetch) in a goroutine of its own and
 // delivers it on the returned channel, which gets exactly one value.
-func (pr *partitionRun) prefetch(ctx context.Context, reader *kafka.Reader) <-chan fetched {
+func (pr *partitionRun) prefetch(ctx context.Context, reader *committedReader) <-chan fetched {
 	out := make(chan fetched, 1)
 	go func() {
 		batch, err := pr.fetch(ctx, reader)
@@ -298,7 +298,7 @@ func (pr *partitionRun) prefetch(ctx context.Context, reader *kafka.Reader) <-ch
 
 // fetch blocks for the first record, then gathers more until the batch is
 // full or BatchWait has passed since the first one.
-func (pr *partitionRun) fetch(ctx context.Context, reader *kafka.Reader) ([]Record, error) {
+func (pr *partitionRun) fetch(ctx context.Context, reader *committedReader) ([]Record, error) {
 	max := pr.w.cfg.BatchSize
 	batch := make([]Record, 0, max)
 	wctx, stop := pr.retry.waitContext(ctx)

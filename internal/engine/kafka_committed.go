@@ -1,0 +1,354 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
+	fetchapi "github.com/segmentio/kafka-go/protocol/fetch"
+
+	"github.com/kfn-dev/kfn/internal/kafkaconn"
+)
+
+// committedReader reads one Kafka partition in offset order at
+// read_committed, and hands on only what a transaction committed: the
+// records of aborted transactions and the transaction markers are passed
+// over. kafka-go's own readers fetch at read_uncommitted (a kafka.Reader
+// can ask for read_committed, but it drops the fetch response's list of
+// aborted transactions, and delivers the markers as records), so kfn sends
+// the Fetch request itself and filters each response as Kafka's consumers
+// do.
+//
+// It asks the partition's leader through a transport of its own, whose
+// metadata is fresh: a transport refreshes its metadata on a timer, not
+// when a request fails, so after a leader change the engine closes the
+// reader on the error and opens a new one.
+//
+// One goroutine uses a reader; Close may follow from another once that
+// use has ended.
+type committedReader struct {
+	source    *kafkaSource
+	transport *kafka.Transport
+	topic     string
+	partition int32
+	next      int64            // the offset the next fetch asks for
+	buffered  []kafka.Message  // fetched, not yet handed on
+	inFlight  chan fetchedPart // the fetch under way, if any
+	stop      context.CancelFunc
+	stopped   context.Context
+}
+
+// fetchMaxWait is how long the leader holds a fetch for records to arrive.
+const fetchMaxWait = 250 * time.Millisecond
+
+// fetchMaxBytes bounds one fetch response, which the reader decodes whole:
+// 1 MiB, the Java consumer's max.partition.fetch.bytes, holds thousands of
+// small records and keeps a lagging worker's memory at about that much
+// per partition it reads (the leader still returns a first batch that is
+// larger, so no record is too big to read).
+const fetchMaxBytes = 1 << 20
+
+// fetchTimeout bounds one fetch round trip: the leader's wait plus the
+// time to answer, after which the connection is taken to be dead.
+const fetchTimeout = fetchMaxWait + 10*time.Second
+
+// fetchedPart is one fetch's outcome: the committed records, the offset
+// after everything the response passed (records, markers and aborted
+// batches alike), and the partition's high watermark and last stable
+// offset (below which every transaction is decided; records above it are
+// not fetched yet).
+type fetchedPart struct {
+	msgs             []kafka.Message
+	next             int64
+	high, lastStable int64
+	err              error
+}
+
+// reader opens a reader of topic/partition positioned at offset.
+func (k *kafkaSource) reader(topic string, partition int32, offset int64) (*committedReader, error) {
+	transport, _, err := kafkaconn.Kafka(k.security)
+	if err != nil {
+		return nil, err
+	}
+	stopped, stop := context.WithCancel(context.Background())
+	return &committedReader{
+		source: k, transport: transport, topic: topic, partition: partition,
+		next: offset, stop: stop, stopped: stopped,
+	}, nil
+}
+
+// FetchMessage returns the next committed record, waiting for one until
+// ctx ends. A fetch that ctx interrupts goes on, and its records are the
+// next call's: none is fetched twice or lost.
+func (r *committedReader) FetchMessage(ctx context.Context) (kafka.Message, error) {
+	for len(r.buffered) == 0 {
+		got, err := r.fetchResponse(ctx)
+		if err != nil {
+			return kafka.Message{}, err
+		}
+		r.buffered = got.msgs
+	}
+	m := r.buffered[0]
+	r.buffered = r.buffered[1:]
+	return m, nil
+}
+
+// fetchResponse reads the next fetch response whole: its committed
+// records, and the offsets that say how far the partition goes.
+func (r *committedReader) fetchResponse(ctx context.Context) (fetchedPart, error) {
+	if len(r.buffered) > 0 {
+		return fetchedPart{}, errors.New("fetchResponse after FetchMessage left records buffered")
+	}
+	if r.inFlight == nil {
+		done := make(chan fetchedPart, 1)
+		r.inFlight = done
+		go func(from int64) { done <- r.fetch(from) }(r.next)
+	}
+	select {
+	case <-ctx.Done():
+		return fetchedPart{}, ctx.Err()
+	case got := <-r.inFlight:
+		r.inFlight = nil
+		if got.err == nil {
+			r.next = got.next
+		}
+		return got, got.err
+	}
+}
+
+// Close ends the fetch under way, waits for it, and closes the reader's
+// connections.
+func (r *committedReader) Close() error {
+	r.stop()
+	if r.inFlight != nil {
+		<-r.inFlight
+		r.inFlight = nil
+	}
+	r.transport.CloseIdleConnections()
+	return nil
+}
+
+// fetch asks the partition's leader for the records from offset from.
+func (r *committedReader) fetch(from int64) fetchedPart {
+	ctx, cancel := context.WithTimeout(r.stopped, fetchTimeout)
+	defer cancel()
+	res, err := r.transport.RoundTrip(ctx, kafka.TCP(r.source.brokers...), &fetchapi.Request{
+		ReplicaID:      -1,
+		MaxWaitTime:    int32(fetchMaxWait / time.Millisecond),
+		MinBytes:       1,
+		MaxBytes:       fetchMaxBytes,
+		IsolationLevel: readCommitted,
+		SessionID:      -1,
+		SessionEpoch:   -1,
+		Topics: []fetchapi.RequestTopic{{
+			Topic: r.topic,
+			Partitions: []fetchapi.RequestPartition{{
+				Partition: r.partition, CurrentLeaderEpoch: -1, FetchOffset: from,
+				LogStartOffset: -1, PartitionMaxBytes: fetchMaxBytes,
+			}},
+		}},
+	})
+	if err != nil {
+		return fetchedPart{err: r.explain(from, err)}
+	}
+	part, err := r.partitionOf(res.(*fetchapi.Response))
+	if err != nil {
+		return fetchedPart{err: r.explain(from, err)}
+	}
+	if errors.Is(kafka.Error(part.ErrorCode), kafka.OffsetOutOfRange) {
+		return r.outOfRange(ctx, from)
+	}
+	if part.ErrorCode != 0 {
+		return fetchedPart{err: r.explain(from, kafka.Error(part.ErrorCode))}
+	}
+	stable := part.LastStableOffset
+	if stable < 0 {
+		stable = part.HighWatermark
+	}
+	msgs, next, err := committedRecords(part, r.topic, from, stable)
+	if err != nil {
+		return fetchedPart{err: r.explain(from, err)}
+	}
+	return fetchedPart{msgs: msgs, next: next, high: part.HighWatermark, lastStable: stable}
+}
+
+// readCommitted is the Fetch request's isolation level that stops at the
+// last stable offset and lists the aborted transactions.
+const readCommitted = 1
+
+// partitionOf finds the reader's partition in a fetch response.
+func (r *committedReader) partitionOf(res *fetchapi.Response) (*fetchapi.ResponsePartition, error) {
+	if res.ErrorCode != 0 {
+		return nil, kafka.Error(res.ErrorCode)
+	}
+	for i := range res.Topics {
+		t := &res.Topics[i]
+		for j := range t.Partitions {
+			if t.Topic == r.topic && t.Partitions[j].Partition == r.partition {
+				return &t.Partitions[j], nil
+			}
+		}
+	}
+	return nil, errors.New("the fetch response does not hold the partition")
+}
+
+// outOfRange handles a fetch below the partition's first offset (records
+// deleted by retention) the way kafka-go's reader does: it goes on from
+// the first record Kafka holds, and the lane, seeing the gap, decides
+// whether records expired (skipGap). A fetch past the end is an error.
+func (r *committedReader) outOfRange(ctx context.Context, from int64) fetchedPart {
+	first, high, err := r.source.offsetRange(ctx, r.topic, r.partition)
+	switch {
+	case err != nil:
+		return fetchedPart{err: r.explain(from, err)}
+	case from < first:
+		return fetchedPart{next: first, high: high, lastStable: first}
+	case from > high:
+		return fetchedPart{err: fmt.Errorf("read %s/%d at offset %d: past the high watermark %d", r.topic, r.partition, from, high)}
+	}
+	return fetchedPart{next: from, high: high, lastStable: from} // moved back into range since: fetch again
+}
+
+func (r *committedReader) explain(from int64, err error) error {
+	return fmt.Errorf("read %s/%d at offset %d: %w", r.topic, r.partition, from, kafkaconn.Explain(err, r.source.brokers, r.source.security))
+}
+
+// committedRecords returns the records of a read_committed fetch response
+// at offset from or later that no aborted transaction wrote, as
+// kafka.Messages, and the offset after the last batch the response held
+// (records, markers and aborted batches alike), from at the least.
+//
+// A message's HighWaterMark is where the lane's lag ends: the last stable
+// offset stable, less the offsets after the last record that hold none
+// (a transaction's marker, an aborted batch), so that a lane that applied
+// every committed record shows no lag.
+//
+// The leader lists the aborted transactions the response overlaps, each
+// by its producer and first offset. A transactional batch of a producer
+// with an aborted transaction begun at or before the batch belongs to it,
+// up to that producer's abort marker; control batches (the commit and
+// abort markers) carry no record for a handler.
+func committedRecords(part *fetchapi.ResponsePartition, topic string, from, stable int64) ([]kafka.Message, int64, error) {
+	next := from
+	stream, ok := part.RecordSet.Records.(*protocol.RecordStream)
+	if !ok || stream == nil {
+		return nil, next, nil
+	}
+	aborted := append([]fetchapi.ResponseTransaction(nil), part.AbortedTransactions...)
+	sort.Slice(aborted, func(i, j int) bool { return aborted[i].FirstOffset < aborted[j].FirstOffset })
+	inAborted := map[int64]bool{} // producers whose aborted transaction has begun
+	var msgs []kafka.Message
+	for _, batch := range stream.Records {
+		switch b := batch.(type) {
+		case *protocol.ControlBatch:
+			for len(aborted) > 0 && aborted[0].FirstOffset <= b.BaseOffset {
+				inAborted[aborted[0].ProducerID] = true
+				aborted = aborted[1:]
+			}
+			last, abort, err := readMarkers(b)
+			if err != nil {
+				return nil, next, err
+			}
+			if abort {
+				delete(inAborted, b.ProducerID)
+			}
+			next = max(next, last+1)
+		case *protocol.RecordBatch:
+			for len(aborted) > 0 && aborted[0].FirstOffset <= b.BaseOffset {
+				inAborted[aborted[0].ProducerID] = true
+				aborted = aborted[1:]
+			}
+			skip := b.Attributes.Transactional() && inAborted[b.ProducerID]
+			var err error
+			if msgs, next, err = appendRecords(msgs, b, topic, part.Partition, from, next, skip); err != nil {
+				return nil, next, err
+			}
+		default: // a message set of the pre-0.11 format: no transactions
+			var err error
+			if msgs, next, err = appendRecords(msgs, b, topic, part.Partition, from, next, false); err != nil {
+				return nil, next, err
+			}
+		}
+	}
+	if len(msgs) > 0 {
+		end := stable - max(0, next-(msgs[len(msgs)-1].Offset+1))
+		for i := range msgs {
+			msgs[i].HighWaterMark = end
+		}
+	}
+	return msgs, next, nil
+}
+
+// readMarkers reads a control batch: the offset of its last record, and
+// whether it holds an abort marker.
+func readMarkers(b *protocol.ControlBatch) (last int64, abort bool, err error) {
+	last = b.BaseOffset
+	for {
+		rec, err := b.ReadControlRecord()
+		if errors.Is(err, io.EOF) {
+			return last, abort, nil
+		}
+		if err != nil {
+			return last, abort, fmt.Errorf("read a transaction marker at offset %d: %w", b.BaseOffset, err)
+		}
+		last = max(last, rec.Offset)
+		abort = abort || rec.Type == controlAbort
+	}
+}
+
+// controlAbort is the type of a control record that ends a transaction
+// aborted (commit is 1).
+const controlAbort = 0
+
+// appendRecords appends the records of batch at offset from or later to
+// msgs (none when skip), and returns the offset after its last record.
+func appendRecords(msgs []kafka.Message, batch protocol.RecordReader, topic string, partition int32, from, next int64, skip bool) ([]kafka.Message, int64, error) {
+	for {
+		rec, err := batch.ReadRecord()
+		if errors.Is(err, io.EOF) {
+			return msgs, next, nil
+		}
+		if err != nil {
+			return msgs, next, fmt.Errorf("decode a record batch after offset %d: %w", next, err)
+		}
+		m, err := toMessage(rec, topic, partition)
+		if err != nil {
+			return msgs, next, err
+		}
+		next = max(next, rec.Offset+1)
+		if !skip && rec.Offset >= from {
+			msgs = append(msgs, m)
+		}
+	}
+}
+
+// toMessage copies a decoded record out of the response's buffers.
+func toMessage(rec *protocol.Record, topic string, partition int32) (kafka.Message, error) {
+	key, err := readBytes(rec.Key)
+	if err != nil {
+		return kafka.Message{}, fmt.Errorf("read the key of offset %d: %w", rec.Offset, err)
+	}
+	value, err := readBytes(rec.Value)
+	if err != nil {
+		return kafka.Message{}, fmt.Errorf("read the value of offset %d: %w", rec.Offset, err)
+	}
+	return kafka.Message{
+		Topic: topic, Partition: int(partition), Offset: rec.Offset,
+		Key: key, Value: value, Headers: rec.Headers, Time: rec.Time,
+	}, nil
+}
+
+// readBytes copies b (nil stays nil: a null key or a tombstone's value)
+// and releases its buffer.
+func readBytes(b protocol.Bytes) ([]byte, error) {
+	if b == nil {
+		return nil, nil
+	}
+	defer b.Close()
+	return protocol.ReadAll(b)
+}

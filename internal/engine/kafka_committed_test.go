@@ -1,0 +1,118 @@
+package engine
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/segmentio/kafka-go/protocol"
+	fetchapi "github.com/segmentio/kafka-go/protocol/fetch"
+)
+
+// batchOf is a record batch of producer pid (-1: none) at offsets
+// base, base+1, … with values "<base+i>".
+func batchOf(pid int64, transactional bool, base int64, n int) *protocol.RecordBatch {
+	recs := make([]protocol.Record, n)
+	for i := range recs {
+		off := base + int64(i)
+		recs[i] = protocol.Record{Offset: off, Value: protocol.NewBytes(fmt.Appendf(nil, "%d", off))}
+	}
+	b := &protocol.RecordBatch{BaseOffset: base, ProducerID: pid, Records: protocol.NewRecordReader(recs...)}
+	if transactional {
+		b.Attributes = protocol.Transactional
+	}
+	return b
+}
+
+// markerOf is producer pid's commit (or abort) marker at offset off.
+func markerOf(pid, off int64, commit bool) *protocol.ControlBatch {
+	typ := int16(controlAbort)
+	if commit {
+		typ = 1
+	}
+	b := protocol.NewControlBatch(protocol.ControlRecord{Offset: off, Type: typ})
+	b.BaseOffset, b.ProducerID = off, pid
+	b.Attributes = protocol.Transactional | protocol.Control
+	return b
+}
+
+// offsetsOf reads part from offset from, at a last stable offset of 100,
+// and checks each message holds its offset as value and lagEnd as its
+// high watermark.
+func offsetsOf(t *testing.T, part *fetchapi.ResponsePartition, from, lagEnd int64) ([]int64, int64) {
+	t.Helper()
+	msgs, next, err := committedRecords(part, "t", from, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var offs []int64
+	for _, m := range msgs {
+		if string(m.Value) != fmt.Sprint(m.Offset) || m.HighWaterMark != lagEnd {
+			t.Errorf("offset %d: value %q, high watermark %d; want %d", m.Offset, m.Value, m.HighWaterMark, lagEnd)
+		}
+		offs = append(offs, m.Offset)
+	}
+	return offs, next
+}
+
+// TestCommittedRecordsPassOverAbortedTransactionsAndMarkers: a response
+// that interleaves two transactional producers (7 commits, 8 aborts) with
+// a plain one (-1) and an idempotent one (9) yields only what committed,
+// and the offset after its last batch, markers included. The aborted
+// batch and the marker after the last record (12, 13) are no lag.
+func TestCommittedRecordsPassOverAbortedTransactionsAndMarkers(t *testing.T) {
+	part := &fetchapi.ResponsePartition{
+		AbortedTransactions: []fetchapi.ResponseTransaction{{ProducerID: 8, FirstOffset: 2}, {ProducerID: 8, FirstOffset: 12}},
+		RecordSet: protocol.RecordSet{Records: &protocol.RecordStream{Records: []protocol.RecordReader{
+			batchOf(7, true, 0, 2),   // 0-1: committed at 6
+			batchOf(8, true, 2, 2),   // 2-3: aborted at 7
+			batchOf(-1, false, 4, 1), // 4: no transaction
+			batchOf(9, false, 5, 1),  // 5: idempotent, no transaction
+			markerOf(7, 6, true),
+			markerOf(8, 7, false),
+			batchOf(8, true, 8, 2), // 8-9: producer 8 again, committed at 10
+			markerOf(8, 10, true),
+			batchOf(-1, false, 11, 1), // 11
+			batchOf(8, true, 12, 1),   // 12: aborted at 13
+			markerOf(8, 13, false),
+		}}},
+	}
+	got, next := offsetsOf(t, part, 0, 98)
+	if want := []int64{0, 1, 4, 5, 8, 9, 11}; !slices.Equal(got, want) {
+		t.Errorf("committed offsets %v, want %v", got, want)
+	}
+	if next != 14 {
+		t.Errorf("next offset %d, want 14 (after the last marker)", next)
+	}
+}
+
+// TestCommittedRecordsFromInsideAResponse: records below the fetch offset
+// (Kafka returns whole batches) are not handed on, and an aborted
+// transaction begun before the fetch offset still hides its later batches.
+func TestCommittedRecordsFromInsideAResponse(t *testing.T) {
+	part := &fetchapi.ResponsePartition{
+		AbortedTransactions: []fetchapi.ResponseTransaction{{ProducerID: 8, FirstOffset: 0}},
+		RecordSet: protocol.RecordSet{Records: &protocol.RecordStream{Records: []protocol.RecordReader{
+			batchOf(-1, false, 3, 4), // 3-6, fetched from 5
+			batchOf(8, true, 7, 2),   // 7-8: the aborted transaction begun at 0
+			markerOf(8, 9, false),
+			batchOf(8, true, 10, 1), // 10: a new transaction of producer 8, never aborted
+		}}},
+	}
+	got, next := offsetsOf(t, part, 5, 100)
+	if want := []int64{5, 6, 10}; !slices.Equal(got, want) {
+		t.Errorf("committed offsets %v, want %v", got, want)
+	}
+	if next != 11 {
+		t.Errorf("next offset %d, want 11", next)
+	}
+}
+
+// TestCommittedRecordsOfAnEmptyResponse: no records leave the offset where
+// the fetch asked.
+func TestCommittedRecordsOfAnEmptyResponse(t *testing.T) {
+	got, next := offsetsOf(t, &fetchapi.ResponsePartition{}, 42, 0)
+	if len(got) != 0 || next != 42 {
+		t.Errorf("got %v and next %d, want none and 42", got, next)
+	}
+}
