@@ -38,6 +38,7 @@ type committedReader struct {
 	partition int32
 	next      int64            // the offset the next fetch asks for
 	buffered  []kafka.Message  // fetched, not yet handed on
+	spare     []kafka.Message  // the last response's messages, all handed on: the next one's room
 	inFlight  chan fetchedPart // the fetch under way, if any
 	stop      context.CancelFunc
 	stopped   context.Context
@@ -75,6 +76,8 @@ func (k *kafkaSource) reader(topic string, partition int32, offset int64) (*comm
 	if err != nil {
 		return nil, err
 	}
+	// Its metadata is the topic's alone, not the whole cluster's.
+	transport.MetadataTopics = []string{topic}
 	stopped, stop := context.WithCancel(context.Background())
 	return &committedReader{
 		source: k, transport: transport, topic: topic, partition: partition,
@@ -99,7 +102,8 @@ func (r *committedReader) FetchMessage(ctx context.Context) (kafka.Message, erro
 }
 
 // fetchResponse reads the next fetch response whole: its committed
-// records, and the offsets that say how far the partition goes.
+// records, and the offsets that say how far the partition goes. The
+// records are the caller's until its next call, which reuses their slice.
 func (r *committedReader) fetchResponse(ctx context.Context) (fetchedPart, error) {
 	if len(r.buffered) > 0 {
 		return fetchedPart{}, errors.New("fetchResponse after FetchMessage left records buffered")
@@ -107,7 +111,7 @@ func (r *committedReader) fetchResponse(ctx context.Context) (fetchedPart, error
 	if r.inFlight == nil {
 		done := make(chan fetchedPart, 1)
 		r.inFlight = done
-		go func(from int64) { done <- r.fetch(from) }(r.next)
+		go func(from int64, room []kafka.Message) { done <- r.fetch(from, room) }(r.next, r.spare[:0])
 	}
 	select {
 	case <-ctx.Done():
@@ -115,7 +119,7 @@ func (r *committedReader) fetchResponse(ctx context.Context) (fetchedPart, error
 	case got := <-r.inFlight:
 		r.inFlight = nil
 		if got.err == nil {
-			r.next = got.next
+			r.next, r.spare = got.next, got.msgs
 		}
 		return got, got.err
 	}
@@ -133,8 +137,9 @@ func (r *committedReader) Close() error {
 	return nil
 }
 
-// fetch asks the partition's leader for the records from offset from.
-func (r *committedReader) fetch(from int64) fetchedPart {
+// fetch asks the partition's leader for the records from offset from, and
+// appends them to room.
+func (r *committedReader) fetch(from int64, room []kafka.Message) fetchedPart {
 	ctx, cancel := context.WithTimeout(r.stopped, fetchTimeout)
 	defer cancel()
 	res, err := r.transport.RoundTrip(ctx, kafka.TCP(r.source.brokers...), &fetchapi.Request{
@@ -170,7 +175,7 @@ func (r *committedReader) fetch(from int64) fetchedPart {
 	if stable < 0 {
 		stable = part.HighWatermark
 	}
-	msgs, next, err := committedRecords(part, r.topic, from, stable)
+	msgs, next, err := committedRecords(room, part, r.topic, from, stable)
 	if err != nil {
 		return fetchedPart{err: r.explain(from, err)}
 	}
@@ -218,9 +223,9 @@ func (r *committedReader) explain(from int64, err error) error {
 	return fmt.Errorf("read %s/%d at offset %d: %w", r.topic, r.partition, from, kafkaconn.Explain(err, r.source.brokers, r.source.security))
 }
 
-// committedRecords returns the records of a read_committed fetch response
-// at offset from or later that no aborted transaction wrote, as
-// kafka.Messages, and the offset after the last batch the response held
+// committedRecords appends to msgs the records of a read_committed fetch
+// response at offset from or later that no aborted transaction wrote, as
+// kafka.Messages, and returns them with the offset after the last batch the response held
 // (records, markers and aborted batches alike), from at the least.
 //
 // A message's HighWaterMark is where the lane's lag ends: the last stable
@@ -233,16 +238,15 @@ func (r *committedReader) explain(from int64, err error) error {
 // with an aborted transaction begun at or before the batch belongs to it,
 // up to that producer's abort marker; control batches (the commit and
 // abort markers) carry no record for a handler.
-func committedRecords(part *fetchapi.ResponsePartition, topic string, from, stable int64) ([]kafka.Message, int64, error) {
+func committedRecords(msgs []kafka.Message, part *fetchapi.ResponsePartition, topic string, from, stable int64) ([]kafka.Message, int64, error) {
 	next := from
 	stream, ok := part.RecordSet.Records.(*protocol.RecordStream)
 	if !ok || stream == nil {
-		return nil, next, nil
+		return msgs, next, nil
 	}
 	aborted := append([]fetchapi.ResponseTransaction(nil), part.AbortedTransactions...)
 	sort.Slice(aborted, func(i, j int) bool { return aborted[i].FirstOffset < aborted[j].FirstOffset })
 	inAborted := map[int64]bool{} // producers whose aborted transaction has begun
-	var msgs []kafka.Message
 	for _, batch := range stream.Records {
 		switch b := batch.(type) {
 		case *protocol.ControlBatch:
