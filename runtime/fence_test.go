@@ -108,6 +108,72 @@ func TestFenceRefusesWokenZombieOnPartition(t *testing.T) {
 	b.check(t, b.fn, produced)
 }
 
+// TestFenceRefusesWokenZombieOnMarkerPass is the same for the cursor's
+// move over offsets that hold no committed record: the partition holds
+// only an aborted transaction (its records and its ABORT marker), so A's
+// lane has no record to apply and moves its cursor past them in a fenced
+// transaction that claims nothing. A is frozen right before that fence
+// until B has claimed the partition; Postgres must refuse A's move under
+// its stale token, B moves the cursor to the log end, and a committed
+// transaction after it is applied once, by B.
+func TestFenceRefusesWokenZombieOnMarkerPass(t *testing.T) {
+	b := setup(t, 1)
+	b.cfg.LeaseTTL, b.cfg.LeaseRenew = fenceTTL, fenceRenew
+	gate, freezer := newLaneGate(t, b.fn), newLeaseFreezer(t)
+	defer freezer.end()
+	defer gate.releaseAll()
+	idA, idB := fenceWorkerIDs(b.fn)
+	fn, table := valueRecorder(b)
+	producer := newTxProducer(t, b)
+	producer.write(false, "x0", "x1")
+
+	holdA := gate.hold(faults.BeforeFence, func(int64) bool { return true })
+	wa, stopA := b.runAs(t, b.cfg, idA, fn)
+	tA := holdA.wait(t, 30*time.Second, "A's lane to reach the fence of its move past the aborted transaction")
+	freezer.freeze(tA)
+
+	holdB := gate.hold(faults.BeforeFence, func(token int64) bool { return token != tA })
+	wb, stopB := b.runAs(t, b.cfg, idB, fn)
+	tB := holdB.wait(t, fenceTakeover, "B to claim the partition and reach its own fence")
+	lane := inbox.Partition{Consumer: b.fn, Topic: b.topic, Partition: 0}
+	if cur := readCursor(t, b, lane); cur.Epoch != tB || cur.NextOffset != 0 {
+		t.Fatalf("cursor after B's claim: epoch %d, next offset %d; want B's token %d (A's is %d) and 0", cur.Epoch, cur.NextOffset, tB, tA)
+	}
+
+	holdA.free()
+	stoodStill := time.Since(holdA.at)
+	switch gate.waitPassage(t, 10*time.Second, tA, faults.FenceRefused, faults.AfterFence) {
+	case faults.AfterFence:
+		t.Errorf("Postgres accepted A's move of the cursor past the aborted transaction under its stale token %d, after B claimed the partition with %d", tA, tB)
+	case faults.FenceRefused:
+		waitFor(t, 10*time.Second, "A to drop the partition as fenced", func() bool { return wa.Stats().Fenced.Load() == 1 })
+	}
+	holdB.free()
+	freezer.end()
+	// Kafka writes a transaction's markers after EndTransaction returns:
+	// the log end is read again until the cursor is there.
+	waitFor(t, 10*time.Second, "B to move the cursor to the log end", func() bool {
+		cur := readCursor(t, b, lane)
+		return cur.NextOffset == b.kafka.HighWatermarks(t, b.topic)[0] && cur.NextOffset > 2 && cur.Epoch == tB
+	})
+	producer.write(true, "a0")
+	waitFor(t, 10*time.Second, "B to apply the committed record", func() bool { return len(appliedValues(t, b, table)) > 0 })
+	b.waitCaughtUp(t, b.fn)
+	stopB()
+	stopA()
+
+	t.Logf("A's lane stood still %s before its fence (lease TTL %s, renewed every %s); B reached its fence %s after A froze",
+		stoodStill.Round(time.Millisecond), fenceTTL, fenceRenew, holdB.at.Sub(holdA.at).Round(time.Millisecond))
+	if got := appliedValues(t, b, table); !slices.Equal(got, []string{"a0"}) {
+		t.Errorf("applied %q, want [a0]", got)
+	}
+	wantStats(t, "A", wa, stats{fenced: 1})
+	wantStats(t, "B", wb, stats{applied: 1})
+	if got := gate.count(tA, faults.AfterFence); got != 0 {
+		t.Errorf("A passed %d fences under its stale token", got)
+	}
+}
+
 // TestFenceRefusesWokenZombieOnSubject is the same for a NATS-triggered
 // function: A, frozen before the fence of events it fetched, is resumed
 // after B claimed the subject and recreated its durable consumer.

@@ -2,26 +2,32 @@ package runtime_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/operator"
+	"github.com/kfn-dev/kfn/operator/verify"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
-// txProducer writes to partition 0 of b's topic inside Kafka transactions,
-// as Kafka Streams or Flink's exactly-once sinks do.
+// txProducer writes to one partition of b's topic (0 unless set) inside
+// Kafka transactions, as Kafka Streams or Flink's exactly-once sinks do.
 type txProducer struct {
-	t  *testing.T
-	cl *kgo.Client
+	t         *testing.T
+	cl        *kgo.Client
+	partition int32
 }
 
 func newTxProducer(t *testing.T, b *bundle) *txProducer {
@@ -48,7 +54,7 @@ func (p *txProducer) begin(values ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, v := range values {
-		if err := p.cl.ProduceSync(ctx, &kgo.Record{Partition: 0, Value: []byte(v)}).FirstErr(); err != nil {
+		if err := p.cl.ProduceSync(ctx, &kgo.Record{Partition: p.partition, Value: []byte(v)}).FirstErr(); err != nil {
 			p.t.Fatalf("produce %s in a transaction: %v", v, err)
 		}
 	}
@@ -62,6 +68,13 @@ func (p *txProducer) end(commit bool) {
 	if err := p.cl.EndTransaction(ctx, kgo.TransactionEndTry(commit)); err != nil {
 		p.t.Fatalf("end transaction (commit %v): %v", commit, err)
 	}
+}
+
+// write writes values in one transaction and commits or aborts it.
+func (p *txProducer) write(commit bool, values ...string) {
+	p.t.Helper()
+	p.begin(values...)
+	p.end(commit)
 }
 
 // valueRecorder is a function that stores the offset and value of each
@@ -197,4 +210,148 @@ func TestTransactionalProducersOnlyCommittedRecordsAreApplied(t *testing.T) {
 			t.Errorf("reading offset %d, a marker or a record of an aborted transaction: got %q, err = %v; want an error that says it holds no committed record", o, rec.Value, err)
 		}
 	}
+}
+
+// TestTransactionalPartitionsDrainToTheLogEnd: partitions written by
+// transactional producers, committed and aborted transactions
+// interleaved, and left idle, one after a COMMIT marker and one after an
+// aborted transaction (its records and its ABORT marker). The worker's
+// cursor, kfn status's lag and the mirrored consumer group's offset all
+// reach the log end offset, although no record is there to apply: a
+// cursor that stopped at the last record would show a lag of one marker,
+// or of an aborted transaction, for good. Then the same after a restart
+// of the worker, with the partitions' tails swapped. Every committed
+// record is applied once, and no aborted one.
+func TestTransactionalPartitionsDrainToTheLogEnd(t *testing.T) {
+	b := setup(t, 2)
+	b.cfg.ConsumerGroup = kfntest.Name(t, "group")
+	p0, p1 := newTxProducer(t, b), newTxProducer(t, b)
+	p1.partition = 1
+	plain := func(partition int, v string) {
+		t.Helper()
+		b.kafka.Produce(t, b.topic, kafka.Message{Partition: partition, Value: []byte(v)})
+	}
+	nc, err := nats.Connect(kfntest.NATSURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fn, table := valueRecorder(b)
+
+	// drained waits until every partition's cursor, status lag and group
+	// offset reach the log end, and returns how long that took after the
+	// last committed record was applied.
+	drained := func(round string, want []string) time.Duration {
+		t.Helper()
+		waitFor(t, 30*time.Second, round+": every committed record applied", func() bool {
+			return len(appliedValues(t, b, table)) >= len(want)
+		})
+		applied := time.Now()
+		if got := appliedValues(t, b, table); !slices.Equal(sorted(got), sorted(want)) {
+			t.Fatalf("%s: applied %q, want %q, each once", round, got, want)
+		}
+		// Kafka writes a transaction's markers after EndTransaction
+		// returns: the log ends are read again on each look.
+		var problem string
+		deadline := time.Now().Add(30 * time.Second)
+		for done := false; !done; time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the partitions did not drain to their log ends within 30s: %s", round, problem)
+			}
+			ends := b.kafka.HighWatermarks(t, b.topic)
+			done = func() bool {
+				statuses, err := operator.Status(context.Background(), b.pg.Pool, b.kafka.Brokers, js, b.cfg.LeaseBucket, b.fn)
+				if err != nil || len(statuses) != len(ends) {
+					problem = fmt.Sprintf("kfn status: %d lanes, %v", len(statuses), err)
+					return false
+				}
+				group := groupOffsets(t, b, b.cfg.ConsumerGroup)
+				for _, s := range statuses {
+					end := ends[int(s.Partition)]
+					committed := group[fmt.Sprint(s.Partition)]
+					if s.Cursor != end || s.Lag != 0 || s.KafkaHighMark != end || !strings.HasPrefix(committed, fmt.Sprintf("%d ", end)) {
+						problem = fmt.Sprintf("partition %d: cursor %d, status lag %d, high watermark %d, group offset %q; want the log end %d, lag 0",
+							s.Partition, s.Cursor, s.Lag, s.KafkaHighMark, committed, end)
+						return false
+					}
+				}
+				return true
+			}()
+		}
+		return time.Since(applied)
+	}
+
+	// Partition 0 ends with a COMMIT marker, partition 1 with an aborted
+	// transaction; plain records sit between the transactions.
+	p0.write(true, "a0", "a1")
+	p0.write(false, "x0")
+	plain(0, "n0")
+	p0.write(true, "a2")
+	plain(1, "n1")
+	p1.write(true, "b0")
+	p1.write(false, "y0", "y1")
+	want := []string{"a0", "a1", "n0", "a2", "n1", "b0"}
+	w, stop := b.run(t, fn)
+	took := []time.Duration{drained("first worker", want)}
+
+	// While the worker waits at the ends: a transaction committed on
+	// partition 0, one aborted on partition 1 (a fetch that returns its
+	// records and marker holds nothing to apply).
+	p0.write(true, "a3")
+	p1.write(false, "y2", "y3")
+	want = append(want, "a3")
+	took = append(took, drained("tails written while the worker waits", want))
+	if s := w.Stats(); s.Duplicates.Load() != 0 || s.DeadLettered.Load() != 0 {
+		t.Errorf("first worker: %d duplicates, %d dead letters; want none", s.Duplicates.Load(), s.DeadLettered.Load())
+	}
+	stop()
+
+	// A new worker claims both partitions at their ends; this time
+	// partition 0 ends with an aborted transaction and partition 1 with
+	// a commit.
+	p0.write(false, "x1", "x2")
+	p1.write(true, "b1", "b2")
+	want = append(want, "b1", "b2")
+	w, stop = b.run(t, fn)
+	defer stop()
+	took = append(took, drained("restarted worker", want))
+	p0.write(false, "x3")
+	took = append(took, drained("an aborted tail while the restarted worker waits", want))
+	if s := w.Stats(); s.Duplicates.Load() != 0 || s.DeadLettered.Load() != 0 {
+		t.Errorf("restarted worker: %d duplicates, %d dead letters; want none", s.Duplicates.Load(), s.DeadLettered.Load())
+	}
+	// An idempotent replay from offset 0 takes the cursors back; the
+	// worker skips every record again and ends past the markers.
+	if _, err := operator.ReplayPartitions(context.Background(), b.pg.Pool, js, operator.ReplaySpec{
+		Function: b.fn, Topic: b.topic, From: 0, LeaseBucket: b.cfg.LeaseBucket, KafkaBrokers: b.kafka.Brokers, Actor: "test",
+	}); err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+	took = append(took, drained("after an idempotent replay from offset 0", want))
+
+	t.Logf("from the last record applied to every partition at its log end (cursor, status lag 0, group offset), by round: %v (BatchWait %s, offsets mirrored every second)",
+		took, b.cfg.BatchWait)
+
+	// kfn verify checks every committed record below the cursors, and
+	// counts no marker or aborted record as lost.
+	rep, err := verify.Run(context.Background(), b.pg.Pool, nil, verify.Spec{
+		Function: b.fn, Topic: b.topic, KafkaBrokers: b.kafka.Brokers, Examples: 5, UnpublishedAfter: time.Minute,
+	})
+	if err != nil {
+		t.Fatalf("verify: %v", err)
+	}
+	if !rep.OK || rep.Checked.Records != int64(len(want)) {
+		t.Errorf("verify: ok %v, %d records checked (want %d), violations %+v", rep.OK, rep.Checked.Records, len(want), rep.Violations)
+	}
+}
+
+// sorted returns a sorted copy of values.
+func sorted(values []string) []string {
+	out := slices.Clone(values)
+	slices.Sort(out)
+	return out
 }

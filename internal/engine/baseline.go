@@ -10,7 +10,7 @@ import (
 // transactions, but no inbox claim and no fenced cursor move, so the
 // difference to exactly-once is what those cost. The cursor only moves in
 // memory (and to Kafka's group offsets).
-func atLeastOnce(cursor *partitionTracker) tracker { return atLeastOnceTracker{cursor} }
+func atLeastOnce(cursor *partitionTracker) cursorLane { return atLeastOnceTracker{cursor} }
 
 type atLeastOnceTracker struct{ cursor *partitionTracker }
 
@@ -20,6 +20,8 @@ func (l atLeastOnceTracker) claim(_ context.Context, _ pgx.Tx, recs []Record) ([
 func (atLeastOnceTracker) fence(context.Context, pgx.Tx, Record) error            { return nil }
 func (atLeastOnceTracker) markDeadLettered(context.Context, pgx.Tx, Record) error { return nil }
 func (l atLeastOnceTracker) committed(last Record)                                { l.cursor.committed(last) }
+func (atLeastOnceTracker) pass(context.Context, pgx.Tx, int64) error              { return nil }
+func (l atLeastOnceTracker) passed(to int64)                                      { l.cursor.passed(to) }
 
 // NewAtLeastOnceWorker is NewWorker whose partition lanes use the
 // atLeastOnce tracker: the benchmark's baseline, never a production mode.

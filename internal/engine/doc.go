@@ -52,6 +52,15 @@
 // failover: the old job kept writing because nothing at the sink compared
 // ownership terms.
 //
+// A batch's $to is past its last record and past the transaction markers
+// and aborted records that follow it in the same fetch. When a fetch holds
+// nothing but those (a producer's last transaction aborted, or its marker
+// came alone), the lane waits BatchWait for a record to carry the cursor
+// past them, and otherwise moves the cursor there in a transaction of its
+// own: the same fenced UPDATE, with no inbox claim. So a partition written
+// by transactional producers drains to its log end (lag 0), and a zombie
+// cannot move its cursor either.
+//
 // # Timing
 //
 // Defaults: lease TTL 5 s, renewal every 1 s, safety margin 30% of the TTL.

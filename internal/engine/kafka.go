@@ -166,9 +166,9 @@ func ReadRecord(ctx context.Context, brokers []string, security kafkaconn.Securi
 		if err != nil {
 			return Record{}, err
 		}
-		for _, m := range got.msgs {
-			if m.Offset == offset {
-				return toRecord(m), nil
+		for _, rec := range got.recs {
+			if rec.Offset == offset {
+				return rec, nil
 			}
 		}
 	}
@@ -179,7 +179,12 @@ func ReadRecord(ctx context.Context, brokers []string, security kafkaconn.Securi
 const readRecordTimeout = 10 * time.Second
 
 // RecordFromKafka is the Record a handler sees for a Kafka message.
-func RecordFromKafka(m kafka.Message) Record { return toRecord(m) }
+func RecordFromKafka(m kafka.Message) Record {
+	return Record{
+		Topic: m.Topic, Partition: int32(m.Partition), Offset: m.Offset,
+		Key: m.Key, Value: m.Value, Headers: headersOf(m.Headers), Time: m.Time,
+	}
+}
 
 // KafkaLog reads a topic's records in offset order for the operator's
 // tools (kfn verify), over one connection setup that Close releases.
@@ -285,11 +290,11 @@ func (s *scan) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		for _, m := range got.msgs {
-			if m.Offset >= s.to {
+		for _, rec := range got.recs {
+			if rec.Offset >= s.to {
 				break
 			}
-			if err := s.each(m.Offset, m.Key); err != nil {
+			if err := s.each(rec.Offset, rec.Key); err != nil {
 				return handlerError{err}
 			}
 		}

@@ -29,6 +29,16 @@ import (
 // when a request fails, so after a leader change the engine closes the
 // reader on the error and opens a new one.
 //
+// It also says how far it has read past what it handed on. A transaction
+// marker, or an aborted transaction's records, at the end of what a
+// producer wrote holds no record, so no record's commit would ever move
+// the lane's cursor over it, and the lane would show a lag of one marker
+// for good. Each record says where the cursor goes once it is applied
+// (Record.after: past the markers and aborted records that follow it in
+// its response), and the reader reports, as errPassedOnly, a response
+// that held no record but took it further (passed), so that the lane can
+// move its cursor there in a fenced transaction of its own.
+//
 // One goroutine uses a reader; Close may follow from another once that
 // use has ended.
 type committedReader struct {
@@ -37,12 +47,25 @@ type committedReader struct {
 	topic     string
 	partition int32
 	next      int64            // the offset the next fetch asks for
-	buffered  []kafka.Message  // fetched, not yet handed on
-	spare     []kafka.Message  // the last response's messages, all handed on: the next one's room
+	buffered  []Record         // fetched, not yet handed on
+	spare     []Record         // the last response's records, all handed on: the next one's room
 	inFlight  chan fetchedPart // the fetch under way, if any
 	stop      context.CancelFunc
 	stopped   context.Context
+	// passed is how far the reader has read without a gap it jumped
+	// (outOfRange): every offset below it was handed on, or holds no
+	// committed record. laneAt is where the lane's cursor stands
+	// (noteCursor); a response with no record while passed is beyond it
+	// is errPassedOnly.
+	passed, laneAt int64
+	lastStable     int64 // the last response's last stable offset
 }
+
+// errPassedOnly means a fetch response held no committed record, while
+// the reader has read past the lane's cursor (passed): the offsets up to
+// there hold transaction markers or aborted records only, or records the
+// lane holds but has not committed yet.
+var errPassedOnly = errors.New("the reader passed offsets that hold no committed record")
 
 // fetchMaxWait is how long the leader holds a fetch for records to arrive.
 const fetchMaxWait = 250 * time.Millisecond
@@ -62,11 +85,13 @@ const fetchTimeout = fetchMaxWait + 10*time.Second
 // after everything the response passed (records, markers and aborted
 // batches alike), and the partition's high watermark and last stable
 // offset (below which every transaction is decided; records above it are
-// not fetched yet).
+// not fetched yet). jumped says the fetch read nothing but moved to the
+// first offset Kafka still holds (outOfRange).
 type fetchedPart struct {
-	msgs             []kafka.Message
+	recs             []Record
 	next             int64
 	high, lastStable int64
+	jumped           bool
 	err              error
 }
 
@@ -81,25 +106,43 @@ func (k *kafkaSource) reader(topic string, partition int32, offset int64) (*comm
 	stopped, stop := context.WithCancel(context.Background())
 	return &committedReader{
 		source: k, transport: transport, topic: topic, partition: partition,
-		next: offset, stop: stop, stopped: stopped,
+		next: offset, stop: stop, stopped: stopped, passed: offset, laneAt: offset,
 	}, nil
 }
 
-// FetchMessage returns the next committed record, waiting for one until
-// ctx ends. A fetch that ctx interrupts goes on, and its records are the
-// next call's: none is fetched twice or lost.
-func (r *committedReader) FetchMessage(ctx context.Context) (kafka.Message, error) {
+// nextRecord returns the next committed record, waiting for one until ctx
+// ends. A fetch that ctx interrupts goes on, and its records are the next
+// call's: none is fetched twice or lost. A response without a record
+// while the reader has passed the lane's cursor is errPassedOnly (Passed
+// says how far).
+func (r *committedReader) nextRecord(ctx context.Context) (Record, error) {
 	for len(r.buffered) == 0 {
 		got, err := r.fetchResponse(ctx)
 		if err != nil {
-			return kafka.Message{}, err
+			return Record{}, err
 		}
-		r.buffered = got.msgs
+		r.buffered = got.recs
+		if len(got.recs) == 0 && r.passed > r.laneAt {
+			return Record{}, errPassedOnly
+		}
 	}
-	m := r.buffered[0]
+	rec := r.buffered[0]
 	r.buffered = r.buffered[1:]
-	return m, nil
+	r.passed = max(r.passed, rec.after)
+	return rec, nil
 }
+
+// Passed is how far the reader has read: every offset below it was
+// handed on, or holds no committed record.
+func (r *committedReader) Passed() int64 { return r.passed }
+
+// LastStable is the last stable offset of the last response: where the
+// partition's lag ends.
+func (r *committedReader) LastStable() int64 { return r.lastStable }
+
+// noteCursor tells the reader where the lane's cursor stands, between two
+// reads (no read may be under way).
+func (r *committedReader) noteCursor(next int64) { r.laneAt = next }
 
 // fetchResponse reads the next fetch response whole: its committed
 // records, and the offsets that say how far the partition goes. The
@@ -111,17 +154,25 @@ func (r *committedReader) fetchResponse(ctx context.Context) (fetchedPart, error
 	if r.inFlight == nil {
 		done := make(chan fetchedPart, 1)
 		r.inFlight = done
-		go func(from int64, room []kafka.Message) { done <- r.fetch(from, room) }(r.next, r.spare[:0])
+		go func(from int64, room []Record) { done <- r.fetch(from, room) }(r.next, r.spare[:0])
 	}
 	select {
 	case <-ctx.Done():
 		return fetchedPart{}, ctx.Err()
 	case got := <-r.inFlight:
 		r.inFlight = nil
-		if got.err == nil {
-			r.next, r.spare = got.next, got.msgs
+		if got.err != nil {
+			return got, got.err
 		}
-		return got, got.err
+		// A response read from where the reader had passed to, holding
+		// no record, takes passed to its end; one with records does as
+		// they are handed on (their after). A jump to the first offset
+		// Kafka holds is not read: the lane judges that gap (skipGap).
+		if !got.jumped && len(got.recs) == 0 && r.next == r.passed {
+			r.passed = got.next
+		}
+		r.next, r.spare, r.lastStable = got.next, got.recs, got.lastStable
+		return got, nil
 	}
 }
 
@@ -139,7 +190,7 @@ func (r *committedReader) Close() error {
 
 // fetch asks the partition's leader for the records from offset from, and
 // appends them to room.
-func (r *committedReader) fetch(from int64, room []kafka.Message) fetchedPart {
+func (r *committedReader) fetch(from int64, room []Record) fetchedPart {
 	ctx, cancel := context.WithTimeout(r.stopped, fetchTimeout)
 	defer cancel()
 	res, err := r.transport.RoundTrip(ctx, kafka.TCP(r.source.brokers...), &fetchapi.Request{
@@ -175,11 +226,11 @@ func (r *committedReader) fetch(from int64, room []kafka.Message) fetchedPart {
 	if stable < 0 {
 		stable = part.HighWatermark
 	}
-	msgs, next, err := committedRecords(room, part, r.topic, from, stable)
+	recs, next, err := committedRecords(room, part, r.topic, from, stable)
 	if err != nil {
 		return fetchedPart{err: r.explain(from, err)}
 	}
-	return fetchedPart{msgs: msgs, next: next, high: part.HighWatermark, lastStable: stable}
+	return fetchedPart{recs: recs, next: next, high: part.HighWatermark, lastStable: stable}
 }
 
 // readCommitted is the Fetch request's isolation level that stops at the
@@ -212,38 +263,41 @@ func (r *committedReader) outOfRange(ctx context.Context, from int64) fetchedPar
 	case err != nil:
 		return fetchedPart{err: r.explain(from, err)}
 	case from < first:
-		return fetchedPart{next: first, high: high, lastStable: first}
+		return fetchedPart{next: first, high: high, lastStable: first, jumped: true}
 	case from > high:
 		return fetchedPart{err: fmt.Errorf("read %s/%d at offset %d: past the high watermark %d", r.topic, r.partition, from, high)}
 	}
-	return fetchedPart{next: from, high: high, lastStable: from} // moved back into range since: fetch again
+	return fetchedPart{next: from, high: high, lastStable: from, jumped: true} // moved back into range since: fetch again
 }
 
 func (r *committedReader) explain(from int64, err error) error {
 	return fmt.Errorf("read %s/%d at offset %d: %w", r.topic, r.partition, from, kafkaconn.Explain(err, r.source.brokers, r.source.security))
 }
 
-// committedRecords appends to msgs the records of a read_committed fetch
-// response at offset from or later that no aborted transaction wrote, as
-// kafka.Messages, and returns them with the offset after the last batch the response held
+// committedRecords appends to recs the records of a read_committed fetch
+// response at offset from or later that no aborted transaction wrote, and
+// returns them with the offset after the last batch the response held
 // (records, markers and aborted batches alike), from at the least.
 //
-// A message's HighWaterMark is where the lane's lag ends: the last stable
-// offset stable, less the offsets after the last record that hold none
-// (a transaction's marker, an aborted batch), so that a lane that applied
-// every committed record shows no lag.
+// Each record's after is where the lane's cursor may go once it is
+// applied: the next record's offset, and for the last one the offset
+// after the response's last batch (bounded by the last stable offset), so
+// that a batch's commit also passes the markers and aborted records that
+// follow its last record. Its highWatermark, where the lane's lag ends, is
+// the last stable offset.
 //
 // The leader lists the aborted transactions the response overlaps, each
 // by its producer and first offset. A transactional batch of a producer
 // with an aborted transaction begun at or before the batch belongs to it,
 // up to that producer's abort marker; control batches (the commit and
 // abort markers) carry no record for a handler.
-func committedRecords(msgs []kafka.Message, part *fetchapi.ResponsePartition, topic string, from, stable int64) ([]kafka.Message, int64, error) {
+func committedRecords(recs []Record, part *fetchapi.ResponsePartition, topic string, from, stable int64) ([]Record, int64, error) {
 	next := from
 	stream, ok := part.RecordSet.Records.(*protocol.RecordStream)
 	if !ok || stream == nil {
-		return msgs, next, nil
+		return recs, next, nil
 	}
+	first := len(recs)
 	aborted := append([]fetchapi.ResponseTransaction(nil), part.AbortedTransactions...)
 	sort.Slice(aborted, func(i, j int) bool { return aborted[i].FirstOffset < aborted[j].FirstOffset })
 	inAborted := map[int64]bool{} // producers whose aborted transaction has begun
@@ -269,23 +323,25 @@ func committedRecords(msgs []kafka.Message, part *fetchapi.ResponsePartition, to
 			}
 			skip := b.Attributes.Transactional() && inAborted[b.ProducerID]
 			var err error
-			if msgs, next, err = appendRecords(msgs, b, topic, part.Partition, from, next, skip); err != nil {
+			if recs, next, err = appendRecords(recs, b, topic, part.Partition, from, next, skip); err != nil {
 				return nil, next, err
 			}
 		default: // a message set of the pre-0.11 format: no transactions
 			var err error
-			if msgs, next, err = appendRecords(msgs, b, topic, part.Partition, from, next, false); err != nil {
+			if recs, next, err = appendRecords(recs, b, topic, part.Partition, from, next, false); err != nil {
 				return nil, next, err
 			}
 		}
 	}
-	if len(msgs) > 0 {
-		end := stable - max(0, next-(msgs[len(msgs)-1].Offset+1))
-		for i := range msgs {
-			msgs[i].HighWaterMark = end
+	for i := first; i < len(recs); i++ {
+		recs[i].highWatermark = stable
+		if i+1 < len(recs) {
+			recs[i].after = recs[i+1].Offset
+		} else {
+			recs[i].after = max(recs[i].Offset+1, min(next, stable))
 		}
 	}
-	return msgs, next, nil
+	return recs, next, nil
 }
 
 // readMarkers reads a control batch: the offset of its last record, and
@@ -310,41 +366,50 @@ func readMarkers(b *protocol.ControlBatch) (last int64, abort bool, err error) {
 const controlAbort = 0
 
 // appendRecords appends the records of batch at offset from or later to
-// msgs (none when skip), and returns the offset after its last record.
-func appendRecords(msgs []kafka.Message, batch protocol.RecordReader, topic string, partition int32, from, next int64, skip bool) ([]kafka.Message, int64, error) {
+// recs (none when skip), and returns the offset after its last record.
+func appendRecords(recs []Record, batch protocol.RecordReader, topic string, partition int32, from, next int64, skip bool) ([]Record, int64, error) {
 	for {
 		rec, err := batch.ReadRecord()
 		if errors.Is(err, io.EOF) {
-			return msgs, next, nil
+			return recs, next, nil
 		}
 		if err != nil {
-			return msgs, next, fmt.Errorf("decode a record batch after offset %d: %w", next, err)
+			return recs, next, fmt.Errorf("decode a record batch after offset %d: %w", next, err)
 		}
-		m, err := toMessage(rec, topic, partition)
+		r, err := copyRecord(rec, topic, partition)
 		if err != nil {
-			return msgs, next, err
+			return recs, next, err
 		}
 		next = max(next, rec.Offset+1)
 		if !skip && rec.Offset >= from {
-			msgs = append(msgs, m)
+			recs = append(recs, r)
 		}
 	}
 }
 
-// toMessage copies a decoded record out of the response's buffers.
-func toMessage(rec *protocol.Record, topic string, partition int32) (kafka.Message, error) {
+// copyRecord copies a decoded record out of the response's buffers.
+func copyRecord(rec *protocol.Record, topic string, partition int32) (Record, error) {
 	key, err := readBytes(rec.Key)
 	if err != nil {
-		return kafka.Message{}, fmt.Errorf("read the key of offset %d: %w", rec.Offset, err)
+		return Record{}, fmt.Errorf("read the key of offset %d: %w", rec.Offset, err)
 	}
 	value, err := readBytes(rec.Value)
 	if err != nil {
-		return kafka.Message{}, fmt.Errorf("read the value of offset %d: %w", rec.Offset, err)
+		return Record{}, fmt.Errorf("read the value of offset %d: %w", rec.Offset, err)
 	}
-	return kafka.Message{
-		Topic: topic, Partition: int(partition), Offset: rec.Offset,
-		Key: key, Value: value, Headers: rec.Headers, Time: rec.Time,
+	return Record{
+		Topic: topic, Partition: partition, Offset: rec.Offset,
+		Key: key, Value: value, Headers: headersOf(rec.Headers), Time: rec.Time,
 	}, nil
+}
+
+// headersOf copies a record's headers as the handler sees them.
+func headersOf(hs []protocol.Header) []Header {
+	headers := make([]Header, len(hs))
+	for i, h := range hs {
+		headers[i] = Header{Key: h.Key, Value: h.Value}
+	}
+	return headers
 }
 
 // readBytes copies b (nil stays nil: a null key or a tombstone's value)

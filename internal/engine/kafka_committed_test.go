@@ -45,30 +45,33 @@ func markerOf(pid, off int64, commit bool) *protocol.ControlBatch {
 	return b
 }
 
-// offsetsOf reads part from offset from, at a last stable offset of 100,
-// and checks each message holds its offset as value and lagEnd as its
-// high watermark.
-func offsetsOf(t *testing.T, part *fetchapi.ResponsePartition, from, lagEnd int64) ([]int64, int64) {
+// offsetsOf reads part from offset from, at a last stable offset of
+// stable, and checks each record holds its offset as value and stable as
+// its lag's end. It returns the records' offsets and where the cursor
+// goes once each is applied, and the offset after the response.
+func offsetsOf(t *testing.T, part *fetchapi.ResponsePartition, from, stable int64) (offsets, cursors []int64, next int64) {
 	t.Helper()
-	msgs, next, err := committedRecords(nil, part, "t", from, 100)
+	recs, next, err := committedRecords(nil, part, "t", from, stable)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var offs []int64
-	for _, m := range msgs {
-		if string(m.Value) != fmt.Sprint(m.Offset) || m.HighWaterMark != lagEnd {
-			t.Errorf("offset %d: value %q, high watermark %d; want %d", m.Offset, m.Value, m.HighWaterMark, lagEnd)
+	for _, r := range recs {
+		if string(r.Value) != fmt.Sprint(r.Offset) || r.highWatermark != stable {
+			t.Errorf("offset %d: value %q, lag end %d; want %d", r.Offset, r.Value, r.highWatermark, stable)
 		}
-		offs = append(offs, m.Offset)
+		offsets = append(offsets, r.Offset)
+		cursors = append(cursors, r.cursorAfter())
 	}
-	return offs, next
+	return offsets, cursors, next
 }
 
 // TestCommittedRecordsPassOverAbortedTransactionsAndMarkers: a response
 // that interleaves two transactional producers (7 commits, 8 aborts) with
 // a plain one (-1) and an idempotent one (9) yields only what committed,
-// and the offset after its last batch, markers included. The aborted
-// batch and the marker after the last record (12, 13) are no lag.
+// and the offset after its last batch, markers included. Once a record is
+// applied, the cursor goes past the markers and aborted records after it:
+// after the last one, past the aborted batch and the marker (12, 13) to
+// the end of the response.
 func TestCommittedRecordsPassOverAbortedTransactionsAndMarkers(t *testing.T) {
 	part := &fetchapi.ResponsePartition{
 		AbortedTransactions: []fetchapi.ResponseTransaction{{ProducerID: 8, FirstOffset: 2}, {ProducerID: 8, FirstOffset: 12}},
@@ -86,9 +89,12 @@ func TestCommittedRecordsPassOverAbortedTransactionsAndMarkers(t *testing.T) {
 			markerOf(8, 13, false),
 		}}},
 	}
-	got, next := offsetsOf(t, part, 0, 98)
+	got, cursors, next := offsetsOf(t, part, 0, 100)
 	if want := []int64{0, 1, 4, 5, 8, 9, 11}; !slices.Equal(got, want) {
 		t.Errorf("committed offsets %v, want %v", got, want)
+	}
+	if want := []int64{1, 4, 5, 8, 9, 11, 14}; !slices.Equal(cursors, want) {
+		t.Errorf("cursors after each record %v, want %v", cursors, want)
 	}
 	if next != 14 {
 		t.Errorf("next offset %d, want 14 (after the last marker)", next)
@@ -108,7 +114,10 @@ func TestCommittedRecordsFromInsideAResponse(t *testing.T) {
 			batchOf(8, true, 10, 1), // 10: a new transaction of producer 8, never aborted
 		}}},
 	}
-	got, next := offsetsOf(t, part, 5, 100)
+	got, cursors, next := offsetsOf(t, part, 5, 100)
+	if want := []int64{6, 10, 11}; !slices.Equal(cursors, want) {
+		t.Errorf("cursors after each record %v, want %v", cursors, want)
+	}
 	if want := []int64{5, 6, 10}; !slices.Equal(got, want) {
 		t.Errorf("committed offsets %v, want %v", got, want)
 	}
@@ -120,7 +129,7 @@ func TestCommittedRecordsFromInsideAResponse(t *testing.T) {
 // TestCommittedRecordsOfAnEmptyResponse: no records leave the offset where
 // the fetch asked.
 func TestCommittedRecordsOfAnEmptyResponse(t *testing.T) {
-	got, next := offsetsOf(t, &fetchapi.ResponsePartition{}, 42, 0)
+	got, _, next := offsetsOf(t, &fetchapi.ResponsePartition{}, 42, 0)
 	if len(got) != 0 || next != 42 {
 		t.Errorf("got %v and next %d, want none and 42", got, next)
 	}
@@ -173,11 +182,11 @@ func BenchmarkPartitionReaders(b *testing.B) {
 	if err := cl.Flush(ctx); err != nil {
 		b.Fatal(err)
 	}
-	readAll := func(b *testing.B, fetch func(context.Context) (kafka.Message, error)) {
+	readAll := func(b *testing.B, fetch func(context.Context) (int64, error)) {
 		for n := 0; n < records; n++ {
-			m, err := fetch(ctx)
-			if err != nil || m.Offset != int64(n) {
-				b.Fatalf("record %d: offset %d, %v", n, m.Offset, err)
+			offset, err := fetch(ctx)
+			if err != nil || offset != int64(n) {
+				b.Fatalf("record %d: offset %d, %v", n, offset, err)
 			}
 		}
 	}
@@ -187,7 +196,10 @@ func BenchmarkPartitionReaders(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			readAll(b, r.FetchMessage)
+			readAll(b, func(ctx context.Context) (int64, error) {
+				rec, err := r.nextRecord(ctx)
+				return rec.Offset, err
+			})
 			r.Close()
 		}
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*records), "ns/record")
@@ -199,7 +211,10 @@ func BenchmarkPartitionReaders(b *testing.B) {
 			if err := r.SetOffset(0); err != nil {
 				b.Fatal(err)
 			}
-			readAll(b, r.FetchMessage)
+			readAll(b, func(ctx context.Context) (int64, error) {
+				m, err := r.FetchMessage(ctx)
+				return m.Offset, err
+			})
 			r.Close()
 		}
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*records), "ns/record")

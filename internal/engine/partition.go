@@ -9,7 +9,6 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/inbox"
 )
@@ -20,7 +19,18 @@ type partitionRun struct {
 	*applier
 	w      *worker
 	cursor *partitionTracker
+	lane   cursorLane // the cursor, or the benchmark's baseline wrapping it
 	retry  *retryLane // dead letters marked for retry (retry.go)
+}
+
+// cursorLane is the tracker of a Kafka partition: it also moves the
+// cursor over offsets that hold no committed record.
+type cursorLane interface {
+	tracker
+	// pass fences tx for moving the cursor to `to` without a record.
+	pass(ctx context.Context, tx pgx.Tx, to int64) error
+	// passed moves the in-memory cursor to `to` after pass committed.
+	passed(to int64)
 }
 
 // runPartition owns one partition until ctx ends or a newer owner fences it.
@@ -30,12 +40,12 @@ func (w *worker) runPartition(ctx context.Context, fn Function, partition int32,
 	cursor := &partitionTracker{part: part, token: token, stats: w.stats, onCommit: func(next int64) {
 		w.offsets.note(w.consumerGroup(fn), part.Topic, part.Partition, next)
 	}}
-	var lane tracker = cursor
+	var lane cursorLane = cursor
 	if w.partitionTracker != nil {
 		lane = w.partitionTracker(cursor)
 	}
 	log := w.cfg.Logger.With("function", fn.Name, "topic", fn.Topic, "partition", partition, "epoch", token)
-	pr := &partitionRun{applier: w.newApplier(fn, part, token, lane, log), w: w, cursor: cursor}
+	pr := &partitionRun{applier: w.newApplier(fn, part, token, lane, log), w: w, cursor: cursor, lane: lane}
 	if fn.KeyOrder == ParkKey {
 		pr.held = newHeldKeys(func(n int) {
 			w.stats.update(fn.Name, fn.Topic, partition, func(p *PartitionStats) { p.ParkedKeys = n })
@@ -101,6 +111,7 @@ func (pr *partitionRun) run(ctx context.Context) error {
 			return err
 		}
 		if next == nil {
+			reader.noteCursor(pr.cursor.next)
 			next = pr.prefetch(prefetchCtx, reader)
 		}
 		f := <-next
@@ -127,6 +138,12 @@ func (pr *partitionRun) run(ctx context.Context) error {
 			continue
 		}
 		outage.over()
+		if len(batch) == 0 {
+			if err := pr.passOver(ctx, f.passed, f.lagEnd); err != nil {
+				return err
+			}
+			continue
+		}
 		// A commit whose reply was lost may have moved the cursor past
 		// records read before the lane knew.
 		if batch = uncommitted(batch, pr.cursor.next); len(batch) == 0 {
@@ -246,13 +263,14 @@ func (pr *partitionRun) skipGap(ctx context.Context, batch []Record) (int, error
 	return cut, nil
 }
 
-// gapped says whether batch, read at cursor next, skips an offset.
+// gapped says whether batch, read at cursor next, skips an offset that
+// the reader did not find empty of committed records.
 func gapped(batch []Record, next int64) bool {
 	for _, r := range batch {
 		if r.Offset != next {
 			return true
 		}
-		next++
+		next = r.cursorAfter()
 	}
 	return false
 }
@@ -279,54 +297,108 @@ func expired(batch []Record, next, first int64) (cut int, to int64) {
 	return cut, next
 }
 
-// fetched is a batch read by prefetch, or why it could not be.
+// passOver moves the cursor to `to` over offsets that hold no committed
+// record, when the reader found only those after it (errPassedOnly): a
+// partition whose producer's last transaction ended with its marker, or
+// was aborted, otherwise keeps its cursor, and its lag, one marker or an
+// aborted transaction short of the end for good. The move is a fenced
+// transaction of its own, claiming no inbox row; it runs only when no
+// record followed within BatchWait (one that does carries the cursor past
+// them in its own batch's commit), so a steady stream of transactions
+// costs none.
+func (pr *partitionRun) passOver(ctx context.Context, to, lagEnd int64) error {
+	if to <= pr.cursor.next {
+		return nil
+	}
+	err := retryInfra(ctx, pr.log, "move the cursor past transaction markers", func(ctx context.Context) error {
+		if to <= pr.cursor.next { // a commit whose reply was lost got there
+			return nil
+		}
+		return pr.w.withTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			return pr.lane.pass(ctx, tx, to)
+		})
+	})
+	if err != nil {
+		return pr.cursor.fenced(err)
+	}
+	pr.lane.passed(to)
+	pr.log.Debug("cursor moved past offsets without a committed record", "next_offset", pr.cursor.next)
+	pr.w.stats.update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *PartitionStats) {
+		p.NextOffset, p.HighWater = pr.cursor.next, max(lagEnd, pr.cursor.next)
+	})
+	return nil
+}
+
+// fetched is a batch read by prefetch, or why it could not be; with no
+// batch, passed is how far the reader went over offsets without a
+// committed record, and lagEnd where the partition's lag ends.
 type fetched struct {
-	batch []Record
-	err   error
+	batch          []Record
+	passed, lagEnd int64
+	err            error
 }
 
 // prefetch reads the next batch (fetch) in a goroutine of its own and
 // delivers it on the returned channel, which gets exactly one value.
 func (pr *partitionRun) prefetch(ctx context.Context, reader *committedReader) <-chan fetched {
 	out := make(chan fetched, 1)
-	go func() {
-		batch, err := pr.fetch(ctx, reader)
-		out <- fetched{batch: batch, err: err}
-	}()
+	go func() { out <- pr.fetch(ctx, reader) }()
 	return out
 }
 
 // fetch blocks for the first record, then gathers more until the batch is
-// full or BatchWait has passed since the first one.
-func (pr *partitionRun) fetch(ctx context.Context, reader *committedReader) ([]Record, error) {
+// full or BatchWait has passed since the first one. Offsets the reader
+// passes without a record (errPassedOnly) go to the batch's last record,
+// whose commit then moves the cursor past them; before the first record,
+// the lane waits BatchWait for one, and returns without a batch, how far
+// the reader passed, when none comes.
+func (pr *partitionRun) fetch(ctx context.Context, reader *committedReader) fetched {
 	max := pr.w.cfg.BatchSize
 	batch := make([]Record, 0, max)
 	wctx, stop := pr.retry.waitContext(ctx)
-	msg, err := reader.FetchMessage(wctx)
+	rec, err := reader.nextRecord(wctx)
+	if errors.Is(err, errPassedOnly) {
+		// A record coming right behind the markers takes the cursor
+		// past them in its batch's commit.
+		pctx, cancel := context.WithTimeout(wctx, pr.w.cfg.BatchWait)
+		for errors.Is(err, errPassedOnly) {
+			rec, err = reader.nextRecord(pctx)
+		}
+		waited := pctx.Err() != nil && wctx.Err() == nil
+		cancel()
+		if err != nil && waited {
+			stop()
+			return fetched{passed: reader.Passed(), lagEnd: reader.LastStable()}
+		}
+	}
 	stop()
 	if err != nil {
 		if ctx.Err() == nil && wokenForRetry(wctx) {
-			return nil, errRetryWake
+			return fetched{err: errRetryWake}
 		}
-		return nil, fmt.Errorf("read %s: %w", pr.part, err)
+		return fetched{err: fmt.Errorf("read %s: %w", pr.part, err)}
 	}
-	batch = append(batch, toRecord(msg))
+	batch = append(batch, rec)
 	// One deadline for the rest of the batch, not a timer per record.
 	fctx, cancel := context.WithDeadline(ctx, time.Now().Add(pr.w.cfg.BatchWait))
 	defer cancel()
 	for len(batch) < max {
-		msg, err := reader.FetchMessage(fctx)
+		rec, err := reader.nextRecord(fctx)
+		if errors.Is(err, errPassedOnly) {
+			batch[len(batch)-1].after = reader.Passed()
+			continue
+		}
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil, ctx.Err()
+				return fetched{err: ctx.Err()}
 			}
 			break // deadline: the batch is as full as it gets
 		}
-		batch = append(batch, toRecord(msg))
+		batch = append(batch, rec)
 	}
 	hw := batch[len(batch)-1].highWatermark
 	pr.w.stats.update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *PartitionStats) { p.HighWater = hw })
-	return batch, nil
+	return fetched{batch: batch}
 }
 
 // uncommitted drops the records below the cursor: after a commit whose
@@ -336,18 +408,6 @@ func uncommitted(batch []Record, next int64) []Record {
 		batch = batch[1:]
 	}
 	return batch
-}
-
-func toRecord(m kafka.Message) Record {
-	headers := make([]Header, len(m.Headers))
-	for i, h := range m.Headers {
-		headers[i] = Header{Key: h.Key, Value: h.Value}
-	}
-	return Record{
-		Topic: m.Topic, Partition: int32(m.Partition), Offset: m.Offset,
-		Key: m.Key, Value: m.Value, Headers: headers, Time: m.Time,
-		highWatermark: m.HighWaterMark,
-	}
 }
 
 // kafkaOutage is a lane waiting for Kafka: capped exponential backoff

@@ -45,7 +45,22 @@ var errCursorAhead = errors.New("cursor is ahead of the lane: an earlier commit 
 
 func (l *partitionTracker) fence(ctx context.Context, tx pgx.Tx, rec Record) error {
 	faults.Lane(faults.BeforeFence, l.part, l.token)
-	return l.fenced(inbox.Advance(ctx, tx, l.part, l.token, l.next, rec.Offset+1))
+	return l.fenced(inbox.Advance(ctx, tx, l.part, l.token, l.next, rec.cursorAfter()))
+}
+
+// pass moves the cursor in tx to `to` over offsets that hold no committed
+// record (transaction markers, aborted transactions' records), claiming no
+// inbox row: fenced like every commit, so a zombie's pass is refused.
+func (l *partitionTracker) pass(ctx context.Context, tx pgx.Tx, to int64) error {
+	faults.Lane(faults.BeforeFence, l.part, l.token)
+	return l.fenced(inbox.Advance(ctx, tx, l.part, l.token, l.next, to))
+}
+
+// passed moves the in-memory cursor to `to` after pass committed.
+func (l *partitionTracker) passed(to int64) {
+	l.next = max(l.next, to)
+	l.highWater = max(l.highWater, l.next)
+	l.onCommit(l.next)
 }
 
 // fenced handles the outcome of a fenced cursor update: a cursor ahead of
@@ -101,7 +116,7 @@ func (l *partitionTracker) queueClaim(b *pgx.Batch, recs []Record) func(context.
 		}
 	}
 	faults.Lane(faults.BeforeFence, l.part, l.token)
-	result := inbox.QueueFenceAndClaim(b, l.part, l.token, l.next, recs[len(recs)-1].Offset+1, candidates)
+	result := inbox.QueueFenceAndClaim(b, l.part, l.token, l.next, recs[len(recs)-1].cursorAfter(), candidates)
 	return func(ctx context.Context, tx pgx.Tx) ([]Record, error) {
 		freshOffsets, err := result(ctx, tx)
 		if err := l.fenced(err); err != nil {
@@ -128,8 +143,4 @@ func (l *partitionTracker) markDeadLettered(ctx context.Context, tx pgx.Tx, rec 
 	return inbox.MarkDeadLettered(ctx, tx, l.part, l.token, rec.Offset)
 }
 
-func (l *partitionTracker) committed(last Record) {
-	l.next = max(l.next, last.Offset+1)
-	l.highWater = max(l.highWater, l.next)
-	l.onCommit(l.next)
-}
+func (l *partitionTracker) committed(last Record) { l.passed(last.cursorAfter()) }

@@ -32,7 +32,7 @@ type worker struct {
 	// partitionTracker, when set, replaces the tracker of each partition lane:
 	// the benchmark's at-least-once baseline (atLeastOnceTracker) is the only
 	// user.
-	partitionTracker func(*partitionTracker) tracker
+	partitionTracker func(*partitionTracker) cursorLane
 	fns              []Function
 	pool             *pgxpool.Pool
 	kafka            *kafkaSource
