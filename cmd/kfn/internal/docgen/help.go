@@ -94,6 +94,11 @@ func parsePage(text string) (*page, error) {
 			}
 		case "flags":
 			p.flags = parseFlags(body)
+			for _, l := range body {
+				if !flagLine.MatchString(l) && !strings.HasPrefix(l, "    \t") {
+					return fmt.Errorf("flags line %q is not as settings.PrintDefaults writes one", l)
+				}
+			}
 		}
 		return nil
 	}
