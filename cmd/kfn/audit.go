@@ -17,10 +17,9 @@ import (
 )
 
 func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("audit", stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: kfn audit [flags]
-
+	fs := newFlags("audit", help{
+		usage: []string{"kfn audit [flags]"},
+		text: `
 Lists kfn.audit_log: when, who (actor), what (action), on which function,
 topic and partition, the details and the reason. The newest --limit rows
 are shown, oldest first. The actions: replay and reexecute (kfn replay),
@@ -28,17 +27,13 @@ park (kfn dlq park), discard and purge (kfn dlq discard, kfn dlq purge and
 the workers' --dead-letter-retention), skip_expired (a worker skipping
 offsets Kafka deleted before they were handled), and claim: a worker's
 partition claim, written on every lease claim. Claims would drown the rest,
-so they are shown only with --action claim.
-
-examples:
-  kfn audit --since 24h
-  kfn audit --function orders --action reexecute
-  kfn audit --actor alice --limit 20 --json
-  kfn audit --action claim --function orders --since 10m
-
-`)
-		printFlags(fs.FlagSet)
-	}
+so they are shown only with --action claim.`,
+		examples: `
+kfn audit --since 24h
+kfn audit --function orders --action reexecute
+kfn audit --actor alice --limit 20 --json
+kfn audit --action claim --function orders --since 10m`,
+	}, stderr)
 	dbURL := bind(fs, settings.DatabaseURL)
 	function := fs.String("function", "", "only this function (default: all)")
 	action := fs.String("action", "", "only this action: replay, reexecute, park, discard, purge, skip_expired or claim (default: all but claim)")

@@ -30,12 +30,24 @@ import (
 )
 
 func runBench(ctx context.Context, args []string, out, stderr io.Writer) error {
-	fs := newFlags("bench", stderr)
-	fs.describe("usage: kfn bench [flags]\n\nMeasures, on the same records and in interleaved rounds, the Postgres ingest limit (COPY of the rows exactly-once writes), exactly-once, at-least-once, a naive consumer, the full pipeline (with the relay to JetStream) and the chain orders → ledger, and the relay against a naive relay, on a throwaway stack (or the services the flags name); prints msgs/s, CPU-seconds per 10k records by process, ratios, commit latency and memory by mode, the relay's share of the worker's CPU and commit→ack latency at 80% load, with the command and the machine, and writes that report to a file in --report-dir. Progress goes to stderr.",
-		"kfn bench",
-		"kfn bench --batch-size 100 --records 20000 --rounds 5",
-		"kfn bench --cpuprofile eo.pprof   # then: go tool pprof -top eo.pprof",
-		"kfn bench --report-dir ''   # print the report only")
+	fs := newFlags("bench", help{
+		usage: []string{"kfn bench [flags]"},
+		text: `
+Measures, on the same records and in interleaved rounds, the Postgres ingest
+limit (COPY of the rows exactly-once writes), exactly-once, at-least-once, a
+naive consumer, the full pipeline (with the relay to JetStream) and the
+chain orders → ledger, and the relay against a naive relay, on a throwaway
+stack (or the services the flags name); prints msgs/s, CPU-seconds per 10k
+records by process, ratios, commit latency and memory by mode, the relay's
+share of the worker's CPU and commit→ack latency at 80% load, with the
+command and the machine, and writes that report to a file in --report-dir.
+Progress goes to stderr.`,
+		examples: `
+kfn bench
+kfn bench --batch-size 100 --records 20000 --rounds 5
+kfn bench --cpuprofile eo.pprof   # then: go tool pprof -top eo.pprof
+kfn bench --report-dir ''   # print the report only`,
+	}, stderr)
 	services := addServiceFlags(fs)
 	records := fs.Int64("records", 50000, "records applied by the batched modes")
 	naive := fs.Int64("naive-records", 3000, "records applied by the naive mode (it is slow); the first is not timed")

@@ -141,7 +141,7 @@ func TestBenchRunsEveryModeAndCountsCPUByProcess(t *testing.T) {
 func TestBenchCommandRedactsSecrets(t *testing.T) {
 	t.Setenv("KFN_NATS_URL", "nats://s3cret-token@127.0.0.1:4222")
 	t.Setenv("KFN_BATCH_WAIT", "5ms")
-	fs := newFlags("bench", nil)
+	fs := newFlags("bench", help{}, nil)
 	addServiceFlags(fs)
 	var wait time.Duration
 	settings.BatchWait.Bind(fs.settings, &wait)

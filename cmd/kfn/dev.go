@@ -21,8 +21,9 @@ import (
 	"github.com/kfn-dev/kfn/runtime"
 )
 
-const devUsage = `usage: kfn dev [PKG...] [flags]
-
+var devHelp = help{
+	usage: []string{"kfn dev [PKG...] [flags]"},
+	text: `
 Starts a local stack (a throwaway Postgres, an embedded NATS server and
 Kafka broker, unless flags point at running ones) and prints export lines
 for other terminals. Without packages it runs the bundled orders example
@@ -30,20 +31,15 @@ with sample traffic and checks the end state. With packages (directories of
 Go main packages calling runtime.Start, such as the cmd/NAME of a function
 made by kfn new) it builds each, creates its topic (or its stream), runs it
 against the stack, shows its counters every second, and rebuilds and
-restarts it when a source file of its module changes.
-
-examples:
-  kfn dev                          # the demo
-  kfn dev ./payments/cmd/payments  # your function; feed it with kfn produce
-  kfn dev --duration 20s           # the demo as an end-to-end check
-`
+restarts it when a source file of its module changes.`,
+	examples: `
+kfn dev                          # the demo
+kfn dev ./payments/cmd/payments  # your function; feed it with kfn produce
+kfn dev --duration 20s           # the demo as an end-to-end check`,
+}
 
 func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("dev", stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), devUsage+"\n")
-		printFlags(fs.FlagSet)
-	}
+	fs := newFlags("dev", devHelp, stderr)
 	services := addServiceFlags(fs)
 	duration := fs.Duration("duration", 0, "stop after this long (default: run until Ctrl-C)")
 	rate := fs.Int("rate", 200, "sample orders produced per second")

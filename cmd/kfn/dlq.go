@@ -20,13 +20,13 @@ import (
 )
 
 // dlqCommands are the subcommands of kfn dlq; kfn dlq alone is kfn dlq list.
-var dlqCommands = map[string]func(ctx context.Context, args []string, stdout, stderr io.Writer) error{
-	"list":    runDLQList,
-	"show":    runDLQShow,
-	"discard": runDLQDiscard,
-	"purge":   runDLQPurge,
-	"park":    runDLQPark,
-	"retry":   runDLQRetry,
+var dlqCommands = map[string]command{
+	"list":    {"list dead letters, oldest first (kfn dlq alone does)", runDLQList},
+	"show":    {"print one dead letter whole: error, key, value, headers", runDLQShow},
+	"discard": {"delete dead letters for good, audited", runDLQDiscard},
+	"purge":   {"delete the dead letters older than a duration, audited", runDLQPurge},
+	"park":    {"dead-letter one stuck record by hand", runDLQPark},
+	"retry":   {"run dead letters through their function again, once", runDLQRetry},
 }
 
 func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -35,9 +35,24 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if !ok {
 			return &usageError{msg: fmt.Sprintf("unknown dlq command %q: use list, show, discard, purge, park or retry", args[0])}
 		}
-		return inCommand("dlq "+args[0], sub(ctx, args[1:], stdout, stderr))
+		return inCommand("dlq "+args[0], sub.run(ctx, args[1:], stdout, stderr))
 	}
-	return runDLQList(ctx, args, stdout, stderr)
+	return listDeadLetters(ctx, args, help{
+		usage: []string{
+			"kfn dlq [list] [flags]",
+			"kfn dlq show ID [flags]",
+			`kfn dlq discard ID… | filters --reason "…" [--dry-run]`,
+			"kfn dlq purge --older-than DURATION [--dry-run]",
+			"kfn dlq park [flags]",
+			"kfn dlq retry [flags]",
+		},
+		text: `
+Lists and handles dead letters: the records a function could not apply,
+with their errors. kfn dlq alone is kfn dlq list, whose flags are below;
+run kfn dlq <command> -h for a command's flags.`,
+		commands: dlqCommands,
+		examples: dlqListHelp.examples,
+	}, stdout, stderr)
 }
 
 // deadLetterReasons are the reasons kfn dead-letters a record with.
@@ -98,32 +113,27 @@ func (f *filterFlags) filter(reasonFlag string, now time.Time) (operator.DeadLet
 	return out, nil
 }
 
+var dlqListHelp = help{
+	usage: []string{"kfn dlq list [flags]"},
+	text: `
+Lists dead letters, oldest first. Key and headers are shown as text when
+printable, as 0x-hex otherwise, cut to 40 bytes; --json has every byte
+(base64) and the value. --reason selects by the dead letter's reason (kfn
+dlq discard calls this filter --dead-reason: its --reason is yours, for the
+audit log).`,
+	examples: `
+kfn dlq --function orders --since 2h
+kfn dlq list --reason permanent --error "decode" --limit 20
+kfn dlq list --topic orders --partition 3 --since 2026-03-01T00:00:00Z --until 2026-03-02T00:00:00Z --json`,
+}
+
 func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("dlq list", stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: kfn dlq [list] [flags]     list dead letters, oldest first
-       kfn dlq show ID [flags]     print one dead letter whole: error, key, value, headers
-       kfn dlq discard ID… | filters --reason "…" [--dry-run]
-                                   delete dead letters for good, audited
-       kfn dlq purge --older-than DURATION [--dry-run]
-                                   delete the dead letters older than that, audited
-       kfn dlq park [flags]        dead-letter one stuck record by hand
-       kfn dlq retry [flags]       run dead letters through their function again, once
-Run kfn dlq <command> -h for a command's flags.
+	return listDeadLetters(ctx, args, dlqListHelp, stdout, stderr)
+}
 
-Key and headers are shown as text when printable, as 0x-hex otherwise, cut
-to 40 bytes; --json has every byte (base64) and the value. --reason selects
-by the dead letter's reason (kfn dlq discard calls this filter --dead-reason:
-its --reason is yours, for the audit log).
-
-examples:
-  kfn dlq --function orders --since 2h
-  kfn dlq list --reason permanent --error "decode" --limit 20
-  kfn dlq list --topic orders --partition 3 --since 2026-03-01T00:00:00Z --until 2026-03-02T00:00:00Z --json
-
-`)
-		printFlags(fs.FlagSet)
-	}
+// listDeadLetters is kfn dlq list, whose -h prints h.
+func listDeadLetters(ctx context.Context, args []string, h help, stdout, stderr io.Writer) error {
+	fs := newFlags("dlq list", h, stderr)
 	dbURL := bind(fs, settings.DatabaseURL)
 	filters := addFilterFlags(fs, "reason", 100, "at most this many dead letters")
 	asJSON := fs.Bool("json", false, "print JSON (with every byte, base64) for scripts")
@@ -242,23 +252,18 @@ func wholeJSON(d inbox.DeadLetter) deadLetterWhole {
 func known(t time.Time) bool { return !t.IsZero() && t.Unix() != 0 }
 
 func runDLQShow(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("dlq show", stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: kfn dlq show ID [flags]
-
+	fs := newFlags("dlq show", help{
+		usage: []string{"kfn dlq show ID [flags]"},
+		text: `
 Prints one dead letter whole: its coordinates, reason, error, attempts, when
 it was dead-lettered, and its key, value and headers. Each is printed as
 text when it is valid UTF-8 without control characters (other than newline
 and tab), as hex otherwise; the label says which. --json has the bytes in
-base64. kfn dlq list shows the ids.
-
-examples:
-  kfn dlq show 42
-  kfn dlq show 42 --json | jq -r .value | base64 -d > record.bin
-
-`)
-		printFlags(fs.FlagSet)
-	}
+base64. kfn dlq list shows the ids.`,
+		examples: `
+kfn dlq show 42
+kfn dlq show 42 --json | jq -r .value | base64 -d > record.bin`,
+	}, stderr)
 	dbURL := bind(fs, settings.DatabaseURL)
 	asJSON := fs.Bool("json", false, "print JSON (bytes in base64) for scripts")
 	positional, err := parseWithArgs(fs, args)
@@ -397,11 +402,12 @@ func indent(s string) string {
 }
 
 func runDLQDiscard(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("dlq discard", stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: kfn dlq discard ID… --reason "…" [flags]
-       kfn dlq discard --function F [other filters] --reason "…" [flags]
-
+	fs := newFlags("dlq discard", help{
+		usage: []string{
+			`kfn dlq discard ID… --reason "…" [flags]`,
+			`kfn dlq discard --function F [other filters] --reason "…" [flags]`,
+		},
+		text: `
 Deletes dead letters for good, in one transaction with one audit row each
 (actor and reason; kfn audit --action discard lists them). Nothing is
 applied again: the records stay handled (their inbox rows say
@@ -412,16 +418,12 @@ filter that selects every dead letter needs --all. With --dry-run it lists
 what would go and changes nothing; when ids are given, all must exist or
 nothing is discarded. A discarded dead letter that parked its key (a
 function with KeyOrder ParkKey) releases the key: its key_parked records
-are marked for retry, and its worker applies them in offset order.
-
-examples:
-  kfn dlq discard 41 42 --reason "INC-7: test orders, not to be re-driven"
-  kfn dlq discard --function orders --dead-reason permanent --error "decode" --dry-run --reason "bad producer, fixed in v2"
-  kfn dlq discard --until 720h --reason "older than 30 days" --json
-
-`)
-		printFlags(fs.FlagSet)
-	}
+are marked for retry, and its worker applies them in offset order.`,
+		examples: `
+kfn dlq discard 41 42 --reason "INC-7: test orders, not to be re-driven"
+kfn dlq discard --function orders --dead-reason permanent --error "decode" --dry-run --reason "bad producer, fixed in v2"
+kfn dlq discard --until 720h --reason "older than 30 days" --json`,
+	}, stderr)
 	dbURL := bind(fs, settings.DatabaseURL)
 	filters := addFilterFlags(fs, "dead-reason", 0, "at most this many dead letters, the oldest first (default: all that match)")
 	reason := fs.String("reason", "", "why they are discarded, for the audit log (required)")
@@ -517,23 +519,18 @@ examples:
 }
 
 func runDLQPurge(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("dlq purge", stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: kfn dlq purge --older-than DURATION [flags]
-
+	fs := newFlags("dlq purge", help{
+		usage: []string{"kfn dlq purge --older-than DURATION [flags]"},
+		text: `
 Deletes every dead letter dead-lettered more than DURATION ago (by the
 database's clock) in one transaction, audited as one row with the count
 (kfn audit --action purge). The records stay handled: nothing re-applies
 them. Workers do the same on their own with --dead-letter-retention
-(KFN_DEAD_LETTER_RETENTION, default 720h, 30 days).
-
-examples:
-  kfn dlq purge --older-than 720h --dry-run
-  kfn dlq purge --older-than 168h --reason "INC-9: free space after the flood"
-
-`)
-		printFlags(fs.FlagSet)
-	}
+(KFN_DEAD_LETTER_RETENTION, default 720h, 30 days).`,
+		examples: `
+kfn dlq purge --older-than 720h --dry-run
+kfn dlq purge --older-than 168h --reason "INC-9: free space after the flood"`,
+	}, stderr)
 	dbURL := bind(fs, settings.DatabaseURL)
 	olderThan := fs.Duration("older-than", 0, "delete the dead letters older than this, e.g. 720h for 30 days (required)")
 	reason := fs.String("reason", "", `why, for the audit log (default "older than DURATION")`)
@@ -587,7 +584,17 @@ examples:
 // a reason no one foresaw: it dead-letters that one record through the
 // workers' lease-and-fence path, audited.
 func runDLQPark(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("dlq park", stderr)
+	fs := newFlags("dlq park", help{
+		usage: []string{`kfn dlq park --function F --topic T --partition P --offset N --reason "…" [flags]`},
+		text: `
+Dead-letters one record that its worker has not handled, with reason "parked",
+and lets the partition move on. The current owner is fenced, takes the
+partition again and skips the record. With --kafka-brokers the dead letter
+holds the record's key, value and headers; without, only its coordinates.`,
+		examples: `
+kfn dlq park --function orders --topic orders --partition 3 --offset 1187 \
+    --reason "INC-42: record crashes the decoder; parked until fixed"`,
+	}, stderr)
 	dbURL := bind(fs, settings.DatabaseURL)
 	natsURL := bind(fs, settings.NATSURL)
 	natsSec := bindNATSSecurity(fs)
@@ -599,21 +606,6 @@ func runDLQPark(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	partition := fs.Int("partition", -1, "the partition (required)")
 	offset := fs.Int64("offset", -1, "the offset of the record to park (required; kfn status shows the cursor)")
 	reason := fs.String("reason", "", "why, for the audit log (required)")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: kfn dlq park --function F --topic T --partition P --offset N --reason "…" [flags]
-
-Dead-letters one record that its worker has not handled, with reason "parked",
-and lets the partition move on. The current owner is fenced, takes the
-partition again and skips the record. With --kafka-brokers the dead letter
-holds the record's key, value and headers; without, only its coordinates.
-
-example:
-  kfn dlq park --function orders --topic orders --partition 3 --offset 1187 \
-      --reason "INC-42: record crashes the decoder; parked until fixed"
-
-`)
-		printFlags(fs.FlagSet)
-	}
 	if err := parse(fs, args); err != nil {
 		return err
 	}

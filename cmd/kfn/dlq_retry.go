@@ -18,23 +18,9 @@ import (
 
 // runDLQRetry marks dead letters for retry; the workers apply them.
 func runDLQRetry(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("dlq retry", stderr)
-	dbURL := bind(fs, settings.DatabaseURL)
-	function := fs.String("function", "", "retry the dead letters of this function (required unless --id is given)")
-	topic := fs.String("topic", "", "only those of this topic (or subject)")
-	partition := fs.Int("partition", -1, "only those of this partition (-1: every partition)")
-	deadReason := fs.String("dead-reason", "", "only those dead-lettered with this reason (handler_error, permanent, panic, timeout, data_error, parked, key_parked)")
-	var ids idList
-	fs.Var(&ids, "id", "retry the dead letter with this id (kfn dlq lists them); repeat it or give a comma-separated list")
-	limit := fs.Int("limit", 1000, "at most this many dead letters")
-	reason := fs.String("reason", "", "why, for the audit log (required)")
-	actorName := fs.String("actor", "", "who asks, for the audit log (default: kfn-dlq-retry:<OS user>@<host>)")
-	wait := fs.Bool("wait", false, "wait until every marked dead letter is applied or has failed again, and report each; exit 1 unless all were applied")
-	timeout := fs.Duration("timeout", 2*time.Minute, "with --wait: how long to wait")
-	asJSON := fs.Bool("json", false, "print JSON for scripts")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: kfn dlq retry (--function F [--topic T] [--partition P] [--dead-reason R] | --id N[,N…]) --reason "…" [flags]
-
+	fs := newFlags("dlq retry", help{
+		usage: []string{`kfn dlq retry (--function F [--topic T] [--partition P] [--dead-reason R] | --id N[,N…]) --reason "…" [flags]`},
+		text: `
 Runs dead-lettered records through their function again, exactly once. This
 command runs no handler: it marks the dead letters for retry (audited, in one
 transaction) and the worker that owns each record's partition (or subject)
@@ -48,19 +34,28 @@ kfn replay instead. For a function with KeyOrder ParkKey, a letter that
 parked its key releases it when it applies: the key's key_parked letters
 are then retried in offset order, with no command; a key_parked letter still
 parked behind an earlier letter is refused. Without --wait it exits 1 when a
-letter was refused.
+letter was refused.`,
+		examples: `
+# the one dead letter whose bug was fixed in v2, waiting for the outcome
+kfn dlq retry --id 1187 --reason "INC-42: decoder fixed in v2" --wait
 
-examples:
-  # the one dead letter whose bug was fixed in v2, waiting for the outcome
-  kfn dlq retry --id 1187 --reason "INC-42: decoder fixed in v2" --wait
-
-  # every letter of orders on partition 3 that failed in the handler
-  kfn dlq retry --function orders --topic orders --partition 3 --dead-reason handler_error \
-      --reason "INC-42: the price service is back" --wait --json
-
-`)
-		printFlags(fs.FlagSet)
-	}
+# every letter of orders on partition 3 that failed in the handler
+kfn dlq retry --function orders --topic orders --partition 3 --dead-reason handler_error \
+    --reason "INC-42: the price service is back" --wait --json`,
+	}, stderr)
+	dbURL := bind(fs, settings.DatabaseURL)
+	function := fs.String("function", "", "retry the dead letters of this function (required unless --id is given)")
+	topic := fs.String("topic", "", "only those of this topic (or subject)")
+	partition := fs.Int("partition", -1, "only those of this partition (-1: every partition)")
+	deadReason := fs.String("dead-reason", "", "only those dead-lettered with this reason (handler_error, permanent, panic, timeout, data_error, parked, key_parked)")
+	var ids idList
+	fs.Var(&ids, "id", "retry the dead letter with this id (kfn dlq lists them); repeat it or give a comma-separated list")
+	limit := fs.Int("limit", 1000, "at most this many dead letters")
+	reason := fs.String("reason", "", "why, for the audit log (required)")
+	actorName := fs.String("actor", "", "who asks, for the audit log (default: kfn-dlq-retry:<OS user>@<host>)")
+	wait := fs.Bool("wait", false, "wait until every marked dead letter is applied or has failed again, and report each; exit 1 unless all were applied")
+	timeout := fs.Duration("timeout", 2*time.Minute, "with --wait: how long to wait")
+	asJSON := fs.Bool("json", false, "print JSON for scripts")
 	if err := parse(fs, args); err != nil {
 		return err
 	}

@@ -13,7 +13,6 @@ import (
 	"math"
 	"os"
 	"os/signal"
-	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -152,17 +151,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 }
 
+// usage is kfn's own -h: its commands.
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: kfn <command> [flags]\n\ncommands:")
-	names := make([]string, 0, len(commands))
-	for n := range commands {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		fmt.Fprintf(w, "  %-8s %s\n", n, commands[n].summary)
-	}
-	fmt.Fprintln(w, "\nrun `kfn <command> -h` for its flags")
+	help{
+		usage:    []string{"kfn <command> [flags]"},
+		text:     "Run `kfn <command> -h` for a command's flags.",
+		commands: commands,
+	}.print(w, nil)
 }
 
 // flagSet is a subcommand's flag set. Its shared settings (connections,
@@ -174,44 +169,12 @@ type flagSet struct {
 }
 
 // newFlags makes a flag set that reports errors instead of exiting, with
-// output to stderr.
-func newFlags(name string, stderr io.Writer) *flagSet {
+// output to stderr, and whose -h prints h and the flags.
+func newFlags(name string, h help, stderr io.Writer) *flagSet {
 	fs := flag.NewFlagSet("kfn "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: kfn %s [flags]\n\n", name)
-		printFlags(fs)
-	}
+	fs.Usage = func() { h.print(fs.Output(), fs) }
 	return &flagSet{FlagSet: fs, settings: settings.NewBinder(fs)}
-}
-
-// describe sets a command's -h: its usage line and text, then its
-// examples, then its flags.
-func (fs *flagSet) describe(text string, examples ...string) {
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), strings.TrimRight(text, "\n")+"\n")
-		if len(examples) > 0 {
-			fmt.Fprintln(fs.Output(), "\nexamples:")
-			for _, e := range examples {
-				fmt.Fprintln(fs.Output(), "  "+e)
-			}
-		}
-		fmt.Fprintln(fs.Output())
-		printFlags(fs.FlagSet)
-	}
-}
-
-// printFlags lists the flags of fs, with the environment variable of each
-// shared setting in brackets.
-func printFlags(fs *flag.FlagSet) {
-	n := 0
-	fs.VisitAll(func(*flag.Flag) { n++ })
-	if n == 0 {
-		fmt.Fprintln(fs.Output(), "no flags")
-		return
-	}
-	fmt.Fprintln(fs.Output(), "flags (a variable in brackets sets the flag from the environment):")
-	settings.PrintDefaults(fs)
 }
 
 // bind adds setting s to fs and returns where its value will be.

@@ -21,11 +21,25 @@ import (
 )
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("migrate", stderr)
-	fs.describe("usage: kfn migrate --database-url URL [--nats --nats-url URL --subjects S[,S…]]\n\nApplies kfn's embedded, numbered schema migrations; safe to run again (it says the schema is up to date). Workers refuse to start on a missing schema, an older one, or a newer one whose migrations break them (a migration is additive or says which older workers it breaks); the output names the oldest worker version that runs against the result.\n\nWith --nats it also creates, once and with --nats-replicas, the JetStream state the workers use: the lease bucket and the event stream capturing --subjects (an existing stream gets the subjects it lacks). Run it with a NATS user allowed to create streams; workers started with --nats-provisioned then need no such right.",
-		"kfn migrate --database-url postgres://kfn@db:5432/kfn",
-		"DATABASE_URL=postgres://kfn@db:5432/kfn kfn migrate",
-		"kfn migrate --nats --nats-url nats://nats:4222 --nats-creds admin.creds --nats-replicas 3 --subjects 'orders.>,payments.>'")
+	fs := newFlags("migrate", help{
+		usage: []string{"kfn migrate --database-url URL [--nats --nats-url URL --subjects S[,S…]]"},
+		text: `
+Applies kfn's embedded, numbered schema migrations; safe to run again (it
+says the schema is up to date). Workers refuse to start on a missing schema,
+an older one, or a newer one whose migrations break them (a migration is
+additive or says which older workers it breaks); the output names the oldest
+worker version that runs against the result.
+
+With --nats it also creates, once and with --nats-replicas, the JetStream
+state the workers use: the lease bucket and the event stream capturing
+--subjects (an existing stream gets the subjects it lacks). Run it with a
+NATS user allowed to create streams; workers started with --nats-provisioned
+then need no such right.`,
+		examples: `
+kfn migrate --database-url postgres://kfn@db:5432/kfn
+DATABASE_URL=postgres://kfn@db:5432/kfn kfn migrate
+kfn migrate --nats --nats-url nats://nats:4222 --nats-creds admin.creds --nats-replicas 3 --subjects 'orders.>,payments.>'`,
+	}, stderr)
 	dbURL := bind(fs, settings.DatabaseURL)
 	withNATS := fs.Bool("nats", false, "also create the lease bucket and the event stream in NATS (see --nats-provisioned)")
 	var cfg runtime.Config

@@ -21,19 +21,19 @@ import (
 //go:embed scaffold/*.tmpl
 var scaffold embed.FS
 
-const newUsage = `usage: kfn new NAME [--topic T | --subject S] [--dir DIR] [--module M] [--kfn PATH]
-
+var newHelp = help{
+	usage: []string{"kfn new NAME [--topic T | --subject S] [--dir DIR] [--module M] [--kfn PATH]"},
+	text: `
 Scaffolds a function in a folder of its own (DIR, default ./NAME), as a Go
 module: the handler, a unit test written with runtime/fntest, cmd/NAME/main.go,
 a Containerfile, a kustomize folder (deploy/) and a README. It builds, and
 its test passes, as generated (after go mod tidy, which it runs unless
---no-tidy).
-
-examples:
-  kfn new payments --topic payments
-  kfn new receipts --subject payments.captured --module example.com/receipts
-  kfn new payments --kfn ../kfn          # against a local checkout of kfn
-`
+--no-tidy).`,
+	examples: `
+kfn new payments --topic payments
+kfn new receipts --subject payments.captured --module example.com/receipts
+kfn new payments --kfn ../kfn          # against a local checkout of kfn`,
+}
 
 // scaffoldData fills the templates.
 type scaffoldData struct {
@@ -46,11 +46,7 @@ type scaffoldData struct {
 var validFunctionName = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,62}$`)
 
 func runNew(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("new", stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), newUsage+"\n")
-		printFlags(fs.FlagSet)
-	}
+	fs := newFlags("new", newHelp, stderr)
 	topic := fs.String("topic", "", "the Kafka topic it consumes (default: NAME)")
 	subject := fs.String("subject", "", "make it NATS-triggered: the subject it consumes")
 	dir := fs.String("dir", "", "the folder to create (default: ./NAME)")

@@ -21,9 +21,12 @@ import (
 	"github.com/kfn-dev/kfn/internal/settings"
 )
 
-const produceUsage = `usage: kfn produce TOPIC [--key K] [--value V] [--header NAME=VALUE]...
-       kfn produce TOPIC --file FILE|-  [--rate N]
-
+var produceHelp = help{
+	usage: []string{
+		"kfn produce TOPIC [--key K] [--value V] [--header NAME=VALUE]...",
+		"kfn produce TOPIC --file FILE|-  [--rate N]",
+	},
+	text: `
 Sends records to a Kafka topic and reports where they landed: one record
 from the flags, or one per JSON line of a file ("-" reads stdin):
 
@@ -33,13 +36,12 @@ from the flags, or one per JSON line of a file ("-" reads stdin):
 as its JSON encoding); "key_base64"/"value_base64" carry bytes that are not
 text; "partition" picks a partition, else records with a key go to the
 partition Kafka's Java client would pick (murmur2 of the key) and records
-without one go round-robin. A null or missing value is a tombstone.
-
-examples:
-  kfn produce payments --key p-1 --value '{"amount_cents": 500}'
-  kfn produce payments --file payments.jsonl --rate 20
-  echo '{"key":"a","value":"x"}' | kfn produce payments --file - --json
-`
+without one go round-robin. A null or missing value is a tombstone.`,
+	examples: `
+kfn produce payments --key p-1 --value '{"amount_cents": 500}'
+kfn produce payments --file payments.jsonl --rate 20
+echo '{"key":"a","value":"x"}' | kfn produce payments --file - --json`,
+}
 
 // produceLine is one JSON line of kfn produce --file.
 type produceLine struct {
@@ -59,11 +61,7 @@ type produced struct {
 }
 
 func runProduce(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("produce", stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), produceUsage+"\n")
-		printFlags(fs.FlagSet)
-	}
+	fs := newFlags("produce", produceHelp, stderr)
 	brokers := bind(fs, settings.KafkaBrokers)
 	sec := bindKafkaSecurity(fs)
 	key := fs.String("key", "", "the record's key (none when empty)")

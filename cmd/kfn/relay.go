@@ -23,10 +23,16 @@ import (
 // through the same leases as the workers' relays, so it can also run next
 // to them.
 func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("relay", stderr)
-	fs.describe("usage: kfn relay --subjects S[,S…] [flags]\n\nRuns the outbox relay on its own, for workers that run none (KFN_NO_RELAY=true): it shares the relay shard leases with any worker relays, so each shard has one relay at a time.",
-		"kfn relay --subjects orders.accepted,payments.>",
-		"KFN_RELAY_SUBJECTS='orders.>' kfn relay")
+	fs := newFlags("relay", help{
+		usage: []string{"kfn relay --subjects S[,S…] [flags]"},
+		text: `
+Runs the outbox relay on its own, for workers that run none
+(KFN_NO_RELAY=true): it shares the relay shard leases with any worker
+relays, so each shard has one relay at a time.`,
+		examples: `
+kfn relay --subjects orders.accepted,payments.>
+KFN_RELAY_SUBJECTS='orders.>' kfn relay`,
+	}, stderr)
 	cfg := bindRelayConfig(fs)
 	subjects := bind(fs, settings.RelaySubjects)
 	every := fs.Duration("stats-every", 5*time.Second, "how often to print the relay's counters")

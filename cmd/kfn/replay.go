@@ -20,8 +20,9 @@ import (
 	"github.com/kfn-dev/kfn/operator"
 )
 
-const replayUsage = `usage: kfn replay --function F --topic T [--partition P] (--from-offset N | --from-time RFC3339) [flags]
-
+var replayHelp = help{
+	usage: []string{"kfn replay --function F --topic T [--partition P] (--from-offset N | --from-time RFC3339) [flags]"},
+	text: `
 Moves partition cursors of a function back, through the workers' own lease
 and fence, and writes kfn.audit_log. Every argument is checked for every
 partition before any lease is taken; one refusal refuses the whole replay.
@@ -43,21 +44,15 @@ with --keep-event-ids they emit their original ids, and JetStream's duplicate
 window and the downstream inboxes drop the events they already handled.
 
 --dry-run prints, per partition, the range, how much of it was handled, what
-would be re-executed and what downstream would see, and changes nothing.
-
-examples:
-  kfn replay --function orders --topic orders --from-time 2026-03-01T09:00:00Z --dry-run
-  kfn replay --function orders --topic orders --partition 2 --from-offset 200 --to-offset 400 \
-    --reexecute --keep-event-ids --reason "INC-42: tax bug fixed" --wait
-
-`
+would be re-executed and what downstream would see, and changes nothing.`,
+	examples: `
+kfn replay --function orders --topic orders --from-time 2026-03-01T09:00:00Z --dry-run
+kfn replay --function orders --topic orders --partition 2 --from-offset 200 --to-offset 400 \
+  --reexecute --keep-event-ids --reason "INC-42: tax bug fixed" --wait`,
+}
 
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("replay", stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), replayUsage)
-		printFlags(fs.FlagSet)
-	}
+	fs := newFlags("replay", replayHelp, stderr)
 	dbURL := bind(fs, settings.DatabaseURL)
 	natsURL := bind(fs, settings.NATSURL)
 	natsSec := bindNATSSecurity(fs)

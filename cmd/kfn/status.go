@@ -15,11 +15,16 @@ import (
 )
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("status", stderr)
-	fs.describe("usage: kfn status [--function F] [--json] [--watch D]\n\nShows every lane of every function (or of one): owner, epoch, lease holder (with --nats-url), cursor, high watermark or ack floor, lag, last commit.",
-		"kfn status --function orders",
-		"kfn status --json | jq '.[] | select(.lag > 1000)'",
-		"kfn status --watch 2s")
+	fs := newFlags("status", help{
+		usage: []string{"kfn status [--function F] [--json] [--watch D]"},
+		text: `
+Shows every lane of every function (or of one): owner, epoch, lease holder
+(with --nats-url), cursor, high watermark or ack floor, lag, last commit.`,
+		examples: `
+kfn status --function orders
+kfn status --json | jq '.[] | select(.lag > 1000)'
+kfn status --watch 2s`,
+	}, stderr)
 	dbURL := bind(fs, settings.DatabaseURL)
 	brokers := bind(fs, settings.KafkaBrokers)
 	sec := bindKafkaSecurity(fs)

@@ -17,18 +17,18 @@ import (
 	"github.com/kfn-dev/kfn/outbox"
 )
 
-const tailUsage = `usage: kfn tail SUBJECT [--all] [--count N] [--json]
-
+var tailHelp = help{
+	usage: []string{"kfn tail SUBJECT [--all] [--count N] [--json]"},
+	text: `
 Prints the events functions emit on SUBJECT (wildcards allowed) as the relay
 publishes them to the event stream: the CloudEvents attributes, the key and
 the data (as text when it is printable, else base64). It reads with an
 ephemeral consumer: it takes nothing from the functions that consume the
-stream.
-
-examples:
-  kfn tail orders.accepted
-  kfn tail 'payments.>' --all --json
-`
+stream.`,
+	examples: `
+kfn tail orders.accepted
+kfn tail 'payments.>' --all --json`,
+}
 
 // tailedEvent is what kfn tail prints for one event.
 type tailedEvent struct {
@@ -45,11 +45,7 @@ type tailedEvent struct {
 }
 
 func runTail(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("tail", stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), tailUsage+"\n")
-		printFlags(fs.FlagSet)
-	}
+	fs := newFlags("tail", tailHelp, stderr)
 	natsURL := bind(fs, settings.NATSURL)
 	natsSec := bindNATSSecurity(fs)
 	stream := bind(fs, settings.EventStream)

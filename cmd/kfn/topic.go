@@ -16,46 +16,50 @@ import (
 	"github.com/kfn-dev/kfn/internal/settings"
 )
 
-const topicUsage = `usage: kfn topic create NAME [--partitions N] [--replication-factor R] [--if-not-exists]
-       kfn topic list [--json]
-       kfn topic describe NAME [--json]
+// topicCommands are the subcommands of kfn topic.
+var topicCommands = map[string]command{
+	"create":   {"create a topic", runTopicCreate},
+	"list":     {"list the topics and their partition counts", runTopicList},
+	"describe": {"show a topic's partitions: leader, replicas, first offset, high watermark", runTopicDescribe},
+}
 
+var topicHelp = help{
+	usage: []string{
+		"kfn topic create NAME [--partitions N] [--replication-factor R] [--if-not-exists]",
+		"kfn topic list [--json]",
+		"kfn topic describe NAME [--json]",
+	},
+	text: `
 Creates, lists and describes Kafka topics, on the kfn dev stack or a real
 cluster (--kafka-brokers / KFN_KAFKA_BROKERS). A function waits for its
-topic to exist; create it first.
-
-examples:
-  kfn topic create payments --partitions 4
-  kfn topic describe payments
-  kfn topic list --json      # with the export lines kfn dev prints, in another terminal
-`
+topic to exist; create it first. Run kfn topic <command> -h for a command's
+flags.`,
+	commands: topicCommands,
+	examples: `
+kfn topic create payments --partitions 4
+kfn topic describe payments
+kfn topic list --json      # with the export lines kfn dev prints, in another terminal`,
+}
 
 func runTopic(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprint(stderr, topicUsage)
+		topicHelp.print(stderr, nil)
 		if len(args) == 0 {
 			return &usageError{msg: "missing subcommand: create, list or describe"}
 		}
 		return flag.ErrHelp
 	}
-	switch args[0] {
-	case "create":
-		return runTopicCreate(ctx, args[1:], stdout, stderr)
-	case "list":
-		return runTopicList(ctx, args[1:], stdout, stderr)
-	case "describe":
-		return runTopicDescribe(ctx, args[1:], stdout, stderr)
-	default:
+	sub, ok := topicCommands[args[0]]
+	if !ok {
 		return &usageError{msg: fmt.Sprintf("unknown subcommand %q: use create, list or describe", args[0])}
 	}
+	return sub.run(ctx, args[1:], stdout, stderr)
 }
 
-func topicFlags(name string, stderr io.Writer) (*flagSet, *[]string, *kafkaconn.Security) {
-	fs := newFlags("topic "+name, stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), topicUsage+"\n")
-		printFlags(fs.FlagSet)
-	}
+// topicFlags makes the flag set of kfn topic NAME, whose -h prints h, with
+// the Kafka settings every topic command takes.
+func topicFlags(name string, h help, stderr io.Writer) (*flagSet, *[]string, *kafkaconn.Security) {
+	fs := newFlags("topic "+name, h, stderr)
 	return fs, bind(fs, settings.KafkaBrokers), bindKafkaSecurity(fs)
 }
 
@@ -68,7 +72,15 @@ func kafkaClient(brokers []string, sec kafkaconn.Security) (*kafka.Client, func(
 }
 
 func runTopicCreate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, brokers, sec := topicFlags("create", stderr)
+	fs, brokers, sec := topicFlags("create", help{
+		usage: []string{"kfn topic create NAME [--partitions N] [--replication-factor R] [--if-not-exists]"},
+		text: `
+Creates Kafka topic NAME. A function waits for its topic to exist; create
+it first.`,
+		examples: `
+kfn topic create payments --partitions 4
+kfn topic create payments --partitions 12 --replication-factor 3 --if-not-exists`,
+	}, stderr)
 	partitions := fs.Int("partitions", 1, "partitions of the new topic")
 	replication := fs.Int("replication-factor", 1, "replicas of each partition (at most the number of brokers)")
 	ifMissing := fs.Bool("if-not-exists", false, "succeed when the topic exists already (for init steps)")
@@ -164,7 +176,14 @@ func readTopics(ctx context.Context, brokers []string, sec kafkaconn.Security, n
 }
 
 func runTopicList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, brokers, sec := topicFlags("list", stderr)
+	fs, brokers, sec := topicFlags("list", help{
+		usage: []string{"kfn topic list [--json]"},
+		text: `
+Lists the topics of the Kafka cluster, each with its number of partitions.`,
+		examples: `
+kfn topic list
+kfn topic list --json      # with the export lines kfn dev prints, in another terminal`,
+	}, stderr)
 	asJSON := fs.Bool("json", false, "print JSON for scripts")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -188,7 +207,15 @@ func runTopicList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 }
 
 func runTopicDescribe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, brokers, sec := topicFlags("describe", stderr)
+	fs, brokers, sec := topicFlags("describe", help{
+		usage: []string{"kfn topic describe NAME [--json]"},
+		text: `
+Shows each partition of topic NAME: its leader, its number of replicas, its
+first offset and its high watermark.`,
+		examples: `
+kfn topic describe payments
+kfn topic describe payments --json | jq '.partitions[].high_watermark'`,
+	}, stderr)
 	asJSON := fs.Bool("json", false, "print JSON for scripts")
 	pos, err := parsePositional(fs, args, 1, 1, "the topic's name")
 	if err != nil {

@@ -15,8 +15,9 @@ import (
 	"github.com/kfn-dev/kfn/operator/verify"
 )
 
-const verifyUsage = `usage: kfn verify --function F --topic T [--effects-sql SQL | --effects-sql-file FILE] [flags]
-
+var verifyHelp = help{
+	usage: []string{"kfn verify --function F --topic T [--effects-sql SQL | --effects-sql-file FILE] [flags]"},
+	text: `
 Checks, read-only, that function F applied every record of Kafka topic T
 exactly once: every record Kafka holds below the function's cursors against
 kfn's inbox, dead letters and outbox, the function's events in the event
@@ -36,22 +37,16 @@ read below. Exit code: 0 no violation, 1 at least one, 2 it could not check
   (count)        one total
 The counting shapes need Kafka to hold the topic from offset 0.
 For a NATS-triggered function the per-record shape is (event_id), one row
-per applied event, and the counting shapes count per event key.
-
-examples:
-  kfn verify --function orders --topic orders --effects-sql 'SELECT order_id, revisions FROM orders'
-  kfn verify --function orders --topic orders --nats-url nats://localhost:4222 --json | jq .violations
-  kfn verify --function ledger --topic orders.accepted --nats-url nats://localhost:4222 \
-    --effects-sql "SELECT event_id FROM ledger_entries WHERE side = 'debit'"
-
-`
+per applied event, and the counting shapes count per event key.`,
+	examples: `
+kfn verify --function orders --topic orders --effects-sql 'SELECT order_id, revisions FROM orders'
+kfn verify --function orders --topic orders --nats-url nats://localhost:4222 --json | jq .violations
+kfn verify --function ledger --topic orders.accepted --nats-url nats://localhost:4222 \
+  --effects-sql "SELECT event_id FROM ledger_entries WHERE side = 'debit'"`,
+}
 
 func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("verify", stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), verifyUsage)
-		printFlags(fs.FlagSet)
-	}
+	fs := newFlags("verify", verifyHelp, stderr)
 	dbURL := bind(fs, settings.DatabaseURL)
 	brokers := bind(fs, settings.KafkaBrokers)
 	sec := bindKafkaSecurity(fs)

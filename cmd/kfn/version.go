@@ -15,9 +15,14 @@ import (
 // its VCS revision and time when the build recorded them, the Go version
 // and the schema version it is built for.
 func runVersion(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("version", stderr)
-	fs.describe("usage: kfn version\n\nPrints the kfn module version this binary was built from, its VCS revision and time when the build recorded them, the Go version, and the schema version it is built for (see Upgrades in the README).",
-		"kfn version")
+	fs := newFlags("version", help{
+		usage: []string{"kfn version"},
+		text: `
+Prints the kfn module version this binary was built from, its VCS revision
+and time when the build recorded them, the Go version, and the schema
+version it is built for (see Upgrades in the README).`,
+		examples: "kfn version",
+	}, stderr)
 	if err := parse(fs, args); err != nil {
 		return err
 	}

@@ -42,15 +42,16 @@ const KafkaSASLPasswordEnv = "KFN_KAFKA_SASL_PASSWORD"
 
 // The OpenTelemetry variables (the specification's names, no flags) that
 // decide whether a worker or kfn relay exports traces; internal/tracing
-// reads them. The OpenTelemetry SDK reads the other OTEL_* variables
-// itself (OTEL_SERVICE_NAME, OTEL_EXPORTER_OTLP_HEADERS, …).
+// reads them, and Variables says what each does. The OpenTelemetry SDK
+// reads the other OTEL_* variables itself (OTEL_SERVICE_NAME,
+// OTEL_EXPORTER_OTLP_HEADERS, …).
 const (
-	OTelSDKDisabledEnv     = "OTEL_SDK_DISABLED"                  // "true": no traces
-	OTelTracesExporterEnv  = "OTEL_TRACES_EXPORTER"               // "otlp" (on) or "none" (off)
-	OTelEndpointEnv        = "OTEL_EXPORTER_OTLP_ENDPOINT"        // the collector's OTLP/HTTP base URL: on
-	OTelTracesEndpointEnv  = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" // the full traces URL: on
-	OTelProtocolEnv        = "OTEL_EXPORTER_OTLP_PROTOCOL"        // only http/protobuf
-	OTelTracesProtocolEnv  = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL" // only http/protobuf; wins over OTelProtocolEnv
+	OTelSDKDisabledEnv     = "OTEL_SDK_DISABLED"
+	OTelTracesExporterEnv  = "OTEL_TRACES_EXPORTER"
+	OTelEndpointEnv        = "OTEL_EXPORTER_OTLP_ENDPOINT"
+	OTelTracesEndpointEnv  = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+	OTelProtocolEnv        = "OTEL_EXPORTER_OTLP_PROTOCOL"
+	OTelTracesProtocolEnv  = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 	OTelResourceAttributes = "OTEL_RESOURCE_ATTRIBUTES"
 )
 
