@@ -1,13 +1,16 @@
 package docscheck
 
 import (
+	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // root is the repository's root, seen from this package's folder.
@@ -233,9 +236,45 @@ func TestShellBlocksAreRunOrMarkedNotRun(t *testing.T) {
 	t.Logf("%d shell blocks checked", n)
 }
 
+// anchors returns the anchors GitHub makes of a page's headings: lower
+// case, punctuation but hyphens and underscores dropped, spaces as hyphens,
+// and -1, -2 … after a repeated one.
+func anchors(t *testing.T, page string) map[string]bool {
+	t.Helper()
+	_, prose := scan(t, page)
+	seen := map[string]int{}
+	out := map[string]bool{}
+	lines := slices.Sorted(maps.Keys(prose))
+	for _, n := range lines {
+		line := prose[n]
+		if !strings.HasPrefix(line, "#") {
+			continue
+		}
+		heading := strings.TrimSpace(strings.TrimLeft(line, "#"))
+		var b strings.Builder
+		for _, r := range strings.ToLower(heading) {
+			switch {
+			case r == ' ':
+				b.WriteRune('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				b.WriteRune(r)
+			}
+		}
+		a := b.String()
+		if n := seen[a]; n > 0 {
+			out[fmt.Sprintf("%s-%d", a, n)] = true
+		} else {
+			out[a] = true
+		}
+		seen[a]++
+	}
+	return out
+}
+
 // TestRelativeLinksResolve checks that every relative link in README.md
 // and docs/ (outside code) names a file or folder that exists, the
-// generated references excepted while they are missing.
+// generated references excepted while they are missing, and that a link
+// to a heading (page.md#anchor, #anchor) names a heading of that page.
 func TestRelativeLinksResolve(t *testing.T) {
 	n := 0
 	for _, page := range pages(t) {
@@ -244,12 +283,15 @@ func TestRelativeLinksResolve(t *testing.T) {
 			text = codeRE.ReplaceAllString(text, "")
 			for _, m := range linkRE.FindAllStringSubmatch(text, -1) {
 				target := m[1]
-				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") || strings.HasPrefix(target, "#") {
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
 					continue
 				}
-				target, _, _ = strings.Cut(target, "#")
+				target, anchor, _ := strings.Cut(target, "#")
 				n++
-				rel := filepath.ToSlash(filepath.Clean(filepath.Join(filepath.Dir(page), target)))
+				rel := page
+				if target != "" {
+					rel = filepath.ToSlash(filepath.Clean(filepath.Join(filepath.Dir(page), target)))
+				}
 				if strings.HasPrefix(rel, "../") {
 					t.Errorf("%s:%d: link %s leaves the repository", page, line, m[1])
 					continue
@@ -259,6 +301,10 @@ func TestRelativeLinksResolve(t *testing.T) {
 						continue
 					}
 					t.Errorf("%s:%d: link %s: %s does not exist", page, line, m[1], rel)
+					continue
+				}
+				if anchor != "" && strings.HasSuffix(rel, ".md") && !anchors(t, rel)[anchor] {
+					t.Errorf("%s:%d: link %s: %s has no heading #%s", page, line, m[1], rel, anchor)
 				}
 			}
 		}
