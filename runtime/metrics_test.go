@@ -206,11 +206,13 @@ func TestMetricsAgreeWithTheDatabase(t *testing.T) {
 	requireMetricsDocumented(t, sc)
 }
 
-// requireMetricsDocumented checks that the README's metrics table has a row
-// for every kfn metric a running worker exposes.
+// requireMetricsDocumented checks that the metrics table of
+// docs/observability.md has a row for every kfn metric a running worker
+// exposes.
 func requireMetricsDocumented(t *testing.T, sc scrape) {
 	t.Helper()
-	readme, err := os.ReadFile("../README.md")
+	const page = "../docs/observability.md"
+	doc, err := os.ReadFile(page)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,8 +229,8 @@ func requireMetricsDocumented(t *testing.T, sc scrape) {
 			continue
 		}
 		seen[name] = true
-		if !strings.Contains(string(readme), "| `"+name+"` |") {
-			t.Errorf("README's metrics table has no row for %s", name)
+		if !strings.Contains(string(doc), "| `"+name+"` |") {
+			t.Errorf("the metrics table of %s has no row for %s", page, name)
 		}
 	}
 }

@@ -68,7 +68,7 @@
 // --database-url …`), the binary applies kfn's schema migrations and the
 // function's Setup instead, and exits: run it once as the role that owns
 // the schema, and the workers with --skip-setup under a role that has only
-// DML rights (see the README, "Running in production"). A function deploys as one container image; kfn dev runs one
+// DML rights (see docs/production/postgres.md, "Three roles"). A function deploys as one container image; kfn dev runs one
 // locally. To run several functions in one process, or inside a program of
 // your own, use NewWorker.
 //
@@ -80,7 +80,7 @@
 // context the record carried. The handler's ctx carries its span (and the
 // record's baggage), so spans started from ctx with otel.Tracer nest under
 // it, and the events it emits continue the trace downstream. Off by
-// default; see the README's "Traces".
+// default; see docs/observability.md, "Traces".
 //
 // # Testing it
 //

@@ -241,20 +241,21 @@ func TestPostgresVerifyFull(t *testing.T) {
 	}
 }
 
-// readmeGrants returns the fenced sql block of the README's "### Postgres"
-// section that creates the three roles.
+// readmeGrants returns the fenced sql block of the "## Three roles" section
+// of docs/production/postgres.md that creates the three roles.
 func readmeGrants(t *testing.T) string {
 	t.Helper()
-	data, err := os.ReadFile("../../README.md")
+	const page = "../../docs/production/postgres.md"
+	data, err := os.ReadFile(page)
 	if err != nil {
 		t.Fatal(err)
 	}
-	readme := string(data)
-	start := strings.Index(readme, "\n### Postgres\n")
+	doc := string(data)
+	start := strings.Index(doc, "\n## Three roles\n")
 	if start < 0 {
-		t.Fatal(`README has no "### Postgres" section`)
+		t.Fatalf(`%s has no "## Three roles" section`, page)
 	}
-	section := readme[start+1:]
+	section := doc[start+1:]
 	if end := regexp.MustCompile(`\n##+ `).FindStringIndex(section[1:]); end != nil {
 		section = section[:end[0]+1]
 	}
@@ -263,12 +264,13 @@ func readmeGrants(t *testing.T) string {
 			return m[1]
 		}
 	}
-	t.Fatal(`README's "### Postgres" section has no sql block creating the role kfn_worker`)
+	t.Fatalf(`%s's "## Three roles" section has no sql block creating the role kfn_worker`, page)
 	return ""
 }
 
-// TestReadmeRolesRunKfnWithLeastPrivilege runs the README's GRANTs as they
-// are on a fresh cluster, migrates as kfn_migrator (kfn migrate and the
+// TestReadmeRolesRunKfnWithLeastPrivilege runs the documented GRANTs
+// (docs/production/postgres.md, "Three roles") as they are on a fresh
+// cluster, migrates as kfn_migrator (kfn migrate and the
 // function binary's migrate mode, which runs its Setup), runs a worker as
 // kfn_worker with --skip-setup and checks what it wrote (business rows,
 // inbox rows, outbox events relayed), then runs kfn status, replay and dlq
@@ -286,7 +288,7 @@ func TestReadmeRolesRunKfnWithLeastPrivilege(t *testing.T) {
 	ctx := context.Background()
 
 	if _, err := pg.admin.Exec(ctx, readmeGrants(t)); err != nil {
-		t.Fatalf("the README's GRANTs: %v", err)
+		t.Fatalf("the documented GRANTs: %v", err)
 	}
 	migrator := pg.url("kfn_migrator", "m-secret", "localhost", pg.caFile)
 	worker := pg.url("kfn_worker", "w-secret", "localhost", pg.caFile)
@@ -324,7 +326,7 @@ func TestReadmeRolesRunKfnWithLeastPrivilege(t *testing.T) {
 		t.Errorf("the function binary as kfn_worker without --skip-setup: exit %d, %s", code, stderrW.String())
 	}
 
-	// A role with less than the README's grants is refused at start,
+	// A role with less than the documented grants is refused at start,
 	// naming what it lacks, before anything runs.
 	if _, err := pg.admin.Exec(ctx, `CREATE ROLE kfn_reader LOGIN; GRANT USAGE ON SCHEMA kfn TO kfn_reader; GRANT SELECT ON ALL TABLES IN SCHEMA kfn TO kfn_reader`); err != nil {
 		t.Fatal(err)

@@ -63,7 +63,7 @@ func percentile(ds []time.Duration, p int) time.Duration {
 	return s[max(0, i-1)]
 }
 
-// renderTable is the table as the README shows it (Markdown).
+// renderTable is the table as docs/guarantees.md shows it (Markdown).
 func renderTable(rows []*row) string {
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 0, 1, ' ', tabwriter.Debug)

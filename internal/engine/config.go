@@ -119,8 +119,9 @@ func BindNATSSecurity(b *settings.Binder, s *NATSSecurity) {
 	settings.NATSKey.Bind(b, &s.KeyFile)
 }
 
-// Defaults, chosen from the benchmark in the README (`kfn bench`). The
-// README's Configuration table and a function binary's -h show their values.
+// Defaults, chosen from the benchmark (`kfn bench`, docs/benchmarks.md).
+// The generated configuration reference (docs/reference/configuration.md)
+// and a function binary's -h show their values.
 const (
 	DefaultBatchSize      = settings.DefaultBatchSize
 	DefaultBatchWait      = settings.DefaultBatchWait

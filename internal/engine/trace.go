@@ -12,7 +12,7 @@ import (
 	"github.com/kfn-dev/kfn/outbox"
 )
 
-// The spans of a lane (README, "Traces"):
+// The spans of a lane (docs/observability.md, "Traces"):
 //
 //   - kfn.batch covers one batch transaction: the fence, the inbox claim,
 //     the handler calls, the outbox rows and the commit. A batch holds

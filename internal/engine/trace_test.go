@@ -21,7 +21,7 @@ import (
 // events as it came), "on" an SDK provider that records every span and
 // exports it in batches. Each runs on records without and with a
 // traceparent. It reports CPU time per record, which holds on a busy
-// machine better than the clock; the README compares "off" with the same
+// machine better than the clock; docs/observability.md compares "off" with the same
 // loop on the commit before tracing.
 func BenchmarkRecordTracing(b *testing.B) {
 	const parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

@@ -15,8 +15,8 @@ import (
 	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
-// Defaults of the worker's settings, chosen from the benchmark in the README
-// (`kfn bench`); package runtime exports them under the same names.
+// Defaults of the worker's settings, chosen from the benchmark (`kfn bench`,
+// docs/benchmarks.md); package runtime exports them under the same names.
 const (
 	DefaultBatchSize      = 500
 	DefaultBatchWait      = 20 * time.Millisecond
