@@ -13,6 +13,5 @@
 // "run by" may name several runners, separated by commas. A test name must
 // be a func TestName( in a *_test.go file of the repository. Every relative
 // link in those pages must name a file that exists, and a link to a heading
-// (page.md#anchor) a heading of that page; the generated references are the
-// only exception while they do not exist yet (expectedGenerated).
+// (page.md#anchor) a heading of that page.
 package docscheck
