@@ -612,7 +612,7 @@ func (a *applier) committed(last Record, applied, duplicates int, deadReasons ..
 		}
 	})
 	st.update(a.fn.Name, a.part.Topic, a.part.Partition, func(p *PartitionStats) {
-		p.NextOffset = last.cursorAfter()
+		p.NextOffset = a.tracker.cursorAfter(last)
 		p.LastCommit = time.Now()
 	})
 }

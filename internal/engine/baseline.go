@@ -20,6 +20,7 @@ func (l atLeastOnceTracker) claim(_ context.Context, _ pgx.Tx, recs []Record) ([
 func (atLeastOnceTracker) fence(context.Context, pgx.Tx, Record) error            { return nil }
 func (atLeastOnceTracker) markDeadLettered(context.Context, pgx.Tx, Record) error { return nil }
 func (l atLeastOnceTracker) committed(last Record)                                { l.cursor.committed(last) }
+func (l atLeastOnceTracker) cursorAfter(rec Record) int64                         { return l.cursor.cursorAfter(rec) }
 func (atLeastOnceTracker) pass(context.Context, pgx.Tx, int64) error              { return nil }
 func (l atLeastOnceTracker) passed(to int64)                                      { l.cursor.passed(to) }
 

@@ -35,7 +35,13 @@ func TestExpired(t *testing.T) {
 			t.Errorf("%s: expired(%v, next %d, first %d) = %d, %d; want %d, %d", c.name, c.offsets, c.next, c.first, cut, to, c.cut, c.to)
 		}
 	}
-	if !gapped([]Record{{Offset: 11}}, 10) || !gapped([]Record{{Offset: 10}, {Offset: 12}}, 10) || gapped([]Record{{Offset: 10}, {Offset: 11}}, 10) {
+	next := (&partitionTracker{}).cursorAfter
+	if !gapped([]Record{{Offset: 11}}, 10, next) || !gapped([]Record{{Offset: 10}, {Offset: 12}}, 10, next) || gapped([]Record{{Offset: 10}, {Offset: 11}}, 10, next) {
 		t.Error("gapped misses a gap or sees one in contiguous offsets")
+	}
+	// A marker at 11 that the reader passed is no gap.
+	passed := (&partitionTracker{afters: map[int64]int64{10: 12}}).cursorAfter
+	if gapped([]Record{{Offset: 10}, {Offset: 12}}, 10, passed) || !gapped([]Record{{Offset: 10}, {Offset: 13}}, 10, passed) {
+		t.Error("gapped sees a gap over offsets the reader passed, or misses one past them")
 	}
 }

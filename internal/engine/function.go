@@ -128,16 +128,7 @@ type Record struct {
 	Time      time.Time
 	// Attempt is 1 on the first try and grows on each retry of this record.
 	Attempt int
-
-	highWatermark int64 // where the partition's lag ended when it was fetched (the last stable offset)
-	after         int64 // a Kafka record's cursor once it is applied: past the markers and aborted records after it (committedRecords)
 }
-
-// cursorAfter is where a partition's cursor goes once rec is applied or
-// dead-lettered: the offset after it, or further, past the offsets after
-// it that hold no committed record (transaction markers, the records of
-// aborted transactions) up to the next record the reader found.
-func (r Record) cursorAfter() int64 { return max(r.Offset+1, r.after) }
 
 // Header is one record header.
 type Header struct {

@@ -33,11 +33,12 @@ import (
 // marker, or an aborted transaction's records, at the end of what a
 // producer wrote holds no record, so no record's commit would ever move
 // the lane's cursor over it, and the lane would show a lag of one marker
-// for good. Each record says where the cursor goes once it is applied
-// (Record.after: past the markers and aborted records that follow it in
-// its response), and the reader reports, as errPassedOnly, a response
-// that held no record but took it further (passed), so that the lane can
-// move its cursor there in a fenced transaction of its own.
+// for good. With each record it hands on, the reader says where the
+// cursor goes once the record is applied (past the markers and aborted
+// records that follow it in its response), and it reports, as
+// errPassedOnly, a response that held no record but took it further
+// (passed), so that the lane can move its cursor there in a fenced
+// transaction of its own.
 //
 // One goroutine uses a reader; Close may follow from another once that
 // use has ended.
@@ -48,6 +49,7 @@ type committedReader struct {
 	partition int32
 	next      int64            // the offset the next fetch asks for
 	buffered  []Record         // fetched, not yet handed on
+	end       int64            // where the cursor goes after the last buffered record (responseEnd)
 	spare     []Record         // the last response's records, all handed on: the next one's room
 	inFlight  chan fetchedPart // the fetch under way, if any
 	stop      context.CancelFunc
@@ -110,26 +112,43 @@ func (k *kafkaSource) reader(topic string, partition int32, offset int64) (*comm
 	}, nil
 }
 
-// nextRecord returns the next committed record, waiting for one until ctx
-// ends. A fetch that ctx interrupts goes on, and its records are the next
-// call's: none is fetched twice or lost. A response without a record
-// while the reader has passed the lane's cursor is errPassedOnly (Passed
-// says how far).
-func (r *committedReader) nextRecord(ctx context.Context) (Record, error) {
+// nextRecord returns the next committed record, and where the cursor goes
+// once it is applied: the offset of the record after it, or past the end
+// of its response (responseEnd). It waits for one until ctx ends. A fetch
+// that ctx interrupts goes on, and its records are the next call's: none
+// is fetched twice or lost. A response without a record while the reader
+// has passed the lane's cursor is errPassedOnly (Passed says how far).
+func (r *committedReader) nextRecord(ctx context.Context) (rec Record, after int64, err error) {
 	for len(r.buffered) == 0 {
 		got, err := r.fetchResponse(ctx)
 		if err != nil {
-			return Record{}, err
+			return Record{}, 0, err
 		}
 		r.buffered = got.recs
-		if len(got.recs) == 0 && r.passed > r.laneAt {
-			return Record{}, errPassedOnly
+		if len(got.recs) == 0 {
+			if r.passed > r.laneAt {
+				return Record{}, 0, errPassedOnly
+			}
+			continue
 		}
+		r.end = responseEnd(got.recs, got.next, got.lastStable)
 	}
-	rec := r.buffered[0]
+	rec = r.buffered[0]
 	r.buffered = r.buffered[1:]
-	r.passed = max(r.passed, rec.after)
-	return rec, nil
+	after = r.end
+	if len(r.buffered) > 0 {
+		after = r.buffered[0].Offset
+	}
+	r.passed = max(r.passed, after)
+	return rec, after, nil
+}
+
+// responseEnd is where a lane's cursor goes once the last of recs, a
+// response's records, is applied: past the response's batches after it
+// (transaction markers, aborted records; next is the offset after the
+// response), but not past the last stable offset.
+func responseEnd(recs []Record, next, stable int64) int64 {
+	return max(recs[len(recs)-1].Offset+1, min(next, stable))
 }
 
 // Passed is how far the reader has read: every offset below it was
@@ -226,7 +245,7 @@ func (r *committedReader) fetch(from int64, room []Record) fetchedPart {
 	if stable < 0 {
 		stable = part.HighWatermark
 	}
-	recs, next, err := committedRecords(room, part, r.topic, from, stable)
+	recs, next, err := committedRecords(room, part, r.topic, from)
 	if err != nil {
 		return fetchedPart{err: r.explain(from, err)}
 	}
@@ -279,25 +298,18 @@ func (r *committedReader) explain(from int64, err error) error {
 // returns them with the offset after the last batch the response held
 // (records, markers and aborted batches alike), from at the least.
 //
-// Each record's after is where the lane's cursor may go once it is
-// applied: the next record's offset, and for the last one the offset
-// after the response's last batch (bounded by the last stable offset), so
-// that a batch's commit also passes the markers and aborted records that
-// follow its last record. Its highWatermark, where the lane's lag ends, is
-// the last stable offset.
-//
+
 // The leader lists the aborted transactions the response overlaps, each
 // by its producer and first offset. A transactional batch of a producer
 // with an aborted transaction begun at or before the batch belongs to it,
 // up to that producer's abort marker; control batches (the commit and
 // abort markers) carry no record for a handler.
-func committedRecords(recs []Record, part *fetchapi.ResponsePartition, topic string, from, stable int64) ([]Record, int64, error) {
+func committedRecords(recs []Record, part *fetchapi.ResponsePartition, topic string, from int64) ([]Record, int64, error) {
 	next := from
 	stream, ok := part.RecordSet.Records.(*protocol.RecordStream)
 	if !ok || stream == nil {
 		return recs, next, nil
 	}
-	first := len(recs)
 	aborted := append([]fetchapi.ResponseTransaction(nil), part.AbortedTransactions...)
 	sort.Slice(aborted, func(i, j int) bool { return aborted[i].FirstOffset < aborted[j].FirstOffset })
 	inAborted := map[int64]bool{} // producers whose aborted transaction has begun
@@ -331,14 +343,6 @@ func committedRecords(recs []Record, part *fetchapi.ResponsePartition, topic str
 			if recs, next, err = appendRecords(recs, b, topic, part.Partition, from, next, false); err != nil {
 				return nil, next, err
 			}
-		}
-	}
-	for i := first; i < len(recs); i++ {
-		recs[i].highWatermark = stable
-		if i+1 < len(recs) {
-			recs[i].after = recs[i+1].Offset
-		} else {
-			recs[i].after = max(recs[i].Offset+1, min(next, stable))
 		}
 	}
 	return recs, next, nil

@@ -46,21 +46,26 @@ func markerOf(pid, off int64, commit bool) *protocol.ControlBatch {
 }
 
 // offsetsOf reads part from offset from, at a last stable offset of
-// stable, and checks each record holds its offset as value and stable as
-// its lag's end. It returns the records' offsets and where the cursor
-// goes once each is applied, and the offset after the response.
+// stable, and checks each record holds its offset as value. It returns the
+// records' offsets and where the cursor goes once each is applied (the
+// next record's offset, or responseEnd), and the offset after the
+// response.
 func offsetsOf(t *testing.T, part *fetchapi.ResponsePartition, from, stable int64) (offsets, cursors []int64, next int64) {
 	t.Helper()
-	recs, next, err := committedRecords(nil, part, "t", from, stable)
+	recs, next, err := committedRecords(nil, part, "t", from)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range recs {
-		if string(r.Value) != fmt.Sprint(r.Offset) || r.highWatermark != stable {
-			t.Errorf("offset %d: value %q, lag end %d; want %d", r.Offset, r.Value, r.highWatermark, stable)
+	for i, r := range recs {
+		if string(r.Value) != fmt.Sprint(r.Offset) {
+			t.Errorf("offset %d: value %q", r.Offset, r.Value)
 		}
 		offsets = append(offsets, r.Offset)
-		cursors = append(cursors, r.cursorAfter())
+		if i+1 < len(recs) {
+			cursors = append(cursors, recs[i+1].Offset)
+		} else {
+			cursors = append(cursors, responseEnd(recs, next, stable))
+		}
 	}
 	return offsets, cursors, next
 }
@@ -95,6 +100,13 @@ func TestCommittedRecordsPassOverAbortedTransactionsAndMarkers(t *testing.T) {
 	}
 	if want := []int64{1, 4, 5, 8, 9, 11, 14}; !slices.Equal(cursors, want) {
 		t.Errorf("cursors after each record %v, want %v", cursors, want)
+	}
+	// Never past the last stable offset.
+	tail := &fetchapi.ResponsePartition{AbortedTransactions: []fetchapi.ResponseTransaction{{ProducerID: 8, FirstOffset: 12}}, RecordSet: protocol.RecordSet{Records: &protocol.RecordStream{Records: []protocol.RecordReader{
+		batchOf(-1, false, 11, 1), batchOf(8, true, 12, 1), markerOf(8, 13, false),
+	}}}}
+	if _, cursors, next := offsetsOf(t, tail, 11, 13); len(cursors) != 1 || cursors[0] != 13 || next != 14 {
+		t.Errorf("a response read to 14 at a last stable offset of 13: cursors %v, next %d; want [13], 14", cursors, next)
 	}
 	if next != 14 {
 		t.Errorf("next offset %d, want 14 (after the last marker)", next)
@@ -197,7 +209,7 @@ func BenchmarkPartitionReaders(b *testing.B) {
 				b.Fatal(err)
 			}
 			readAll(b, func(ctx context.Context) (int64, error) {
-				rec, err := r.nextRecord(ctx)
+				rec, _, err := r.nextRecord(ctx)
 				return rec.Offset, err
 			})
 			r.Close()

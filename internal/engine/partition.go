@@ -149,6 +149,7 @@ func (pr *partitionRun) run(ctx context.Context) error {
 		if batch = uncommitted(batch, pr.cursor.next); len(batch) == 0 {
 			continue
 		}
+		pr.cursor.afters = f.afters
 		next = pr.prefetch(prefetchCtx, reader)
 		// The records read before an expiry are applied before it is
 		// skipped: the batch goes in one or more parts, each checked at
@@ -249,7 +250,7 @@ func (pr *partitionRun) skipExpired(ctx context.Context, to int64) error {
 // returns how many of the batch's records to apply now; the rest is
 // checked again after them.
 func (pr *partitionRun) skipGap(ctx context.Context, batch []Record) (int, error) {
-	if !gapped(batch, pr.cursor.next) {
+	if !gapped(batch, pr.cursor.next, pr.cursor.cursorAfter) {
 		return len(batch), nil
 	}
 	first, _, err := pr.w.kafka.offsetRange(ctx, pr.part.Topic, pr.part.Partition)
@@ -264,13 +265,14 @@ func (pr *partitionRun) skipGap(ctx context.Context, batch []Record) (int, error
 }
 
 // gapped says whether batch, read at cursor next, skips an offset that
-// the reader did not find empty of committed records.
-func gapped(batch []Record, next int64) bool {
+// the reader did not find empty of committed records (after, as
+// partitionTracker.cursorAfter).
+func gapped(batch []Record, next int64, after func(Record) int64) bool {
 	for _, r := range batch {
 		if r.Offset != next {
 			return true
 		}
-		next = r.cursorAfter()
+		next = after(r)
 	}
 	return false
 }
@@ -329,11 +331,14 @@ func (pr *partitionRun) passOver(ctx context.Context, to, lagEnd int64) error {
 	return nil
 }
 
-// fetched is a batch read by prefetch, or why it could not be; with no
-// batch, passed is how far the reader went over offsets without a
-// committed record, and lagEnd where the partition's lag ends.
+// fetched is a batch read by prefetch, or why it could not be. afters
+// says, for the batch's records followed by offsets without a committed
+// record, where the cursor goes once each is applied
+// (partitionTracker.afters). With no batch, passed is how far the reader
+// went over such offsets. lagEnd is where the partition's lag ends.
 type fetched struct {
 	batch          []Record
+	afters         map[int64]int64
 	passed, lagEnd int64
 	err            error
 }
@@ -355,14 +360,23 @@ func (pr *partitionRun) prefetch(ctx context.Context, reader *committedReader) <
 func (pr *partitionRun) fetch(ctx context.Context, reader *committedReader) fetched {
 	max := pr.w.cfg.BatchSize
 	batch := make([]Record, 0, max)
+	var afters map[int64]int64
+	passedAfter := func(rec Record, after int64) {
+		if after > rec.Offset+1 {
+			if afters == nil {
+				afters = map[int64]int64{}
+			}
+			afters[rec.Offset] = after
+		}
+	}
 	wctx, stop := pr.retry.waitContext(ctx)
-	rec, err := reader.nextRecord(wctx)
+	rec, after, err := reader.nextRecord(wctx)
 	if errors.Is(err, errPassedOnly) {
 		// A record coming right behind the markers takes the cursor
 		// past them in its batch's commit.
 		pctx, cancel := context.WithTimeout(wctx, pr.w.cfg.BatchWait)
 		for errors.Is(err, errPassedOnly) {
-			rec, err = reader.nextRecord(pctx)
+			rec, after, err = reader.nextRecord(pctx)
 		}
 		waited := pctx.Err() != nil && wctx.Err() == nil
 		cancel()
@@ -379,13 +393,14 @@ func (pr *partitionRun) fetch(ctx context.Context, reader *committedReader) fetc
 		return fetched{err: fmt.Errorf("read %s: %w", pr.part, err)}
 	}
 	batch = append(batch, rec)
+	passedAfter(rec, after)
 	// One deadline for the rest of the batch, not a timer per record.
 	fctx, cancel := context.WithDeadline(ctx, time.Now().Add(pr.w.cfg.BatchWait))
 	defer cancel()
 	for len(batch) < max {
-		rec, err := reader.nextRecord(fctx)
+		rec, after, err := reader.nextRecord(fctx)
 		if errors.Is(err, errPassedOnly) {
-			batch[len(batch)-1].after = reader.Passed()
+			passedAfter(batch[len(batch)-1], reader.Passed())
 			continue
 		}
 		if err != nil {
@@ -395,10 +410,11 @@ func (pr *partitionRun) fetch(ctx context.Context, reader *committedReader) fetc
 			break // deadline: the batch is as full as it gets
 		}
 		batch = append(batch, rec)
+		passedAfter(rec, after)
 	}
-	hw := batch[len(batch)-1].highWatermark
-	pr.w.stats.update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *PartitionStats) { p.HighWater = hw })
-	return fetched{batch: batch}
+	lagEnd := reader.LastStable()
+	pr.w.stats.update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *PartitionStats) { p.HighWater = lagEnd })
+	return fetched{batch: batch, afters: afters, lagEnd: lagEnd}
 }
 
 // uncommitted drops the records below the cursor: after a commit whose

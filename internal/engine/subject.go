@@ -423,3 +423,5 @@ func (l *subjectTracker) markDeadLettered(ctx context.Context, tx pgx.Tx, rec Re
 }
 
 func (l *subjectTracker) committed(Record) {}
+
+func (l *subjectTracker) cursorAfter(rec Record) int64 { return rec.Offset + 1 }

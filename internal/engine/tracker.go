@@ -23,6 +23,8 @@ type tracker interface {
 	markDeadLettered(ctx context.Context, tx pgx.Tx, rec Record) error
 	// committed moves the in-memory position past last after a commit.
 	committed(last Record)
+	// cursorAfter is the lane's position once rec is committed.
+	cursorAfter(rec Record) int64
 }
 
 // partitionTracker keeps a Kafka partition's cursor: the next offset, moved
@@ -35,6 +37,18 @@ type partitionTracker struct {
 	token     int64
 	next      int64
 	highWater int64
+	// afters holds, for the records of the batch being applied that are
+	// followed by offsets without a committed record (transaction markers,
+	// aborted records), where the cursor goes once each is applied: past
+	// those offsets. The batch's fetch found them (partitionRun.fetch).
+	afters map[int64]int64
+}
+
+// cursorAfter is where the cursor goes once rec is applied or
+// dead-lettered: the offset after it, or past the offsets after it that
+// hold no committed record, up to the next record the reader found.
+func (l *partitionTracker) cursorAfter(rec Record) int64 {
+	return max(rec.Offset+1, l.afters[rec.Offset])
 }
 
 // errCursorAhead means the cursor is past where this lane thought it was,
@@ -45,7 +59,7 @@ var errCursorAhead = errors.New("cursor is ahead of the lane: an earlier commit 
 
 func (l *partitionTracker) fence(ctx context.Context, tx pgx.Tx, rec Record) error {
 	faults.Lane(faults.BeforeFence, l.part, l.token)
-	return l.fenced(inbox.Advance(ctx, tx, l.part, l.token, l.next, rec.cursorAfter()))
+	return l.fenced(inbox.Advance(ctx, tx, l.part, l.token, l.next, l.cursorAfter(rec)))
 }
 
 // pass moves the cursor in tx to `to` over offsets that hold no committed
@@ -116,7 +130,7 @@ func (l *partitionTracker) queueClaim(b *pgx.Batch, recs []Record) func(context.
 		}
 	}
 	faults.Lane(faults.BeforeFence, l.part, l.token)
-	result := inbox.QueueFenceAndClaim(b, l.part, l.token, l.next, recs[len(recs)-1].cursorAfter(), candidates)
+	result := inbox.QueueFenceAndClaim(b, l.part, l.token, l.next, l.cursorAfter(recs[len(recs)-1]), candidates)
 	return func(ctx context.Context, tx pgx.Tx) ([]Record, error) {
 		freshOffsets, err := result(ctx, tx)
 		if err := l.fenced(err); err != nil {
@@ -143,4 +157,4 @@ func (l *partitionTracker) markDeadLettered(ctx context.Context, tx pgx.Tx, rec 
 	return inbox.MarkDeadLettered(ctx, tx, l.part, l.token, rec.Offset)
 }
 
-func (l *partitionTracker) committed(last Record) { l.passed(last.cursorAfter()) }
+func (l *partitionTracker) committed(last Record) { l.passed(l.cursorAfter(last)) }
