@@ -8,13 +8,14 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kfn-dev/kfn/runtime"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // A function's main: configuration comes from flags and KFN_* variables,
 // SIGTERM stops it after the in-flight batch. The handler gets a batch of
 // records and writes them all with one statement.
 func ExampleStart() {
-	runtime.Start(runtime.Function{
+	worker.Start(runtime.Function{
 		Name:  "orders",
 		Topic: "orders",
 		Emits: []string{"orders.accepted"},
@@ -45,7 +46,7 @@ func ExampleStart() {
 // batch's transaction. PipelineExecs sends its Execs in one round trip per
 // batch (it must then not look at Exec's result).
 func ExampleHandler() {
-	runtime.Start(runtime.Function{
+	worker.Start(runtime.Function{
 		Name:          "audit",
 		Topic:         "payments",
 		PipelineExecs: true,
@@ -62,7 +63,7 @@ func ExampleHandler() {
 // A NATS-triggered function: it consumes the events another function
 // emitted; its inbox key is the event id.
 func ExampleFunction_natsTriggered() {
-	runtime.Start(runtime.Function{
+	worker.Start(runtime.Function{
 		Name:    "ledger",
 		Subject: "orders.accepted",
 		Emits:   []string{"payments.captured"},

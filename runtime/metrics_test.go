@@ -18,6 +18,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // scrape is a parsed Prometheus text exposition: one sample per line.
@@ -123,7 +124,7 @@ func TestMetricsAgreeWithTheDatabase(t *testing.T) {
 	b.produce(t, 1, []byte(effects.Permanent), []byte("{not json"))
 	produced = append(produced, b.produceN(t, 2, 5)...)
 	single, batch := b.fn, b.fn+"_b"
-	w, err := runtime.NewWorker(ctx, b.cfg, effects.Function(single, b.topic), effects.BatchFunction(batch, b.topic))
+	w, err := worker.New(ctx, b.cfg, effects.Function(single, b.topic), effects.BatchFunction(batch, b.topic))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -134,7 +134,7 @@ kfn bench --report-dir ''   # print the report only`,
 	fn.Topic = topic
 	cfg := bench.Config{
 		Worker: runtime.Config{
-			KafkaBrokers: st.Brokers, KafkaSecurity: st.Kafka, DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
+			KafkaBrokers: st.Brokers, KafkaSecurity: runtime.KafkaSecurity(st.Kafka), DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
 			BatchSize: worker.BatchSize, BatchWait: worker.BatchWait, Logger: log,
 		},
 		Function: fn, Next: ledger.Function(), Partitions: *partitions,

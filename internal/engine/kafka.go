@@ -11,6 +11,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // kafkaSource reads a topic's partitions at explicit offsets. It never uses
@@ -138,22 +139,22 @@ func OffsetRange(ctx context.Context, brokers []string, security kafkaconn.Secur
 
 // ReadRecord reads the record at offset from Kafka, for the operator's
 // tools: an offset Kafka no longer (or not yet) holds is an error.
-func ReadRecord(ctx context.Context, brokers []string, security kafkaconn.Security, topic string, partition int32, offset int64) (Record, error) {
+func ReadRecord(ctx context.Context, brokers []string, security kafkaconn.Security, topic string, partition int32, offset int64) (kfn.Record, error) {
 	source, err := newKafkaSource(brokers, security, slog.New(slog.DiscardHandler))
 	if err != nil {
-		return Record{}, err
+		return kfn.Record{}, err
 	}
 	defer source.close()
 	first, high, err := source.offsetRange(ctx, topic, partition)
 	if err != nil {
-		return Record{}, err
+		return kfn.Record{}, err
 	}
 	if offset < first || offset >= high {
-		return Record{}, fmt.Errorf("offset %d is outside the records Kafka holds for %s/%d [%d, %d)", offset, topic, partition, first, high)
+		return kfn.Record{}, fmt.Errorf("offset %d is outside the records Kafka holds for %s/%d [%d, %d)", offset, topic, partition, first, high)
 	}
 	reader, err := source.reader(topic, partition, offset)
 	if err != nil {
-		return Record{}, err
+		return kfn.Record{}, err
 	}
 	defer reader.Close()
 	readCtx, cancel := context.WithTimeout(ctx, readRecordTimeout)
@@ -161,10 +162,10 @@ func ReadRecord(ctx context.Context, brokers []string, security kafkaconn.Securi
 	for reader.next <= offset {
 		got, err := reader.fetchResponse(readCtx)
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-			return Record{}, fmt.Errorf("read %s/%d@%d: no answer within %s: is it in a transaction still open? %w", topic, partition, offset, readRecordTimeout, err)
+			return kfn.Record{}, fmt.Errorf("read %s/%d@%d: no answer within %s: is it in a transaction still open? %w", topic, partition, offset, readRecordTimeout, err)
 		}
 		if err != nil {
-			return Record{}, err
+			return kfn.Record{}, err
 		}
 		for _, rec := range got.recs {
 			if rec.Offset == offset {
@@ -172,15 +173,15 @@ func ReadRecord(ctx context.Context, brokers []string, security kafkaconn.Securi
 			}
 		}
 	}
-	return Record{}, fmt.Errorf("offset %d of %s/%d holds no committed record: a transaction marker, a record of an aborted transaction, or one compacted away", offset, topic, partition)
+	return kfn.Record{}, fmt.Errorf("offset %d of %s/%d holds no committed record: a transaction marker, a record of an aborted transaction, or one compacted away", offset, topic, partition)
 }
 
 // readRecordTimeout bounds ReadRecord's wait for Kafka.
 const readRecordTimeout = 10 * time.Second
 
 // RecordFromKafka is the Record a handler sees for a Kafka message.
-func RecordFromKafka(m kafka.Message) Record {
-	return Record{
+func RecordFromKafka(m kafka.Message) kfn.Record {
+	return kfn.Record{
 		Topic: m.Topic, Partition: int32(m.Partition), Offset: m.Offset,
 		Key: m.Key, Value: m.Value, Headers: headersOf(m.Headers), Time: m.Time,
 	}

@@ -13,6 +13,7 @@ import (
 	fetchapi "github.com/segmentio/kafka-go/protocol/fetch"
 
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // committedReader reads one Kafka partition in offset order at
@@ -48,9 +49,9 @@ type committedReader struct {
 	topic     string
 	partition int32
 	next      int64            // the offset the next fetch asks for
-	buffered  []Record         // fetched, not yet handed on
+	buffered  []kfn.Record     // fetched, not yet handed on
 	end       int64            // where the cursor goes after the last buffered record (responseEnd)
-	spare     []Record         // the last response's records, all handed on: the next one's room
+	spare     []kfn.Record     // the last response's records, all handed on: the next one's room
 	inFlight  chan fetchedPart // the fetch under way, if any
 	stop      context.CancelFunc
 	stopped   context.Context
@@ -90,7 +91,7 @@ const fetchTimeout = fetchMaxWait + 10*time.Second
 // not fetched yet). jumped says the fetch read nothing but moved to the
 // first offset Kafka still holds (outOfRange).
 type fetchedPart struct {
-	recs             []Record
+	recs             []kfn.Record
 	next             int64
 	high, lastStable int64
 	jumped           bool
@@ -118,16 +119,16 @@ func (k *kafkaSource) reader(topic string, partition int32, offset int64) (*comm
 // that ctx interrupts goes on, and its records are the next call's: none
 // is fetched twice or lost. A response without a record while the reader
 // has passed the lane's cursor is errPassedOnly (Passed says how far).
-func (r *committedReader) nextRecord(ctx context.Context) (rec Record, after int64, err error) {
+func (r *committedReader) nextRecord(ctx context.Context) (rec kfn.Record, after int64, err error) {
 	for len(r.buffered) == 0 {
 		got, err := r.fetchResponse(ctx)
 		if err != nil {
-			return Record{}, 0, err
+			return kfn.Record{}, 0, err
 		}
 		r.buffered = got.recs
 		if len(got.recs) == 0 {
 			if r.passed > r.laneAt {
-				return Record{}, 0, errPassedOnly
+				return kfn.Record{}, 0, errPassedOnly
 			}
 			continue
 		}
@@ -147,7 +148,7 @@ func (r *committedReader) nextRecord(ctx context.Context) (rec Record, after int
 // response's records, is applied: past the response's batches after it
 // (transaction markers, aborted records; next is the offset after the
 // response), but not past the last stable offset.
-func responseEnd(recs []Record, next, stable int64) int64 {
+func responseEnd(recs []kfn.Record, next, stable int64) int64 {
 	return max(recs[len(recs)-1].Offset+1, min(next, stable))
 }
 
@@ -173,7 +174,7 @@ func (r *committedReader) fetchResponse(ctx context.Context) (fetchedPart, error
 	if r.inFlight == nil {
 		done := make(chan fetchedPart, 1)
 		r.inFlight = done
-		go func(from int64, room []Record) { done <- r.fetch(from, room) }(r.next, r.spare[:0])
+		go func(from int64, room []kfn.Record) { done <- r.fetch(from, room) }(r.next, r.spare[:0])
 	}
 	select {
 	case <-ctx.Done():
@@ -209,7 +210,7 @@ func (r *committedReader) Close() error {
 
 // fetch asks the partition's leader for the records from offset from, and
 // appends them to room.
-func (r *committedReader) fetch(from int64, room []Record) fetchedPart {
+func (r *committedReader) fetch(from int64, room []kfn.Record) fetchedPart {
 	ctx, cancel := context.WithTimeout(r.stopped, fetchTimeout)
 	defer cancel()
 	res, err := r.transport.RoundTrip(ctx, kafka.TCP(r.source.brokers...), &fetchapi.Request{
@@ -304,7 +305,7 @@ func (r *committedReader) explain(from int64, err error) error {
 // with an aborted transaction begun at or before the batch belongs to it,
 // up to that producer's abort marker; control batches (the commit and
 // abort markers) carry no record for a handler.
-func committedRecords(recs []Record, part *fetchapi.ResponsePartition, topic string, from int64) ([]Record, int64, error) {
+func committedRecords(recs []kfn.Record, part *fetchapi.ResponsePartition, topic string, from int64) ([]kfn.Record, int64, error) {
 	next := from
 	stream, ok := part.RecordSet.Records.(*protocol.RecordStream)
 	if !ok || stream == nil {
@@ -371,7 +372,7 @@ const controlAbort = 0
 
 // appendRecords appends the records of batch at offset from or later to
 // recs (none when skip), and returns the offset after its last record.
-func appendRecords(recs []Record, batch protocol.RecordReader, topic string, partition int32, from, next int64, skip bool) ([]Record, int64, error) {
+func appendRecords(recs []kfn.Record, batch protocol.RecordReader, topic string, partition int32, from, next int64, skip bool) ([]kfn.Record, int64, error) {
 	for {
 		rec, err := batch.ReadRecord()
 		if errors.Is(err, io.EOF) {
@@ -392,26 +393,26 @@ func appendRecords(recs []Record, batch protocol.RecordReader, topic string, par
 }
 
 // copyRecord copies a decoded record out of the response's buffers.
-func copyRecord(rec *protocol.Record, topic string, partition int32) (Record, error) {
+func copyRecord(rec *protocol.Record, topic string, partition int32) (kfn.Record, error) {
 	key, err := readBytes(rec.Key)
 	if err != nil {
-		return Record{}, fmt.Errorf("read the key of offset %d: %w", rec.Offset, err)
+		return kfn.Record{}, fmt.Errorf("read the key of offset %d: %w", rec.Offset, err)
 	}
 	value, err := readBytes(rec.Value)
 	if err != nil {
-		return Record{}, fmt.Errorf("read the value of offset %d: %w", rec.Offset, err)
+		return kfn.Record{}, fmt.Errorf("read the value of offset %d: %w", rec.Offset, err)
 	}
-	return Record{
+	return kfn.Record{
 		Topic: topic, Partition: partition, Offset: rec.Offset,
 		Key: key, Value: value, Headers: headersOf(rec.Headers), Time: rec.Time,
 	}, nil
 }
 
 // headersOf copies a record's headers as the handler sees them.
-func headersOf(hs []protocol.Header) []Header {
-	headers := make([]Header, len(hs))
+func headersOf(hs []protocol.Header) []kfn.Header {
+	headers := make([]kfn.Header, len(hs))
 	for i, h := range hs {
-		headers[i] = Header{Key: h.Key, Value: h.Value}
+		headers[i] = kfn.Header{Key: h.Key, Value: h.Value}
 	}
 	return headers
 }

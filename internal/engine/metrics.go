@@ -7,6 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // metricsCollector exposes a worker's Stats (and its relay's) to Prometheus.
@@ -120,7 +122,7 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		parked[p.Function] += p.ParkedKeys
 	}
 	for _, fn := range c.wk.w.fns {
-		if fn.KeyOrder == ParkKey {
+		if fn.KeyOrder == kfn.ParkKey {
 			ch <- prometheus.MustNewConstMetric(c.parkedKeys, prometheus.GaugeValue, float64(parked[fn.Name]), fn.Name)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kfn-dev/kfn/inbox"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // partitionRun is one owned partition: claimed in Postgres with a fencing
@@ -35,7 +36,7 @@ type cursorLane interface {
 
 // runPartition owns one partition until ctx ends or a newer owner fences it.
 // It returns after the in-flight batch has committed or rolled back.
-func (w *worker) runPartition(ctx context.Context, fn Function, partition int32, token int64) {
+func (w *worker) runPartition(ctx context.Context, fn kfn.Function, partition int32, token int64) {
 	part := inbox.Partition{Consumer: fn.Name, Topic: fn.Topic, Partition: partition}
 	cursor := &partitionTracker{part: part, token: token, stats: w.stats, onCommit: func(next int64) {
 		w.offsets.note(w.consumerGroup(fn), part.Topic, part.Partition, next)
@@ -46,7 +47,7 @@ func (w *worker) runPartition(ctx context.Context, fn Function, partition int32,
 	}
 	log := w.cfg.Logger.With("function", fn.Name, "topic", fn.Topic, "partition", partition, "epoch", token)
 	pr := &partitionRun{applier: w.newApplier(fn, part, token, lane, log), w: w, cursor: cursor, lane: lane}
-	if fn.KeyOrder == ParkKey {
+	if fn.KeyOrder == kfn.ParkKey {
 		pr.held = newHeldKeys(func(n int) {
 			w.stats.update(fn.Name, fn.Topic, partition, func(p *PartitionStats) { p.ParkedKeys = n })
 		})
@@ -249,7 +250,7 @@ func (pr *partitionRun) skipExpired(ctx context.Context, to int64) error {
 // an expiry; only a batch with a gap pays the round trip to Kafka. It
 // returns how many of the batch's records to apply now; the rest is
 // checked again after them.
-func (pr *partitionRun) skipGap(ctx context.Context, batch []Record) (int, error) {
+func (pr *partitionRun) skipGap(ctx context.Context, batch []kfn.Record) (int, error) {
 	if !gapped(batch, pr.cursor.next, pr.cursor.cursorAfter) {
 		return len(batch), nil
 	}
@@ -267,7 +268,7 @@ func (pr *partitionRun) skipGap(ctx context.Context, batch []Record) (int, error
 // gapped says whether batch, read at cursor next, skips an offset that
 // the reader did not find empty of committed records (after, as
 // partitionTracker.cursorAfter).
-func gapped(batch []Record, next int64, after func(Record) int64) bool {
+func gapped(batch []kfn.Record, next int64, after func(kfn.Record) int64) bool {
 	for _, r := range batch {
 		if r.Offset != next {
 			return true
@@ -286,7 +287,7 @@ func gapped(batch []Record, next int64, after func(Record) int64) bool {
 // batch is checked again (cut 0); otherwise the records read before the
 // expiry, from the cursor on, without a gap and below first, are applied
 // first (cut of them), and the rest is checked after them.
-func expired(batch []Record, next, first int64) (cut int, to int64) {
+func expired(batch []kfn.Record, next, first int64) (cut int, to int64) {
 	if next >= first {
 		return len(batch), next
 	}
@@ -337,7 +338,7 @@ func (pr *partitionRun) passOver(ctx context.Context, to, lagEnd int64) error {
 // (partitionTracker.afters). With no batch, passed is how far the reader
 // went over such offsets. lagEnd is where the partition's lag ends.
 type fetched struct {
-	batch          []Record
+	batch          []kfn.Record
 	afters         map[int64]int64
 	passed, lagEnd int64
 	err            error
@@ -359,9 +360,9 @@ func (pr *partitionRun) prefetch(ctx context.Context, reader *committedReader) <
 // the reader passed, when none comes.
 func (pr *partitionRun) fetch(ctx context.Context, reader *committedReader) fetched {
 	max := pr.w.cfg.BatchSize
-	batch := make([]Record, 0, max)
+	batch := make([]kfn.Record, 0, max)
 	var afters map[int64]int64
-	passedAfter := func(rec Record, after int64) {
+	passedAfter := func(rec kfn.Record, after int64) {
 		if after > rec.Offset+1 {
 			if afters == nil {
 				afters = map[int64]int64{}
@@ -419,7 +420,7 @@ func (pr *partitionRun) fetch(ctx context.Context, reader *committedReader) fetc
 
 // uncommitted drops the records below the cursor: after a commit whose
 // reply was lost, the reloaded cursor says how far it got.
-func uncommitted(batch []Record, next int64) []Record {
+func uncommitted(batch []kfn.Record, next int64) []kfn.Record {
 	for len(batch) > 0 && batch[0].Offset < next {
 		batch = batch[1:]
 	}

@@ -11,11 +11,12 @@ import (
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
+	kfn "github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
 // emittedSubjects is the union of the subjects fns declare in Emits.
-func emittedSubjects(fns []Function) []string {
+func emittedSubjects(fns []kfn.Function) []string {
 	var out []string
 	seen := map[string]bool{}
 	for _, fn := range fns {

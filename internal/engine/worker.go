@@ -19,6 +19,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/internal/tracing"
 	"github.com/kfn-dev/kfn/outbox"
+	kfn "github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/lease"
 	"github.com/kfn-dev/kfn/runtime/schema"
 )
@@ -28,12 +29,12 @@ import (
 type Worker struct{ w *worker }
 
 type worker struct {
-	cfg Config
+	cfg kfn.Config
 	// partitionTracker, when set, replaces the tracker of each partition lane:
 	// the benchmark's at-least-once baseline (atLeastOnceTracker) is the only
 	// user.
 	partitionTracker func(*partitionTracker) cursorLane
-	fns              []Function
+	fns              []kfn.Function
 	pool             *pgxpool.Pool
 	kafka            *kafkaSource
 	nc               *nats.Conn
@@ -64,9 +65,9 @@ type worker struct {
 // NewWorker validates cfg and fns, connects to Postgres, Kafka and NATS,
 // checks the schema version and runs each function's Setup (unless
 // cfg.SkipSetup). Every failure says which setting or service is at fault.
-func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error) {
+func NewWorker(ctx context.Context, cfg kfn.Config, fns ...kfn.Function) (*Worker, error) {
 	cfg = cfg.WithDefaults()
-	if err := cfg.validate(kafkaTopic(fns) != ""); err != nil {
+	if err := validateConfig(cfg, kafkaTopic(fns) != ""); err != nil {
 		return nil, err
 	}
 	if len(fns) == 0 {
@@ -75,7 +76,7 @@ func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error
 	seen := map[string]bool{}
 	var fromKafka []string
 	for _, fn := range fns {
-		if err := fn.validate(); err != nil {
+		if err := validateFunction(fn); err != nil {
 			return nil, err
 		}
 		if seen[fn.Name] {
@@ -126,7 +127,7 @@ func (w *worker) connect(ctx context.Context) error {
 	}
 	if topic := kafkaTopic(w.fns); topic != "" {
 		var err error
-		if w.kafka, err = newKafkaSource(w.cfg.KafkaBrokers, w.cfg.KafkaSecurity, w.cfg.Logger); err != nil {
+		if w.kafka, err = newKafkaSource(w.cfg.KafkaBrokers, kafkaSecurity(w.cfg), w.cfg.Logger); err != nil {
 			return err
 		}
 		metaCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -168,7 +169,7 @@ func (w *worker) connect(ctx context.Context) error {
 
 // kafkaTopic returns a topic one of fns consumes, or "" when none reads
 // Kafka (NATS-triggered functions only).
-func kafkaTopic(fns []Function) string {
+func kafkaTopic(fns []kfn.Function) string {
 	for _, fn := range fns {
 		if fn.Topic != "" {
 			return fn.Topic
@@ -179,7 +180,7 @@ func kafkaTopic(fns []Function) string {
 
 // consumerGroup is the Kafka consumer group fn's committed offsets are
 // mirrored to: --consumer-group, or the function's name.
-func (w *worker) consumerGroup(fn Function) string {
+func (w *worker) consumerGroup(fn kfn.Function) string {
 	if w.cfg.ConsumerGroup != "" {
 		return w.cfg.ConsumerGroup
 	}
@@ -227,7 +228,7 @@ func (w *worker) connectPostgres(ctx context.Context) error {
 // opens JetStream.
 func (w *worker) connectNATS() error {
 	var err error
-	w.nc, w.js, err = connect.NATSWith(w.cfg.NATSURL, "kfn "+w.cfg.WorkerID, w.cfg.NATSSecurity)
+	w.nc, w.js, err = connect.NATSWith(w.cfg.NATSURL, "kfn "+w.cfg.WorkerID, natsSecurity(w.cfg))
 	return err
 }
 
