@@ -171,10 +171,27 @@ func (r Record) String() string {
 }
 
 // Event is a downstream event: written to the outbox in the record's
-// transaction and relayed to NATS JetStream. Only Subject is required; Key
-// (the ordering key) defaults to the record's key. It is package outbox's
-// Event, whose documentation lists its fields.
-type Event = outbox.Event
+// transaction and relayed to NATS JetStream (DefaultStream) as a message
+// whose Nats-Msg-Id is the event's id, derived from the function, the
+// source record and the emit index. Only Subject is required.
+type Event struct {
+	// Subject is the NATS subject the event is published on, e.g.
+	// "orders.accepted": one of the function's Emits.
+	Subject string
+	// Type is the CloudEvents type; it defaults to Subject.
+	Type string
+	// Key orders events: events with one key reach the stream in emit order.
+	// It defaults to the source record's key. It may hold any bytes (a Go
+	// string does); the outbox stores it as bytea. On the message it is the
+	// kfn-key header when it is a valid header value, else kfn-key-b64.
+	Key string
+	// Data is the payload.
+	Data []byte
+	// Headers are extra message headers. Names and values must be valid
+	// UTF-8 without NUL bytes (emitting others fails the record), and the
+	// relay drops those NATS cannot carry.
+	Headers map[string]string
+}
 
 // DefaultStream is the JetStream stream outbox events are relayed to, and
 // the stream a NATS-triggered function reads when its Stream is empty.

@@ -97,7 +97,7 @@ func (c *emitCollector) emit(rec kfn.Record, ev kfn.Event) {
 		tc := c.trace(sourceID, rec)
 		origin.TraceParent, origin.TraceState, origin.Baggage = tc.parent, tc.state, tc.baggage
 	}
-	c.rows = append(c.rows, outbox.NewRow(origin, index, string(rec.Key), ev))
+	c.rows = append(c.rows, outbox.NewRow(origin, index, string(rec.Key), outbox.Event(ev)))
 }
 
 // validateEvent rejects events the outbox cannot store as given: a subject
