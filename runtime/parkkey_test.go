@@ -463,7 +463,7 @@ func TestKeyOrderIsValidated(t *testing.T) {
 		{runtime.Function{Name: "f", Topic: b.topic, KeyOrder: 7, Handler: handler}, "function f: KeyOrder KeyOrder(7) is neither Continue nor ParkKey"},
 	} {
 		if _, err := worker.New(context.Background(), b.cfg, tc.fn); err == nil || err.Error() != tc.want {
-			t.Errorf("NewWorker(%+v) = %v; want %q", tc.fn.KeyOrder, err, tc.want)
+			t.Errorf("worker.New(%+v) = %v; want %q", tc.fn.KeyOrder, err, tc.want)
 		}
 	}
 }
