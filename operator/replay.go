@@ -15,7 +15,7 @@ import (
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
-	"github.com/kfn-dev/kfn/runtime/lease"
+	"github.com/kfn-dev/kfn/internal/lease"
 )
 
 // ReplayRequest asks to move one partition of a function back to an offset.

@@ -15,7 +15,7 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
-	"github.com/kfn-dev/kfn/runtime/lease"
+	"github.com/kfn-dev/kfn/internal/lease"
 )
 
 // Lane kinds of PartitionStatus.Kind.

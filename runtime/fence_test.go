@@ -21,9 +21,9 @@ import (
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/internal/faults"
+	"github.com/kfn-dev/kfn/internal/lease"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
-	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
 // These tests freeze a worker A's lane inside a batch transaction, and its

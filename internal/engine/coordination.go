@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/internal/connect"
+	"github.com/kfn-dev/kfn/internal/lease"
 	"github.com/kfn-dev/kfn/internal/settings"
-	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
 // leaseGroup is the lease group of a function's lanes: one lease per

@@ -7,7 +7,7 @@
 // health probe, readiness, metrics, inbox retention and the mirror of the
 // cursors into a Kafka consumer group of kfn's own. Its dependencies
 // are explicit: inbox (cursors, fencing, dead letters), outbox (rows, event
-// identity, the relay), runtime/lease (leases and their timing),
+// identity, the relay), internal/lease (leases and their timing),
 // internal/settings (configuration) and internal/connect (connections).
 //
 // The rest of this page is the worker's side of the lease and fencing

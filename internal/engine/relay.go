@@ -9,9 +9,9 @@ import (
 	"strings"
 
 	"github.com/kfn-dev/kfn/internal/connect"
+	"github.com/kfn-dev/kfn/internal/lease"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
-	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
 // emittedSubjects is the union of the subjects fns declare in Emits.

@@ -16,11 +16,11 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/internal/lease"
+	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/internal/tracing"
 	"github.com/kfn-dev/kfn/outbox"
-	"github.com/kfn-dev/kfn/runtime/lease"
-	"github.com/kfn-dev/kfn/runtime/schema"
 )
 
 // Worker runs functions: it owns partitions, reads them and applies their
