@@ -13,9 +13,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/inbox"
-	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/lease"
+	"github.com/kfn-dev/kfn/internal/naming"
 )
 
 // ReplayRequest asks to move one partition of a function back to an offset.
@@ -363,11 +363,11 @@ func withSeizedPartition(ctx context.Context, pool *pgxpool.Pool, js jetstream.J
 	if err != nil {
 		return fmt.Errorf("partition leases (is --lease-bucket the workers' one?): %w", err)
 	}
-	installation, err := engine.InstallationID(ctx, pool)
+	installation, err := naming.InstallationID(ctx, pool)
 	if err != nil {
 		return err
 	}
-	l, err := store.Seize(ctx, engine.LeaseGroup(installation, part.Consumer, part.Topic), engine.LeaseItem(part.Partition), actor)
+	l, err := store.Seize(ctx, naming.LeaseGroup(installation, part.Consumer, part.Topic), naming.LeaseItem(part.Partition), actor)
 	if err != nil {
 		return fmt.Errorf("take the lease of %s: %w", part, err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/lease"
+	"github.com/kfn-dev/kfn/internal/naming"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 )
@@ -57,7 +58,7 @@ func (w *worker) newRelay(ctx context.Context, subjects []string) (*outbox.Relay
 	if err != nil {
 		return nil, err
 	}
-	shards, err := lease.NewManager(ctx, w.js, w.leaseConfig(relayLeaseGroup(w.installation), w.cfg.Logger.With("component", "outbox-relay")))
+	shards, err := lease.NewManager(ctx, w.js, w.leaseConfig(naming.RelayLeaseGroup(w.installation), w.cfg.Logger.With("component", "outbox-relay")))
 	if err != nil {
 		return nil, fmt.Errorf("relay shard leases: %w", w.explainNATSState(err))
 	}

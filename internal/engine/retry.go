@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/naming"
 	"github.com/kfn-dev/kfn/outbox"
 )
 
@@ -350,12 +350,8 @@ func (l *retryLane) record(d inbox.RetryLetter) (Record, error) {
 // as eventRecord derived it: its Nats-Msg-Id, which the dead letter keeps
 // with the event's other headers, or its stream position when it had none.
 func retriedEventID(rec Record, stream string) string {
-	if v, ok := rec.Header(jetstream.MsgIDHeader); ok {
-		if id := storableEventID(string(v)); id != "" {
-			return id
-		}
-	}
-	return "stream/" + stream + "/" + strconv.FormatInt(rec.Offset, 10)
+	v, _ := rec.Header(jetstream.MsgIDHeader)
+	return naming.EventIDOf(string(v), stream, rec.Offset)
 }
 
 // recordFailure records, in a fenced transaction of its own, that the retry
