@@ -4,8 +4,9 @@
 // relay shards, scoped by the installation id; the durable JetStream
 // consumer of a NATS-triggered function's lane; and the id and key of a
 // JetStream event, by which a lane keys its event inbox and chooses its
-// lane. It is a leaf: it imports no other package of the engine, so the
-// operator tools can name a lane without importing the worker.
+// lane. It imports nothing of the engine (only outbox, which owns the
+// header names an event's key travels in, and pgdata), so the operator
+// tools can name a lane without importing the worker.
 //
 // It is internal to kfn and not a stable API.
 package naming
