@@ -12,8 +12,8 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/internal/lease"
 	"github.com/kfn-dev/kfn/internal/settings"
-	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
 // Config is how a worker connects and behaves. Bind makes every field but

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/kfn-dev/kfn/runtime/lease"
+	"github.com/kfn-dev/kfn/internal/lease"
 )
 
 // This file is the worker's side of "no frozen connection can hold a lane":

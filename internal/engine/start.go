@@ -16,8 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/internal/settings"
-	"github.com/kfn-dev/kfn/runtime/schema"
 )
 
 // Start runs fn as this process's only function, the way lambda.Start does:

@@ -16,11 +16,12 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/internal/lease"
+	"github.com/kfn-dev/kfn/internal/naming"
+	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/internal/tracing"
 	"github.com/kfn-dev/kfn/outbox"
-	"github.com/kfn-dev/kfn/runtime/lease"
-	"github.com/kfn-dev/kfn/runtime/schema"
 )
 
 // Worker runs functions: it owns partitions, reads them and applies their
@@ -212,7 +213,7 @@ func (w *worker) connectPostgres(ctx context.Context) error {
 		w.cfg.Logger.Info("running against a newer schema whose later migrations do not break this binary (a rolling upgrade)",
 			"schema", v, "built_for", schema.Latest())
 	}
-	if w.installation, err = InstallationID(ctx, w.pool); err != nil {
+	if w.installation, err = naming.InstallationID(ctx, w.pool); err != nil {
 		return err
 	}
 	// By the database's clock, which all workers share: a change of a lane
