@@ -76,6 +76,24 @@ type (
 			} `json:"secretTargetRef"`
 		} `json:"spec"`
 	}
+	// podMonitor is the Prometheus Operator's PodMonitor
+	// (monitoring.coreos.com/v1), the fields kfn sets.
+	podMonitor struct {
+		APIVersion string     `json:"apiVersion"`
+		Kind       string     `json:"kind"`
+		Metadata   objectMeta `json:"metadata"`
+		Spec       struct {
+			Selector struct {
+				MatchLabels map[string]string `json:"matchLabels"`
+			} `json:"selector"`
+			PodTargetLabels     []string `json:"podTargetLabels"`
+			PodMetricsEndpoints []struct {
+				Port     string `json:"port"`
+				Path     string `json:"path"`
+				Interval string `json:"interval"`
+			} `json:"podMetricsEndpoints"`
+		} `json:"spec"`
+	}
 	prometheusRule struct {
 		APIVersion string     `json:"apiVersion"`
 		Kind       string     `json:"kind"`
@@ -105,6 +123,8 @@ type rendered struct {
 	scaled       []scaledObject
 	triggerAuths map[string]triggerAuthentication
 	rules        []prometheusRule
+	services     []corev1.Service
+	podMonitors  []podMonitor
 }
 
 // render builds the overlay in process (krusty, from the disk, offline) and
@@ -148,6 +168,10 @@ func render(t *testing.T, path string) rendered {
 			r.triggerAuths[a.Metadata.Name] = a
 		case "PrometheusRule":
 			r.rules = append(r.rules, decode[prometheusRule](strict))
+		case "Service":
+			r.services = append(r.services, decode[corev1.Service](strict))
+		case "PodMonitor":
+			r.podMonitors = append(r.podMonitors, decode[podMonitor](strict))
 		default:
 			t.Errorf("%s %s: a kind this test does not decode: add it", kind, res.GetName())
 		}
@@ -180,6 +204,7 @@ func TestKubernetesManifestsAreValid(t *testing.T) {
 	}
 	checkDisruptionBudgets(t, r)
 	checkKEDA(t, r)
+	checkScraping(t, r)
 	if len(r.namespaces) != 1 || r.namespaces[0].Labels["pod-security.kubernetes.io/enforce"] != "restricted" {
 		t.Errorf("want one Namespace enforcing Pod Security restricted, got %+v", r.namespaces)
 	}
