@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -202,7 +201,6 @@ func TestMetricsAgreeWithTheDatabase(t *testing.T) {
 			t.Errorf("metrics lack %s", g)
 		}
 	}
-	requireAlertMetricsExist(t, sc)
 	requireMetricsDocumented(t, sc)
 }
 
@@ -232,68 +230,6 @@ func requireMetricsDocumented(t *testing.T, sc scrape) {
 		if !strings.Contains(string(doc), "| `"+name+"` |") {
 			t.Errorf("the metrics table of %s has no row for %s", page, name)
 		}
-	}
-}
-
-// requireAlertMetricsExist checks that every kfn metric the example alert
-// rules (deploy/kubernetes/base/alerts.yaml) use is in the scrape of a running
-// worker, so that no alert refers to a metric that does not exist.
-func requireAlertMetricsExist(t *testing.T, sc scrape) {
-	t.Helper()
-	data, err := os.ReadFile("../deploy/kubernetes/base/alerts.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	exprs := alertExprs(string(data))
-	if len(exprs) < 6 {
-		t.Fatalf("alerts.yaml: found %d expr fields, want at least 6: %q", len(exprs), exprs)
-	}
-	name := regexp.MustCompile(`\bkfn_[a-z0-9_]+`)
-	for _, e := range exprs {
-		for _, m := range name.FindAllString(e, -1) {
-			if !sc.has(m) {
-				t.Errorf("alerts.yaml: expr %q uses %s, which a running worker does not expose", e, m)
-			}
-		}
-	}
-}
-
-// alertExprs returns the expr fields of a rules file: a one-line
-// `expr: …`, or a block scalar (`expr: |` or `expr: >`) of the lines
-// indented deeper than the key.
-func alertExprs(yaml string) []string {
-	var out []string
-	lines := strings.Split(yaml, "\n")
-	for i := 0; i < len(lines); i++ {
-		trimmed := strings.TrimLeft(lines[i], " -")
-		v, ok := strings.CutPrefix(trimmed, "expr:")
-		if !ok {
-			continue
-		}
-		v = strings.TrimSpace(v)
-		if v != "" && !strings.HasPrefix(v, "|") && !strings.HasPrefix(v, ">") {
-			out = append(out, strings.Trim(v, `"'`))
-			continue
-		}
-		indent := len(lines[i]) - len(strings.TrimLeft(lines[i], " "))
-		var block []string
-		for i+1 < len(lines) {
-			l := lines[i+1]
-			if strings.TrimSpace(l) != "" && len(l)-len(strings.TrimLeft(l, " ")) <= indent {
-				break
-			}
-			block = append(block, strings.TrimSpace(l))
-			i++
-		}
-		out = append(out, strings.TrimSpace(strings.Join(block, " ")))
-	}
-	return out
-}
-
-func TestAlertExprsParsesOneLineAndBlockExprs(t *testing.T) {
-	got := alertExprs("rules:\n  - alert: A\n    expr: kfn_ready == 0\n  - alert: B\n    expr: |\n      sum(kfn_lanes_stalled)\n        > 0\n    for: 5m\n")
-	if len(got) != 2 || got[0] != "kfn_ready == 0" || got[1] != "sum(kfn_lanes_stalled) > 0" {
-		t.Errorf("alertExprs = %q", got)
 	}
 }
 
