@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/runtime"
@@ -337,5 +338,42 @@ func TestMetricsCountAStalledLane(t *testing.T) {
 	}
 	if r, ok := sc.get("kfn_handler_retries_total", "function", b.fn); !ok || r < 1 {
 		t.Errorf("kfn_handler_retries_total = %v (present %v), want retries", r, ok)
+	}
+}
+
+// TestAuthorMetricsAreServed gives a function a counter of its own
+// (Function.Metrics), which its handler counts, and scrapes it from the
+// worker's /metrics beside kfn's, with the worker label; a second
+// collector of the same name fails NewWorker, naming the function.
+func TestAuthorMetricsAreServed(t *testing.T) {
+	b := setup(t, 1)
+	b.cfg.WorkerID = "author-metrics"
+	seen := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "orders_seen_total", Help: "Orders the handler saw."}, []string{"kind"})
+	fn := runtime.Function{
+		Name: b.fn, Topic: b.topic, Metrics: []prometheus.Collector{seen},
+		Handler: func(context.Context, pgx.Tx, runtime.Record, *runtime.Events) error {
+			seen.WithLabelValues("order").Inc()
+			return nil
+		},
+	}
+	b.produceN(t, 1, 5)
+	w, stop := b.run(t, fn)
+	defer stop()
+	srv := httptest.NewServer(w.HTTPHandler())
+	defer srv.Close()
+	var sc scrape
+	waitFor(t, 20*time.Second, "the author's counter to count 5 records", func() bool {
+		sc = scrapeMetrics(t, srv.URL+"/metrics")
+		v, _ := sc.get("orders_seen_total", "kind", "order", "worker", "author-metrics")
+		return v == 5
+	})
+	if v, ok := sc.get("kfn_records_applied_total", "function", b.fn); !ok || v != 5 {
+		t.Errorf("kfn_records_applied_total = %v (present %v) beside the author's counter, want 5", v, ok)
+	}
+
+	clash := prometheus.NewCounter(prometheus.CounterOpts{Name: "orders_seen_total", Help: "Another."})
+	fn.Metrics = append(fn.Metrics, clash)
+	if _, err := runtime.NewWorker(context.Background(), b.cfg, fn); err == nil || !strings.Contains(err.Error(), "function "+b.fn+": Metrics") {
+		t.Errorf("NewWorker with two collectors named orders_seen_total: %v; want an error naming the function's Metrics", err)
 	}
 }
