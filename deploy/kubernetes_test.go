@@ -555,6 +555,11 @@ func checkKEDA(t *testing.T, r rendered) {
 		c := target.Spec.Template.Spec.Containers[0]
 		b, _ := binaryOf(t, c)
 		fn := describe(t, b.name)
+		// The alert on a function absent while its topic has lag maps
+		// keda_scaler_active's scaledObject label to the function's name.
+		if s.Metadata.Name != fn.Name {
+			t.Errorf("ScaledObject %s scales function %s: name it after the function (KfnFunctionAbsentWithLag in alerts.yaml reads its name as the function's)", s.Metadata.Name, fn.Name)
+		}
 		settings := map[string]string{}
 		for _, from := range c.EnvFrom {
 			for k, v := range r.configMaps[from.ConfigMapRef.Name].Data {
