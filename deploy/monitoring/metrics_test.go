@@ -21,6 +21,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
@@ -38,10 +39,11 @@ var external = map[string]string{
 	"keda_scaler_active": "KEDA's operator: whether a ScaledObject's scaler sees lag above its activation threshold; the one series that exists while a function has zero replicas",
 }
 
-// TestDashboardAndAlertMetricsAreExported runs a worker with its relay (a
-// ParkKey function that emits an event per record and dead-letters some),
-// scrapes its /metrics, and checks that every metric each dashboard panel
-// and each alert rule queries is one the worker exports (a histogram's
+// TestDashboardAndAlertMetricsAreExported runs a worker and a relay, as
+// the Kubernetes base does (a ParkKey function that emits an event per
+// record and dead-letters some), scrapes their /metrics, and checks that
+// every metric each dashboard panel and each alert rule queries is one
+// they export (a histogram's
 // _bucket, _sum and _count are its own; recording rules and the metrics
 // of external are not kfn's to export).
 func TestDashboardAndAlertMetricsAreExported(t *testing.T) {
@@ -64,7 +66,7 @@ func TestDashboardAndAlertMetricsAreExported(t *testing.T) {
 			if recorded[name] || external[name] != "" || exportedAs(exported, name) {
 				continue
 			}
-			t.Errorf("%s queries %s, which a running kfn worker does not export (its kfn_ metrics: %s)", where, name, kfnNames(exported))
+			t.Errorf("%s queries %s, which neither a running kfn worker nor kfn relay exports (their kfn_ metrics: %s)", where, name, kfnNames(exported))
 		}
 	}
 }
@@ -229,10 +231,12 @@ func ruleQueries(t *testing.T, path string) (recorded map[string]bool, exprs map
 	return recorded, exprs
 }
 
-// scrapeRunningWorker runs a worker with one ParkKey function over a few
-// records (some dead-lettered, each applied one emitting an event its
-// relay publishes) until the relay has published them, and returns the
-// metric families of its /metrics and their types.
+// scrapeRunningWorker runs what the Kubernetes base runs: a worker with
+// --no-relay (one ParkKey function over a few records, some dead-lettered,
+// each applied one emitting an event) and `kfn relay` beside it (the
+// engine's Relay, which kfn relay runs), until the relay has published the
+// events and the worker's offset mirror has flushed, and returns the
+// metric families of both /metrics pages and their types.
 func scrapeRunningWorker(t *testing.T) map[string]dto.MetricType {
 	t.Helper()
 	ctx := context.Background()
@@ -244,7 +248,7 @@ func scrapeRunningWorker(t *testing.T) map[string]dto.MetricType {
 		KafkaBrokers: kc.Brokers, DatabaseURL: pg.URL, NATSURL: kfntest.NATSURL(t),
 		LeaseBucket: kfntest.Name(t, "leases"), BatchSize: 100, BatchWait: 5 * time.Millisecond,
 		RetryAttempts: 1, RetryInitial: time.Millisecond, RetryMax: time.Millisecond,
-		WorkerID: "monitoring-" + name,
+		WorkerID: "monitoring-" + name, NoRelay: true,
 	}
 	fn := runtime.Function{
 		Name: name, Topic: topic, Emits: []string{subject}, KeyOrder: runtime.ParkKey,
@@ -269,23 +273,33 @@ func scrapeRunningWorker(t *testing.T) map[string]dto.MetricType {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := kfntest.Background(t, "worker", w.Run)
-	defer stop()
-	srv := httptest.NewServer(w.HTTPHandler())
-	defer srv.Close()
+	defer kfntest.Background(t, "worker", w.Run)()
+	relayCfg := cfg
+	relayCfg.WorkerID = "monitoring-relay-" + name
+	relay, err := engine.NewRelay(ctx, relayCfg, []string{subject})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kfntest.Background(t, "relay", relay.Run)()
+	workerSrv, relaySrv := httptest.NewServer(w.HTTPHandler()), httptest.NewServer(relay.HTTPHandler())
+	defer workerSrv.Close()
+	defer relaySrv.Close()
 
-	var families map[string]dto.MetricType
 	// Done when every record is applied or dead-lettered, the relay has
 	// published, and the offset mirror has flushed once (its first flush
 	// checks the consumer group, which kfn_consumer_group_refused reports).
-	kfntest.Await(t, 60*time.Second, "the worker to apply or dead-letter every record, its relay to publish and its offset mirror to flush", func() (bool, string) {
-		families = scrape(t, srv.URL+"/metrics")
+	var families map[string]dto.MetricType
+	kfntest.Await(t, 60*time.Second, "the worker to apply or dead-letter every record, the relay to publish and the worker's offset mirror to flush", func() (bool, string) {
+		families = scrape(t, workerSrv.URL+"/metrics")
+		for name, typ := range scrape(t, relaySrv.URL+"/metrics") {
+			families[name] = typ
+		}
 		s := w.Stats()
 		done := s.Applied.Load() + s.DeadLettered.Load()
-		relayed, _ := w.RelayStats()
+		published := relay.Stats().Published
 		_, mirrored := families["kfn_consumer_group_refused"]
-		return done == int64(len(msgs)) && relayed.Published > 0 && mirrored,
-			fmt.Sprintf("%d of %d records done, %d events published, consumer group checked: %v", done, len(msgs), relayed.Published, mirrored)
+		return done == int64(len(msgs)) && published > 0 && mirrored,
+			fmt.Sprintf("%d of %d records done, %d events published, consumer group checked: %v", done, len(msgs), published, mirrored)
 	})
 	return families
 }
