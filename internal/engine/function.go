@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
@@ -59,6 +60,13 @@ type Function struct {
 	// are applied in offset order, at the cost of waiting until someone
 	// retries or discards the dead letter (kfn dlq retry, kfn dlq discard).
 	KeyOrder KeyOrder
+	// Metrics are the author's own Prometheus collectors (counters,
+	// histograms, any prometheus.Collector), served on the worker's
+	// /metrics (--metrics-addr) beside kfn's, each series with the worker
+	// label added. Their names must not start with kfn_, nor have a worker
+	// label; a collector that cannot be registered fails NewWorker (and
+	// Start) with the function's name.
+	Metrics []prometheus.Collector
 }
 
 // KeyOrder is what a dead-lettered record does to the later records of

@@ -98,6 +98,9 @@ func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error
 			w.close()
 		}
 	}()
+	if _, err := w.registry(); err != nil {
+		return nil, err
+	}
 	service := fns[0].Name
 	if len(fns) > 1 {
 		service = "kfn-worker"
