@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -102,41 +101,33 @@ type AuditFilter struct {
 // ReadAudit returns the audit rows f selects, oldest first; with a limit,
 // the newest f.Limit of them.
 func ReadAudit(ctx context.Context, db Querier, f AuditFilter) ([]AuditEntry, error) {
-	var conds []string
-	var args []any
-	add := func(cond string, arg any) {
-		args = append(args, arg)
-		conds = append(conds, fmt.Sprintf(cond, len(args)))
-	}
+	var w conditions
 	if f.Consumer != "" {
-		add("consumer = $%d", f.Consumer)
+		w.add("consumer = $?", f.Consumer)
 	}
 	if f.Action != "" {
-		add("action = $%d", f.Action)
+		w.add("action = $?", f.Action)
 	}
 	if f.NotAction != "" {
-		add("action <> $%d", f.NotAction)
+		w.add("action <> $?", f.NotAction)
 	}
 	if f.ActorContains != "" {
-		add("strpos(actor, $%d) > 0", f.ActorContains)
+		w.add("strpos(actor, $?) > 0", f.ActorContains)
 	}
 	if !f.Since.IsZero() {
-		add("at >= $%d", f.Since)
+		w.add("at >= $?", f.Since)
 	}
 	if !f.Until.IsZero() {
-		add("at < $%d", f.Until)
+		w.add("at < $?", f.Until)
 	}
-	where := "true"
-	if len(conds) > 0 {
-		where = strings.Join(conds, " AND ")
-	}
+	cond, args := w.clause()
 	limit := ""
 	if f.Limit > 0 {
 		limit = " LIMIT " + strconv.Itoa(f.Limit)
 	}
 	rows, err := db.Query(ctx, `
 SELECT id, at, actor, action, consumer, topic, partition, details::text FROM kfn.audit_log
- WHERE `+where+` ORDER BY id DESC`+limit, args...)
+ WHERE `+cond+` ORDER BY id DESC`+limit, args...)
 	if err != nil {
 		return nil, fmt.Errorf("read the audit log: %w", err)
 	}

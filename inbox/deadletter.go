@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -158,40 +157,32 @@ func (f DeadLetterFilter) Narrows() bool {
 // where is f's WHERE clause (without the keyword; "true" for no filter)
 // and its arguments, numbered from 1.
 func (f DeadLetterFilter) where() (string, []any) {
-	var conds []string
-	var args []any
-	add := func(cond string, arg any) {
-		args = append(args, arg)
-		conds = append(conds, strings.ReplaceAll(cond, "$?", "$"+strconv.Itoa(len(args))))
-	}
+	var w conditions
 	if len(f.IDs) > 0 {
-		add("id = ANY($?::bigint[])", f.IDs)
+		w.add("id = ANY($?::bigint[])", f.IDs)
 	}
 	if f.Consumer != "" {
-		add("consumer = $?", f.Consumer)
+		w.add("consumer = $?", f.Consumer)
 	}
 	if f.Topic != "" {
-		add("topic = $?", f.Topic)
+		w.add("topic = $?", f.Topic)
 	}
 	if f.Partition != nil {
-		add("partition = $?", *f.Partition)
+		w.add("partition = $?", *f.Partition)
 	}
 	if f.Reason != "" {
-		add("reason = $?", f.Reason)
+		w.add("reason = $?", f.Reason)
 	}
 	if f.ErrorContains != "" {
-		add("strpos(error, $?) > 0", f.ErrorContains)
+		w.add("strpos(error, $?) > 0", f.ErrorContains)
 	}
 	if !f.Since.IsZero() {
-		add("dead_at >= $?", f.Since)
+		w.add("dead_at >= $?", f.Since)
 	}
 	if !f.Until.IsZero() {
-		add("dead_at < $?", f.Until)
+		w.add("dead_at < $?", f.Until)
 	}
-	if len(conds) == 0 {
-		return "true", nil
-	}
-	return strings.Join(conds, " AND "), args
+	return w.clause()
 }
 
 // FindDeadLetters returns the dead letters f selects, oldest (lowest id)

@@ -301,20 +301,20 @@ func TestReplayModes(t *testing.T) {
 		})
 		return res, err
 	}
-	if _, err := replay(inbox.ReplayRequest{Partition: part, Token: 1, From: 101, Actor: "t"}); !errors.Is(err, inbox.ErrReplayPastHighWater) {
+	if _, err := replay(inbox.ReplayRequest{Partition: part, Token: 1, From: 101, ReplayOptions: inbox.ReplayOptions{Actor: "t"}}); !errors.Is(err, inbox.ErrReplayPastHighWater) {
 		t.Errorf("replay past the high-water mark: err = %v, want ErrReplayPastHighWater", err)
 	}
-	if _, err := replay(inbox.ReplayRequest{Partition: part, Token: 0, From: 10, Actor: "t"}); !errors.Is(err, inbox.ErrFenced) {
+	if _, err := replay(inbox.ReplayRequest{Partition: part, Token: 0, From: 10, ReplayOptions: inbox.ReplayOptions{Actor: "t"}}); !errors.Is(err, inbox.ErrFenced) {
 		t.Errorf("replay without holding the partition: err = %v, want fenced", err)
 	}
-	if _, err := replay(inbox.ReplayRequest{Partition: part, Token: 1, From: 10, Reexecute: true, Actor: "t"}); err == nil {
+	if _, err := replay(inbox.ReplayRequest{Partition: part, Token: 1, From: 10, ReplayOptions: inbox.ReplayOptions{Reexecute: true, Actor: "t"}}); err == nil {
 		t.Errorf("re-execution without a reason was accepted")
 	}
-	res, err := replay(inbox.ReplayRequest{Partition: part, Token: 1, From: 50, Actor: "t"})
+	res, err := replay(inbox.ReplayRequest{Partition: part, Token: 1, From: 50, ReplayOptions: inbox.ReplayOptions{Actor: "t"}})
 	if err != nil || res.Now.NextOffset != 50 || res.Now.HighWater != 100 || res.InboxReleased != 0 {
 		t.Errorf("idempotent replay = %+v, %v; want cursor 50, high water kept at 100, no inbox rows released", res, err)
 	}
-	res, err = replay(inbox.ReplayRequest{Partition: part, Token: 1, From: 80, Reexecute: true, Actor: "t", Reason: "bug 7 fixed"})
+	res, err = replay(inbox.ReplayRequest{Partition: part, Token: 1, From: 80, ReplayOptions: inbox.ReplayOptions{Reexecute: true, Actor: "t", Reason: "bug 7 fixed"}})
 	if err != nil || res.Now.NextOffset != 80 || res.Now.HighWater != 80 || res.InboxReleased != 20 || res.Now.Generation != 1 {
 		t.Errorf("re-execution = %+v, %v; want cursor and high water 80, 20 inbox rows released, generation 1", res, err)
 	}

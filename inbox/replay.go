@@ -14,6 +14,17 @@ type ReplayRequest struct {
 	Partition Partition
 	Token     int64 // the replayer's fencing token; it must hold the partition
 	From      int64 // the offset to resume at
+	ReplayOptions
+	// KafkaFirst is the first offset Kafka still holds in the partition
+	// (0 if unknown): no inbox row is expected below it.
+	KafkaFirst int64
+}
+
+// ReplayOptions are what an operator asks of a replay besides where it
+// starts: how far, whether handled records are applied again, and who
+// asks and why. The operator's replay (operator.ReplaySpec) takes them as
+// they are.
+type ReplayOptions struct {
 	// To ends the replayed range [From, To); 0 means the cursor's
 	// high-water mark. A re-execution applies the records in [From, To)
 	// again; the handled records from To on keep their inbox rows and are
@@ -35,11 +46,8 @@ type ReplayRequest struct {
 	// kfn would not reproduce, and while an event of the range waits in
 	// the outbox (the same id would collide with it).
 	KeepEventIDs bool
-	// KafkaFirst is the first offset Kafka still holds in the partition
-	// (0 if unknown): no inbox row is expected below it.
-	KafkaFirst int64
-	Actor      string // who asked, for the audit log
-	Reason     string // why; required for a re-execution
+	Actor        string // who asked, for the audit log
+	Reason       string // why; required for a re-execution
 }
 
 // ReplayPlan is what a replay would do to one partition, computed without

@@ -85,7 +85,7 @@ func TestReexecutionToAnOffsetReleasesOnlyItsRange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := replayIn(t, db, inbox.ReplayRequest{Partition: part, Token: 1, From: 50, To: 60, Reexecute: true, Actor: "t", Reason: "bug 8"})
+	res, err := replayIn(t, db, inbox.ReplayRequest{Partition: part, Token: 1, From: 50, ReplayOptions: inbox.ReplayOptions{To: 60, Reexecute: true, Actor: "t", Reason: "bug 8"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,11 +120,11 @@ func TestReplayRefusesBadRanges(t *testing.T) {
 		r    inbox.ReplayRequest
 		want error
 	}{
-		{"to before from", inbox.ReplayRequest{From: 50, To: 40, Reexecute: true}, inbox.ErrReplayRange},
-		{"to equal to from", inbox.ReplayRequest{From: 50, To: 50, Reexecute: true}, inbox.ErrReplayRange},
-		{"to past the high-water mark", inbox.ReplayRequest{From: 50, To: 101, Reexecute: true}, inbox.ErrReplayPastHighWater},
-		{"an empty re-execution at the high-water mark", inbox.ReplayRequest{From: 100, Reexecute: true}, inbox.ErrReplayRange},
-		{"keep event ids of an idempotent replay", inbox.ReplayRequest{From: 50, KeepEventIDs: true}, nil},
+		{"to before from", inbox.ReplayRequest{From: 50, ReplayOptions: inbox.ReplayOptions{To: 40, Reexecute: true}}, inbox.ErrReplayRange},
+		{"to equal to from", inbox.ReplayRequest{From: 50, ReplayOptions: inbox.ReplayOptions{To: 50, Reexecute: true}}, inbox.ErrReplayRange},
+		{"to past the high-water mark", inbox.ReplayRequest{From: 50, ReplayOptions: inbox.ReplayOptions{To: 101, Reexecute: true}}, inbox.ErrReplayPastHighWater},
+		{"an empty re-execution at the high-water mark", inbox.ReplayRequest{From: 100, ReplayOptions: inbox.ReplayOptions{Reexecute: true}}, inbox.ErrReplayRange},
+		{"keep event ids of an idempotent replay", inbox.ReplayRequest{From: 50, ReplayOptions: inbox.ReplayOptions{KeepEventIDs: true}}, nil},
 	}
 	for _, tc := range cases {
 		tc.r.Partition, tc.r.Token, tc.r.Actor, tc.r.Reason = part, 1, "t", "r"
@@ -149,12 +149,12 @@ func TestReexecutionOverPurgedInboxRowsIsRefused(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `DELETE FROM kfn.inbox WHERE "offset" < 20`); err != nil {
 		t.Fatal(err)
 	}
-	req := inbox.ReplayRequest{Partition: part, Token: 1, From: 10, Reexecute: true, Actor: "t", Reason: "r"}
+	req := inbox.ReplayRequest{Partition: part, Token: 1, From: 10, ReplayOptions: inbox.ReplayOptions{Reexecute: true, Actor: "t", Reason: "r"}}
 	if _, err := replayIn(t, db, req); !errors.Is(err, inbox.ErrInboxPurged) {
 		t.Errorf("re-execution from 10 with rows purged below 20: err = %v, want ErrInboxPurged", err)
 	}
 	cur, _ := inbox.ReadCursor(ctx, db.Pool, part)
-	plan, err := inbox.PlanReplay(ctx, db.Pool, inbox.ReplayRequest{Partition: part, From: 10, Reexecute: true, KafkaFirst: 20}, cur)
+	plan, err := inbox.PlanReplay(ctx, db.Pool, inbox.ReplayRequest{Partition: part, From: 10, KafkaFirst: 20, ReplayOptions: inbox.ReplayOptions{Reexecute: true}}, cur)
 	if err != nil || plan.KafkaHolds != 80 || plan.Reexecute != 90 || plan.InboxApplied != 80 {
 		t.Errorf("plan from 10 with Kafka holding 20.. = %+v, %v; want it accepted, 80 of 90 offsets in Kafka, 80 inbox rows", plan, err)
 	}
@@ -162,7 +162,7 @@ func TestReexecutionOverPurgedInboxRowsIsRefused(t *testing.T) {
 	if err != nil || plan.Reexecute != 0 {
 		t.Errorf("idempotent plan from 10 = %+v, %v; want it accepted: the high-water mark skips the records", plan, err)
 	}
-	if _, err := replayIn(t, db, inbox.ReplayRequest{Partition: part, Token: 1, From: 20, Reexecute: true, Actor: "t", Reason: "r"}); err != nil {
+	if _, err := replayIn(t, db, inbox.ReplayRequest{Partition: part, Token: 1, From: 20, ReplayOptions: inbox.ReplayOptions{Reexecute: true, Actor: "t", Reason: "r"}}); err != nil {
 		t.Errorf("re-execution from the oldest row: %v", err)
 	}
 }
@@ -176,7 +176,7 @@ func TestKeepEventIDs(t *testing.T) {
 	ctx := context.Background()
 	handled100(t, db)
 	keep := func(from, to int64) (inbox.ReplayResult, error) {
-		return replayIn(t, db, inbox.ReplayRequest{Partition: part, Token: 1, From: from, To: to, Reexecute: true, KeepEventIDs: true, Actor: "t", Reason: "r"})
+		return replayIn(t, db, inbox.ReplayRequest{Partition: part, Token: 1, From: from, ReplayOptions: inbox.ReplayOptions{To: to, Reexecute: true, KeepEventIDs: true, Actor: "t", Reason: "r"}})
 	}
 	catchUp := func() {
 		t.Helper()
@@ -221,7 +221,7 @@ func TestKeepEventIDs(t *testing.T) {
 	}
 	// A re-execution with new ids of [50, 60): generation 1. Records 50..59
 	// and 100.. emit under it; 60..99 were skipped and keep generation 0.
-	res, err = replayIn(t, db, inbox.ReplayRequest{Partition: part, Token: 1, From: 50, To: 60, Reexecute: true, Actor: "t", Reason: "r"})
+	res, err = replayIn(t, db, inbox.ReplayRequest{Partition: part, Token: 1, From: 50, ReplayOptions: inbox.ReplayOptions{To: 60, Reexecute: true, Actor: "t", Reason: "r"}})
 	if err != nil || res.Now.Generation != 1 {
 		t.Fatalf("re-execution with new ids = %+v, %v; want generation 1", res, err)
 	}

@@ -13,51 +13,25 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/inbox"
-	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
-	"github.com/kfn-dev/kfn/runtime/lease"
+	"github.com/kfn-dev/kfn/internal/lease"
+	"github.com/kfn-dev/kfn/internal/naming"
 )
 
-// ReplayRequest asks to move one partition of a function back to an offset.
-type ReplayRequest struct {
-	Function  string
-	Topic     string
-	Partition int32
-	From      int64
-	// To ends the range of a re-execution (exclusive); 0: the cursor's
-	// high-water mark. See inbox.ReplayRequest.
-	To int64
-	// Reexecute applies handled records again (audited, needs a Reason).
-	// Without it the replay is idempotent: handled records are skipped.
-	Reexecute bool
-	// KeepEventIDs makes the re-executed records emit their original
-	// event ids; see inbox.ReplayRequest.
-	KeepEventIDs bool
-	Reason       string
-	Actor        string
-	// LeaseBucket is the workers' --lease-bucket; default lease.DefaultBucket.
-	LeaseBucket string
-	// KafkaBrokers, when set, check the range against what Kafka holds.
-	KafkaBrokers []string
-	// KafkaSecurity is how to connect to KafkaBrokers (TLS, SASL).
-	KafkaSecurity kafkaconn.Security
-}
-
-// Replay moves a partition's cursor through the same fencing the workers
-// use (see withSeizedPartition), and writes the audit log in the same
-// transaction. A worker then takes the partition again and resumes at the
-// new cursor.
-func Replay(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, req ReplayRequest) (inbox.ReplayResult, error) {
-	out, err := ReplayPartitions(ctx, pool, js, ReplaySpec{
-		Function: req.Function, Topic: req.Topic, Partitions: []int32{req.Partition}, From: req.From, To: req.To,
-		Reexecute: req.Reexecute, KeepEventIDs: req.KeepEventIDs, Reason: req.Reason, Actor: req.Actor,
-		LeaseBucket: req.LeaseBucket, KafkaBrokers: req.KafkaBrokers, KafkaSecurity: req.KafkaSecurity,
-	})
+// Replay moves the cursor of the one partition spec names (spec.Partitions
+// holds exactly one) through the same fencing the workers use (see
+// withSeizedPartition), and writes the audit log in the same transaction.
+// A worker then takes the partition again and resumes at the new cursor.
+func Replay(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, spec ReplaySpec) (inbox.ReplayResult, error) {
+	if len(spec.Partitions) != 1 {
+		return inbox.ReplayResult{}, fmt.Errorf("a replay of one partition names one, not %d (ReplayPartitions replays several)", len(spec.Partitions))
+	}
+	out, err := ReplayPartitions(ctx, pool, js, spec)
 	if err != nil {
 		return inbox.ReplayResult{}, err
 	}
 	if len(out) != 1 || out[0].Result == nil {
-		return inbox.ReplayResult{}, fmt.Errorf("replay of %s/%s/%d did nothing", req.Function, req.Topic, req.Partition)
+		return inbox.ReplayResult{}, fmt.Errorf("replay of %s/%s/%d did nothing", spec.Function, spec.Topic, spec.Partitions[0])
 	}
 	return *out[0].Result, nil
 }
@@ -75,13 +49,11 @@ type ReplaySpec struct {
 	// offsets-for-times; needs KafkaBrokers).
 	From     int64
 	FromTime time.Time
-	// To, Reexecute, KeepEventIDs, Reason, Actor, LeaseBucket: see ReplayRequest.
-	To           int64
-	Reexecute    bool
-	KeepEventIDs bool
-	Reason       string
-	Actor        string
-	LeaseBucket  string
+	// ReplayOptions: how far, whether to re-execute, who asks and why (see
+	// inbox.ReplayOptions).
+	inbox.ReplayOptions
+	// LeaseBucket is the workers' --lease-bucket; default lease.DefaultBucket.
+	LeaseBucket string
 	// KafkaBrokers, when set, check the range against the records Kafka
 	// holds, and take Kafka's retention into account when checking for
 	// purged inbox rows.
@@ -154,9 +126,8 @@ func ReplayPartitions(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetS
 
 func (pr *PartitionReplay) request(spec ReplaySpec, token int64) inbox.ReplayRequest {
 	return inbox.ReplayRequest{
-		Partition: pr.Plan.Partition, Token: token, From: pr.Plan.From, To: spec.To,
-		Reexecute: spec.Reexecute, KeepEventIDs: spec.KeepEventIDs, KafkaFirst: max(0, pr.KafkaFirst),
-		Actor: spec.Actor, Reason: spec.Reason,
+		Partition: pr.Plan.Partition, Token: token, From: pr.Plan.From,
+		ReplayOptions: spec.ReplayOptions, KafkaFirst: max(0, pr.KafkaFirst),
 	}
 }
 
@@ -363,11 +334,11 @@ func withSeizedPartition(ctx context.Context, pool *pgxpool.Pool, js jetstream.J
 	if err != nil {
 		return fmt.Errorf("partition leases (is --lease-bucket the workers' one?): %w", err)
 	}
-	installation, err := engine.InstallationID(ctx, pool)
+	installation, err := naming.InstallationID(ctx, pool)
 	if err != nil {
 		return err
 	}
-	l, err := store.Seize(ctx, engine.LeaseGroup(installation, part.Consumer, part.Topic), engine.LeaseItem(part.Partition), actor)
+	l, err := store.Seize(ctx, naming.LeaseGroup(installation, part.Consumer, part.Topic), naming.LeaseItem(part.Partition), actor)
 	if err != nil {
 		return fmt.Errorf("take the lease of %s: %w", part, err)
 	}

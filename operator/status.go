@@ -13,9 +13,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
-	"github.com/kfn-dev/kfn/runtime/lease"
+	"github.com/kfn-dev/kfn/internal/lease"
+	"github.com/kfn-dev/kfn/internal/naming"
 )
 
 // Lane kinds of PartitionStatus.Kind.
@@ -46,7 +46,7 @@ type PartitionStatus struct {
 	// Lanes is how many lanes a NATS-triggered function's subject is
 	// spread over (0 for a Kafka partition).
 	Lanes int `json:"lanes,omitempty"`
-	// The durable JetStream consumer of a NATS lane (engine.LaneConsumer),
+	// The durable JetStream consumer of a NATS lane (naming.LaneConsumer),
 	// when NATS could be asked.
 	Stream     string `json:"stream,omitempty"`
 	Pending    *int64 `json:"pending,omitempty"`     // events matching the subject not delivered yet
@@ -157,7 +157,7 @@ func (r *StatusReader) readNATS(ctx context.Context, out []PartitionStatus) erro
 		if s.Partition != 0 && s.Kind != KindSubject {
 			continue
 		}
-		consumer := engine.LaneConsumer(s.Function, int(s.Partition), max(s.Lanes, 1))
+		consumer := naming.LaneConsumer(s.Function, int(s.Partition), max(s.Lanes, 1))
 		lane, err := findSubjectLane(ctx, r.js, consumer, s.Topic)
 		if err != nil {
 			return fmt.Errorf("read JetStream consumers: %w", err)
@@ -177,13 +177,13 @@ func (r *StatusReader) readNATS(ctx context.Context, out []PartitionStatus) erro
 	if err != nil {
 		return fmt.Errorf("read leases from NATS: %w", err)
 	}
-	installation, err := engine.InstallationID(ctx, r.pool)
+	installation, err := naming.InstallationID(ctx, r.pool)
 	if err != nil {
 		return err
 	}
 	for i := range out {
 		s := &out[i]
-		h, err := store.Holder(ctx, engine.LeaseGroup(installation, s.Function, s.Topic), engine.LeaseItem(s.Partition))
+		h, err := store.Holder(ctx, naming.LeaseGroup(installation, s.Function, s.Topic), naming.LeaseItem(s.Partition))
 		if err != nil && !errors.Is(err, lease.ErrNotHeld) {
 			return fmt.Errorf("read leases from NATS: %w", err)
 		}
@@ -246,7 +246,7 @@ type subjectLane struct {
 }
 
 // findSubjectLane returns the durable consumer named consumer (a lane's,
-// engine.LaneConsumer) on the stream that captures subject, or nil when
+// naming.LaneConsumer) on the stream that captures subject, or nil when
 // there is none or it does not filter subject.
 func findSubjectLane(ctx context.Context, js jetstream.JetStream, consumer, subject string) (*subjectLane, error) {
 	if js == nil {

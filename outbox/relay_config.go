@@ -96,9 +96,11 @@ type RelayConfig struct {
 	// leases). When nil, Run works all shards.
 	Scheduler ShardScheduler
 
-	// afterAck, when set, is called by a shard loop for every event acked by
-	// the stream (tests and benchmarks measure latency with it).
-	afterAck func(eventID string, ackedAt time.Time)
+	// AfterAck, when set, is called by a shard loop for every event the
+	// stream acked, with when the ack came (kfn bench measures commit → ack
+	// latency with it). It runs on the shard's loop: it must not block.
+	AfterAck func(eventID string, ackedAt time.Time)
+
 	// publish, when set, sends the relay's messages instead of
 	// (*nats.Conn).PublishMsg (tests make publishes fail with it).
 	publish func(*nats.Conn, *nats.Msg) error

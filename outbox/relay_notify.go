@@ -2,13 +2,12 @@ package outbox
 
 import (
 	"context"
-	"fmt"
 	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/kfn-dev/kfn/internal/pglisten"
 )
 
 // NotifyChannel is the Postgres notification channel the outbox trigger
@@ -26,44 +25,23 @@ func (r *Relay) Listen(ctx context.Context) {
 }
 
 func (r *Relay) listen(ctx context.Context) {
-	retry := r.newBackoff()
-	for ctx.Err() == nil {
-		err := r.listenOnce(ctx, retry.Reset)
-		r.counters.listening.Store(false)
-		if ctx.Err() != nil {
-			return
-		}
-		r.wakeAll() // idle shards switch to polling every PollInterval
-		delay := retry.NextBackOff()
-		r.log.Warn("outbox LISTEN connection lost; polling until it is back", "err", err, "retry_in", delay)
-		sleepCtx(ctx, delay)
-	}
-}
-
-func (r *Relay) listenOnce(ctx context.Context, connected func()) error {
-	conn, err := pgx.ConnectConfig(ctx, r.cfg.Pool.Config().ConnConfig)
-	if err != nil {
-		return fmt.Errorf("connect to LISTEN: %w", err)
-	}
-	defer func() {
-		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		conn.Close(closeCtx) //nolint:errcheck // the connection is being dropped
-	}()
-	if _, err := conn.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
-		return fmt.Errorf("LISTEN %s: %w", NotifyChannel, err)
-	}
-	r.counters.listening.Store(true)
-	connected()
-	// Rows may have committed while nobody listened.
-	r.wakeAll()
-	for {
-		n, err := conn.WaitForNotification(ctx)
-		if err != nil {
-			return fmt.Errorf("wait for %s notification: %w", NotifyChannel, err)
-		}
-		r.wakeShards(n.Payload)
-	}
+	defer r.counters.listening.Store(false)
+	pglisten.Run(ctx, pglisten.Config{
+		Conn:    r.cfg.Pool.Config().ConnConfig,
+		Channel: NotifyChannel,
+		Backoff: r.newBackoff(),
+		Notify:  r.wakeShards,
+		Listening: func() {
+			r.counters.listening.Store(true)
+			// Rows may have committed while nobody listened.
+			r.wakeAll()
+		},
+		Lost: func(err error, retryIn time.Duration) {
+			r.counters.listening.Store(false)
+			r.wakeAll() // idle shards switch to polling every PollInterval
+			r.log.Warn("outbox LISTEN connection lost; polling until it is back", "err", err, "retry_in", retryIn)
+		},
+	})
 }
 
 // wakeShards wakes the shards named in a notification payload, or all of

@@ -329,8 +329,8 @@ func (l *shardLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 			endPublish(f.span, f.duplicate, nil)
 			l.publishRetry.Reset()
 			l.r.counters.acked(f.duplicate, row.CreatedAt, now)
-			if cfg.afterAck != nil {
-				cfg.afterAck(row.EventID, now)
+			if cfg.AfterAck != nil {
+				cfg.AfterAck(row.EventID, now)
 			}
 		case oldest != nil && oldest.settled:
 			f := l.popFlight()

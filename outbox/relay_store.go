@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 )
 
 // relayRow is one committed outbox row as the relay reads it.
@@ -224,4 +225,41 @@ func decodeHeaders(raw []byte) map[string]string {
 		}
 	}
 	return h
+}
+
+// Pending is an outbox row not yet relayed, with the message the relay
+// publishes for it.
+type Pending struct {
+	ID  int64     // the row's id: delete it once the stream has acked Msg
+	Msg *nats.Msg // the message for the relay's stream, as buildMessage makes it
+}
+
+// ReadPending reads the limit oldest outbox rows, of every shard and of
+// parked keys too, each with the message the relay publishes for it to
+// stream. It is for a tool that relays rows one at a time by itself (the
+// naive relay kfn bench measures the relay against); the relay itself
+// reads a shard at a time (readBatch).
+func ReadPending(ctx context.Context, db *pgxpool.Pool, stream string, limit int) ([]Pending, error) {
+	rows, err := db.Query(ctx, `SELECT id, event_id, subject, event_type, event_key, data, headers,
+			source, source_topic, source_partition, source_offset, created_at FROM kfn.outbox ORDER BY id LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read pending outbox rows: %w", err)
+	}
+	batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (relayRow, error) {
+		var row relayRow
+		var key, headers []byte
+		err := r.Scan(&row.ID, &row.EventID, &row.Subject, &row.Type, &key, &row.Data, &headers,
+			&row.Source, &row.SourceTopic, &row.SourcePartition, &row.SourceOffset, &row.CreatedAt)
+		row.Key, row.Headers = string(key), decodeHeaders(headers)
+		return row, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read pending outbox rows: %w", err)
+	}
+	pending := make([]Pending, len(batch))
+	for i := range batch {
+		msg, _ := buildMessage(&batch[i], stream, CloudEventsSourcePrefix+batch[i].Source, nil)
+		pending[i] = Pending{ID: batch[i].ID, Msg: msg}
+	}
+	return pending, nil
 }

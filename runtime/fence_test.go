@@ -21,9 +21,9 @@ import (
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/internal/faults"
+	"github.com/kfn-dev/kfn/internal/lease"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
-	"github.com/kfn-dev/kfn/runtime/lease"
 	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
@@ -710,7 +710,7 @@ func (h *laneHold) wait(t *testing.T, limit time.Duration, what string) int64 {
 
 func (h *laneHold) free() { h.once.Do(func() { close(h.release) }) }
 
-// leaseFreezer freezes lease claims by token (faults.LeaseFreeze) until
+// leaseFreezer freezes lease claims by token (lease.Freeze) until
 // end.
 type leaseFreezer struct {
 	mu     sync.Mutex
@@ -722,7 +722,7 @@ type leaseFreezer struct {
 // newLeaseFreezer installs a freezer; do it before the workers start.
 func newLeaseFreezer(t *testing.T) *leaseFreezer {
 	f := &leaseFreezer{tokens: map[uint64]bool{}, thaw: make(chan struct{})}
-	t.Cleanup(faults.SetLeaseFreeze(f.frozen))
+	t.Cleanup(lease.SetFreeze(f.frozen))
 	return f
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kfn-dev/kfn/outbox"
 )
@@ -57,6 +58,13 @@ type Function struct {
 	// are applied in offset order, at the cost of waiting until someone
 	// retries or discards the dead letter (kfn dlq retry, kfn dlq discard).
 	KeyOrder KeyOrder
+	// Metrics are the author's own Prometheus collectors (counters,
+	// histograms, any prometheus.Collector), served on the worker's
+	// /metrics (--metrics-addr) beside kfn's, each series with the worker
+	// label added. Their names must not start with kfn_, nor have a worker
+	// label; a collector that cannot be registered fails worker.New (and
+	// worker.Start) with the function's name.
+	Metrics []prometheus.Collector
 }
 
 // Handler applies one record inside tx. Writes on tx commit together with

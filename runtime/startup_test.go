@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/kfn-dev/kfn/internal/effects"
+	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/runtime"
-	"github.com/kfn-dev/kfn/runtime/schema"
 	"github.com/kfn-dev/kfn/runtime/worker"
 )
 

@@ -14,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/operator"
@@ -327,7 +328,8 @@ func TestTransactionalPartitionsDrainToTheLogEnd(t *testing.T) {
 	// An idempotent replay from offset 0 takes the cursors back; the
 	// worker skips every record again and ends past the markers.
 	if _, err := operator.ReplayPartitions(context.Background(), b.pg.Pool, js, operator.ReplaySpec{
-		Function: b.fn, Topic: b.topic, From: 0, LeaseBucket: b.cfg.LeaseBucket, KafkaBrokers: b.kafka.Brokers, Actor: "test",
+		Function: b.fn, Topic: b.topic, From: 0, LeaseBucket: b.cfg.LeaseBucket, KafkaBrokers: b.kafka.Brokers,
+		ReplayOptions: inbox.ReplayOptions{Actor: "test"},
 	}); err != nil {
 		t.Fatalf("replay: %v", err)
 	}

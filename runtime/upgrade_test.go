@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
-	"github.com/kfn-dev/kfn/runtime/schema"
 )
 
 // Workers built for an older schema, as real processes: the effects-worker
@@ -22,7 +22,7 @@ import (
 // (breaks every worker before it), and -X schema.maxVersion caps it at 9001.
 var (
 	upgradeTestTag = "-tags=kfn_upgrade_test"
-	capAt9001      = "-ldflags=-X github.com/kfn-dev/kfn/runtime/schema.maxVersion=9001"
+	capAt9001      = "-ldflags=-X github.com/kfn-dev/kfn/internal/schema.maxVersion=9001"
 )
 
 // A rolling upgrade under load: two workers built for schema N run while a

@@ -172,7 +172,7 @@ kfn bench --report-dir ''   # print the report only`,
 	fmt.Fprintf(stdout, "\nrelay: a backlog of %d outbox events to JetStream; the naive relay for %s; commit→ack latency for %s at %s\n",
 		*relayEvents, *relayFor, *relayFor, rate)
 	fmt.Fprintln(stderr, "relay: the backlog, the naive relay, then the commit→ack latency")
-	relay, err := benchRelay(ctx, st, outbox.RelayBenchConfig{
+	relay, err := benchRelay(ctx, st, bench.RelayConfig{
 		Events: *relayEvents, Rate: *relayRate, Duration: *relayFor, NaiveFor: *relayFor,
 		Relay: outbox.RelayConfig{Logger: log},
 	})
@@ -254,13 +254,13 @@ func processList(procs []bench.Process) string {
 	return strings.Join(names, ", ") + " (a service not listed runs inside kfn bench, or on another machine)"
 }
 
-// benchRelay runs outbox.RunRelayBenchmark against the stack's database
+// benchRelay runs bench.RunRelay against the stack's database
 // (runtime.Bench leaves its outbox empty, and no worker runs any more) and
 // NATS server.
-func benchRelay(ctx context.Context, st *stack, cfg outbox.RelayBenchConfig) (outbox.RelayBenchResult, error) {
+func benchRelay(ctx context.Context, st *stack, cfg bench.RelayConfig) (bench.RelayResult, error) {
 	pgCfg, err := pgxpool.ParseConfig(st.DatabaseURL)
 	if err != nil {
-		return outbox.RelayBenchResult{}, &usageError{msg: fmt.Sprintf("--database-url: %v", connect.Scrub(err.Error(), st.DatabaseURL))}
+		return bench.RelayResult{}, &usageError{msg: fmt.Sprintf("--database-url: %v", connect.Scrub(err.Error(), st.DatabaseURL))}
 	}
 	if pgCfg.ConnConfig.RuntimeParams["application_name"] == "" {
 		pgCfg.ConnConfig.RuntimeParams["application_name"] = "kfn bench relay"
@@ -268,19 +268,19 @@ func benchRelay(ctx context.Context, st *stack, cfg outbox.RelayBenchConfig) (ou
 	pgCfg.MaxConns = outbox.Shards + 8 // a connection per shard loop, the LISTEN connection and the load
 	pool, err := pgxpool.NewWithConfig(ctx, pgCfg)
 	if err != nil {
-		return outbox.RelayBenchResult{}, fmt.Errorf("relay benchmark: connect to Postgres: %s", connect.Scrub(err.Error(), st.DatabaseURL))
+		return bench.RelayResult{}, fmt.Errorf("relay benchmark: connect to Postgres: %s", connect.Scrub(err.Error(), st.DatabaseURL))
 	}
 	defer pool.Close()
 	js, closeNATS, err := connectJetStream(st.NATSURL, "kfn bench relay")
 	if err != nil {
-		return outbox.RelayBenchResult{}, err
+		return bench.RelayResult{}, err
 	}
 	defer closeNATS()
 	cfg.Pool, cfg.JetStream = pool, js
-	return outbox.RunRelayBenchmark(ctx, cfg)
+	return bench.RunRelay(ctx, cfg)
 }
 
-func printRelayBench(w io.Writer, r outbox.RelayBenchResult) {
+func printRelayBench(w io.Writer, r bench.RelayResult) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RELAY\tEVENTS\tSECONDS\tEVENTS/S")
 	fmt.Fprintf(tw, "relay\t%d\t%.2f\t%.0f\n", r.Events, r.RelayElapsed.Seconds(), r.RelayPerSecond)

@@ -169,8 +169,9 @@ func replayDemo(ctx context.Context, out io.Writer, pool *pgxpool.Pool, natsURL 
 	}
 	defer closeNATS()
 	fmt.Fprintf(out, "kfn dev: replaying orders/%s/0 from offset %d (idempotent, like `kfn replay`): those records are read again and skipped\n", orders.Topic, from)
-	_, err = operator.Replay(ctx, pool, js, operator.ReplayRequest{
-		Function: "orders", Topic: orders.Topic, Partition: 0, From: from, Actor: "kfn-dev",
+	_, err = operator.Replay(ctx, pool, js, operator.ReplaySpec{
+		Function: "orders", Topic: orders.Topic, Partitions: []int32{0}, From: from,
+		ReplayOptions: inbox.ReplayOptions{Actor: "kfn-dev"},
 	})
 	return err
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/settings"
@@ -88,8 +89,8 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 	}
 	spec := operator.ReplaySpec{
-		Function: *function, Topic: *topic, From: from.n, Reexecute: *reexecute, KeepEventIDs: *keepIDs,
-		Reason: *reason, Actor: actor("replay"), LeaseBucket: *bucket, KafkaBrokers: *brokers, KafkaSecurity: *sec, DryRun: *dryRun,
+		Function: *function, Topic: *topic, From: from.n, LeaseBucket: *bucket, KafkaBrokers: *brokers, KafkaSecurity: *sec, DryRun: *dryRun,
+		ReplayOptions: inbox.ReplayOptions{Reexecute: *reexecute, KeepEventIDs: *keepIDs, Reason: *reason, Actor: actor("replay")},
 	}
 	if partition.set {
 		if partition.n < 0 || partition.n > math.MaxInt32 {

@@ -13,10 +13,10 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/internal/connect"
+	"github.com/kfn-dev/kfn/internal/devstack"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/internal/settings"
-	"github.com/kfn-dev/kfn/runtime/devstack"
-	"github.com/kfn-dev/kfn/runtime/schema"
 )
 
 // stack is the set of services kfn dev and kfn bench run against: the ones

@@ -8,7 +8,7 @@ import (
 	"runtime/debug"
 	"strings"
 
-	"github.com/kfn-dev/kfn/runtime/schema"
+	"github.com/kfn-dev/kfn/internal/schema"
 )
 
 // runVersion prints the version of kfn's module this binary was built from,

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kfn-dev/kfn/runtime/schema"
+	"github.com/kfn-dev/kfn/internal/schema"
 )
 
 func TestVersionPrintsModuleRevisionAndGo(t *testing.T) {

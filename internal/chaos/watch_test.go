@@ -18,7 +18,7 @@ import (
 
 	"github.com/kfn-dev/kfn/functions/ledger"
 	"github.com/kfn-dev/kfn/functions/orders"
-	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/naming"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
 )
@@ -192,7 +192,7 @@ func (r *run) streamState(ctx context.Context) string {
 		fmt.Fprintf(&b, "stream: %d %s events, %d replicas, last seq %d", info.State.Subjects[orders.AcceptedSubject], orders.AcceptedSubject, info.Config.Replicas, info.State.LastSeq)
 	}
 	for l := range ledgerLanes {
-		name := engine.LaneConsumer(ledger.Name, l, ledgerLanes)
+		name := naming.LaneConsumer(ledger.Name, l, ledgerLanes)
 		fmt.Fprintf(&b, "; %s: ", name)
 		if c, err := r.js.Consumer(ctx, runtime.DefaultStream, name); err != nil {
 			b.WriteString(err.Error())

@@ -7,9 +7,9 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/internal/lease"
 	"github.com/kfn-dev/kfn/internal/settings"
 	kfn "github.com/kfn-dev/kfn/runtime"
-	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
 // BindNATSSecurity registers the NATS credential and TLS flags (and their

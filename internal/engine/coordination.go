@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -13,43 +12,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/internal/connect"
+	"github.com/kfn-dev/kfn/internal/lease"
+	"github.com/kfn-dev/kfn/internal/naming"
 	"github.com/kfn-dev/kfn/internal/settings"
 	kfn "github.com/kfn-dev/kfn/runtime"
-	"github.com/kfn-dev/kfn/runtime/lease"
 )
-
-// leaseGroup is the lease group of a function's lanes: one lease per
-// (function, topic or subject, partition), contended by the function's
-// workers of one installation.
-func LeaseGroup(installation, function, source string) string {
-	return installation + "/" + function + "/" + source
-}
-
-// relayLeaseGroup is the lease group of the outbox relay shards of an
-// installation. Every worker and `kfn relay` process of the installation
-// competes for the same shards, so each shard has one relay at a time.
-func relayLeaseGroup(installation string) string { return installation + "/outbox-relay" }
-
-// installationID reads the id that scopes an installation's lease groups.
-func InstallationID(ctx context.Context, db interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}) (string, error) {
-	var id string
-	if err := db.QueryRow(ctx, `SELECT id::text FROM kfn.installation`).Scan(&id); err != nil {
-		return "", fmt.Errorf("read the installation id from kfn.installation: %w", err)
-	}
-	return id, nil
-}
-
-func LeaseItem(partition int32) string { return strconv.Itoa(int(partition)) }
-
-func parseLeaseItem(item string) (int32, error) {
-	p, err := strconv.ParseInt(item, 10, 32)
-	if err != nil {
-		return 0, fmt.Errorf("lease item %q is not a partition number", item)
-	}
-	return int32(p), nil
-}
 
 // leaseStoreConfig derives the lease timing from the worker config; the
 // safety margin is lease's default for the TTL (lease.SafetyMarginFor).
@@ -98,7 +65,7 @@ func TokenFloor(db interface {
 // newPartitionLeases makes the lease manager that decides which of fn's
 // partitions this worker owns.
 func (w *worker) newPartitionLeases(ctx context.Context, fn kfn.Function) (*lease.Manager, error) {
-	mgr, err := lease.NewManager(ctx, w.js, w.leaseConfig(LeaseGroup(w.installation, fn.Name, source(fn)), w.cfg.Logger.With("function", fn.Name)))
+	mgr, err := lease.NewManager(ctx, w.js, w.leaseConfig(naming.LeaseGroup(w.installation, fn.Name, source(fn)), w.cfg.Logger.With("function", fn.Name)))
 	if err != nil {
 		return nil, fmt.Errorf("function %s: partition leases in NATS at %s: %w", fn.Name, connect.Redact(w.cfg.NATSURL), w.explainNATSState(err))
 	}
@@ -154,7 +121,7 @@ func (w *worker) own(ctx context.Context, fn kfn.Function, leases *lease.Manager
 		}
 		items := make([]string, len(parts))
 		for i, p := range parts {
-			items[i] = LeaseItem(p)
+			items[i] = naming.LeaseItem(p)
 		}
 		return items, nil
 	}
@@ -162,13 +129,13 @@ func (w *worker) own(ctx context.Context, fn kfn.Function, leases *lease.Manager
 	if fn.Subject != "" {
 		lanes := make([]string, w.cfg.Lanes)
 		for k := range lanes {
-			lanes[k] = LeaseItem(int32(k))
+			lanes[k] = naming.LeaseItem(int32(k))
 		}
 		items = func(context.Context) ([]string, error) { return lanes, nil }
 		run = w.runSubject
 	}
 	return leases.Run(ctx, items, func(ctx context.Context, c lease.Claim) {
-		p, err := parseLeaseItem(c.Item)
+		p, err := naming.ParseLeaseItem(c.Item)
 		if err != nil {
 			w.cfg.Logger.Error("ignoring lease", "function", fn.Name, "err", err)
 			return

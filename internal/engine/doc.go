@@ -7,8 +7,10 @@
 // health probe, readiness, metrics, inbox retention and the mirror of the
 // cursors into a Kafka consumer group of kfn's own. Its dependencies
 // are explicit: inbox (cursors, fencing, dead letters), outbox (rows, event
-// identity, the relay), runtime/lease (leases and their timing),
-// internal/settings (configuration) and internal/connect (connections).
+// identity, the relay), internal/lease (leases and their timing),
+// internal/naming (the lease, consumer and event names it shares with the
+// operator tools), internal/settings (configuration) and internal/connect
+// (connections).
 //
 // The rest of this page is the worker's side of the lease and fencing
 // design; the lease side (bucket layout, renewal, the timing margin measured

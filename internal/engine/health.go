@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/kfn-dev/kfn/internal/lease"
 	kfn "github.com/kfn-dev/kfn/runtime"
-	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
 // This file is the worker's side of "no frozen connection can hold a lane":

@@ -185,11 +185,12 @@ func (r *committedReader) fetchResponse(ctx context.Context) (fetchedPart, error
 			return got, got.err
 		}
 		// A response read from where the reader had passed to, holding
-		// no record, takes passed to its end; one with records does as
-		// they are handed on (their after). A jump to the first offset
-		// Kafka holds is not read: the lane judges that gap (skipGap).
+		// no record, takes passed to its end, but not past the last
+		// stable offset; one with records does as they are handed on. A
+		// jump to the first offset Kafka holds is not read: the lane
+		// judges that gap (skipGap).
 		if !got.jumped && len(got.recs) == 0 && r.next == r.passed {
-			r.passed = got.next
+			r.passed = max(r.passed, min(got.next, got.lastStable))
 		}
 		r.next, r.spare, r.lastStable = got.next, got.recs, got.lastStable
 		return got, nil

@@ -14,8 +14,8 @@ import (
 	fetchapi "github.com/segmentio/kafka-go/protocol/fetch"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kfn-dev/kfn/internal/devstack"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
-	"github.com/kfn-dev/kfn/runtime/devstack"
 )
 
 // batchOf is a record batch of producer pid (-1: none) at offsets

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
@@ -168,11 +170,7 @@ func (wk *Worker) HTTPHandler() http.Handler {
 }
 
 func (w *worker) httpHandler(readyz http.HandlerFunc) http.Handler {
-	wk := &Worker{w: w}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(newMetricsCollector(wk), prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
-	// issue 12: the per-function histograms, labelled with the worker id.
-	prometheus.WrapRegistererWith(prometheus.Labels{"worker": w.cfg.WorkerID}, reg).MustRegister(w.stats.hist().collectors()...)
+	reg, _ := w.registry() // NewWorker returned its error: none here
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/readyz", readyz)
@@ -180,4 +178,31 @@ func (w *worker) httpHandler(readyz http.HandlerFunc) http.Handler {
 		w.Write([]byte("ok\n")) //nolint:errcheck // the client went away
 	})
 	return mux
+}
+
+// registry gathers what /metrics serves: kfn's own collectors, the Go and
+// process collectors, and the collectors of every function's Metrics (the
+// author's own). kfn's histograms and the authors' collectors get the
+// worker label, as kfn's other series have. A function's collector that
+// cannot be registered (a name or labels clashing with another's) is an
+// error naming the function; the registry then serves the rest.
+func (w *worker) registry() (*prometheus.Registry, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(newMetricsCollector(&Worker{w: w}), prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	labelled := prometheus.WrapRegistererWith(prometheus.Labels{"worker": w.cfg.WorkerID}, reg)
+	// issue 12: the per-function histograms.
+	labelled.MustRegister(w.stats.hist().collectors()...)
+	var errs []error
+	for _, fn := range w.fns {
+		for _, c := range fn.Metrics {
+			err := labelled.Register(c)
+			if are := (prometheus.AlreadyRegisteredError{}); errors.As(err, &are) {
+				continue // one collector given to two functions of the worker
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("function %s: Metrics: %w", fn.Name, err))
+			}
+		}
+	}
+	return reg, errors.Join(errs...)
 }

@@ -13,7 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/kfn-dev/kfn/runtime/schema"
+	"github.com/kfn-dev/kfn/internal/schema"
 )
 
 // readinessEvery is how often a worker probes the services it depends on

@@ -9,10 +9,11 @@ import (
 	"strings"
 
 	"github.com/kfn-dev/kfn/internal/connect"
+	"github.com/kfn-dev/kfn/internal/lease"
+	"github.com/kfn-dev/kfn/internal/naming"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 	kfn "github.com/kfn-dev/kfn/runtime"
-	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
 // emittedSubjects is the union of the subjects fns declare in Emits.
@@ -58,7 +59,7 @@ func (w *worker) newRelay(ctx context.Context, subjects []string) (*outbox.Relay
 	if err != nil {
 		return nil, err
 	}
-	shards, err := lease.NewManager(ctx, w.js, w.leaseConfig(relayLeaseGroup(w.installation), w.cfg.Logger.With("component", "outbox-relay")))
+	shards, err := lease.NewManager(ctx, w.js, w.leaseConfig(naming.RelayLeaseGroup(w.installation), w.cfg.Logger.With("component", "outbox-relay")))
 	if err != nil {
 		return nil, fmt.Errorf("relay shard leases: %w", w.explainNATSState(err))
 	}

@@ -4,16 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/naming"
+	"github.com/kfn-dev/kfn/internal/pglisten"
 	"github.com/kfn-dev/kfn/outbox"
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
@@ -351,12 +351,8 @@ func (l *retryLane) record(d inbox.RetryLetter) (kfn.Record, error) {
 // as eventRecord derived it: its Nats-Msg-Id, which the dead letter keeps
 // with the event's other headers, or its stream position when it had none.
 func retriedEventID(rec kfn.Record, stream string) string {
-	if v, ok := rec.Header(jetstream.MsgIDHeader); ok {
-		if id := storableEventID(string(v)); id != "" {
-			return id
-		}
-	}
-	return "stream/" + stream + "/" + strconv.FormatInt(rec.Offset, 10)
+	v, _ := rec.Header(jetstream.MsgIDHeader)
+	return naming.EventIDOf(string(v), stream, rec.Offset)
 }
 
 // recordFailure records, in a fenced transaction of its own, that the retry
@@ -464,42 +460,20 @@ func (w *worker) watchRetries(ctx context.Context) {
 // own and kicks the watcher when one of this worker's functions is named,
 // reconnecting with backoff; the watcher's poll covers the gaps.
 func (w *worker) listenRetries(ctx context.Context, mine map[string]bool, kick chan<- struct{}) {
-	bo := backoff.NewExponentialBackOff(backoff.WithInitialInterval(100*time.Millisecond), backoff.WithMaxInterval(5*time.Second), backoff.WithMaxElapsedTime(0))
-	for ctx.Err() == nil {
-		err := w.listenRetriesOnce(ctx, mine, kick, bo.Reset)
-		if ctx.Err() != nil {
-			return
-		}
-		delay := bo.NextBackOff()
-		w.cfg.Logger.Debug("dead letter retry LISTEN connection lost; polling until it is back", "err", err, "retry_in", delay)
-		sleep(ctx, delay) //nolint:errcheck // ctx ends the loop
-	}
-}
-
-func (w *worker) listenRetriesOnce(ctx context.Context, mine map[string]bool, kick chan<- struct{}, connected func()) error {
-	conn, err := pgx.ConnectConfig(ctx, w.pool.Config().ConnConfig)
-	if err != nil {
-		return fmt.Errorf("connect to LISTEN: %w", err)
-	}
-	defer func() {
-		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		conn.Close(closeCtx) //nolint:errcheck // the connection is being dropped
-	}()
-	if _, err := conn.Exec(ctx, "LISTEN "+inbox.RetryNotifyChannel); err != nil {
-		return fmt.Errorf("LISTEN %s: %w", inbox.RetryNotifyChannel, err)
-	}
-	connected()
-	for {
-		n, err := conn.WaitForNotification(ctx)
-		if err != nil {
-			return fmt.Errorf("wait for %s notification: %w", inbox.RetryNotifyChannel, err)
-		}
-		if mine[n.Payload] {
-			select {
-			case kick <- struct{}{}:
-			default:
+	pglisten.Run(ctx, pglisten.Config{
+		Conn:    w.pool.Config().ConnConfig,
+		Channel: inbox.RetryNotifyChannel,
+		Backoff: backoff.NewExponentialBackOff(backoff.WithInitialInterval(100*time.Millisecond), backoff.WithMaxInterval(5*time.Second), backoff.WithMaxElapsedTime(0)),
+		Notify: func(payload string) {
+			if mine[payload] {
+				select {
+				case kick <- struct{}{}:
+				default:
+				}
 			}
-		}
-	}
+		},
+		Lost: func(err error, retryIn time.Duration) {
+			w.cfg.Logger.Debug("dead letter retry LISTEN connection lost; polling until it is back", "err", err, "retry_in", retryIn)
+		},
+	})
 }

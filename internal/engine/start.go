@@ -16,9 +16,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/internal/settings"
 	kfn "github.com/kfn-dev/kfn/runtime"
-	"github.com/kfn-dev/kfn/runtime/schema"
 )
 
 // Main runs fn as a process (runtime/worker's Start and Main): it parses

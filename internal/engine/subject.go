@@ -2,21 +2,17 @@ package engine
 
 import (
 	"context"
-	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/faults"
-	"github.com/kfn-dev/kfn/internal/pgdata"
+	"github.com/kfn-dev/kfn/internal/naming"
 	"github.com/kfn-dev/kfn/outbox"
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
@@ -190,17 +186,6 @@ func (sr *subjectRun) inSequence(m jetstream.Msg) bool {
 	return true
 }
 
-// LaneConsumer is the durable JetStream consumer of a lane: the function's
-// name when it has one lane (as before lanes existed), else one name per
-// lane and lane count, so that a change of the count starts fresh
-// consumers at the new lanes' cursors.
-func LaneConsumer(fn string, lane, lanes int) string {
-	if lanes == 1 {
-		return fn
-	}
-	return fmt.Sprintf("%s_lane%dof%d", fn, lane, lanes)
-}
-
 // newTermConsumer starts this ownership term's durable consumer where the
 // previous term's acks ended, or at the lane's cursor if that is further
 // (both are points below which no event of the lane is unhandled; a lane
@@ -211,7 +196,7 @@ func LaneConsumer(fn string, lane, lanes int) string {
 // were applied are delivered again and skipped by the inbox; a zombie still
 // pulling from the old consumer is fenced in Postgres.
 func (sr *subjectRun) newTermConsumer(ctx context.Context) (jetstream.Consumer, error) {
-	name := LaneConsumer(sr.fn.Name, sr.lane, sr.lanes)
+	name := naming.LaneConsumer(sr.fn.Name, sr.lane, sr.lanes)
 	cfg := jetstream.ConsumerConfig{
 		Durable:       name,
 		FilterSubject: sr.fn.Subject,
@@ -323,7 +308,7 @@ func eventRecord(m jetstream.Msg, stream string) kfn.Record {
 		seq = int64(md.Sequence.Stream)
 	}
 	h := m.Headers()
-	rec := kfn.Record{Topic: m.Subject(), Offset: seq, Value: m.Data(), EventID: EventID(h, stream, seq), Key: EventKey(h)}
+	rec := kfn.Record{Topic: m.Subject(), Offset: seq, Value: m.Data(), EventID: naming.EventID(h, stream, seq), Key: naming.EventKey(h)}
 	if t, err := time.Parse(time.RFC3339Nano, h.Get(outbox.HeaderTime)); err == nil {
 		rec.Time = t
 	}
@@ -333,40 +318,6 @@ func eventRecord(m jetstream.Msg, stream string) kfn.Record {
 		}
 	}
 	return rec
-}
-
-// EventID is the id a NATS-triggered function's event inbox knows the
-// event at stream sequence seq by: its Nats-Msg-Id (storable, see
-// storableEventID), or its stream position when it has none.
-func EventID(h nats.Header, stream string, seq int64) string {
-	if id := storableEventID(h.Get(jetstream.MsgIDHeader)); id != "" {
-		return id
-	}
-	return "stream/" + stream + "/" + strconv.FormatInt(seq, 10)
-}
-
-// EventKey is an event's key, the bytes its lane is chosen by
-// (outbox.LaneOf): the base64 key header's bytes, else the text key's.
-func EventKey(h nats.Header) []byte {
-	if k, err := base64.StdEncoding.DecodeString(h.Get(outbox.HeaderKeyBase64)); err == nil && len(k) > 0 {
-		return k
-	}
-	if k := h.Get(outbox.HeaderKey); k != "" {
-		return []byte(k)
-	}
-	return nil
-}
-
-// storableEventID keeps an event id that is valid text as it is. Any
-// publisher may set Nats-Msg-Id, to any bytes; one holding NUL or invalid
-// UTF-8 cannot key the event inbox (a text column), so it is replaced by
-// "bin:" and the hex of its bytes: deterministic, so redeliveries still
-// find the event's inbox row, and distinct for distinct ids.
-func storableEventID(id string) string {
-	if pgdata.ValidText(id) {
-		return id
-	}
-	return "bin:" + hex.EncodeToString([]byte(id))
 }
 
 // subjectTracker fences a JetStream lane through its cursor row (used as a

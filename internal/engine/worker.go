@@ -16,12 +16,13 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/internal/lease"
+	"github.com/kfn-dev/kfn/internal/naming"
+	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/internal/tracing"
 	"github.com/kfn-dev/kfn/outbox"
 	kfn "github.com/kfn-dev/kfn/runtime"
-	"github.com/kfn-dev/kfn/runtime/lease"
-	"github.com/kfn-dev/kfn/runtime/schema"
 )
 
 // Worker runs functions: it owns partitions, reads them and applies their
@@ -98,6 +99,9 @@ func NewWorker(ctx context.Context, cfg kfn.Config, fns ...kfn.Function) (*Worke
 			w.close()
 		}
 	}()
+	if _, err := w.registry(); err != nil {
+		return nil, err
+	}
 	service := fns[0].Name
 	if len(fns) > 1 {
 		service = "kfn-worker"
@@ -213,7 +217,7 @@ func (w *worker) connectPostgres(ctx context.Context) error {
 		w.cfg.Logger.Info("running against a newer schema whose later migrations do not break this binary (a rolling upgrade)",
 			"schema", v, "built_for", schema.Latest())
 	}
-	if w.installation, err = InstallationID(ctx, w.pool); err != nil {
+	if w.installation, err = naming.InstallationID(ctx, w.pool); err != nil {
 		return err
 	}
 	// By the database's clock, which all workers share: a change of a lane

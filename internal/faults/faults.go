@@ -1,7 +1,9 @@
-// Package faults holds hooks that tests of kfn's runtime packages set to
-// stop the record path and the lease at exact points. Production code never
-// sets them. Each hook is an atomic pointer: nil (the default) is a no-op,
-// and passing an unset hook costs one atomic load.
+// Package faults holds the hooks that tests of kfn's runtime packages set to
+// stop a lane's record path at exact points of its fence. Production code
+// never sets them. Each hook is an atomic pointer: nil (the default) is a
+// no-op, and passing an unset hook costs one atomic load. The lease's own
+// hook, which freezes a claim, is package lease's SetFreeze: the lease
+// knows nothing of lanes or the inbox.
 package faults
 
 import (
@@ -63,43 +65,4 @@ func Lane(p LanePoint, lane inbox.Partition, token int64) {
 	if h := laneHook.Load(); h != nil {
 		(*h)(p, lane, token)
 	}
-}
-
-// LeaseFreeze says whether the lease claim on item with token is frozen:
-// nil if it is not, or a channel that is closed when its freeze ends.
-//
-// While a claim is frozen, its holder (package lease) does not renew the
-// lease, and nothing cancels the claim's work: not the watchdog when the
-// lease's validity runs out, not a failed renewal, not a rebalance. Those
-// cancellations reach the work when the freeze ends, as they reach a
-// process woken from SIGSTOP whose lease expired while it slept. Combined
-// with a LaneHook that blocks, it freezes a lane as such a process would
-// be frozen, and wakes it with its next statement about to run.
-type LeaseFreeze func(item string, token uint64) <-chan struct{}
-
-var leaseFreeze atomic.Pointer[LeaseFreeze]
-
-// SetLeaseFreeze installs f (nil removes it) and returns a function that
-// puts the previous one back. Install it before the claims it is to freeze
-// start: the work of a claim that started without one gets its
-// cancellations at once, frozen or not.
-func SetLeaseFreeze(f LeaseFreeze) (restore func()) {
-	var next *LeaseFreeze
-	if f != nil {
-		next = &f
-	}
-	prev := leaseFreeze.Swap(next)
-	return func() { leaseFreeze.Store(prev) }
-}
-
-// LeaseFreezeSet reports whether a LeaseFreeze is installed.
-func LeaseFreezeSet() bool { return leaseFreeze.Load() != nil }
-
-// LeaseFrozen asks the LeaseFreeze, if one is set, about the claim on item
-// with token; nil means not frozen.
-func LeaseFrozen(item string, token uint64) <-chan struct{} {
-	if f := leaseFreeze.Load(); f != nil {
-		return (*f)(item, token)
-	}
-	return nil
 }

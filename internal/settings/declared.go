@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/kfn-dev/kfn/internal/connect"
+	"github.com/kfn-dev/kfn/internal/lease"
 	"github.com/kfn-dev/kfn/outbox"
-	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
 // Defaults of the worker's settings, chosen from the benchmark (`kfn bench`,

@@ -51,9 +51,9 @@ func TestReexecutionKeepsOrRenewsEventIDsDownstream(t *testing.T) {
 
 	reexecute := func(keep bool) {
 		t.Helper()
-		_, err := operator.Replay(context.Background(), c.pg.Pool, js, operator.ReplayRequest{
-			Function: "orders", Topic: c.topic, Partition: 0, From: 5, To: 15,
-			Reexecute: true, KeepEventIDs: keep, Reason: "test", Actor: "test", KafkaBrokers: c.kafka.Brokers,
+		_, err := operator.Replay(context.Background(), c.pg.Pool, js, operator.ReplaySpec{
+			Function: "orders", Topic: c.topic, Partitions: []int32{0}, From: 5, KafkaBrokers: c.kafka.Brokers,
+			ReplayOptions: inbox.ReplayOptions{To: 15, Reexecute: true, KeepEventIDs: keep, Reason: "test", Actor: "test"},
 		})
 		if err != nil {
 			t.Fatalf("re-execute 5..14 (keep event ids: %v): %v", keep, err)

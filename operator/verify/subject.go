@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/naming"
 	"github.com/kfn-dev/kfn/outbox"
 )
 
@@ -121,8 +121,8 @@ func readSubject(ctx context.Context, stream jetstream.Stream, spec Spec, eff *e
 			return
 		}
 		h := msg.Headers()
-		key := engine.EventKey(h)
-		t := trigger{id: engine.EventID(h, spec.Stream, int64(seq)), seq: seq, lane: int32(outbox.LaneOf(key, lanes))}
+		key := naming.EventKey(h)
+		t := trigger{id: naming.EventID(h, spec.Stream, int64(seq)), seq: seq, lane: int32(outbox.LaneOf(key, lanes))}
 		if eff.shape == shapeKeyed {
 			t.key = string(key)
 		}

@@ -403,8 +403,9 @@ func TestVerifyAcceptsAReexecution(t *testing.T) {
 	ctx := context.Background()
 	stop := d.start()
 	defer stop()
-	_, err := operator.Replay(ctx, d.db.Pool, d.js, operator.ReplayRequest{
-		Function: function, Topic: d.topic, Partition: 1, From: 2, To: 6, Reexecute: true, Reason: "test", Actor: "test", LeaseBucket: d.lease,
+	_, err := operator.Replay(ctx, d.db.Pool, d.js, operator.ReplaySpec{
+		Function: function, Topic: d.topic, Partitions: []int32{1}, From: 2, LeaseBucket: d.lease,
+		ReplayOptions: inbox.ReplayOptions{To: 6, Reexecute: true, Reason: "test", Actor: "test"},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfn-dev/kfn/runtime/devstack"
+	"github.com/kfn-dev/kfn/internal/devstack"
 )
 
 var builds struct {

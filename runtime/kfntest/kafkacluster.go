@@ -18,7 +18,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/kfn-dev/kfn/runtime/devstack"
+	"github.com/kfn-dev/kfn/internal/devstack"
 )
 
 // envKafkaStartTimeout is kafka.sh's bound, in seconds, on how long a node

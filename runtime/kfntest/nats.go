@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/kfn-dev/kfn/runtime/devstack"
+	"github.com/kfn-dev/kfn/internal/devstack"
 )
 
 // EnvNATSURL names a NATS server with JetStream for the tests; see the package doc.

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfn-dev/kfn/runtime/devstack"
+	"github.com/kfn-dev/kfn/internal/devstack"
 )
 
 // natsServerPkg is built with `go build`; it is in kfn's module graph, so the

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/kfn-dev/kfn/runtime/devstack"
-	"github.com/kfn-dev/kfn/runtime/schema"
+	"github.com/kfn-dev/kfn/internal/devstack"
+	"github.com/kfn-dev/kfn/internal/schema"
 )
 
 // EnvDatabaseURL names a Postgres server for the tests; see the package doc.

@@ -6,7 +6,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/kfn-dev/kfn/runtime/devstack"
+	"github.com/kfn-dev/kfn/internal/devstack"
 )
 
 // PrivateKafka is an in-process Kafka broker of one test's own, keeping its

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfn-dev/kfn/runtime/devstack"
+	"github.com/kfn-dev/kfn/internal/devstack"
 )
 
 // Process is a child process of the test (a worker, a server) that fault

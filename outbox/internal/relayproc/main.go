@@ -46,8 +46,8 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/lease"
 	"github.com/kfn-dev/kfn/outbox"
-	"github.com/kfn-dev/kfn/runtime/lease"
 )
 
 func main() {

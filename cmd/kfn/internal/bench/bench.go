@@ -6,7 +6,10 @@
 // limit of the machine: Postgres ingesting the same rows with COPY. It
 // reports each mode's throughput, its CPU time per record over every
 // process involved (cpu.go), its commit latency (latency.go) and its
-// memory (memory.go), and describes the machine (machine.go).
+// memory (memory.go), and describes the machine (machine.go). It also
+// measures the outbox relay alone against a naive relay, and its commit →
+// ack latency (relay.go), and the relay's share of a worker's CPU
+// (relayshare.go).
 package bench
 
 import (

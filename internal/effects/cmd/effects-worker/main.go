@@ -5,7 +5,7 @@
 // `effects-worker migrate` instead applies the schema migrations this build
 // knows to DATABASE_URL, as `kfn migrate` of the same release would: the
 // rolling-upgrade test builds it for several schema versions (see
-// runtime/schema's maxVersion and the kfn_upgrade_test build tag).
+// internal/schema's maxVersion and the kfn_upgrade_test build tag).
 package main
 
 import (
@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kfn-dev/kfn/internal/effects"
-	"github.com/kfn-dev/kfn/runtime/schema"
+	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/runtime/worker"
 )
 

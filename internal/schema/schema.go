@@ -35,7 +35,7 @@ var testMigrations fs.FS
 // maxVersion caps the embedded migrations at a version, to build a binary
 // as the release built for that schema was:
 //
-//	go build -ldflags "-X github.com/kfn-dev/kfn/runtime/schema.maxVersion=7" …
+//	go build -ldflags "-X github.com/kfn-dev/kfn/internal/schema.maxVersion=7" …
 //
 // The rolling-upgrade test runs such "older" workers. Empty: every
 // embedded migration.

@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/kfn-dev/kfn/runtime/devstack"
+	"github.com/kfn-dev/kfn/internal/devstack"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 

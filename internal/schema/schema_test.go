@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
-	"github.com/kfn-dev/kfn/runtime/schema"
 )
 
 func TestMain(m *testing.M) { kfntest.Main(m) }

@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"sync"
 	"time"
-
-	"github.com/kfn-dev/kfn/internal/faults"
 )
 
 // claim is the loop's handle on one held lease.
@@ -89,7 +87,7 @@ func (r *run) hold(ctx context.Context, cancel context.CancelCauseFunc, l *Lease
 	defer watchdog.Stop()
 
 	workCtx := ctx
-	if faults.LeaseFreezeSet() { // tests only
+	if freezeSet() { // tests only
 		workCtx = cancelAfterFreeze(ctx, l)
 	}
 	workDone := make(chan struct{})
@@ -109,7 +107,7 @@ renew:
 			break renew
 		case <-next.C:
 		}
-		if thaw := faults.LeaseFrozen(l.Item, l.Token); thaw != nil {
+		if thaw := frozen(l.Item, l.Token); thaw != nil {
 			// Frozen by a test: renew nothing until the freeze ends.
 			select {
 			case <-workDone:
@@ -199,12 +197,12 @@ renew:
 }
 
 // cancelAfterFreeze returns a context for the claim's work that is
-// cancelled with ctx, except that while a test freezes the claim
-// (faults.LeaseFrozen) the cancellation waits until the freeze ends.
+// cancelled with ctx, except that while a test freezes the claim (with
+// SetFreeze) the cancellation waits until the freeze ends.
 func cancelAfterFreeze(ctx context.Context, l *Lease) context.Context {
 	workCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	context.AfterFunc(ctx, func() {
-		if thaw := faults.LeaseFrozen(l.Item, l.Token); thaw != nil {
+		if thaw := frozen(l.Item, l.Token); thaw != nil {
 			<-thaw
 		}
 		cancel(context.Cause(ctx))

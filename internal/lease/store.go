@@ -288,7 +288,7 @@ func (s *Store) checkFresh(ctx context.Context) error {
 func (s *Store) streamConfig(markers bool) jetstream.StreamConfig {
 	cfg := jetstream.StreamConfig{
 		Name:              "KV_" + s.cfg.Bucket,
-		Description:       "kfn leases and membership heartbeats (runtime/lease)",
+		Description:       "kfn leases and membership heartbeats (internal/lease)",
 		Subjects:          []string{"$KV." + s.cfg.Bucket + ".>"},
 		MaxMsgsPerSubject: 1, // History 1: only the latest write of a key
 		MaxAge:            s.cfg.TTL,

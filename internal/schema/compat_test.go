@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
-	"github.com/kfn-dev/kfn/runtime/schema"
 )
 
 func TestMigrationMarkersAreReadFromTheFirstLine(t *testing.T) {

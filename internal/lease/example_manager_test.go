@@ -10,8 +10,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/kfn-dev/kfn/runtime/devstack"
-	"github.com/kfn-dev/kfn/runtime/lease"
+	"github.com/kfn-dev/kfn/internal/devstack"
+	"github.com/kfn-dev/kfn/internal/lease"
 )
 
 // A worker runs a Manager over the partitions of its topic. Each claim comes

@@ -1,4 +1,4 @@
-package outbox
+package bench
 
 import (
 	"context"
@@ -13,10 +13,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kfn-dev/kfn/outbox"
 )
 
-// RelayBenchConfig configures RunRelayBenchmark.
-type RelayBenchConfig struct {
+// RelayConfig configures RunRelay.
+type RelayConfig struct {
 	// Pool is a migrated kfn database whose outbox is empty and not relayed
 	// by anyone else. Give it at least Shards+4 connections.
 	Pool *pgxpool.Pool
@@ -40,11 +42,11 @@ type RelayBenchConfig struct {
 	NaiveFor time.Duration
 	// Relay overrides the relay's settings (Pool, JetStream, Stream and
 	// Subjects are set by the benchmark).
-	Relay RelayConfig
+	Relay outbox.RelayConfig
 }
 
-// RelayBenchResult holds the figures of one RunRelayBenchmark.
-type RelayBenchResult struct {
+// RelayResult holds the figures of one RunRelay.
+type RelayResult struct {
 	Events         int
 	RelayElapsed   time.Duration
 	RelayPerSecond float64 // relay throughput on the backlog
@@ -75,7 +77,7 @@ type RelayBenchResult struct {
 	LatencyRateReached float64 // events/s actually committed in the latency run
 }
 
-func (r RelayBenchResult) String() string {
+func (r RelayResult) String() string {
 	return fmt.Sprintf("relay: %d events in %v = %.0f events/s\n"+
 		"relay cost on the backlog: %s\n"+
 		"naive relay (sync publish + DELETE per row): %d events in %v = %.0f events/s\n"+
@@ -94,7 +96,7 @@ func (r RelayBenchResult) String() string {
 		r.LatencyCost)
 }
 
-func (c RelayBenchConfig) withDefaults() RelayBenchConfig {
+func (c RelayConfig) withDefaults() RelayConfig {
 	if c.Events == 0 {
 		c.Events = 50000
 	}
@@ -113,7 +115,7 @@ func (c RelayBenchConfig) withDefaults() RelayBenchConfig {
 	return c
 }
 
-// RunRelayBenchmark measures, in one run and on one machine:
+// RunRelay measures, in one run and on one machine:
 //   - the relay's throughput on a backlog of Events pre-inserted rows;
 //   - a naive relay (one synchronous publish and one DELETE per row) on the
 //     same backlog, and the ratio;
@@ -123,19 +125,19 @@ func (c RelayBenchConfig) withDefaults() RelayBenchConfig {
 //
 // It uses streams of its own, deletes them afterwards, and leaves the outbox
 // empty.
-func RunRelayBenchmark(ctx context.Context, cfg RelayBenchConfig) (RelayBenchResult, error) {
+func RunRelay(ctx context.Context, cfg RelayConfig) (RelayResult, error) {
 	cfg = cfg.withDefaults()
 	if cfg.Pool == nil || cfg.JetStream == nil {
-		return RelayBenchResult{}, errors.New("relay benchmark: Pool and JetStream are required")
+		return RelayResult{}, errors.New("relay benchmark: Pool and JetStream are required")
 	}
 	var n int
 	if err := cfg.Pool.QueryRow(ctx, "SELECT count(*) FROM kfn.outbox").Scan(&n); err != nil {
-		return RelayBenchResult{}, fmt.Errorf("relay benchmark: %w", err)
+		return RelayResult{}, fmt.Errorf("relay benchmark: %w", err)
 	}
 	if n != 0 {
-		return RelayBenchResult{}, fmt.Errorf("relay benchmark: the outbox holds %d rows; run it on an empty outbox", n)
+		return RelayResult{}, fmt.Errorf("relay benchmark: the outbox holds %d rows; run it on an empty outbox", n)
 	}
-	res := RelayBenchResult{Events: cfg.Events}
+	res := RelayResult{Events: cfg.Events}
 	bench := &relayBench{cfg: cfg, tag: fmt.Sprintf("kfnbench%d", time.Now().UnixNano()%1e9)}
 	defer bench.cleanup()
 
@@ -200,7 +202,7 @@ func percentiles(d []time.Duration) (p50, p99, most time.Duration) {
 }
 
 type relayBench struct {
-	cfg     RelayBenchConfig
+	cfg     RelayConfig
 	tag     string
 	streams []string
 	offset  atomic.Int64
@@ -229,19 +231,19 @@ func (b *relayBench) stream(ctx context.Context, name string) (string, string, e
 
 // rows makes n events over the configured keys, interleaved, with a
 // 100-byte payload.
-func (b *relayBench) rows(kind string, n int) []Row {
+func (b *relayBench) rows(kind string, n int) []outbox.Row {
 	payload := []byte(strings.Repeat("x", 100))
-	rows := make([]Row, n)
+	rows := make([]outbox.Row, n)
 	for i := range rows {
 		offset := b.offset.Add(1)
 		key := fmt.Sprintf("key-%d", i%b.cfg.Keys)
-		origin := Origin{Consumer: "bench", Topic: "bench", Offset: offset, SourceID: KafkaSourceID("bench-"+kind+b.tag, 0, offset)}
-		rows[i] = NewRow(origin, 0, key, Event{Subject: b.tag + ".SUBJECT.evt", Key: key, Data: payload})
+		origin := outbox.Origin{Consumer: "bench", Topic: "bench", Offset: offset, SourceID: outbox.KafkaSourceID("bench-"+kind+b.tag, 0, offset)}
+		rows[i] = outbox.NewRow(origin, 0, key, outbox.Event{Subject: b.tag + ".SUBJECT.evt", Key: key, Data: payload})
 	}
 	return rows
 }
 
-func withSubject(rows []Row, subject string) []Row {
+func withSubject(rows []outbox.Row, subject string) []outbox.Row {
 	out := slices.Clone(rows)
 	for i := range out {
 		out[i].Event.Subject = subject + ".evt"
@@ -249,17 +251,17 @@ func withSubject(rows []Row, subject string) []Row {
 	return out
 }
 
-func (b *relayBench) insert(ctx context.Context, rows []Row, perTx int) error {
+func (b *relayBench) insert(ctx context.Context, rows []outbox.Row, perTx int) error {
 	for start := 0; start < len(rows); start += perTx {
 		chunk := rows[start:min(start+perTx, len(rows))]
-		if err := pgx.BeginFunc(ctx, b.cfg.Pool, func(tx pgx.Tx) error { return Insert(ctx, tx, chunk) }); err != nil {
+		if err := pgx.BeginFunc(ctx, b.cfg.Pool, func(tx pgx.Tx) error { return outbox.Insert(ctx, tx, chunk) }); err != nil {
 			return fmt.Errorf("relay benchmark: insert: %w", err)
 		}
 	}
 	return nil
 }
 
-func (b *relayBench) relayConfig(stream, subject string) RelayConfig {
+func (b *relayBench) relayConfig(stream, subject string) outbox.RelayConfig {
 	rc := b.cfg.Relay
 	rc.Pool, rc.JetStream, rc.Stream, rc.Subjects = b.cfg.Pool, b.cfg.JetStream, stream, []string{subject + ".>"}
 	return rc
@@ -278,7 +280,7 @@ func (b *relayBench) relayBacklog(ctx context.Context, name string, n int) (time
 	if _, err := b.cfg.Pool.Exec(ctx, "VACUUM ANALYZE kfn.outbox"); err != nil {
 		return 0, EventCost{}, fmt.Errorf("relay benchmark: %w", err)
 	}
-	relay, err := NewRelay(b.relayConfig(stream, subject))
+	relay, err := outbox.NewRelay(b.relayConfig(stream, subject))
 	if err != nil {
 		return 0, EventCost{}, err
 	}
@@ -302,7 +304,7 @@ func (b *relayBench) relayBacklog(ctx context.Context, name string, n int) (time
 				return time.Since(start), cost.perEvent(n), nil
 			}
 		}
-		if !sleepCtx(ctx, 2*time.Millisecond) {
+		if !sleep(ctx, 2*time.Millisecond) {
 			return 0, EventCost{}, ctx.Err()
 		}
 	}
@@ -324,19 +326,7 @@ func (b *relayBench) naiveRelay(ctx context.Context, name string) (int, time.Dur
 	start := time.Now()
 	done := 0
 	for time.Since(start) < b.cfg.NaiveFor {
-		rows, err := b.cfg.Pool.Query(ctx, `SELECT id, event_id, subject, event_type, event_key, data, headers,
-			source, source_topic, source_partition, source_offset, created_at FROM kfn.outbox ORDER BY id LIMIT 100`)
-		if err != nil {
-			return 0, 0, fmt.Errorf("naive relay: %w", err)
-		}
-		batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (relayRow, error) {
-			var row relayRow
-			var key, headers []byte
-			err := r.Scan(&row.ID, &row.EventID, &row.Subject, &row.Type, &key, &row.Data, &headers,
-				&row.Source, &row.SourceTopic, &row.SourcePartition, &row.SourceOffset, &row.CreatedAt)
-			row.Key, row.Headers = string(key), decodeHeaders(headers)
-			return row, err
-		})
+		batch, err := outbox.ReadPending(ctx, b.cfg.Pool, stream, 100)
 		if err != nil {
 			return 0, 0, fmt.Errorf("naive relay: %w", err)
 		}
@@ -344,8 +334,7 @@ func (b *relayBench) naiveRelay(ctx context.Context, name string) (int, time.Dur
 			break
 		}
 		for i := range batch {
-			msg, _ := buildMessage(&batch[i], stream, CloudEventsSourcePrefix+batch[i].Source, nil)
-			if _, err := b.cfg.JetStream.PublishMsg(ctx, msg); err != nil {
+			if _, err := b.cfg.JetStream.PublishMsg(ctx, batch[i].Msg); err != nil {
 				return 0, 0, fmt.Errorf("naive relay: publish: %w", err)
 			}
 			if _, err := b.cfg.Pool.Exec(ctx, "DELETE FROM kfn.outbox WHERE id = $1", batch[i].ID); err != nil {
@@ -367,9 +356,9 @@ type latencies struct {
 	fromSend, fromReply, commit []time.Duration
 }
 
-// commitTimes are when a transaction's COMMIT went out and when its reply
+// relayCommit are when a transaction's COMMIT went out and when its reply
 // came back.
-type commitTimes struct{ sent, replied time.Time }
+type relayCommit struct{ sent, replied time.Time }
 
 // latency commits rate events per second (0: as fast as it can) for
 // Duration with the relay running, from Committers sessions, and returns
@@ -382,15 +371,15 @@ func (b *relayBench) latency(ctx context.Context, name string, rate int) (latenc
 		return lat, 0, EventCost{}, err
 	}
 	var mu sync.Mutex
-	committedAt := map[string]commitTimes{}
+	committedAt := map[string]relayCommit{}
 	ackedAt := map[string]time.Time{}
 	rc := b.relayConfig(stream, subject)
-	rc.afterAck = func(id string, at time.Time) {
+	rc.AfterAck = func(id string, at time.Time) {
 		mu.Lock()
 		ackedAt[id] = at
 		mu.Unlock()
 	}
-	relay, err := NewRelay(rc)
+	relay, err := outbox.NewRelay(rc)
 	if err != nil {
 		return lat, 0, EventCost{}, err
 	}
@@ -404,7 +393,7 @@ func (b *relayBench) latency(ctx context.Context, name string, rate int) (latenc
 	defer func() { stop(); wg.Wait() }()
 	// Let the relay reach its steady state (LISTEN up, shards idle).
 	for !relay.Stats().Listening {
-		if !sleepCtx(ctx, 5*time.Millisecond) {
+		if !sleep(ctx, 5*time.Millisecond) {
 			return lat, 0, EventCost{}, ctx.Err()
 		}
 	}
@@ -417,7 +406,7 @@ func (b *relayBench) latency(ctx context.Context, name string, rate int) (latenc
 		interval = time.Duration(float64(time.Second) * float64(b.cfg.TxSize*b.cfg.Committers) / float64(rate))
 		txs = int(b.cfg.Duration / interval)
 	}
-	batches := make([][][]Row, b.cfg.Committers)
+	batches := make([][][]outbox.Row, b.cfg.Committers)
 	for c := range batches {
 		for range txs {
 			batches[c] = append(batches[c], withSubject(b.rows("lat", b.cfg.TxSize), subject))
@@ -434,14 +423,14 @@ func (b *relayBench) latency(ctx context.Context, name string, rate int) (latenc
 			defer commitWG.Done()
 			offset := time.Duration(c) * interval / time.Duration(b.cfg.Committers)
 			for i := 0; ; i++ {
-				var rows []Row
+				var rows []outbox.Row
 				switch {
 				case rate > 0 && i == len(batches[c]):
 					return
 				case rate > 0:
 					rows = batches[c][i]
 					if wait := time.Until(start.Add(offset + time.Duration(i)*interval)); wait > 0 {
-						sleepCtx(ctx, wait)
+						sleep(ctx, wait)
 					}
 				case time.Since(start) >= b.cfg.Duration:
 					return
@@ -480,7 +469,7 @@ func (b *relayBench) latency(ctx context.Context, name string, rate int) (latenc
 		if time.Now().After(deadline) {
 			return lat, 0, EventCost{}, fmt.Errorf("latency run: only %d of %d events acked 30s after the last commit", acked, n)
 		}
-		sleepCtx(ctx, 2*time.Millisecond)
+		sleep(ctx, 2*time.Millisecond)
 	}
 	reached := float64(n) / time.Since(start).Seconds()
 	spent := cost.perEvent(n)
@@ -496,17 +485,29 @@ func (b *relayBench) latency(ctx context.Context, name string, rate int) (latenc
 
 // commit inserts rows in one transaction and returns when its COMMIT went
 // out and when the reply came.
-func (b *relayBench) commit(ctx context.Context, rows []Row) (commitTimes, error) {
+func (b *relayBench) commit(ctx context.Context, rows []outbox.Row) (relayCommit, error) {
 	tx, err := b.cfg.Pool.Begin(ctx)
 	if err != nil {
-		return commitTimes{}, err
+		return relayCommit{}, err
 	}
-	if err := Insert(ctx, tx, rows); err != nil {
+	if err := outbox.Insert(ctx, tx, rows); err != nil {
 		tx.Rollback(ctx) //nolint:errcheck // the insert's error is the one to report
-		return commitTimes{}, err
+		return relayCommit{}, err
 	}
-	at := commitTimes{sent: time.Now()}
+	at := relayCommit{sent: time.Now()}
 	err = tx.Commit(ctx)
 	at.replied = time.Now()
 	return at, err
+}
+
+// sleep waits d or until ctx ends, and reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }

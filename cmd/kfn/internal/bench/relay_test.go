@@ -1,12 +1,17 @@
-package outbox
+package bench
 
 import (
 	"context"
+	"log/slog"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
@@ -16,27 +21,35 @@ import (
 // stream ack latency at 80% of the backlog throughput. NATS runs as its own
 // process, as in production. It ignores b.N; run it once:
 //
-//	go test -run '^$' -bench BenchmarkRelay -benchtime 1x ./outbox/
+//	go test -run '^$' -bench BenchmarkRelay -benchtime 1x ./cmd/kfn/internal/bench/
 func BenchmarkRelay(b *testing.B) {
 	db := kfntest.Postgres(b)
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
 		b.Fatal(err)
 	}
-	cfg.MaxConns = Shards + 8
+	cfg.MaxConns = outbox.Shards + 8
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer pool.Close()
-	nats := kfntest.NATSProcess(b)
-	_, js := connectJetStream(b, nats.URL)
+	server := kfntest.NATSProcess(b)
+	nc, err := nats.Connect(server.URL, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.RetryOnFailedConnect(true))
+	if err != nil {
+		b.Fatalf("connect to NATS: %v", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
 
-	var res RelayBenchResult
+	var res RelayResult
 	for range b.N {
-		res, err = RunRelayBenchmark(context.Background(), RelayBenchConfig{
+		res, err = RunRelay(context.Background(), RelayConfig{
 			Pool: pool, JetStream: js,
-			Relay: RelayConfig{Logger: testLogger()},
+			Relay: outbox.RelayConfig{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))},
 		})
 		if err != nil {
 			b.Fatal(err)

@@ -49,7 +49,7 @@ func TestBucketStreamIsAKeyValueBucket(t *testing.T) {
 	b := setup(t)
 	ctx := testContext(t)
 	if _, err := b.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: "plain", Description: "kfn leases and membership heartbeats (runtime/lease)", History: 1,
+		Bucket: "plain", Description: "kfn leases and membership heartbeats (internal/lease)", History: 1,
 		TTL: testTTL, Storage: jetstream.FileStorage, LimitMarkerTTL: testTTL,
 	}); err != nil {
 		t.Fatal(err)
