@@ -558,7 +558,7 @@ func (a *applier) writeDeadLetter(ctx context.Context, tx pgx.Tx, rec kfn.Record
 		return err
 	}
 	d := inbox.DeadLetter{
-		Partition: a.part, Offset: rec.Offset, Key: rec.Key, Value: rec.Value, Headers: DeadLetterHeaders(rec),
+		Partition: a.part, Offset: rec.Offset, Key: rec.Key, Value: rec.Value, Headers: inbox.HeadersOf(rec.Headers),
 		RecordTime: rec.Time, Reason: reason, Error: cause.Error(), Attempts: attempts,
 	}
 	if reason == "oversized" || recordSize(rec) > a.cfg.MaxRecordBytes {
@@ -676,15 +676,6 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
-}
-
-// DeadLetterHeaders copies a record's headers for its dead letter.
-func DeadLetterHeaders(rec kfn.Record) []inbox.Header {
-	headers := make([]inbox.Header, len(rec.Headers))
-	for i, h := range rec.Headers {
-		headers[i] = inbox.Header{Key: []byte(h.Key), Value: h.Value}
-	}
-	return headers
 }
 
 // HandleRecord applies rec through fn's Handler (or its BatchHandler, with

@@ -115,7 +115,7 @@ func (w *worker) explainNATSState(err error) error {
 // which keeps their order).
 func (w *worker) own(ctx context.Context, fn kfn.Function, leases *lease.Manager) error {
 	items := func(ctx context.Context) ([]string, error) {
-		parts, err := w.kafka.partitions(ctx, fn.Topic)
+		parts, err := w.kafka.Partitions(ctx, fn.Topic)
 		if err != nil {
 			return nil, err
 		}

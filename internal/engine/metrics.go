@@ -142,7 +142,7 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.topicMissing, prometheus.GaugeValue, v, ft[0], ft[1])
 	}
 	if c.wk.w.offsets != nil {
-		refused, failures := c.wk.w.offsets.mirrorState()
+		refused, failures := c.wk.w.offsets.State()
 		counter(c.mirrorFailures, float64(failures))
 		for group, no := range refused {
 			v := 0.0

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/kafkasource"
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
@@ -39,7 +40,7 @@ type cursorLane interface {
 func (w *worker) runPartition(ctx context.Context, fn kfn.Function, partition int32, token int64) {
 	part := inbox.Partition{Consumer: fn.Name, Topic: fn.Topic, Partition: partition}
 	cursor := &partitionTracker{part: part, token: token, stats: w.stats, onCommit: func(next int64) {
-		w.offsets.note(w.consumerGroup(fn), part.Topic, part.Partition, next)
+		w.offsets.Note(w.consumerGroup(fn), part.Topic, part.Partition, next)
 	}}
 	var lane cursorLane = cursor
 	if w.partitionTracker != nil {
@@ -87,7 +88,7 @@ func (pr *partitionRun) run(ctx context.Context) error {
 		return err
 	}
 	pr.log.Debug("partition claimed", "next_offset", pr.cursor.next, "took", time.Since(began))
-	reader, err := pr.w.kafka.reader(pr.part.Topic, pr.part.Partition, pr.cursor.next)
+	reader, err := pr.w.kafka.Reader(pr.part.Topic, pr.part.Partition, pr.cursor.next)
 	if err != nil {
 		return err
 	}
@@ -112,7 +113,7 @@ func (pr *partitionRun) run(ctx context.Context) error {
 			return err
 		}
 		if next == nil {
-			reader.noteCursor(pr.cursor.next)
+			reader.NoteCursor(pr.cursor.next)
 			next = pr.prefetch(prefetchCtx, reader)
 		}
 		f := <-next
@@ -133,7 +134,7 @@ func (pr *partitionRun) run(ctx context.Context) error {
 				return err
 			}
 			reader.Close()
-			if reader, err = pr.w.kafka.reader(pr.part.Topic, pr.part.Partition, pr.cursor.next); err != nil {
+			if reader, err = pr.w.kafka.Reader(pr.part.Topic, pr.part.Partition, pr.cursor.next); err != nil {
 				return err
 			}
 			continue
@@ -185,7 +186,7 @@ func (pr *partitionRun) run(ctx context.Context) error {
 // claim records the token in Postgres and loads the cursor. A partition
 // without a cursor starts at the configured end of the topic.
 func (pr *partitionRun) claim(ctx context.Context) error {
-	first, high, err := pr.w.kafka.offsetRange(ctx, pr.part.Topic, pr.part.Partition)
+	first, high, err := pr.w.kafka.OffsetRange(ctx, pr.part.Topic, pr.part.Partition)
 	if err != nil {
 		return err
 	}
@@ -254,7 +255,7 @@ func (pr *partitionRun) skipGap(ctx context.Context, batch []kfn.Record) (int, e
 	if !gapped(batch, pr.cursor.next, pr.cursor.cursorAfter) {
 		return len(batch), nil
 	}
-	first, _, err := pr.w.kafka.offsetRange(ctx, pr.part.Topic, pr.part.Partition)
+	first, _, err := pr.w.kafka.OffsetRange(ctx, pr.part.Topic, pr.part.Partition)
 	if err != nil {
 		return 0, err
 	}
@@ -301,7 +302,7 @@ func expired(batch []kfn.Record, next, first int64) (cut int, to int64) {
 }
 
 // passOver moves the cursor to `to` over offsets that hold no committed
-// record, when the reader found only those after it (errPassedOnly): a
+// record, when the reader found only those after it (kafkasource.ErrPassedOnly): a
 // partition whose producer's last transaction ended with its marker, or
 // was aborted, otherwise keeps its cursor, and its lag, one marker or an
 // aborted transaction short of the end for good. The move is a fenced
@@ -346,7 +347,7 @@ type fetched struct {
 
 // prefetch reads the next batch (fetch) in a goroutine of its own and
 // delivers it on the returned channel, which gets exactly one value.
-func (pr *partitionRun) prefetch(ctx context.Context, reader *committedReader) <-chan fetched {
+func (pr *partitionRun) prefetch(ctx context.Context, reader *kafkasource.Reader) <-chan fetched {
 	out := make(chan fetched, 1)
 	go func() { out <- pr.fetch(ctx, reader) }()
 	return out
@@ -354,11 +355,11 @@ func (pr *partitionRun) prefetch(ctx context.Context, reader *committedReader) <
 
 // fetch blocks for the first record, then gathers more until the batch is
 // full or BatchWait has passed since the first one. Offsets the reader
-// passes without a record (errPassedOnly) go to the batch's last record,
+// passes without a record (kafkasource.ErrPassedOnly) go to the batch's last record,
 // whose commit then moves the cursor past them; before the first record,
 // the lane waits BatchWait for one, and returns without a batch, how far
 // the reader passed, when none comes.
-func (pr *partitionRun) fetch(ctx context.Context, reader *committedReader) fetched {
+func (pr *partitionRun) fetch(ctx context.Context, reader *kafkasource.Reader) fetched {
 	max := pr.w.cfg.BatchSize
 	batch := make([]kfn.Record, 0, max)
 	var afters map[int64]int64
@@ -371,13 +372,13 @@ func (pr *partitionRun) fetch(ctx context.Context, reader *committedReader) fetc
 		}
 	}
 	wctx, stop := pr.retry.waitContext(ctx)
-	rec, after, err := reader.nextRecord(wctx)
-	if errors.Is(err, errPassedOnly) {
+	rec, after, err := reader.NextRecord(wctx)
+	if errors.Is(err, kafkasource.ErrPassedOnly) {
 		// A record coming right behind the markers takes the cursor
 		// past them in its batch's commit.
 		pctx, cancel := context.WithTimeout(wctx, pr.w.cfg.BatchWait)
-		for errors.Is(err, errPassedOnly) {
-			rec, after, err = reader.nextRecord(pctx)
+		for errors.Is(err, kafkasource.ErrPassedOnly) {
+			rec, after, err = reader.NextRecord(pctx)
 		}
 		waited := pctx.Err() != nil && wctx.Err() == nil
 		cancel()
@@ -399,8 +400,8 @@ func (pr *partitionRun) fetch(ctx context.Context, reader *committedReader) fetc
 	fctx, cancel := context.WithDeadline(ctx, time.Now().Add(pr.w.cfg.BatchWait))
 	defer cancel()
 	for len(batch) < max {
-		rec, after, err := reader.nextRecord(fctx)
-		if errors.Is(err, errPassedOnly) {
+		rec, after, err := reader.NextRecord(fctx)
+		if errors.Is(err, kafkasource.ErrPassedOnly) {
 			passedAfter(batch[len(batch)-1], reader.Passed())
 			continue
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/internal/kafkasource"
 	"github.com/kfn-dev/kfn/internal/lease"
 	"github.com/kfn-dev/kfn/internal/naming"
 	"github.com/kfn-dev/kfn/internal/schema"
@@ -37,7 +38,7 @@ type worker struct {
 	partitionTracker func(*partitionTracker) cursorLane
 	fns              []kfn.Function
 	pool             *pgxpool.Pool
-	kafka            *kafkaSource
+	kafka            *kafkasource.Source
 	nc               *nats.Conn
 	js               jetstream.JetStream
 	leases           map[string]*lease.Manager // partition leases, per function name
@@ -45,7 +46,7 @@ type worker struct {
 	// installation scopes the lease groups (kfn.installation.id).
 	installation string
 	startedAt    time.Time // when this worker started, by the database's clock
-	offsets      *offsetCommitter
+	offsets      *kafkasource.GroupMirror
 	stats        *Stats
 	tracing      *tracing.Provider // the exporter this worker started, flushed by close; nil with Config.TracerProvider
 	tracer       trace.Tracer      // nil while tracing is off
@@ -131,17 +132,17 @@ func (w *worker) connect(ctx context.Context) error {
 	}
 	if topic := kafkaTopic(w.fns); topic != "" {
 		var err error
-		if w.kafka, err = newKafkaSource(w.cfg.KafkaBrokers, kafkaSecurity(w.cfg), w.cfg.Logger); err != nil {
+		if w.kafka, err = kafkasource.New(w.cfg.KafkaBrokers, kafkaSecurity(w.cfg), w.cfg.Logger); err != nil {
 			return err
 		}
 		metaCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		if _, err := w.kafka.partitions(metaCtx, topic); kafkaconn.IsSecurity(err) {
+		if _, err := w.kafka.Partitions(metaCtx, topic); kafkaconn.IsSecurity(err) {
 			return fmt.Errorf("cannot connect to Kafka: %w", err)
-		} else if err != nil && !errors.Is(err, errTopicMissing) {
+		} else if err != nil && !errors.Is(err, kafkasource.ErrTopicMissing) {
 			return fmt.Errorf("cannot reach Kafka at %s (check --kafka-brokers / KFN_KAFKA_BROKERS): %w", strings.Join(w.cfg.KafkaBrokers, ","), err)
 		}
-		w.offsets = newOffsetCommitter(w.kafka, w.cfg.Logger)
+		w.offsets = kafkasource.NewGroupMirror(w.kafka, w.cfg.Logger)
 	}
 	if err := w.connectNATS(); err != nil {
 		return err
@@ -301,7 +302,7 @@ func (wk *Worker) Run(ctx context.Context) error {
 		offsetsDone := make(chan struct{})
 		go func() {
 			defer close(offsetsDone)
-			w.offsets.run(offsetsCtx, time.Second)
+			w.offsets.Run(offsetsCtx, time.Second)
 		}()
 		defer func() {
 			stopOffsets()

@@ -29,6 +29,7 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/internal/kafkasource"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
 )
@@ -441,7 +442,7 @@ func benchNaive(ctx context.Context, cfg *Config, consumer string) (round, error
 		if err != nil {
 			return round{}, err
 		}
-		rec := engine.RecordFromKafka(msg)
+		rec := kafkasource.RecordFromMessage(msg)
 		err = c.commits.timed(1, func() error {
 			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 				rows, err := engine.HandleRecord(ctx, tx, fn, rec)

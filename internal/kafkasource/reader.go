@@ -1,4 +1,4 @@
-package engine
+package kafkasource
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
-// committedReader reads one Kafka partition in offset order at
+// Reader reads one Kafka partition in offset order at
 // read_committed, and hands on only what a transaction committed: the
 // records of aborted transactions and the transaction markers are passed
 // over. kafka-go's own readers fetch at read_uncommitted (a kafka.Reader
@@ -37,14 +37,14 @@ import (
 // for good. With each record it hands on, the reader says where the
 // cursor goes once the record is applied (past the markers and aborted
 // records that follow it in its response), and it reports, as
-// errPassedOnly, a response that held no record but took it further
+// ErrPassedOnly, a response that held no record but took it further
 // (passed), so that the lane can move its cursor there in a fenced
 // transaction of its own.
 //
 // One goroutine uses a reader; Close may follow from another once that
 // use has ended.
-type committedReader struct {
-	source    *kafkaSource
+type Reader struct {
+	source    *Source
 	transport *kafka.Transport
 	topic     string
 	partition int32
@@ -58,17 +58,17 @@ type committedReader struct {
 	// passed is how far the reader has read without a gap it jumped
 	// (outOfRange): every offset below it was handed on, or holds no
 	// committed record. laneAt is where the lane's cursor stands
-	// (noteCursor); a response with no record while passed is beyond it
-	// is errPassedOnly.
+	// (NoteCursor); a response with no record while passed is beyond it
+	// is ErrPassedOnly.
 	passed, laneAt int64
 	lastStable     int64 // the last response's last stable offset
 }
 
-// errPassedOnly means a fetch response held no committed record, while
+// ErrPassedOnly means a fetch response held no committed record, while
 // the reader has read past the lane's cursor (passed): the offsets up to
 // there hold transaction markers or aborted records only, or records the
 // lane holds but has not committed yet.
-var errPassedOnly = errors.New("the reader passed offsets that hold no committed record")
+var ErrPassedOnly = errors.New("the reader passed offsets that hold no committed record")
 
 // fetchMaxWait is how long the leader holds a fetch for records to arrive.
 const fetchMaxWait = 250 * time.Millisecond
@@ -99,7 +99,7 @@ type fetchedPart struct {
 }
 
 // reader opens a reader of topic/partition positioned at offset.
-func (k *kafkaSource) reader(topic string, partition int32, offset int64) (*committedReader, error) {
+func (k *Source) Reader(topic string, partition int32, offset int64) (*Reader, error) {
 	transport, _, err := kafkaconn.Kafka(k.security)
 	if err != nil {
 		return nil, err
@@ -107,19 +107,19 @@ func (k *kafkaSource) reader(topic string, partition int32, offset int64) (*comm
 	// Its metadata is the topic's alone, not the whole cluster's.
 	transport.MetadataTopics = []string{topic}
 	stopped, stop := context.WithCancel(context.Background())
-	return &committedReader{
+	return &Reader{
 		source: k, transport: transport, topic: topic, partition: partition,
 		next: offset, stop: stop, stopped: stopped, passed: offset, laneAt: offset,
 	}, nil
 }
 
-// nextRecord returns the next committed record, and where the cursor goes
+// NextRecord returns the next committed record, and where the cursor goes
 // once it is applied: the offset of the record after it, or past the end
 // of its response (responseEnd). It waits for one until ctx ends. A fetch
 // that ctx interrupts goes on, and its records are the next call's: none
 // is fetched twice or lost. A response without a record while the reader
-// has passed the lane's cursor is errPassedOnly (Passed says how far).
-func (r *committedReader) nextRecord(ctx context.Context) (rec kfn.Record, after int64, err error) {
+// has passed the lane's cursor is ErrPassedOnly (Passed says how far).
+func (r *Reader) NextRecord(ctx context.Context) (rec kfn.Record, after int64, err error) {
 	for len(r.buffered) == 0 {
 		got, err := r.fetchResponse(ctx)
 		if err != nil {
@@ -128,7 +128,7 @@ func (r *committedReader) nextRecord(ctx context.Context) (rec kfn.Record, after
 		r.buffered = got.recs
 		if len(got.recs) == 0 {
 			if r.passed > r.laneAt {
-				return kfn.Record{}, 0, errPassedOnly
+				return kfn.Record{}, 0, ErrPassedOnly
 			}
 			continue
 		}
@@ -154,20 +154,20 @@ func responseEnd(recs []kfn.Record, next, stable int64) int64 {
 
 // Passed is how far the reader has read: every offset below it was
 // handed on, or holds no committed record.
-func (r *committedReader) Passed() int64 { return r.passed }
+func (r *Reader) Passed() int64 { return r.passed }
 
 // LastStable is the last stable offset of the last response: where the
 // partition's lag ends.
-func (r *committedReader) LastStable() int64 { return r.lastStable }
+func (r *Reader) LastStable() int64 { return r.lastStable }
 
-// noteCursor tells the reader where the lane's cursor stands, between two
+// NoteCursor tells the reader where the lane's cursor stands, between two
 // reads (no read may be under way).
-func (r *committedReader) noteCursor(next int64) { r.laneAt = next }
+func (r *Reader) NoteCursor(next int64) { r.laneAt = next }
 
 // fetchResponse reads the next fetch response whole: its committed
 // records, and the offsets that say how far the partition goes. The
 // records are the caller's until its next call, which reuses their slice.
-func (r *committedReader) fetchResponse(ctx context.Context) (fetchedPart, error) {
+func (r *Reader) fetchResponse(ctx context.Context) (fetchedPart, error) {
 	if len(r.buffered) > 0 {
 		return fetchedPart{}, errors.New("fetchResponse after FetchMessage left records buffered")
 	}
@@ -199,7 +199,7 @@ func (r *committedReader) fetchResponse(ctx context.Context) (fetchedPart, error
 
 // Close ends the fetch under way, waits for it, and closes the reader's
 // connections.
-func (r *committedReader) Close() error {
+func (r *Reader) Close() error {
 	r.stop()
 	if r.inFlight != nil {
 		<-r.inFlight
@@ -211,7 +211,7 @@ func (r *committedReader) Close() error {
 
 // fetch asks the partition's leader for the records from offset from, and
 // appends them to room.
-func (r *committedReader) fetch(from int64, room []kfn.Record) fetchedPart {
+func (r *Reader) fetch(from int64, room []kfn.Record) fetchedPart {
 	ctx, cancel := context.WithTimeout(r.stopped, fetchTimeout)
 	defer cancel()
 	res, err := r.transport.RoundTrip(ctx, kafka.TCP(r.source.brokers...), &fetchapi.Request{
@@ -259,7 +259,7 @@ func (r *committedReader) fetch(from int64, room []kfn.Record) fetchedPart {
 const readCommitted = 1
 
 // partitionOf finds the reader's partition in a fetch response.
-func (r *committedReader) partitionOf(res *fetchapi.Response) (*fetchapi.ResponsePartition, error) {
+func (r *Reader) partitionOf(res *fetchapi.Response) (*fetchapi.ResponsePartition, error) {
 	if res.ErrorCode != 0 {
 		return nil, kafka.Error(res.ErrorCode)
 	}
@@ -278,8 +278,8 @@ func (r *committedReader) partitionOf(res *fetchapi.Response) (*fetchapi.Respons
 // deleted by retention) the way kafka-go's reader does: it goes on from
 // the first record Kafka holds, and the lane, seeing the gap, decides
 // whether records expired (skipGap). A fetch past the end is an error.
-func (r *committedReader) outOfRange(ctx context.Context, from int64) fetchedPart {
-	first, high, err := r.source.offsetRange(ctx, r.topic, r.partition)
+func (r *Reader) outOfRange(ctx context.Context, from int64) fetchedPart {
+	first, high, err := r.source.OffsetRange(ctx, r.topic, r.partition)
 	switch {
 	case err != nil:
 		return fetchedPart{err: r.explain(from, err)}
@@ -291,7 +291,7 @@ func (r *committedReader) outOfRange(ctx context.Context, from int64) fetchedPar
 	return fetchedPart{next: from, high: high, lastStable: from, jumped: true} // moved back into range since: fetch again
 }
 
-func (r *committedReader) explain(from int64, err error) error {
+func (r *Reader) explain(from int64, err error) error {
 	return fmt.Errorf("read %s/%d at offset %d: %w", r.topic, r.partition, from, kafkaconn.Explain(err, r.source.brokers, r.source.security))
 }
 
