@@ -9,14 +9,14 @@
 //	go tool task release -- --snapshot      # any commit, dirty or not
 //	go tool task release:snapshot -- --platforms linux/amd64 --no-images
 //
-// Why not GoReleaser, the ecosystem's convention: its module
-// (github.com/goreleaser/goreleaser/v2) pulls about 360 modules into the
-// tools module (the cloud SDKs of its publishers), the only versions
-// served here are an unapproved earlier copy, and its OSS edition builds
-// images with docker or buildx only, while these machines have podman. What
-// kfn needs of it (cross builds, stamps, checksums, SBOMs, images, rendered
-// manifests) is this small program; its snapshot test runs in go tool task
-// test.
+// Why not GoReleaser, the ecosystem's convention: tried once (v2.17.0, the
+// only kind of version served here being an unapproved earlier copy), `go
+// get -tool` added about 360 modules to the tools module (the cloud SDKs of
+// its publishers), and its build had not finished after 15 minutes on a
+// 2-core machine; its podman backend for images is a GoReleaser Pro
+// feature, and these machines have podman, not docker. What kfn needs of it
+// (cross builds, stamps, checksums, SBOMs, images, rendered manifests) is
+// this small program; its snapshot test runs in go tool task test.
 package main
 
 import (
