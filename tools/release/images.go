@@ -17,7 +17,7 @@ import (
 // architecture (linux/GOARCH).
 func (r *release) image(ctx context.Context, name, pkg string) error {
 	ref := r.registry + "/" + name
-	base := filepath.Join(r.out, fmt.Sprintf("%s_%s_linux_%s.oci.tar", name, r.version, runtime.GOARCH))
+	base := filepath.Join(r.out, fmt.Sprintf("%s-image_%s_linux_%s.oci.tar", name, r.version, runtime.GOARCH))
 	fmt.Fprintf(r.log, "image %s:%s\n", ref, r.version)
 	env := []string{"VERSION=" + r.version, "COMMIT=" + r.commit, "BUILD_TIME=" + r.built}
 	if os.Getenv("CONTAINERS_CONF") == "" { // podman on these machines: see deploy/containers.conf
