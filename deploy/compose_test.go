@@ -102,6 +102,19 @@ func checkKfnService(t *testing.T, s types.ServiceConfig) {
 		return
 	}
 	name := filepath.Base(*pkg)
+	// The image is tagged with the version its binary is stamped with
+	// (KFN_VERSION, the release's version).
+	repo := "ghcr.io/kfn-dev/kfn-" + name
+	if name == "kfn" {
+		repo = "ghcr.io/kfn-dev/kfn"
+	}
+	version := "(none)"
+	if v := s.Build.Args["VERSION"]; v != nil {
+		version = *v
+	}
+	if s.Image != repo+":"+version {
+		t.Errorf("service %s: image %q, VERSION build argument %s: want %s:VERSION, both from KFN_VERSION", s.Name, s.Image, version, repo)
+	}
 	if _, err := os.Stat(filepath.Join(repoRoot, *pkg)); err != nil {
 		t.Errorf("service %s: PKG %s: %v", s.Name, *pkg, err)
 		return

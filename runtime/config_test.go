@@ -276,7 +276,7 @@ func TestMainHelpShowsEachDefaultOnce(t *testing.T) {
 	}
 	for _, want := range []string{"[KFN_BATCH_SIZE] (default 500)", "[KFN_BATCH_WAIT] (default 20ms)", "[KFN_EVENT_RETENTION] (default 168h)",
 		"[DATABASE_URL, or a file: DATABASE_URL_FILE]\n", "  -no-relay\n", "[KFN_LOG_LEVEL] (default \"info\")", "[KFN_METRICS_ADDR]\n", "(default host-pid)",
-		"  -skip-setup\n", "fn migrate applies kfn's schema migrations and the function's Setup"} {
+		"  -skip-setup\n", "fn migrate applies kfn's schema migrations and the function's Setup", "fn --version prints its version, commit and build time"} {
 		if !strings.Contains(help, want) {
 			t.Errorf("-h lacks %q:\n%s", want, help)
 		}

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kfn-dev/kfn/internal/buildinfo"
 	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/internal/settings"
 	kfn "github.com/kfn-dev/kfn/runtime"
@@ -31,6 +32,10 @@ func Main(fn kfn.Function, args []string, stderr io.Writer) int {
 	if name == "" {
 		name = "kfn-function"
 	}
+	if buildinfo.Requested(args) { // --version, also after migrate
+		fmt.Fprint(os.Stdout, buildinfo.Read().Text(name))
+		return 0
+	}
 	if len(args) > 0 && args[0] == MigrateCommand {
 		return migrateMain(fn, name, args[1:], os.Stdout, stderr)
 	}
@@ -40,6 +45,7 @@ func Main(fn kfn.Function, args []string, stderr io.Writer) int {
 		fmt.Fprintf(fs.Output(), "Usage of %s (every flag can also be set by the environment variable in brackets):\n", name)
 		settings.PrintDefaults(fs)
 		fmt.Fprintf(fs.Output(), "\n%s %s applies kfn's schema migrations and the function's Setup, then exits (-h for its flags).\n", name, MigrateCommand)
+		fmt.Fprintf(fs.Output(), "%s --version prints its version, commit and build time.\n", name)
 	}
 	var cfg kfn.Config
 	var logLevel, metricsAddr string
