@@ -23,8 +23,8 @@ import (
 // isolatedFunctions are an orders and a ledger function for the
 // per-function roles test, on subjects of the test's own (the NATS server
 // is shared by the test binary): orders takes Kafka records, writes
-// iso_orders and emits <prefix>.accepted, and dead-letters a value that
-// is not JSON; ledger takes those events, writes iso_ledger and emits
+// orders and emits <prefix>.accepted, and dead-letters a value that
+// is not JSON; ledger takes those events, writes ledger_entries and emits
 // <prefix>.captured, and dead-letters the order "poison" until
 // iso_ledger_allow lets it through.
 func isolatedFunctions(topic, prefix string) (ordersFn, ledgerFn runtime.Function) {
@@ -32,7 +32,7 @@ func isolatedFunctions(topic, prefix string) (ordersFn, ledgerFn runtime.Functio
 	ordersFn = runtime.Function{
 		Name: "orders", Topic: topic, Emits: []string{accepted},
 		Setup: func(ctx context.Context, tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS iso_orders (order_id text PRIMARY KEY)`)
+			_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS orders (order_id text PRIMARY KEY)`)
 			return err
 		},
 		Handler: func(ctx context.Context, tx pgx.Tx, rec runtime.Record, out *runtime.Events) error {
@@ -42,7 +42,7 @@ func isolatedFunctions(topic, prefix string) (ordersFn, ledgerFn runtime.Functio
 			if err := json.Unmarshal(rec.Value, &o); err != nil {
 				return runtime.Permanent(err)
 			}
-			if _, err := tx.Exec(ctx, `INSERT INTO iso_orders (order_id) VALUES ($1)`, o.ID); err != nil {
+			if _, err := tx.Exec(ctx, `INSERT INTO orders (order_id) VALUES ($1)`, o.ID); err != nil {
 				return err
 			}
 			out.Emit(runtime.Event{Subject: accepted, Key: o.ID, Data: rec.Value})
@@ -53,7 +53,7 @@ func isolatedFunctions(topic, prefix string) (ordersFn, ledgerFn runtime.Functio
 		Name: "ledger", Subject: accepted, Emits: []string{captured},
 		Setup: func(ctx context.Context, tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `
-CREATE TABLE IF NOT EXISTS iso_ledger (id bigserial PRIMARY KEY, order_id text NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS ledger_entries (id bigserial PRIMARY KEY, order_id text NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS iso_ledger_allow (order_id text PRIMARY KEY)`)
 			return err
 		},
@@ -73,7 +73,7 @@ CREATE TABLE IF NOT EXISTS iso_ledger_allow (order_id text PRIMARY KEY)`)
 					return runtime.Permanent(errors.New("order poison is not allowed yet"))
 				}
 			}
-			if _, err := tx.Exec(ctx, `INSERT INTO iso_ledger (order_id) VALUES ($1)`, o.ID); err != nil {
+			if _, err := tx.Exec(ctx, `INSERT INTO ledger_entries (order_id) VALUES ($1)`, o.ID); err != nil {
 				return err
 			}
 			out.Emit(runtime.Event{Subject: captured, Key: o.ID, Data: rec.Value})
@@ -140,8 +140,8 @@ func TestEachFunctionRunsUnderItsOwnRole(t *testing.T) {
 		}
 	}
 	for _, g := range [][]string{
-		{"--function", "orders", "--role", "kfn_fn_orders", "--tables", "iso_orders"},
-		{"--function", "ledger", "--role", "kfn_fn_ledger", "--tables", "public.iso_ledger,iso_ledger_allow"},
+		{"--function", "orders", "--role", "kfn_fn_orders", "--tables", "orders"},
+		{"--function", "ledger", "--role", "kfn_fn_ledger", "--tables", "ledger_entries,iso_ledger_allow"},
 		{"--function", "*", "--role", "kfn_relay"},
 	} {
 		args := append([]string{"migrate", "grants", "--apply", "--database-url", migrator}, g...)
@@ -197,7 +197,7 @@ func TestEachFunctionRunsUnderItsOwnRole(t *testing.T) {
 		return c
 	}
 	waitFor(t, "orders to apply every order and the ledger to book all but poison", func() bool {
-		return count(`SELECT count(*) FROM iso_orders`) == n+1 && count(`SELECT count(*) FROM iso_ledger`) == n &&
+		return count(`SELECT count(*) FROM orders`) == n+1 && count(`SELECT count(*) FROM ledger_entries`) == n &&
 			count(`SELECT count(*) FROM kfn.dead_letters`) == 2
 	})
 	if got := count(`SELECT count(*) FROM kfn.dead_letters WHERE consumer = 'orders' AND "offset" = 0`); got != 1 {
@@ -220,7 +220,7 @@ func TestEachFunctionRunsUnderItsOwnRole(t *testing.T) {
 		t.Errorf("kfn dlq retry --function orders as kfn_operator: exit %d, out %q, err %q; want it to fail again (exit 1)", code, out, stderr)
 	}
 	waitFor(t, "the ledger to book poison and the relay to send its event", func() bool {
-		return count(`SELECT count(*) FROM iso_ledger`) == n+1 && count(`SELECT count(*) FROM kfn.outbox`) == 0
+		return count(`SELECT count(*) FROM ledger_entries`) == n+1 && count(`SELECT count(*) FROM kfn.outbox`) == 0
 	})
 	if got := count(`SELECT count(*) FROM kfn.audit_log WHERE action = 'dlq_retry_applied' AND consumer = 'ledger'`); got != 1 {
 		t.Errorf("audit rows of the ledger's applied retry: %d, want 1", got)
@@ -330,10 +330,10 @@ INSERT INTO kfn.outbox (event_id, subject, event_type, event_key, shard, data, s
 		refusal{"turn off row-level security", "kfn.cursors", `ALTER TABLE kfn.cursors DISABLE ROW LEVEL SECURITY`, "42501"},
 		refusal{"become the ledger's role", "-", `SET ROLE kfn_fn_ledger`, "42501"},
 		refusal{"end a ledger session", "-", fmt.Sprintf(`SELECT pg_terminate_backend(%d)`, ledgerPID), "42501"},
-		refusal{"read", "iso_ledger", `SELECT 1 FROM iso_ledger`, "42501"},
-		refusal{"insert", "iso_ledger", `INSERT INTO iso_ledger (order_id) VALUES ('forged')`, "42501"},
-		refusal{"update", "iso_ledger", `UPDATE iso_ledger SET order_id = order_id`, "42501"},
-		refusal{"delete", "iso_ledger", `DELETE FROM iso_ledger`, "42501"},
+		refusal{"read", "ledger_entries", `SELECT 1 FROM ledger_entries`, "42501"},
+		refusal{"insert", "ledger_entries", `INSERT INTO ledger_entries (order_id) VALUES ('forged')`, "42501"},
+		refusal{"update", "ledger_entries", `UPDATE ledger_entries SET order_id = order_id`, "42501"},
+		refusal{"delete", "ledger_entries", `DELETE FROM ledger_entries`, "42501"},
 		refusal{"insert", "iso_ledger_allow", `INSERT INTO iso_ledger_allow VALUES ('x')`, "42501"},
 	)
 	var table strings.Builder
@@ -360,8 +360,8 @@ INSERT INTO kfn.outbox (event_id, subject, event_type, event_key, shard, data, s
 	if got := cursorOf(); got != ledgerCursor {
 		t.Errorf("the ledger's cursors went from %s to %s under the orders role", ledgerCursor, got)
 	}
-	if got := count(`SELECT count(*) FROM iso_ledger`); got != n+1 {
-		t.Errorf("iso_ledger has %d rows after the orders role's attempts, want %d", got, n+1)
+	if got := count(`SELECT count(*) FROM ledger_entries`); got != n+1 {
+		t.Errorf("ledger_entries has %d rows after the orders role's attempts, want %d", got, n+1)
 	}
 	// The orders role still sees its own rows.
 	var own int
