@@ -155,6 +155,27 @@ func TestEachFunctionRunsUnderItsOwnRole(t *testing.T) {
 		t.Errorf("kfn migrate grants --apply as kfn_worker: exit %d, %s; want exit 1, permission denied for table function_roles", code, stderr)
 	}
 
+	// A worker under a role not bound to its function, or with a relay
+	// under a role bound to some functions only, is refused at start.
+	base := runtime.Config{
+		KafkaBrokers: k.Brokers, NATSURL: natsURL, LeaseBucket: bucket, EventStream: stream,
+		LeaseTTL: 2 * time.Second, LeaseRenew: 500 * time.Millisecond, SkipSetup: true,
+	}
+	wrong := base
+	wrong.DatabaseURL, wrong.NoRelay = ordersURL, true
+	if _, err := runtime.NewWorker(ctx, wrong, ledgerFn); err == nil || !strings.Contains(err.Error(), `the role "kfn_fn_orders" is not bound to function ledger`) {
+		t.Errorf("a ledger worker as kfn_fn_orders: %v; want a refusal that names the missing binding", err)
+	} else {
+		t.Logf("a ledger worker as kfn_fn_orders: %v", err)
+	}
+	withRelay := base
+	withRelay.DatabaseURL = ordersURL
+	if _, err := runtime.NewWorker(ctx, withRelay, ordersFn); err == nil || !strings.Contains(err.Error(), "--no-relay (KFN_NO_RELAY)") {
+		t.Errorf("an orders worker with a relay as kfn_fn_orders: %v; want a refusal that asks for --no-relay", err)
+	} else {
+		t.Logf("an orders worker with a relay as kfn_fn_orders: %v", err)
+	}
+
 	// The workers, each under its own role, without a relay; the relay
 	// under kfn_relay.
 	const n = 10
@@ -168,11 +189,9 @@ func TestEachFunctionRunsUnderItsOwnRole(t *testing.T) {
 		fn  runtime.Function
 		url string
 	}{{ordersFn, ordersURL}, {ledgerFn, ledgerURL}} {
-		wk, err := runtime.NewWorker(ctx, runtime.Config{
-			KafkaBrokers: k.Brokers, DatabaseURL: w.url, NATSURL: natsURL, WorkerID: w.fn.Name + "-worker",
-			LeaseBucket: bucket, EventStream: stream, LeaseTTL: 2 * time.Second, LeaseRenew: 500 * time.Millisecond,
-			SkipSetup: true, NoRelay: true,
-		}, w.fn)
+		cfg := base
+		cfg.DatabaseURL, cfg.WorkerID, cfg.NoRelay = w.url, w.fn.Name+"-worker", true
+		wk, err := runtime.NewWorker(ctx, cfg, w.fn)
 		if err != nil {
 			t.Fatalf("a worker of %s under its own role: %v", w.fn.Name, err)
 		}
