@@ -42,12 +42,9 @@ GRANT SELECT ON kfn.function_roles TO PUBLIC;
 ALTER TABLE kfn.function_roles ENABLE ROW LEVEL SECURITY;
 CREATE POLICY read_bindings ON kfn.function_roles FOR SELECT USING (true);
 
--- The consumers the current role is bound to. The policies below call it
--- once per statement (an InitPlan: `(SELECT kfn.bound_consumers())`), so
--- the fenced cursor UPDATE and the batch's inbox INSERT pay one lookup of
--- the binding per statement, not one per row, and keep their index scans.
--- It runs as the caller (not SECURITY DEFINER): current_user is the role
--- of the statement.
+-- The consumers the current role is bound to, for kfn's own checks (a
+-- worker checks its bindings at start). It runs as the caller (not
+-- SECURITY DEFINER): current_user is the role of the statement.
 CREATE FUNCTION kfn.bound_consumers() RETURNS text[]
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT coalesce(array_agg(consumer), '{}') FROM kfn.function_roles WHERE role_name = current_user
@@ -58,15 +55,31 @@ $$;
 -- is bound to '*'. A write of a row for another consumer fails with
 -- "new row violates row-level security policy"; a read, UPDATE or DELETE
 -- of one finds no row.
-CREATE POLICY function_rows ON kfn.cursors       USING ((SELECT kfn.bound_consumers()) && ARRAY[consumer, '*']);
-CREATE POLICY function_rows ON kfn.inbox         USING ((SELECT kfn.bound_consumers()) && ARRAY[consumer, '*']);
-CREATE POLICY function_rows ON kfn.event_inbox   USING ((SELECT kfn.bound_consumers()) && ARRAY[consumer, '*']);
-CREATE POLICY function_rows ON kfn.dead_letters  USING ((SELECT kfn.bound_consumers()) && ARRAY[consumer, '*']);
-CREATE POLICY function_rows ON kfn.parked_keys   USING ((SELECT kfn.bound_consumers()) && ARRAY[consumer, '*']);
-CREATE POLICY function_rows ON kfn.subject_lanes USING ((SELECT kfn.bound_consumers()) && ARRAY[consumer, '*']);
-CREATE POLICY function_rows ON kfn.audit_log     USING ((SELECT kfn.bound_consumers()) && ARRAY[consumer, '*']);
+--
+-- The bindings are read by an uncorrelated subquery, which Postgres runs
+-- once per statement (an InitPlan), not once per row: the fenced cursor
+-- UPDATE and the batch's inbox INSERT pay one lookup each and keep their
+-- primary-key scans. It is written out in each policy rather than calling
+-- kfn.bound_consumers(): a SQL function's body is planned again at every
+-- statement that calls it, which cost a prepared statement about 60 µs
+-- against about 12 µs for the subquery.
+CREATE POLICY function_rows ON kfn.cursors USING (
+    (SELECT coalesce(array_agg(f.consumer), '{}') FROM kfn.function_roles f WHERE f.role_name = current_user) && ARRAY[consumer, '*']);
+CREATE POLICY function_rows ON kfn.inbox USING (
+    (SELECT coalesce(array_agg(f.consumer), '{}') FROM kfn.function_roles f WHERE f.role_name = current_user) && ARRAY[consumer, '*']);
+CREATE POLICY function_rows ON kfn.event_inbox USING (
+    (SELECT coalesce(array_agg(f.consumer), '{}') FROM kfn.function_roles f WHERE f.role_name = current_user) && ARRAY[consumer, '*']);
+CREATE POLICY function_rows ON kfn.dead_letters USING (
+    (SELECT coalesce(array_agg(f.consumer), '{}') FROM kfn.function_roles f WHERE f.role_name = current_user) && ARRAY[consumer, '*']);
+CREATE POLICY function_rows ON kfn.parked_keys USING (
+    (SELECT coalesce(array_agg(f.consumer), '{}') FROM kfn.function_roles f WHERE f.role_name = current_user) && ARRAY[consumer, '*']);
+CREATE POLICY function_rows ON kfn.subject_lanes USING (
+    (SELECT coalesce(array_agg(f.consumer), '{}') FROM kfn.function_roles f WHERE f.role_name = current_user) && ARRAY[consumer, '*']);
+CREATE POLICY function_rows ON kfn.audit_log USING (
+    (SELECT coalesce(array_agg(f.consumer), '{}') FROM kfn.function_roles f WHERE f.role_name = current_user) && ARRAY[consumer, '*']);
 -- The outbox's consumer is its source column (outbox.Origin.Consumer).
-CREATE POLICY function_rows ON kfn.outbox        USING ((SELECT kfn.bound_consumers()) && ARRAY[source, '*']);
+CREATE POLICY function_rows ON kfn.outbox USING (
+    (SELECT coalesce(array_agg(f.consumer), '{}') FROM kfn.function_roles f WHERE f.role_name = current_user) && ARRAY[source, '*']);
 
 -- Rolling upgrade: every role other than the owner that may read or write
 -- kfn.cursors now (the shared kfn_worker, kfn_operator, a relay's role) is
