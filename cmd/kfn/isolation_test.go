@@ -393,6 +393,24 @@ INSERT INTO kfn.outbox (event_id, subject, event_type, event_key, shard, data, s
 	if code != 0 || !strings.Contains(out, "orders") || !strings.Contains(out, "ledger") {
 		t.Errorf("kfn dlq list as kfn_operator: exit %d, out %q, err %q; want the letters of orders and ledger", code, out, errOut)
 	}
+
+	// Retention under the orders role purges the orders' inbox rows and
+	// dead letters, and none of the ledger's.
+	ledgerBefore := count(`SELECT (SELECT count(*) FROM kfn.inbox WHERE consumer = 'ledger') * 1000000 + (SELECT count(*) FROM kfn.event_inbox WHERE consumer = 'ledger') * 1000 + (SELECT count(*) FROM kfn.dead_letters WHERE consumer = 'ledger')`)
+	purger := base
+	purger.DatabaseURL, purger.WorkerID, purger.NoRelay = ordersURL, "orders-retention", true
+	purger.InboxRetention, purger.DeadLetterRetention = time.Second, time.Second
+	wk, err := runtime.NewWorker(ctx, purger, ordersFn)
+	if err != nil {
+		t.Fatalf("an orders worker with a retention of 1s: %v", err)
+	}
+	kfntest.Background(t, "orders retention worker", wk.Run)
+	waitFor(t, "retention (as kfn_fn_orders) to purge the orders' inbox rows and dead letters", func() bool {
+		return count(`SELECT count(*) FROM kfn.inbox WHERE consumer = 'orders'`) == 0 && count(`SELECT count(*) FROM kfn.dead_letters WHERE consumer = 'orders'`) == 0
+	})
+	if after := count(`SELECT (SELECT count(*) FROM kfn.inbox WHERE consumer = 'ledger') * 1000000 + (SELECT count(*) FROM kfn.event_inbox WHERE consumer = 'ledger') * 1000 + (SELECT count(*) FROM kfn.dead_letters WHERE consumer = 'ledger')`); after != ledgerBefore {
+		t.Errorf("the ledger's inbox, event inbox and dead letters went from %d to %d (inbox×10⁶ + events×10³ + letters) under the orders role's retention", ledgerBefore, after)
+	}
 }
 
 // tryAs runs sql in a transaction of its own that it rolls back, and says

@@ -77,6 +77,11 @@ CREATE POLICY function_rows ON kfn.subject_lanes USING (
     (SELECT coalesce(array_agg(f.consumer), '{}') FROM kfn.function_roles f WHERE f.role_name = current_user) && ARRAY[consumer, '*']);
 CREATE POLICY function_rows ON kfn.audit_log USING (
     (SELECT coalesce(array_agg(f.consumer), '{}') FROM kfn.function_roles f WHERE f.role_name = current_user) && ARRAY[consumer, '*']);
+-- A dead letter purge is audited in one row with no function (consumer
+-- empty), by the operator's kfn dlq purge and by every worker's dead
+-- letter retention, which under a function's role purges that function's
+-- letters only. Such a role may append that row, and read none of them.
+CREATE POLICY installation_purge ON kfn.audit_log FOR INSERT WITH CHECK (consumer = '' AND action = 'purge');
 -- The outbox's consumer is its source column (outbox.Origin.Consumer).
 CREATE POLICY function_rows ON kfn.outbox USING (
     (SELECT coalesce(array_agg(f.consumer), '{}') FROM kfn.function_roles f WHERE f.role_name = current_user) && ARRAY[source, '*']);
