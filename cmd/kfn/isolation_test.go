@@ -443,3 +443,45 @@ func hasCode(err error, code string) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == code
 }
+
+// TestMigrateGrantsPrintsTheSQLForOneFunction checks kfn migrate grants
+// without --apply: the grants and the binding, DML on the tables named,
+// and the lines to complete when none is; and its usage errors.
+func TestMigrateGrantsPrintsTheSQLForOneFunction(t *testing.T) {
+	code, out, stderr := kfn(t, "migrate", "grants", "--function", "orders", "--role", "kfn_fn_orders")
+	for _, want := range []string{
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON kfn.cursors, kfn.inbox, kfn.event_inbox, kfn.dead_letters, kfn.parked_keys, kfn.subject_lanes TO "kfn_fn_orders";`,
+		`GRANT SELECT, INSERT ON kfn.outbox, kfn.audit_log TO "kfn_fn_orders";`,
+		`INSERT INTO kfn.function_roles (role_name, consumer) VALUES ('kfn_fn_orders', 'orders') ON CONFLICT DO NOTHING;`,
+		`-- The tables of orders: kfn cannot list what its Setup creates.`,
+	} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("kfn migrate grants: exit %d, out:\n%s\nerr %q; want %q", code, out, stderr, want)
+		}
+	}
+	if strings.Contains(out, "DELETE ON kfn.outbox") {
+		t.Errorf("a function's role may delete outbox rows:\n%s", out)
+	}
+	code, out, _ = kfn(t, "migrate", "grants", "--function", "o'x", "--role", `r"x`, "--tables", "orders,acct.entries")
+	for _, want := range []string{
+		`VALUES ('r"x', 'o''x')`,
+		`GRANT USAGE ON SCHEMA "acct" TO "r""x";`,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON "public"."orders", "acct"."entries" TO "r""x";`,
+	} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("kfn migrate grants with quotes and tables: exit %d, out:\n%s\nwant %q", code, out, want)
+		}
+	}
+	if strings.Contains(out, "kfn cannot list") {
+		t.Errorf("with --tables, the printout still asks for the tables:\n%s", out)
+	}
+	code, out, _ = kfn(t, "migrate", "grants", "--function", "*", "--role", "kfn_relay")
+	if code != 0 || !strings.Contains(out, `GRANT DELETE ON kfn.outbox TO "kfn_relay";`) || strings.Contains(out, "kfn cannot list") {
+		t.Errorf("kfn migrate grants --function '*': exit %d, out:\n%s\nwant DELETE on the outbox (it may relay) and no tables", code, out)
+	}
+	for _, args := range [][]string{{"--role", "r"}, {"--function", "f"}} {
+		if code, _, stderr := kfn(t, append([]string{"migrate", "grants"}, args...)...); code != 2 || !strings.Contains(stderr, "missing --") {
+			t.Errorf("kfn migrate grants %q: exit %d, stderr %q; want a usage error", args, code, stderr)
+		}
+	}
+}
