@@ -566,6 +566,9 @@ func restrictedRole(t *testing.T, b *bundle, memberOf ...string) string {
 		`GRANT USAGE, CREATE ON SCHEMA kfn, public TO ` + quoted,
 		`GRANT ALL ON ALL TABLES IN SCHEMA kfn, public TO ` + quoted,
 		`GRANT ALL ON ALL SEQUENCES IN SCHEMA kfn, public TO ` + quoted,
+		// Bound to every function: row-level security (migration 11)
+		// shows a role created after the migration no row otherwise.
+		`INSERT INTO kfn.function_roles (role_name, consumer) VALUES ('` + role + `', '*')`,
 	} {
 		execSQL(t, b, sql)
 	}

@@ -21,8 +21,15 @@ import (
 )
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "grants" {
+		return inCommand("migrate grants", runMigrateGrants(ctx, args[1:], stdout, stderr))
+	}
 	fs := newFlags("migrate", help{
-		usage: []string{"kfn migrate --database-url URL [--nats --nats-url URL --subjects S[,S…]]"},
+		usage: []string{
+			"kfn migrate --database-url URL [--nats --nats-url URL --subjects S[,S…]]",
+			"kfn migrate grants --function NAME --role ROLE [--tables T[,T…]] [--apply]",
+		},
+		commands: migrateCommands,
 		text: `
 Applies kfn's embedded, numbered schema migrations; safe to run again (it
 says the schema is up to date). Workers refuse to start on a missing schema,

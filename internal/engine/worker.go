@@ -127,7 +127,17 @@ func (w *worker) connect(ctx context.Context) error {
 		return err
 	}
 	relay := !w.cfg.NoRelay && len(emittedSubjects(w.fns)) > 0
+	bound, err := readBindings(ctx, w.pool, w.fns)
+	if err != nil {
+		return err
+	}
+	if err := bound.relayError(relay); err != nil {
+		return err
+	}
 	if err := checkPrivileges(ctx, w.pool, neededPrivileges(w.fns, relay)); err != nil {
+		return err
+	}
+	if err := bound.unboundError(); err != nil {
 		return err
 	}
 	if topic := kafkaTopic(w.fns); topic != "" {

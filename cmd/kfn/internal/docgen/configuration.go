@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/kfn-dev/kfn/internal/settings"
@@ -53,8 +54,9 @@ func variables(d settings.Description) string {
 }
 
 // usedBy names the programs whose -h lists d's flag with d's variable:
-// the function binary's modes, then the kfn commands that have no
-// subcommands, in the CLI reference's order.
+// the function binary's modes, then the kfn commands, in the CLI
+// reference's order, leaving out a command that alone runs one of its
+// subcommands (kfn dlq is kfn dlq list).
 func usedBy(d settings.Description, root *page, functions map[string][]flagDoc) []string {
 	takes := func(flags []flagDoc) bool {
 		for _, f := range flags {
@@ -73,7 +75,7 @@ func usedBy(d settings.Description, root *page, functions map[string][]flagDoc) 
 	var walk func(p *page)
 	walk = func(p *page) {
 		for _, c := range p.children {
-			if len(c.children) == 0 && takes(c.flags) {
+			if takes(c.flags) && !runsAChild(c) {
 				out = append(out, fmt.Sprintf("[%s](cli.md#%s)", strings.Join(c.path, " "), anchor(c.name())))
 			}
 			walk(c)
@@ -81,4 +83,17 @@ func usedBy(d settings.Description, root *page, functions map[string][]flagDoc) 
 	}
 	walk(root)
 	return out
+}
+
+// runsAChild reports whether p alone runs one of its subcommands: its -h
+// lists the same flags as that subcommand's (kfn dlq and kfn dlq list),
+// unlike a command with flags of its own (kfn migrate and kfn migrate
+// grants).
+func runsAChild(p *page) bool {
+	for _, c := range p.children {
+		if slices.EqualFunc(p.flags, c.flags, func(a, b flagDoc) bool { return a.name == b.name && a.env == b.env }) {
+			return true
+		}
+	}
+	return false
 }
