@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"sort"
@@ -42,12 +41,11 @@ kfn topic list --json      # with the export lines kfn dev prints, in another te
 }
 
 func runTopic(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
-		topicHelp.print(stderr, nil)
-		if len(args) == 0 {
-			return &usageError{msg: "missing subcommand: create, list or describe"}
-		}
-		return flag.ErrHelp
+	if len(args) == 0 {
+		return &usageError{msg: "missing subcommand: create, list or describe"}
+	}
+	if args[0] == "-h" || args[0] == "--help" {
+		return &helpRequest{help: topicHelp}
 	}
 	sub, ok := topicCommands[args[0]]
 	if !ok {
