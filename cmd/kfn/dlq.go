@@ -61,8 +61,9 @@ var deadLetterReasons = []string{"handler_error", "permanent", "panic", "timeout
 // filterFlags are the flags that select dead letters, shared by kfn dlq
 // list and kfn dlq discard.
 type filterFlags struct {
-	function, topic, deadReason, errorText, since, until *string
-	partition, limit                                     *int
+	function, topic, deadReason, errorText *string
+	since, until                           *time.Time
+	partition, limit                       *int
 }
 
 // addFilterFlags binds the filter flags to fs. reasonFlag is the name of
@@ -75,8 +76,8 @@ func addFilterFlags(fs *flagSet, reasonFlag string, limit int, limitUsage string
 		partition:  fs.Int("partition", -1, "only this partition (-1: all)"),
 		deadReason: fs.String(reasonFlag, "", "only dead letters with this reason: "+strings.Join(deadLetterReasons, ", ")),
 		errorText:  fs.String("error", "", "only dead letters whose error text contains this (case-sensitive)"),
-		since:      fs.String("since", "", "only those dead-lettered at or after this time: RFC 3339, or a duration meaning that long ago (2h)"),
-		until:      fs.String("until", "", "only those dead-lettered before this time: RFC 3339, or a duration meaning that long ago"),
+		since:      addTimeFlag(fs, "since", "only those dead-lettered at or after this time"),
+		until:      addTimeFlag(fs, "until", "only those dead-lettered before this time"),
 		limit:      fs.Int("limit", limit, limitUsage),
 	}
 	return f
@@ -97,13 +98,7 @@ func (f *filterFlags) filter(reasonFlag string, now time.Time) (operator.DeadLet
 	if *f.limit < 0 {
 		return out, &usageError{msg: "--limit must not be negative"}
 	}
-	var err error
-	if out.Since, err = parseTime("since", *f.since, now); err != nil {
-		return out, err
-	}
-	if out.Until, err = parseTime("until", *f.until, now); err != nil {
-		return out, err
-	}
+	out.Since, out.Until = *f.since, *f.until
 	if !out.Since.IsZero() && !out.Until.IsZero() && !out.Since.Before(out.Until) {
 		return out, &usageError{msg: fmt.Sprintf("--since (%s) must be before --until (%s)", out.Since.Format(time.RFC3339), out.Until.Format(time.RFC3339))}
 	}
@@ -528,11 +523,13 @@ database's clock) in one transaction, audited as one row with the count
 them. Workers do the same on their own with --dead-letter-retention
 (KFN_DEAD_LETTER_RETENTION, default 720h, 30 days).`,
 		examples: `
-kfn dlq purge --older-than 720h --dry-run
+kfn dlq purge --older-than 30d --dry-run
 kfn dlq purge --older-than 168h --reason "INC-9: free space after the flood"`,
 	}, stderr)
 	dbURL := bind(fs, settings.DatabaseURL)
-	olderThan := fs.Duration("older-than", 0, "delete the dead letters older than this, e.g. 720h for 30 days (required)")
+	var older agoFlag
+	fs.Var(&older, "older-than", "delete the dead letters older than this `duration`: 90m, 2h, 30d (required)")
+	olderThan := &older.d
 	reason := fs.String("reason", "", `why, for the audit log (default "older than DURATION")`)
 	actorName := fs.String("actor", "", "who purges, for the audit log (default: the OS user, as kfn-dlq-purge:user@host)")
 	dryRun := fs.Bool("dry-run", false, "count what would be purged; change nothing")
@@ -544,7 +541,7 @@ kfn dlq purge --older-than 168h --reason "INC-9: free space after the flood"`,
 		return err
 	}
 	if !given(fs, "older-than") {
-		return &usageError{msg: "--older-than is required: how old a dead letter must be to go, e.g. 720h for 30 days"}
+		return &usageError{msg: "--older-than is required: how old a dead letter must be to go, e.g. 30d"}
 	}
 	if *olderThan <= 0 {
 		return &usageError{msg: fmt.Sprintf("--older-than %s must be positive (to delete chosen dead letters, use kfn dlq discard)", *olderThan)}

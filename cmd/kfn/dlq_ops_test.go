@@ -140,8 +140,8 @@ func TestDLQListFiltersNarrowTheList(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--since", "yesterday"}, `--since "yesterday" is neither an RFC 3339 time`},
-		{[]string{"--until", "-2h"}, `--until "-2h" is neither`},
+		{[]string{"--since", "yesterday"}, `--since "yesterday": neither an RFC 3339 time`},
+		{[]string{"--until", "-2h"}, `--until "-2h": neither`},
 		{[]string{"--since", "1h", "--until", "2h"}, "--since (" /* … */},
 		{[]string{"--reason", "bad"}, `--reason "bad" is not a dead letter reason: use one of handler_error, permanent`},
 		{[]string{"--partition", "-3"}, "--partition must be 0 or more"},
@@ -361,9 +361,9 @@ func TestDLQPurgeDeletesTheOlderOnesAuditedAsOneRow(t *testing.T) {
 		args []string
 		want string
 	}{
-		{nil, "--older-than is required: how old a dead letter must be to go, e.g. 720h for 30 days"},
+		{nil, "--older-than is required: how old a dead letter must be to go, e.g. 30d"},
 		{[]string{"--older-than", "0s"}, "--older-than 0s must be positive"},
-		{[]string{"--older-than", "30d"}, `--older-than "30d": not a duration`},
+		{[]string{"--older-than", "30x"}, `--older-than "30x": not a duration (90m, 2h, 7d)`},
 	} {
 		if code, _, stderr := kfn(t, append(base, tc.args...)...); code != 2 || !strings.Contains(stderr, tc.want) {
 			t.Errorf("kfn dlq purge %q: exit %d, stderr %q; want exit 2 and %q", tc.args, code, stderr, tc.want)

@@ -15,7 +15,6 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -258,24 +257,6 @@ func required(name, value string) error {
 		return &usageError{msg: fmt.Sprintf("--%s is required", name)}
 	}
 	return nil
-}
-
-// parseTime reads the value of a time flag: an RFC 3339 time, or a
-// duration meaning that long before now ("2h": two hours ago). "" is the
-// zero time (no bound).
-func parseTime(flagName, value string, now time.Time) (time.Time, error) {
-	value = strings.TrimSpace(value)
-	if value == "" {
-		return time.Time{}, nil
-	}
-	if t, err := time.Parse(time.RFC3339Nano, value); err == nil {
-		return t, nil
-	}
-	d, err := time.ParseDuration(value)
-	if err != nil || d < 0 {
-		return time.Time{}, &usageError{msg: fmt.Sprintf("--%s %q is neither an RFC 3339 time (2026-03-01T09:00:00Z) nor a duration before now (90m, 2h, 168h for a week)", flagName, value)}
-	}
-	return now.Add(-d), nil
 }
 
 // writeJSON prints v as indented JSON, for scripts.

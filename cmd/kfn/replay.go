@@ -22,7 +22,7 @@ import (
 )
 
 var replayHelp = help{
-	usage: []string{"kfn replay --function F --topic T [--partition P] (--from-offset N | --from-time RFC3339) [flags]"},
+	usage: []string{"kfn replay --function F --topic T [--partition P] (--from-offset N | --from-time TIME) [flags]"},
 	text: `
 Moves partition cursors of a function back, through the workers' own lease
 and fence, and writes kfn.audit_log. Every argument is checked for every
@@ -48,6 +48,7 @@ window and the downstream inboxes drop the events they already handled.
 would be re-executed and what downstream would see, and changes nothing.`,
 	examples: `
 kfn replay --function orders --topic orders --from-time 2026-03-01T09:00:00Z --dry-run
+kfn replay --function orders --topic orders --from-time 2h --dry-run
 kfn replay --function orders --topic orders --partition 2 --from-offset 200 --to-offset 400 \
   --reexecute --keep-event-ids --reason "INC-42: tax bug fixed" --wait`,
 }
@@ -67,7 +68,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	var partition, from, to optionalInt
 	fs.Var(&partition, "partition", "the `number` of the partition (default: every partition of the topic that has a cursor for the function)")
 	fs.Var(&from, "from-offset", "resume at this `offset` (this or --from-time is required)")
-	fromTime := fs.String("from-time", "", "resume in each partition at the first record whose timestamp is at or after this RFC3339 time (Kafka's offsets-for-times); a partition whose cursor is there already is left alone")
+	fromTime := addTimeFlag(fs, "from-time", "resume in each partition at the first record whose timestamp is at or after this time (Kafka's offsets-for-times); a partition whose cursor is there already is left alone")
 	fs.Var(&to, "to-offset", "end of the re-executed range, an `offset`, exclusive (default: the high-water mark); the handled records from it on are skipped, not applied again")
 	reexecute := fs.Bool("reexecute", false, "apply already handled records again (audited; needs --reason)")
 	reason := fs.String("reason", "", "why, for the audit log")
@@ -99,14 +100,10 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		spec.Partitions = []int32{int32(partition.n)}
 	}
 	switch {
-	case *fromTime != "" && from.set:
+	case !fromTime.IsZero() && from.set:
 		return &usageError{msg: "--from-offset and --from-time exclude each other"}
-	case *fromTime != "":
-		t, err := time.Parse(time.RFC3339Nano, *fromTime)
-		if err != nil {
-			return &usageError{msg: fmt.Sprintf("--from-time %q is not an RFC3339 time like 2026-05-01T12:00:00Z", *fromTime)}
-		}
-		spec.FromTime = t
+	case !fromTime.IsZero():
+		spec.FromTime = *fromTime
 	case !from.set:
 		return &usageError{msg: "--from-offset is required (0 or more), or --from-time"}
 	case from.n < 0:

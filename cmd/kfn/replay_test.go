@@ -403,7 +403,7 @@ func TestReplayRefusesBadArgumentsBeforeTakingALease(t *testing.T) {
 		{"a re-execution over purged inbox rows", r.cmd("replay", "--from-offset", "0", "--reexecute", "--reason", "x"), 1,
 			"the oldest inbox row of " + r.name + "/" + r.topic + "/1 is at offset 2, so the rows of [0, 2) were purged by retention"},
 		{"an offset and a time", r.cmd("replay", "--from-offset", "0", "--from-time", "2026-01-01T00:00:00Z"), 2, "exclude each other"},
-		{"a time that is not RFC3339", r.cmd("replay", "--from-time", "yesterday"), 2, "is not an RFC3339 time"},
+		{"a time that is not RFC3339", r.cmd("replay", "--from-time", "yesterday"), 2, `--from-time "yesterday": neither an RFC 3339 time`},
 		{"keep event ids without re-execution", r.cmd("replay", "--from-offset", "0", "--keep-event-ids"), 2, "--keep-event-ids is a choice of a re-execution"},
 		{"no Kafka", []string{"replay", "--database-url", r.db.URL, "--nats-url", r.natsURL, "--function", r.name, "--topic", r.topic, "--from-offset", "0"},
 			2, "--kafka-brokers is required"},
