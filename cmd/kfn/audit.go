@@ -36,7 +36,7 @@ kfn audit --action claim --function orders --since 10m`,
 	}, stderr)
 	dbURL := bind(fs, settings.DatabaseURL)
 	function := fs.String("function", "", "only this function (default: all)")
-	action := fs.String("action", "", "only this action: replay, reexecute, park, discard, purge, skip_expired or claim (default: all but claim)")
+	action := fs.String("action", "", "only this action: "+strings.Join(operator.AuditActions, ", ")+" (default: all but claim)")
 	actorText := fs.String("actor", "", "only rows whose actor contains this (case-sensitive)")
 	since := addTimeFlag(fs, "since", "only rows at or after this time")
 	until := addTimeFlag(fs, "until", "only rows before this time")
@@ -51,12 +51,18 @@ kfn audit --action claim --function orders --since 10m`,
 	if *limit < 1 {
 		return &usageError{msg: "--limit must be at least 1"}
 	}
+	if err := operator.CheckAuditAction(*action); err != nil {
+		return &usageError{msg: err.Error()}
+	}
 	f := operator.AuditFilter{Consumer: *function, Action: *action, ActorContains: *actorText, Limit: *limit + 1, Since: *since, Until: *until}
 	pool, err := connectPostgres(ctx, *dbURL)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	if err := operator.CheckFunction(ctx, pool, *function); err != nil {
+		return err
+	}
 	entries, err := operator.AuditLog(ctx, pool, f)
 	if err != nil {
 		return err

@@ -150,6 +150,9 @@ func listDeadLetters(ctx context.Context, args []string, h help, stdout, stderr 
 		return err
 	}
 	defer pool.Close()
+	if err := checkSelection(ctx, pool, f.Consumer, f.Topic, partitionOf(f.Partition)); err != nil {
+		return err
+	}
 	f.Limit++ // one more, to tell whether there are more
 	dead, err := operator.ListDeadLetters(ctx, pool, f)
 	if err != nil {
@@ -466,6 +469,9 @@ kfn dlq discard --until 720h --reason "older than 30 days" --json`,
 		return err
 	}
 	defer pool.Close()
+	if err := checkSelection(ctx, pool, f.Consumer, f.Topic, partitionOf(f.Partition)); err != nil {
+		return err
+	}
 	res, err := operator.DiscardDeadLetters(ctx, pool, operator.DiscardRequest{Filter: f, All: *all, Actor: who, Reason: *reason, DryRun: *dryRun})
 	if err != nil {
 		return err

@@ -120,10 +120,16 @@ func TestDLQListFiltersNarrowTheList(t *testing.T) {
 		{[]string{"--since", "1h", "--until", "20m"}, id[1:2]},
 		{[]string{"--function", "fa", "--reason", "permanent"}, id[:1]},
 		{[]string{"--limit", "2"}, id[:2]},
-		{[]string{"--function", "nobody"}, []int64{}},
 	} {
 		if got := listedIDs(t, db, tc.args...); !slices.Equal(got, tc.want) {
 			t.Errorf("kfn dlq list %q = ids %v, want %v", tc.args, got, tc.want)
+		}
+	}
+	// A filter that cannot match is a usage error that says what exists.
+	for _, args := range [][]string{{"--function", "nobody"}, {"--topic", "ta", "--partition", "7"}} {
+		code, _, stderr := kfn(t, append([]string{"dlq", "list", "--database-url", db.URL}, args...)...)
+		if code != 2 || !strings.Contains(stderr, "use one of") {
+			t.Errorf("kfn dlq list %q: exit %d, stderr %q; want exit 2 naming what exists", args, code, stderr)
 		}
 	}
 
@@ -338,9 +344,12 @@ func TestDLQDiscardDeletesForGoodAudited(t *testing.T) {
 	if n := countRows(t, db, `SELECT count(*) FROM kfn.inbox WHERE outcome = 'dead_lettered'`); n != 4 {
 		t.Errorf("inbox rows still dead_lettered = %d, want all 4", n)
 	}
-	code, out, _ = kfn(t, append(base, "--function", "nobody", "--reason", "x")...)
+	code, out, _ = kfn(t, append(base, "--function", "fa", "--error", "nothing like this", "--reason", "x")...)
 	if code != 0 || out != "no dead letter matches: nothing discarded\n" {
 		t.Errorf("discard matching nothing: exit %d, out %q", code, out)
+	}
+	if code, _, stderr := kfn(t, append(base, "--function", "nobody", "--reason", "x")...); code != 2 || !strings.Contains(stderr, `--function "nobody": no function`) {
+		t.Errorf("discard of a function kfn never saw: exit %d, stderr %q; want exit 2", code, stderr)
 	}
 	code, out, stderr = kfn(t, append(base, "--all", "--reason", "wipe the test data")...)
 	if code != 0 || !strings.Contains(out, "discarded 1 dead letter") || countRows(t, db, `SELECT count(*) FROM kfn.dead_letters`) != 0 {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/settings"
+	"github.com/kfn-dev/kfn/operator"
 )
 
 // command is one kfn subcommand.
@@ -132,6 +133,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var uerr *usageError
 	var xerr *exitError
 	var herr *helpRequest
+	var ferr *operator.UnknownFilterError
 	switch {
 	case err == nil:
 		return 0
@@ -145,6 +147,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return xerr.code
 	case errors.Is(err, flag.ErrHelp):
 		return 0
+	case errors.As(err, &ferr), errors.Is(err, operator.ErrNoCursor):
+		fmt.Fprintf(stderr, "kfn %s: %v (see kfn %s -h)\n", name, err, name)
+		return 2
 	case errors.As(err, &uerr):
 		fmt.Fprintf(stderr, "kfn %s: %s (see kfn %s -h)\n", name, strings.ReplaceAll(uerr.msg, "\n", "; "), name)
 		return 2
