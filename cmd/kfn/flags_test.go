@@ -42,7 +42,7 @@ func TestRelayHelpListsOnlyTheRelaysFlags(t *testing.T) {
 	}
 	// Flags are listed as "  -name …" lines; the description and the
 	// examples may mention a worker's flag (--no-relay, --log-level).
-	for _, worker := range []string{"batch", "retry", "handler", "max-record-bytes", "start-from", "no-relay", "inbox-retention", "kafka-brokers", "log-level", "stall-after"} {
+	for _, worker := range []string{"batch", "retry", "handler", "max-record-bytes", "start-from", "no-relay", "inbox-retention", "kafka-brokers", "stall-after"} {
 		if strings.Contains(help, "\n  -"+worker) {
 			t.Errorf("kfn relay -h lists the worker's -%s:\n%s", worker, help)
 		}
