@@ -609,6 +609,7 @@ kfn dlq park --function orders --topic orders --partition 3 --offset 1187 \
 	partition := fs.Int("partition", -1, "the partition (required)")
 	offset := fs.Int64("offset", -1, "the offset of the record to park (required; kfn status shows the cursor)")
 	reason := fs.String("reason", "", "why, for the audit log (required)")
+	asJSON := fs.Bool("json", false, "print JSON for scripts")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -645,6 +646,14 @@ kfn dlq park --function orders --topic orders --partition 3 --offset 1187 \
 	if err != nil {
 		return err
 	}
+	if *asJSON {
+		out := parkJSON{Function: *function, Topic: *topic, Partition: int32(*partition), Offset: *offset,
+			RecordRead: res.RecordRead, PreviousCursor: res.Previous.NextOffset, Cursor: res.Now.NextOffset, Epoch: res.Now.Epoch}
+		if res.ReadError != nil {
+			out.ReadError = res.ReadError.Error()
+		}
+		return writeJSON(stdout, out)
+	}
 	record := "with the record's key, value and headers"
 	switch {
 	case res.ReadError != nil:
@@ -655,6 +664,19 @@ kfn dlq park --function orders --topic orders --partition 3 --offset 1187 \
 	fmt.Fprintf(stdout, "%s/%s/%d@%d: dead-lettered as parked, %s; cursor %d -> %d; a worker resumes within a few seconds\n",
 		*function, *topic, *partition, *offset, record, res.Previous.NextOffset, res.Now.NextOffset)
 	return nil
+}
+
+// parkJSON is what kfn dlq park --json prints.
+type parkJSON struct {
+	Function       string `json:"function"`
+	Topic          string `json:"topic"`
+	Partition      int32  `json:"partition"`
+	Offset         int64  `json:"offset"`
+	RecordRead     bool   `json:"record_read"`          // the dead letter holds the record's bytes
+	ReadError      string `json:"read_error,omitempty"` // why they could not be read
+	PreviousCursor int64  `json:"previous_cursor"`
+	Cursor         int64  `json:"cursor"`
+	Epoch          int64  `json:"epoch"`
 }
 
 // plural says "1 dead letter", "2 dead letters".

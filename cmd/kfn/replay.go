@@ -22,7 +22,7 @@ import (
 )
 
 var replayHelp = help{
-	usage: []string{"kfn replay --function F --topic T [--partition P] (--from-offset N | --from-time TIME) [flags]"},
+	usage: []string{"kfn replay --function F --topic T [--partition P] (--from-offset N | --from-time TIME) [--json] [flags]"},
 	text: `
 Moves partition cursors of a function back, through the workers' own lease
 and fence, and writes kfn.audit_log. Every argument is checked for every
@@ -76,6 +76,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	dryRun := fs.Bool("dry-run", false, "print what the replay would do per partition and change nothing")
 	wait := fs.Bool("wait", false, "wait until the workers' cursors reach the end of what was replayed (a progress line on a terminal)")
 	waitTimeout := fs.Duration("wait-timeout", 0, "with --wait: give up after this long (default: wait until Ctrl-C)")
+	asJSON := fs.Bool("json", false, "print the plan (--dry-run) or the plan and what changed as one JSON object, for scripts (see docs/cli-json.md)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -144,6 +145,9 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	defer closeNATS()
 	replays, err := operator.ReplayPartitions(ctx, pool, js, spec)
+	if *asJSON {
+		return printReplayJSON(ctx, stdout, pool, spec, replays, err, *wait, *waitTimeout)
+	}
 	if *dryRun && err == nil {
 		printReplayPlans(stdout, spec, replays)
 		return nil
@@ -158,6 +162,32 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return waitForReplay(ctx, stdout, pool, spec, replays, *waitTimeout)
 	}
 	return nil
+}
+
+// printReplayJSON prints the replay (or its plan) as one JSON object once
+// it is done, and with wait once the workers reached its end; a replay
+// that failed part way prints what it changed, then returns its error.
+func printReplayJSON(ctx context.Context, stdout io.Writer, pool *pgxpool.Pool, spec operator.ReplaySpec, replays []operator.PartitionReplay, err error, wait bool, timeout time.Duration) error {
+	if err != nil && len(replays) == 0 {
+		return err
+	}
+	out := replayJSONOf(spec, replays)
+	if err == nil && wait {
+		began := time.Now()
+		if err = waitForReplay(ctx, io.Discard, pool, spec, replays, timeout); err == nil {
+			n := 0
+			for _, pr := range replays {
+				if pr.Result != nil {
+					n++
+				}
+			}
+			out.Waited = &replayWaitJSON{Partitions: n, After: time.Since(began).Round(100 * time.Millisecond).String()}
+		}
+	}
+	if werr := writeJSON(stdout, out); werr != nil {
+		return werr
+	}
+	return err
 }
 
 // optionalInt is an integer flag that knows whether it was given, and
