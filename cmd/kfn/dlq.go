@@ -634,6 +634,9 @@ kfn dlq park --function orders --topic orders --partition 3 --offset 1187 \
 		return err
 	}
 	defer pool.Close()
+	if err := checkSelection(ctx, pool, *function, *topic, int32(*partition)); err != nil {
+		return err
+	}
 	js, closeNATS, err := connectJetStream(*natsURL, "kfn dlq park", natsSec)
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/segmentio/kafka-go"
@@ -47,11 +48,14 @@ func runTopic(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if args[0] == "-h" || args[0] == "--help" {
 		return &helpRequest{help: topicHelp}
 	}
+	if strings.HasPrefix(args[0], "-") {
+		return &usageError{msg: fmt.Sprintf("unknown flag %s: give the subcommand first: create, list or describe", args[0])}
+	}
 	sub, ok := topicCommands[args[0]]
 	if !ok {
 		return &usageError{msg: fmt.Sprintf("unknown subcommand %q: use create, list or describe", args[0])}
 	}
-	return sub.run(ctx, args[1:], stdout, stderr)
+	return inCommand("topic "+args[0], sub.run(ctx, args[1:], stdout, stderr))
 }
 
 // topicFlags makes the flag set of kfn topic NAME, whose -h prints h, with

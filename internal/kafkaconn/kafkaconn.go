@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"net"
 	"strings"
 	"time"
 
@@ -278,6 +279,15 @@ func Explain(err error, brokers []string, s Security) error {
 	var invalid x509.CertificateInvalidError
 	var recordHeader tls.RecordHeaderError
 	msg := err.Error()
+	if errors.Is(err, kafka.BrokerNotAvailable) && len(brokers) > 0 {
+		// kafka-go's CreateTopics says only this of a broker it could not
+		// dial: dial once more to say why.
+		if conn, dialErr := net.DialTimeout("tcp", brokers[0], 3*time.Second); dialErr != nil {
+			err = fmt.Errorf("%w: %w", err, dialErr)
+		} else {
+			conn.Close()
+		}
+	}
 	switch {
 	case errors.Is(err, kafka.SASLAuthenticationFailed) || strings.Contains(msg, "SASL Authentication failed") || strings.Contains(msg, "Authentication failed during authentication"):
 		return securityError(err, "Kafka at %s refused the SASL credentials of --kafka-sasl-user (%s) %q with --kafka-sasl-mechanism %s: check the user and the password (%s or --kafka-sasl-password-file)",
