@@ -9,8 +9,8 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
 	"net"
+	"os"
 	"strings"
 	"time"
 
