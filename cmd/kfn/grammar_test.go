@@ -244,8 +244,8 @@ func TestEveryCommandSpeaksOneGrammar(t *testing.T) {
 	fmt.Fprintf(&b, "\n| command | case | exit | first line |\n|---|---|---|---|\n")
 	for _, r := range rows {
 		first := r.first
-		if len(first) > 110 {
-			first = first[:110] + "…"
+		if r := []rune(first); len(r) > 110 {
+			first = string(r[:110]) + "…"
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | `%s` |\n", r.cmd, r.kase, r.exit, strings.ReplaceAll(first, "|", "\\|"))
 	}
