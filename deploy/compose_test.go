@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -102,6 +103,19 @@ func checkKfnService(t *testing.T, s types.ServiceConfig) {
 		return
 	}
 	name := filepath.Base(*pkg)
+	// The image is tagged with the version its binary is stamped with
+	// (KFN_VERSION, the release's version).
+	repo := "ghcr.io/kfn-dev/kfn-" + name
+	if name == "kfn" {
+		repo = "ghcr.io/kfn-dev/kfn"
+	}
+	version := "(none)"
+	if v := s.Build.Args["VERSION"]; v != nil {
+		version = *v
+	}
+	if s.Image != repo+":"+version {
+		t.Errorf("service %s: image %q, VERSION build argument %s: want %s:VERSION, both from KFN_VERSION", s.Name, s.Image, version, repo)
+	}
 	if _, err := os.Stat(filepath.Join(repoRoot, *pkg)); err != nil {
 		t.Errorf("service %s: PKG %s: %v", s.Name, *pkg, err)
 		return
@@ -143,4 +157,33 @@ func checkNamedVolume(t *testing.T, p *types.Project, service, target string) {
 		}
 	}
 	t.Errorf("service %s: no named volume on %s", service, target)
+}
+
+// TestComposeUsesTheVersionsTheTestsUse: the compose stack runs the NATS
+// server the tests embed (the nats-server module of kfn's go.mod) and the
+// Apache Kafka the tests start (deploy/local/kafka/pom.xml), so that what a
+// user runs locally is what CI tested.
+func TestComposeUsesTheVersionsTheTestsUse(t *testing.T) {
+	p := loadCompose(t, "compose/compose.yaml")
+	gomod, err := os.ReadFile("../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nats := regexp.MustCompile(`(?m)^\s*github\.com/nats-io/nats-server/v2 v(\S+)`).FindSubmatch(gomod)
+	pom, err := os.ReadFile("local/kafka/pom.xml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kafka := regexp.MustCompile(`<kafka\.version>([^<]+)</kafka\.version>`).FindSubmatch(pom)
+	if nats == nil || kafka == nil {
+		t.Fatalf("cannot find the nats-server version in go.mod (%q) or kafka.version in pom.xml (%q)", nats, kafka)
+	}
+	for service, want := range map[string]string{
+		"nats":  "docker.io/library/nats:" + string(nats[1]) + "-alpine",
+		"kafka": "docker.io/apache/kafka:" + string(kafka[1]),
+	} {
+		if got := p.Services[service].Image; got != want {
+			t.Errorf("service %s runs %s; the tests use %s", service, got, want)
+		}
+	}
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds a function image with deploy/image.sh (FROM scratch) and runs it
 # with podman: the image must hold the CA certificates and the non-root user
-# it runs as, and be tagged with the version; without configuration it must
+# it runs as, be tagged and labelled with the version, and its binary's
+# --version must print it; without configuration it must
 # exit 2 naming every missing setting; with unreachable services it must
 # exit 1 saying which; its health check must fail naming KFN_METRICS_ADDR
 # when there is no metrics address. It also checks that .containerignore
@@ -29,9 +30,19 @@ user=$(podman image inspect "$image" --format '{{.Config.User}}')
 grep -q "^[^:]*:x:${user%%:*}:" <<<"$passwd" || fail "user ${user%%:*} has no /etc/passwd entry"
 [ "$(podman image inspect "$image" --format '{{index .Config.Labels "org.opencontainers.image.version"}}')" = "$VERSION" ] ||
   fail "the image's version label is not $VERSION"
+for label in revision created source; do
+  [ -n "$(podman image inspect "$image" --format "{{index .Config.Labels \"org.opencontainers.image.$label\"}}")" ] ||
+    fail "the image has no org.opencontainers.image.$label label"
+done
 echo "image $image: user $user ($(grep "^[^:]*:x:${user%%:*}:" <<<"$passwd" | cut -d: -f1)), CA certificates, version $VERSION"
 
 run() { podman run --rm --runtime runc --network=host "$@"; }
+
+# The binary is stamped with the image's version (internal/buildinfo).
+out=$(run "$image" --version)
+echo "$out"
+grep -qx "$fn $VERSION" <<<"$(head -1 <<<"$out")" || fail "--version does not print $fn $VERSION"
+grep -q "^built " <<<"$out" || fail "--version has no build time"
 
 set +e
 out=$(run "$image" 2>&1); code=$?

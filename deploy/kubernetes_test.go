@@ -76,6 +76,24 @@ type (
 			} `json:"secretTargetRef"`
 		} `json:"spec"`
 	}
+	// podMonitor is the Prometheus Operator's PodMonitor
+	// (monitoring.coreos.com/v1), the fields kfn sets.
+	podMonitor struct {
+		APIVersion string     `json:"apiVersion"`
+		Kind       string     `json:"kind"`
+		Metadata   objectMeta `json:"metadata"`
+		Spec       struct {
+			Selector struct {
+				MatchLabels map[string]string `json:"matchLabels"`
+			} `json:"selector"`
+			PodTargetLabels     []string `json:"podTargetLabels"`
+			PodMetricsEndpoints []struct {
+				Port     string `json:"port"`
+				Path     string `json:"path"`
+				Interval string `json:"interval"`
+			} `json:"podMetricsEndpoints"`
+		} `json:"spec"`
+	}
 	prometheusRule struct {
 		APIVersion string     `json:"apiVersion"`
 		Kind       string     `json:"kind"`
@@ -105,6 +123,8 @@ type rendered struct {
 	scaled       []scaledObject
 	triggerAuths map[string]triggerAuthentication
 	rules        []prometheusRule
+	services     []corev1.Service
+	podMonitors  []podMonitor
 }
 
 // render builds the overlay in process (krusty, from the disk, offline) and
@@ -148,6 +168,10 @@ func render(t *testing.T, path string) rendered {
 			r.triggerAuths[a.Metadata.Name] = a
 		case "PrometheusRule":
 			r.rules = append(r.rules, decode[prometheusRule](strict))
+		case "Service":
+			r.services = append(r.services, decode[corev1.Service](strict))
+		case "PodMonitor":
+			r.podMonitors = append(r.podMonitors, decode[podMonitor](strict))
 		default:
 			t.Errorf("%s %s: a kind this test does not decode: add it", kind, res.GetName())
 		}
@@ -180,6 +204,7 @@ func TestKubernetesManifestsAreValid(t *testing.T) {
 	}
 	checkDisruptionBudgets(t, r)
 	checkKEDA(t, r)
+	checkScraping(t, r)
 	if len(r.namespaces) != 1 || r.namespaces[0].Labels["pod-security.kubernetes.io/enforce"] != "restricted" {
 		t.Errorf("want one Namespace enforcing Pod Security restricted, got %+v", r.namespaces)
 	}
@@ -530,6 +555,11 @@ func checkKEDA(t *testing.T, r rendered) {
 		c := target.Spec.Template.Spec.Containers[0]
 		b, _ := binaryOf(t, c)
 		fn := describe(t, b.name)
+		// The alert on a function absent while its topic has lag maps
+		// keda_scaler_active's scaledObject label to the function's name.
+		if s.Metadata.Name != fn.Name {
+			t.Errorf("ScaledObject %s scales function %s: name it after the function (KfnFunctionAbsentWithLag in alerts.yaml reads its name as the function's)", s.Metadata.Name, fn.Name)
+		}
 		settings := map[string]string{}
 		for _, from := range c.EnvFrom {
 			for k, v := range r.configMaps[from.ConfigMapRef.Name].Data {

@@ -20,6 +20,24 @@ type Header struct {
 	Value []byte `json:"value"`
 }
 
+// HeadersOf copies a record's headers for its dead letter: a record's
+// header (runtime.Header) is a Key string and a Value []byte, stored here
+// as bytes so that any name survives.
+func HeadersOf[H ~struct {
+	Key   string
+	Value []byte
+}](hs []H) []Header {
+	out := make([]Header, len(hs))
+	for i, h := range hs {
+		kv := struct {
+			Key   string
+			Value []byte
+		}(h)
+		out[i] = Header{Key: []byte(kv.Key), Value: kv.Value}
+	}
+	return out
+}
+
 // DeadLetter is a record that could not be applied, with why.
 //
 // Key, Value and the header names and values are stored as bytea, byte for

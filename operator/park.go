@@ -9,8 +9,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/inbox"
-	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/internal/kafkasource"
 )
 
 // ParkRequest asks to dead-letter one record of a partition by hand: the
@@ -65,9 +65,9 @@ func Park(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, req P
 
 // readRecord reads the record at offset from Kafka, for its dead letter.
 func readRecord(ctx context.Context, brokers []string, security kafkaconn.Security, part inbox.Partition, offset int64) (*inbox.DeadLetter, error) {
-	rec, err := engine.ReadRecord(ctx, brokers, security, part.Topic, part.Partition, offset)
+	rec, err := kafkasource.ReadRecord(ctx, brokers, security, part.Topic, part.Partition, offset)
 	if err != nil {
 		return nil, err
 	}
-	return &inbox.DeadLetter{Key: rec.Key, Value: rec.Value, Headers: engine.DeadLetterHeaders(rec), RecordTime: rec.Time}, nil
+	return &inbox.DeadLetter{Key: rec.Key, Value: rec.Value, Headers: inbox.HeadersOf(rec.Headers), RecordTime: rec.Time}, nil
 }

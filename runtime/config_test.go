@@ -12,6 +12,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/runtime"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 func validConfig() runtime.Config {
@@ -52,7 +53,7 @@ func TestBadConfigurationNamesTheField(t *testing.T) {
 				cfg = cfg.WithDefaults()
 			}
 			tc.edit(&cfg)
-			_, err := runtime.NewWorker(context.Background(), cfg, fn)
+			_, err := worker.New(context.Background(), cfg, fn)
 			var cfgErr *engine.ConfigError
 			if !errors.As(err, &cfgErr) {
 				t.Fatalf("err = %v, want a *engine.ConfigError", err)
@@ -82,7 +83,7 @@ func TestStatementTimeoutDefaultsFitTheLease(t *testing.T) {
 		if got := cfg.WithDefaults().StatementTimeout; got != tc.want {
 			t.Errorf("lease TTL %v, handler timeout %v: statement timeout %v, want %v", tc.ttl, tc.handler, got, tc.want)
 		}
-		w, err := runtime.NewWorker(context.Background(), cfg, effects.Function("cfg", "topic"))
+		w, err := worker.New(context.Background(), cfg, effects.Function("cfg", "topic"))
 		var cfgErr *engine.ConfigError
 		if errors.As(err, &cfgErr) {
 			t.Errorf("lease TTL %v, handler timeout %v: defaults rejected: %v", tc.ttl, tc.handler, err)
@@ -109,7 +110,7 @@ func TestBadFunctionDefinitionIsRejected(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			fn := good
 			edit(&fn)
-			if _, err := runtime.NewWorker(context.Background(), validConfig(), fn); err == nil || !strings.Contains(err.Error(), "function") {
+			if _, err := worker.New(context.Background(), validConfig(), fn); err == nil || !strings.Contains(err.Error(), "function") {
 				t.Errorf("err = %v, want an error about the function definition", err)
 			}
 		})
@@ -125,7 +126,7 @@ func TestEnvironmentValuesThatDoNotParseAreReported(t *testing.T) {
 	if err := fs.Parse([]string{"--kafka-brokers", "127.0.0.1:9092", "--database-url", "postgres://u@h:5432/d", "--nats-url", "nats://h:4222"}); err != nil {
 		t.Fatal(err)
 	}
-	_, err := runtime.NewWorker(context.Background(), cfg, effects.Function("fn", "topic"))
+	_, err := worker.New(context.Background(), cfg, effects.Function("fn", "topic"))
 	if err == nil {
 		t.Fatal("want an error")
 	}
@@ -153,7 +154,7 @@ func TestFlagsOverrideTheEnvironment(t *testing.T) {
 func TestMainRejectsUnknownFlagsAndArguments(t *testing.T) {
 	fn := effects.Function("fn", "topic")
 	for _, args := range [][]string{{"--no-such-flag"}, {"stray"}, {"--log-level", "loud"}, {"--batch-size", "x"}} {
-		if code := runtime.Main(fn, args, io.Discard); code != 2 {
+		if code := worker.Main(fn, args, io.Discard); code != 2 {
 			t.Errorf("Main(%q) = %d, want 2", args, code)
 		}
 	}
@@ -175,12 +176,12 @@ func TestMainMigrateModeRejectsBadInvocations(t *testing.T) {
 		{[]string{"--database-url", "postgres://x@127.0.0.1:1/d", "migrate"}, "fn: migrate must come first: fn migrate --database-url …"},
 	} {
 		var stderr strings.Builder
-		if code := runtime.Main(fn, tc.args, &stderr); code != 2 || !strings.Contains(stderr.String(), tc.want) {
+		if code := worker.Main(fn, tc.args, &stderr); code != 2 || !strings.Contains(stderr.String(), tc.want) {
 			t.Errorf("Main(%q) = %d, stderr %q; want 2 and %q", tc.args, code, stderr.String(), tc.want)
 		}
 	}
 	var help strings.Builder
-	if code := runtime.Main(fn, []string{"migrate", "-h"}, &help); code != 0 || !strings.Contains(help.String(), "-database-url") || strings.Contains(help.String(), "-batch-size") {
+	if code := worker.Main(fn, []string{"migrate", "-h"}, &help); code != 0 || !strings.Contains(help.String(), "-database-url") || strings.Contains(help.String(), "-batch-size") {
 		t.Errorf("migrate -h: exit %d, %q; want only --database-url listed", code, help.String())
 	}
 }
@@ -222,7 +223,7 @@ func TestConfigExplicitZeroIsRejectedOrHonoured(t *testing.T) {
 			t.Setenv(tc.env, "0")
 		}
 		cfg := bindConfig(t, append([]string{"--kafka-brokers", "127.0.0.1:9092", "--database-url", "postgres://u@h:5432/d", "--nats-url", "nats://h:4222"}, tc.args...)...)
-		_, err := runtime.NewWorker(context.Background(), cfg, fn)
+		_, err := worker.New(context.Background(), cfg, fn)
 		var cfgErr *engine.ConfigError
 		if !errors.As(err, &cfgErr) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q %s=0: err = %v; want a ConfigError saying %q", tc.args, tc.env, err, tc.want)
@@ -236,7 +237,7 @@ func TestConfigExplicitZeroIsRejectedOrHonoured(t *testing.T) {
 		if c.BatchWait >= 0 || c.WithDefaults().BatchWait >= 0 {
 			t.Errorf("batch wait 0 became %s (%s with defaults); want it kept as no wait (negative)", c.BatchWait, c.WithDefaults().BatchWait)
 		}
-		_, err := runtime.NewWorker(context.Background(), c, fn) // no services given: only those are reported
+		_, err := worker.New(context.Background(), c, fn) // no services given: only those are reported
 		if err == nil || strings.Contains(err.Error(), "batch-wait") {
 			t.Errorf("batch wait 0: err = %v; want it accepted", err)
 		}
@@ -254,7 +255,7 @@ func TestEnvironmentBooleansParseLikeParseBool(t *testing.T) {
 		}
 	}
 	t.Setenv("KFN_NO_RELAY", "yes")
-	_, err := runtime.NewWorker(context.Background(), bindConfig(t), effects.Function("fn", "topic"))
+	_, err := worker.New(context.Background(), bindConfig(t), effects.Function("fn", "topic"))
 	if err == nil || !strings.Contains(err.Error(), `--no-relay (KFN_NO_RELAY): "yes" is not a boolean`) {
 		t.Errorf("KFN_NO_RELAY=yes: err = %v; want it named", err)
 	}
@@ -264,7 +265,7 @@ func TestEnvironmentBooleansParseLikeParseBool(t *testing.T) {
 // default once.
 func TestMainHelpShowsEachDefaultOnce(t *testing.T) {
 	var out strings.Builder
-	if code := runtime.Main(effects.Function("fn", "topic"), []string{"-h"}, &out); code != 0 {
+	if code := worker.Main(effects.Function("fn", "topic"), []string{"-h"}, &out); code != 0 {
 		t.Fatalf("-h: exit %d", code)
 	}
 	help := out.String()
@@ -275,7 +276,7 @@ func TestMainHelpShowsEachDefaultOnce(t *testing.T) {
 	}
 	for _, want := range []string{"[KFN_BATCH_SIZE] (default 500)", "[KFN_BATCH_WAIT] (default 20ms)", "[KFN_EVENT_RETENTION] (default 168h)",
 		"[DATABASE_URL, or a file: DATABASE_URL_FILE]\n", "  -no-relay\n", "[KFN_LOG_LEVEL] (default \"info\")", "[KFN_METRICS_ADDR]\n", "(default host-pid)",
-		"  -skip-setup\n", "fn migrate applies kfn's schema migrations and the function's Setup"} {
+		"  -skip-setup\n", "fn migrate applies kfn's schema migrations and the function's Setup", "fn --version prints its version, commit and build time"} {
 		if !strings.Contains(help, want) {
 			t.Errorf("-h lacks %q:\n%s", want, help)
 		}
@@ -284,7 +285,7 @@ func TestMainHelpShowsEachDefaultOnce(t *testing.T) {
 
 func TestMainRejectsAnExplicitZeroNamingFlagAndVariable(t *testing.T) {
 	var out strings.Builder
-	code := runtime.Main(effects.Function("fn", "topic"), []string{"--batch-size", "0", "--no-relay=1"}, &out)
+	code := worker.Main(effects.Function("fn", "topic"), []string{"--batch-size", "0", "--no-relay=1"}, &out)
 	if code != 2 || !strings.Contains(out.String(), "--batch-size (KFN_BATCH_SIZE): 0 is out of range 1..10000") || strings.Contains(out.String(), "no-relay") {
 		t.Errorf("exit %d, stderr %q; want exit 2 naming --batch-size and KFN_BATCH_SIZE, and --no-relay=1 accepted", code, out.String())
 	}
@@ -293,7 +294,7 @@ func TestMainRejectsAnExplicitZeroNamingFlagAndVariable(t *testing.T) {
 // A rejected value is reported once, as given, not also as missing.
 func TestConfigRejectedValueIsNotAlsoMissing(t *testing.T) {
 	cfg := bindConfig(t, "--kafka-brokers", "kafka", "--database-url", "mysql://u@h/d", "--nats-url", "nats://h:4222")
-	_, err := runtime.NewWorker(context.Background(), cfg, effects.Function("fn", "topic"))
+	_, err := worker.New(context.Background(), cfg, effects.Function("fn", "topic"))
 	if err == nil || !strings.Contains(err.Error(), `"kafka" is not host:port`) || !strings.Contains(err.Error(), "not a postgres:// URL") ||
 		strings.Contains(err.Error(), "no Kafka broker given") || strings.Contains(err.Error(), "no Postgres URL given") {
 		t.Errorf("err = %v; want the given values named, not reported missing", err)
@@ -304,7 +305,7 @@ func TestConfigRejectedValueIsNotAlsoMissing(t *testing.T) {
 func TestConsumerGroupIsRefusedForSeveralKafkaFunctions(t *testing.T) {
 	cfg := validConfig()
 	cfg.ConsumerGroup = "shared"
-	_, err := runtime.NewWorker(context.Background(), cfg, effects.Function("fa", "ta"), effects.Function("fb", "tb"))
+	_, err := worker.New(context.Background(), cfg, effects.Function("fa", "ta"), effects.Function("fb", "tb"))
 	var cfgErr *engine.ConfigError
 	if !errors.As(err, &cfgErr) || !strings.Contains(err.Error(), "--consumer-group (KFN_CONSUMER_GROUP)") || !strings.Contains(err.Error(), "2 Kafka functions (fa, fb)") {
 		t.Errorf("err = %v, want a ConfigError naming --consumer-group and both functions", err)
@@ -316,7 +317,7 @@ func TestConsumerGroupIsRefusedForSeveralKafkaFunctions(t *testing.T) {
 func TestMainRejectsAnOTelVariableItCannotFollow(t *testing.T) {
 	t.Setenv("OTEL_TRACES_EXPORTER", "zipkin")
 	var out strings.Builder
-	code := runtime.Main(effects.Function("fn", "topic"), []string{"--kafka-brokers", "127.0.0.1:1", "--database-url", "postgres://u@127.0.0.1:1/d", "--nats-url", "nats://127.0.0.1:1"}, &out)
+	code := worker.Main(effects.Function("fn", "topic"), []string{"--kafka-brokers", "127.0.0.1:1", "--database-url", "postgres://u@127.0.0.1:1/d", "--nats-url", "nats://127.0.0.1:1"}, &out)
 	if code != 2 || !strings.Contains(out.String(), `invalid configuration: OTEL_TRACES_EXPORTER: "zipkin": kfn exports traces with OTLP only`) {
 		t.Errorf("exit %d, stderr %q; want exit 2 naming OTEL_TRACES_EXPORTER", code, out.String())
 	}

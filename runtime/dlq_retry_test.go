@@ -19,6 +19,7 @@ import (
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // retryAll marks every dead letter of fn for retry and waits for the
@@ -58,12 +59,12 @@ func TestDeadLetterRetryUnderLoadWithThreeWorkersLosesAndDuplicatesNothing(t *te
 		return apply(ctx, tx, rec, out)
 	}
 	ctx := context.Background()
-	var workers []*runtime.Worker
+	var workers []*worker.Worker
 	var stops []func()
 	for i := range 3 {
 		cfg := b.cfg
 		cfg.WorkerID = fmt.Sprintf("w%d", i+1)
-		w, err := runtime.NewWorker(ctx, cfg, fn)
+		w, err := worker.New(ctx, cfg, fn)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -24,6 +24,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/lease"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // These tests freeze a worker A's lane inside a batch transaction, and its
@@ -396,7 +397,7 @@ type frozenOwner struct {
 	hold     *laneHold // where A is held
 	second   *laneHold // a second batch of A's, held at its fence
 	tA       int64
-	w        *runtime.Worker
+	w        *worker.Worker
 	stop     func()
 }
 
@@ -481,10 +482,10 @@ func fenceWorkerIDs(fn string) (a, b string) {
 }
 
 // runAs is bundle.run with cfg, under the worker id id.
-func (b *bundle) runAs(t *testing.T, cfg runtime.Config, id string, fn runtime.Function) (*runtime.Worker, func()) {
+func (b *bundle) runAs(t *testing.T, cfg runtime.Config, id string, fn runtime.Function) (*worker.Worker, func()) {
 	t.Helper()
 	cfg.WorkerID = id
-	w, err := runtime.NewWorker(context.Background(), cfg, fn)
+	w, err := worker.New(context.Background(), cfg, fn)
 	if err != nil {
 		t.Fatalf("start worker %s: %v", id, err)
 	}
@@ -525,7 +526,7 @@ func effectTokens(t *testing.T, b *bundle) map[int64]int {
 // commit is visible in Postgres before its reply reaches the worker, and
 // a worker stopped in between loses the reply (and the count); its stats
 // are compared only after this wait.
-func awaitApplied(w *runtime.Worker, n int64) {
+func awaitApplied(w *worker.Worker, n int64) {
 	for deadline := time.Now().Add(10 * time.Second); w.Stats().Applied.Load() < n && time.Now().Before(deadline); {
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -533,7 +534,7 @@ func awaitApplied(w *runtime.Worker, n int64) {
 
 type stats struct{ applied, duplicates, fenced int64 }
 
-func wantStats(t *testing.T, name string, w *runtime.Worker, want stats) {
+func wantStats(t *testing.T, name string, w *worker.Worker, want stats) {
 	t.Helper()
 	s := w.Stats()
 	if got := (stats{s.Applied.Load(), s.Duplicates.Load(), s.Fenced.Load()}); got != want {

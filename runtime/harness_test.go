@@ -15,6 +15,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 func TestMain(m *testing.M) { kfntest.Main(m) }
@@ -51,9 +52,9 @@ func setup(t *testing.T, partitions int) *bundle {
 
 // run starts a worker for fn in the background and returns a stop function
 // that shuts it down cleanly and waits for it.
-func (b *bundle) run(t *testing.T, fn runtime.Function) (*runtime.Worker, func()) {
+func (b *bundle) run(t *testing.T, fn runtime.Function) (*worker.Worker, func()) {
 	t.Helper()
-	w, err := runtime.NewWorker(context.Background(), b.cfg, fn)
+	w, err := worker.New(context.Background(), b.cfg, fn)
 	if err != nil {
 		t.Fatalf("start worker: %v", err)
 	}
@@ -169,7 +170,7 @@ func offsets(produced []effects.Produced, indexes ...int) []effects.Produced {
 // handled before. The high-water mark and the inbox absorb a record read
 // twice without a trace in the effects, so a test that resumes or rewinds
 // states what that layer had to absorb.
-func wantDuplicates(t *testing.T, w *runtime.Worker, n int64, why string) {
+func wantDuplicates(t *testing.T, w *worker.Worker, n int64, why string) {
 	t.Helper()
 	if got := w.Stats().Duplicates.Load(); got != n {
 		t.Errorf("records skipped as handled before = %d, want %d: %s", got, n, why)

@@ -14,6 +14,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/lease"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // electionTimeoutMax is nats-server's longest raft election timeout (9 s
@@ -136,7 +137,7 @@ func streamInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.St
 func TestNATSReplicasAboveTheClusterNameTheSetting(t *testing.T) {
 	b := setup(t, 1)
 	b.cfg.NATSReplicas = 3
-	w, err := runtime.NewWorker(context.Background(), b.cfg, effects.Function(b.fn, b.topic))
+	w, err := worker.New(context.Background(), b.cfg, effects.Function(b.fn, b.topic))
 	if err == nil {
 		w.Close()
 		t.Fatal("a worker with 3 replicas started on a single NATS server")

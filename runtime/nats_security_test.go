@@ -10,6 +10,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // A worker reaches a NATS server that wants TLS and a user of its operator
@@ -32,7 +33,7 @@ func TestWorkerWithNATSCredsAndTLSProcessesAndIsRefusedWithout(t *testing.T) {
 		cfg := b.cfg
 		cfg.NATSSecurity = sec
 		start := time.Now()
-		w, err := runtime.NewWorker(context.Background(), cfg, fn)
+		w, err := worker.New(context.Background(), cfg, fn)
 		took := time.Since(start)
 		if err == nil {
 			w.Close()
@@ -59,7 +60,7 @@ func TestWorkerWithNATSCredsAndTLSProcessesAndIsRefusedWithout(t *testing.T) {
 	produced := b.produceN(t, partitions, perPartition)
 	_, stop := b.run(t, fn)
 	b.waitCaughtUp(t, b.fn)
-	nc, js, err := connect.NATSWith(sn.URL, "checker", b.cfg.NATSSecurity)
+	nc, js, err := connect.NATSWith(sn.URL, "checker", connect.NATSSecurity(b.cfg.NATSSecurity))
 	if err != nil {
 		t.Fatal(err)
 	}

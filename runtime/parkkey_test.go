@@ -19,6 +19,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/runtime"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // keyed is one record to produce: its key (nil: none) and value.
@@ -157,7 +158,7 @@ func retryIDs(t *testing.T, b *bundle, ids ...int64) (inbox.RetryMarks, []inbox.
 
 // metric returns the value of the first sample of the worker's /metrics
 // whose line matches pattern (a metric name and labels), or "" if none.
-func metric(t *testing.T, w *runtime.Worker, pattern string) string {
+func metric(t *testing.T, w *worker.Worker, pattern string) string {
 	t.Helper()
 	rec := httptest.NewRecorder()
 	w.HTTPHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
@@ -461,8 +462,8 @@ func TestKeyOrderIsValidated(t *testing.T) {
 		{runtime.Function{Name: "f", Subject: "s.>", KeyOrder: runtime.ParkKey, Handler: handler}, "function f: KeyOrder ParkKey is supported for Kafka-triggered functions (Topic) only"},
 		{runtime.Function{Name: "f", Topic: b.topic, KeyOrder: 7, Handler: handler}, "function f: KeyOrder KeyOrder(7) is neither Continue nor ParkKey"},
 	} {
-		if _, err := runtime.NewWorker(context.Background(), b.cfg, tc.fn); err == nil || err.Error() != tc.want {
-			t.Errorf("NewWorker(%+v) = %v; want %q", tc.fn.KeyOrder, err, tc.want)
+		if _, err := worker.New(context.Background(), b.cfg, tc.fn); err == nil || err.Error() != tc.want {
+			t.Errorf("worker.New(%+v) = %v; want %q", tc.fn.KeyOrder, err, tc.want)
 		}
 	}
 }

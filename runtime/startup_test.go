@@ -10,6 +10,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/runtime"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 func TestUnreachableServicesGiveAClearError(t *testing.T) {
@@ -28,7 +29,7 @@ func TestUnreachableServicesGiveAClearError(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := b.cfg
 			tc.edit(&cfg)
-			_, err := runtime.NewWorker(context.Background(), cfg, fn)
+			_, err := worker.New(context.Background(), cfg, fn)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("err = %v, want it to contain %q", err, tc.want)
 			}
@@ -44,14 +45,14 @@ func TestWorkerRefusesAMissingOrNewerSchema(t *testing.T) {
 	// A newer schema whose newer migration breaks this binary, as a newer
 	// migrator records it.
 	execSQL(t, b, `INSERT INTO kfn.schema_migrations (version, name, breaks_before) VALUES ($1, 'newer', $1)`, schema.Latest()+1)
-	_, err := runtime.NewWorker(ctx, b.cfg, fn)
+	_, err := worker.New(ctx, b.cfg, fn)
 	var verr *schema.VersionError
 	if !errors.As(err, &verr) || !strings.Contains(err.Error(), "upgrade this binary") {
 		t.Errorf("newer schema: err = %v, want a *schema.VersionError telling to upgrade the binary", err)
 	}
 
 	execSQL(t, b, `DROP SCHEMA kfn CASCADE`)
-	_, err = runtime.NewWorker(ctx, b.cfg, fn)
+	_, err = worker.New(ctx, b.cfg, fn)
 	if !errors.Is(err, schema.ErrSchemaMissing) || !strings.Contains(err.Error(), "kfn migrate") {
 		t.Errorf("missing schema: err = %v, want ErrSchemaMissing telling to run kfn migrate", err)
 	}
@@ -73,7 +74,7 @@ func TestWorkersStartingTogetherAllSucceed(t *testing.T) {
 		go func() {
 			cfg := b.cfg
 			cfg.WorkerID = fmt.Sprintf("w%d", i)
-			w, err := runtime.NewWorker(context.Background(), cfg, fn)
+			w, err := worker.New(context.Background(), cfg, fn)
 			if err == nil {
 				w.Close()
 			}

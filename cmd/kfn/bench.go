@@ -134,7 +134,7 @@ kfn bench --report-dir ''   # print the report only`,
 	fn.Topic = topic
 	cfg := bench.Config{
 		Worker: runtime.Config{
-			KafkaBrokers: st.Brokers, KafkaSecurity: st.Kafka, DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
+			KafkaBrokers: st.Brokers, KafkaSecurity: runtime.KafkaSecurity(st.Kafka), DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
 			BatchSize: worker.BatchSize, BatchWait: worker.BatchWait, Logger: log,
 		},
 		Function: fn, Next: ledger.Function(), Partitions: *partitions,
@@ -202,7 +202,7 @@ func copyOrders(topic string, partitions int) func(ctx context.Context, tx pgx.T
 			business[j] = []any{o.ID, o.Customer, o.AmountCents, o.Currency}
 			inboxRows[j] = []any{consumer, topic, partition, i, int64(1), "applied"}
 			row := outbox.NewRow(outbox.Origin{Consumer: consumer, Topic: topic, Partition: partition, Offset: i, SourceID: outbox.KafkaSourceID(topic, partition, i)},
-				0, key, runtime.Event{Subject: orders.AcceptedSubject, Key: o.ID, Data: data})
+				0, key, outbox.Event{Subject: orders.AcceptedSubject, Key: o.ID, Data: data})
 			outboxRows[j] = []any{row.EventID, row.Event.Subject, row.Event.Type, []byte(row.Event.Key), row.Shard, row.Event.Data, map[string]string{},
 				consumer, topic, partition, i, now}
 		}

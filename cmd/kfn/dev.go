@@ -15,10 +15,10 @@ import (
 
 	"github.com/kfn-dev/kfn/functions/orders"
 	"github.com/kfn-dev/kfn/inbox"
-	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/runtime"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 var devHelp = help{
@@ -28,7 +28,7 @@ Starts a local stack (a throwaway Postgres, an embedded NATS server and
 Kafka broker, unless flags point at running ones) and prints export lines
 for other terminals. Without packages it runs the bundled orders example
 with sample traffic and checks the end state. With packages (directories of
-Go main packages calling runtime.Start, such as the cmd/NAME of a function
+Go main packages calling worker.Start, such as the cmd/NAME of a function
 made by kfn new) it builds each, creates its topic (or its stream), runs it
 against the stack, shows its counters every second, and rebuilds and
 restarts it when a source file of its module changes.`,
@@ -92,11 +92,11 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		runCtx, cancel = context.WithTimeout(runCtx, *duration)
 		defer cancel()
 	}
-	cfg := runtime.Config{KafkaBrokers: st.Brokers, KafkaSecurity: st.Kafka, DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL, WorkerID: "kfn-dev", Logger: log}
+	cfg := runtime.Config{KafkaBrokers: st.Brokers, KafkaSecurity: runtime.KafkaSecurity(st.Kafka), DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL, WorkerID: "kfn-dev", Logger: log}
 	// The worker keeps running past runCtx so it can drain what was produced.
 	workerCtx, stopWorker := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWorker()
-	worker, err := runtime.NewWorker(ctx, cfg, orders.Function())
+	worker, err := worker.New(ctx, cfg, orders.Function())
 	if err != nil {
 		return err
 	}
@@ -252,13 +252,13 @@ func validOrder(i int) (key string, value []byte) {
 	return id, v
 }
 
-func drained(g *sampleTraffic, s *engine.Stats) bool {
+func drained(g *sampleTraffic, s *worker.Stats) bool {
 	return s.Applied.Load()+s.DeadLettered.Load() >= g.sent.Load() && s.Lag() == 0
 }
 
-func printProgress(w io.Writer, elapsed time.Duration, g *sampleTraffic, worker *runtime.Worker) {
-	s := worker.Stats()
-	relay, _ := worker.RelayStats()
+func printProgress(w io.Writer, elapsed time.Duration, g *sampleTraffic, wk *worker.Worker) {
+	s := wk.Stats()
+	relay, _ := wk.RelayStats()
 	fmt.Fprintf(w, "[%5s] produced %6d  processed %6d  duplicates skipped %4d  dead-lettered %4d  retries %3d  lag %5d  relayed %6d  partitions %d\n",
 		elapsed.Round(time.Second), g.sent.Load(), s.Applied.Load(), s.Duplicates.Load(), s.DeadLettered.Load(),
 		s.Retries.Load(), s.Lag(), relay.Published, len(s.Partitions()))

@@ -75,7 +75,7 @@ func newDevChild(ctx context.Context, pkg, binDir string, logs io.Writer) (*devC
 	}
 	out, err := exec.CommandContext(ctx, bin, "--describe").Output()
 	if err != nil {
-		return nil, fmt.Errorf("%s --describe: %w (is it a kfn function calling runtime.Start?)", pkg, err)
+		return nil, fmt.Errorf("%s --describe: %w (is it a kfn function calling worker.Start?)", pkg, err)
 	}
 	if err := json.Unmarshal(out, &c.desc); err != nil || c.desc.Name == "" {
 		return nil, fmt.Errorf("%s --describe printed %q: not a kfn function description", pkg, out)

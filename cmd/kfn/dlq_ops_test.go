@@ -17,6 +17,7 @@ import (
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // seedLetter is a dead letter written straight into the database, with its
@@ -479,7 +480,7 @@ func TestDLQDiscardedRecordIsNotAppliedAgain(t *testing.T) {
 	k.Produce(t, topic, msgs...)
 
 	ctx := context.Background()
-	w, err := runtime.NewWorker(ctx, runtime.Config{
+	w, err := worker.New(ctx, runtime.Config{
 		KafkaBrokers: k.Brokers, DatabaseURL: db.URL, NATSURL: natsURL, WorkerID: "worker-1",
 		LeaseTTL: 2 * time.Second, LeaseRenew: 500 * time.Millisecond, LeaseBucket: bucket,
 	}, fn)

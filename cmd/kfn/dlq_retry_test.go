@@ -22,6 +22,7 @@ import (
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // A poison record is dead-lettered. Retried before the fix, it fails
@@ -50,7 +51,7 @@ func TestDLQRetryAppliesAFixedRecordOnceAndAFailedRetryKeepsTheLetter(t *testing
 		k.Produce(t, topic, kafka.Message{Key: []byte("k"), Value: []byte(v), Headers: []kafka.Header{{Key: "h", Value: []byte{0, 0xff}}}})
 	}
 	ctx := context.Background()
-	w, err := runtime.NewWorker(ctx, runtime.Config{
+	w, err := worker.New(ctx, runtime.Config{
 		KafkaBrokers: k.Brokers, DatabaseURL: db.URL, NATSURL: natsURL, WorkerID: "worker-1",
 		LeaseTTL: 2 * time.Second, LeaseRenew: 500 * time.Millisecond, LeaseBucket: kfntest.Name(t, "leases"),
 		MaxRecordBytes: 4 << 10, RetryAttempts: 2, RetryInitial: 10 * time.Millisecond,

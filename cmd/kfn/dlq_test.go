@@ -13,6 +13,7 @@ import (
 	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // A record whose handler ends its own Postgres session looks like an
@@ -48,7 +49,7 @@ func TestDLQParkMovesAPartitionPastARecordThatStallsIt(t *testing.T) {
 	k.Produce(t, topic, msgs...)
 
 	ctx := context.Background()
-	w, err := runtime.NewWorker(ctx, runtime.Config{
+	w, err := worker.New(ctx, runtime.Config{
 		KafkaBrokers: k.Brokers, DatabaseURL: db.URL, NATSURL: natsURL, WorkerID: "worker-1",
 		LeaseTTL: 2 * time.Second, LeaseRenew: 500 * time.Millisecond, LeaseBucket: bucket,
 	}, fn)

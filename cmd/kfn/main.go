@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/kfn-dev/kfn/internal/buildinfo"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/operator"
@@ -38,7 +39,7 @@ var commands = map[string]command{
 	"audit":   {"list the audit log: replays, parks, discards, purges, …", runAudit},
 	"bench":   {"benchmark exactly-once against at-least-once and naive", runBench},
 	"relay":   {"run the outbox relay on its own (for workers started with --no-relay)", runRelay},
-	"version": {"print kfn's version, VCS revision and Go version", runVersion},
+	"version": {"print kfn's version, commit, build time and Go version (also kfn --version)", runVersion},
 	"topic":   {"create, list and describe Kafka topics", runTopic},
 	"produce": {"send records to a topic, from flags or JSON lines", runProduce},
 	"tail":    {"print the events functions emit on a subject, as they arrive", runTail},
@@ -118,6 +119,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		usage(stdout)
 		return 0
 	}
+	if buildinfo.Requested(args[:1]) {
+		args = append([]string{"version"}, args[1:]...) // kfn --version is kfn version
+	}
 	cmd, ok := commands[args[0]]
 	if !ok {
 		fmt.Fprintf(stderr, "kfn: unknown command %q (see kfn -h)\n", args[0])
@@ -163,7 +167,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func usage(w io.Writer) {
 	help{
 		usage:    []string{"kfn <command> [flags]"},
-		text:     "Run `kfn <command> -h` for a command's flags.",
+		text:     "Run `kfn <command> -h` for a command's flags, `kfn --version` for the version.",
 		commands: commands,
 	}.print(w, nil)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 func TestMain(m *testing.M) { kfntest.Main(m) }
@@ -120,7 +121,7 @@ func TestOperatorCommandsAgainstARunningWorker(t *testing.T) {
 	k.Produce(t, topic, msgs...)
 
 	ctx := context.Background()
-	w, err := runtime.NewWorker(ctx, runtime.Config{
+	w, err := worker.New(ctx, runtime.Config{
 		KafkaBrokers: k.Brokers, DatabaseURL: db.URL, NATSURL: natsURL, WorkerID: "worker-1",
 		LeaseTTL: 2 * time.Second, LeaseRenew: 500 * time.Millisecond, LeaseBucket: bucket,
 	}, fn)

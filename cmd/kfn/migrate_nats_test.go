@@ -15,6 +15,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // A NATS user that may not create or change streams runs workers with
@@ -42,7 +43,7 @@ func TestProvisionedWorkersNeedNoJetStreamAdminRights(t *testing.T) {
 	}
 
 	// The permission is real: this user cannot create a stream.
-	nc, js, err := connect.NATSWith(sn.URL, "probe", cfg.NATSSecurity)
+	nc, js, err := connect.NATSWith(sn.URL, "probe", connect.NATSSecurity(cfg.NATSSecurity))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +63,7 @@ func TestProvisionedWorkersNeedNoJetStreamAdminRights(t *testing.T) {
 		// violation on the connection. Waiting 3 s for it is enough here.
 		ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
-		w, err := runtime.NewWorker(ctx, cfg, fn)
+		w, err := worker.New(ctx, cfg, fn)
 		if err == nil {
 			w.Close()
 			t.Fatalf("%s: the worker started before kfn migrate --nats", what)
@@ -103,7 +104,7 @@ func TestProvisionedWorkersNeedNoJetStreamAdminRights(t *testing.T) {
 		}
 	}
 	k.Produce(t, topic, msgs...)
-	w, err := runtime.NewWorker(ctx, cfg, fn)
+	w, err := worker.New(ctx, cfg, fn)
 	if err != nil {
 		t.Fatalf("a provisioned worker after kfn migrate --nats: %v", err)
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // tlsPostgres is a throwaway cluster of a test's own with ssl=on, its
@@ -187,7 +188,7 @@ func TestPostgresVerifyFull(t *testing.T) {
 	const n = 20
 	produceTestOrders(t, k, topic, n)
 	ctx := context.Background()
-	w, err := runtime.NewWorker(ctx, runtime.Config{
+	w, err := worker.New(ctx, runtime.Config{
 		KafkaBrokers: k.Brokers, DatabaseURL: byIP, NATSURL: natsURL, WorkerID: "tls-worker",
 		LeaseBucket: kfntest.Name(t, "leases"),
 	}, fn)
@@ -235,7 +236,7 @@ func TestPostgresVerifyFull(t *testing.T) {
 		t.Logf("kfn %s with the wrong CA: %s", cmd, strings.TrimSpace(stderr))
 	}
 	var stderrW bytes.Buffer
-	code = runtime.Main(fn, []string{"--database-url", untrusted, "--kafka-brokers", strings.Join(k.Brokers, ","), "--nats-url", natsURL}, &stderrW)
+	code = worker.Main(fn, []string{"--database-url", untrusted, "--kafka-brokers", strings.Join(k.Brokers, ","), "--nats-url", natsURL}, &stderrW)
 	if code != 1 || !strings.Contains(stderrW.String(), want) || strings.Contains(stderrW.String(), password) {
 		t.Errorf("a worker with the wrong CA: exit %d, stderr %q; want exit 1 and %q, without the password", code, stderrW.String(), want)
 	}
@@ -291,7 +292,7 @@ func TestReadmeRolesRunKfnWithLeastPrivilege(t *testing.T) {
 		t.Fatalf("the documented GRANTs: %v", err)
 	}
 	migrator := pg.url("kfn_migrator", "m-secret", "localhost", pg.caFile)
-	worker := pg.url("kfn_worker", "w-secret", "localhost", pg.caFile)
+	workerURL := pg.url("kfn_worker", "w-secret", "localhost", pg.caFile)
 	op := pg.url("kfn_operator", "o-secret", "localhost", pg.caFile)
 
 	if code, out, stderr := kfn(t, "migrate", "--database-url", migrator); code != 0 {
@@ -299,7 +300,7 @@ func TestReadmeRolesRunKfnWithLeastPrivilege(t *testing.T) {
 	}
 	for range 2 { // a Job that runs again finds everything in place
 		var stderr bytes.Buffer
-		if code := runtime.Main(fn, []string{"migrate", "--database-url", migrator}, &stderr); code != 0 {
+		if code := worker.Main(fn, []string{"migrate", "--database-url", migrator}, &stderr); code != 0 {
 			t.Fatalf("%s migrate as kfn_migrator: exit %d, %s", fn.Name, code, stderr.String())
 		}
 	}
@@ -309,18 +310,18 @@ func TestReadmeRolesRunKfnWithLeastPrivilege(t *testing.T) {
 	}
 
 	cfg := runtime.Config{
-		KafkaBrokers: k.Brokers, DatabaseURL: worker, NATSURL: natsURL, WorkerID: "least-privilege-worker",
+		KafkaBrokers: k.Brokers, DatabaseURL: workerURL, NATSURL: natsURL, WorkerID: "least-privilege-worker",
 		LeaseBucket: bucket, LeaseTTL: 2 * time.Second, LeaseRenew: 500 * time.Millisecond,
 	}
 	// Without --skip-setup, the DML-only role may not run the Setup DDL.
-	if _, err := runtime.NewWorker(ctx, cfg, fn); err == nil || !strings.Contains(err.Error(), "permission denied") ||
+	if _, err := worker.New(ctx, cfg, fn); err == nil || !strings.Contains(err.Error(), "permission denied") ||
 		!strings.Contains(err.Error(), "start the workers with --skip-setup (KFN_SKIP_SETUP)") || strings.Contains(err.Error(), "w-secret") {
 		t.Fatalf("a worker as kfn_worker without --skip-setup: %v; want a refusal that says to run the migrate mode and --skip-setup", err)
 	} else {
 		t.Logf("kfn_worker without --skip-setup: %v", err)
 	}
 	var stderrW bytes.Buffer
-	if code := runtime.Main(fn, []string{"--database-url", worker, "--kafka-brokers", strings.Join(k.Brokers, ","), "--nats-url", natsURL,
+	if code := worker.Main(fn, []string{"--database-url", workerURL, "--kafka-brokers", strings.Join(k.Brokers, ","), "--nats-url", natsURL,
 		"--lease-bucket", bucket, "--lease-ttl", "2s", "--lease-renew", "500ms"}, &stderrW); code != 1 ||
 		!strings.Contains(stderrW.String(), "--skip-setup (KFN_SKIP_SETUP)") {
 		t.Errorf("the function binary as kfn_worker without --skip-setup: exit %d, %s", code, stderrW.String())
@@ -334,7 +335,7 @@ func TestReadmeRolesRunKfnWithLeastPrivilege(t *testing.T) {
 	reader := cfg
 	reader.DatabaseURL, reader.SkipSetup = pg.url("kfn_reader", "r-secret", "localhost", pg.caFile), true
 	const lacks = `invalid configuration: --database-url (DATABASE_URL): the role "kfn_reader" lacks privileges a worker needs in kfn's schema (INSERT on kfn.cursors, UPDATE on kfn.cursors, INSERT on kfn.dead_letters, USAGE on kfn.dead_letters_id_seq,`
-	if _, err := runtime.NewWorker(ctx, reader, fn); err == nil || !strings.Contains(err.Error(), lacks) || !strings.Contains(err.Error(), "DELETE on kfn.outbox") {
+	if _, err := worker.New(ctx, reader, fn); err == nil || !strings.Contains(err.Error(), lacks) || !strings.Contains(err.Error(), "DELETE on kfn.outbox") {
 		t.Errorf("a worker as a role that may only read kfn's tables: %v; want %q … DELETE on kfn.outbox", err, lacks)
 	} else {
 		t.Logf("kfn_reader: %v", err)
@@ -343,7 +344,7 @@ func TestReadmeRolesRunKfnWithLeastPrivilege(t *testing.T) {
 	const n = 20
 	produceTestOrders(t, k, topic, n)
 	cfg.SkipSetup = true
-	w, err := runtime.NewWorker(ctx, cfg, fn)
+	w, err := worker.New(ctx, cfg, fn)
 	if err != nil {
 		t.Fatalf("a worker as kfn_worker with --skip-setup: %v", err)
 	}
@@ -411,9 +412,9 @@ func TestReadmeRolesRunKfnWithLeastPrivilege(t *testing.T) {
 			t.Errorf("%s: %s: %v; want insufficient_privilege (SQLSTATE 42501)", who, sql, err)
 		}
 	}
-	denied("kfn_worker", worker, `CREATE TABLE public.not_allowed (id int)`)
-	denied("kfn_worker", worker, `DROP TABLE orders`)
-	denied("kfn_worker", worker, `ALTER TABLE kfn.inbox ADD COLUMN x int`)
+	denied("kfn_worker", workerURL, `CREATE TABLE public.not_allowed (id int)`)
+	denied("kfn_worker", workerURL, `DROP TABLE orders`)
+	denied("kfn_worker", workerURL, `ALTER TABLE kfn.inbox ADD COLUMN x int`)
 	denied("kfn_operator", op, `SELECT count(*) FROM orders`)
 	denied("kfn_operator", op, `CREATE TABLE kfn.not_allowed (id int)`)
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/logsetup"
 	"github.com/kfn-dev/kfn/internal/settings"
@@ -133,7 +134,7 @@ func bindRelayConfig(fs *flagSet) *runtime.Config {
 // its TTL, and the event stream with its limits.
 func bindNATSState(b *settings.Binder, cfg *runtime.Config) {
 	settings.NATSURL.Bind(b, &cfg.NATSURL)
-	engine.BindNATSSecurity(b, &cfg.NATSSecurity)
+	engine.BindNATSSecurity(b, (*connect.NATSSecurity)(&cfg.NATSSecurity))
 	settings.NATSReplicas.Bind(b, &cfg.NATSReplicas)
 	settings.LeaseBucket.Bind(b, &cfg.LeaseBucket)
 	settings.LeaseTTL.Bind(b, &cfg.LeaseTTL)

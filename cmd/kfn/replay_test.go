@@ -20,6 +20,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // replayRig is a Kafka-triggered function that records every application
@@ -80,7 +81,7 @@ func newReplayRig(t *testing.T, partitions int, leaseTTL time.Duration) *replayR
 // start runs a worker for the function until stop or the end of the test.
 func (r *replayRig) start(t *testing.T) {
 	t.Helper()
-	w, err := runtime.NewWorker(context.Background(), r.cfg, r.fn)
+	w, err := worker.New(context.Background(), r.cfg, r.fn)
 	if err != nil {
 		t.Fatal(err)
 	}

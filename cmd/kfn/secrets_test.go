@@ -14,6 +14,7 @@ import (
 	"github.com/kfn-dev/kfn/functions/orders"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // The secrets the tests below give kfn; none may appear in any output.
@@ -91,7 +92,7 @@ func TestSecretsAreNeverPrinted(t *testing.T) {
 }
 
 // TestWorkerStartErrorsHideSecrets runs a function binary's main
-// (runtime.Main) against an unreachable Postgres and, with a reachable one
+// (worker.Main) against an unreachable Postgres and, with a reachable one
 // whose URL holds a password, against an unreachable NATS.
 func TestWorkerStartErrorsHideSecrets(t *testing.T) {
 	db := kfntest.Postgres(t)
@@ -110,7 +111,7 @@ func TestWorkerStartErrorsHideSecrets(t *testing.T) {
 		{"unreachable NATS, user:pass", []string{"--database-url", asDSN(t, db.URL, dsnPassword), "--nats-url", "nats://alice:" + natsPassword + "@127.0.0.1:1"}},
 	} {
 		var stderr bytes.Buffer
-		code := runtime.Main(fn, append(tc.args, "--kafka-brokers", brokers, "--worker-id", "secrets-test"), &stderr)
+		code := worker.Main(fn, append(tc.args, "--kafka-brokers", brokers, "--worker-id", "secrets-test"), &stderr)
 		if code == 0 || stderr.Len() == 0 {
 			t.Errorf("%s: exit %d, stderr %q; want a start-up error", tc.name, code, stderr.String())
 		}
@@ -201,7 +202,7 @@ func TestWorkerSessionsNameThemselves(t *testing.T) {
 	fn := orders.Function()
 	fn.Name, fn.Topic = kfntest.Name(t, "orders"), k.CreateTopic(t, 1)
 	ctx := context.Background()
-	w, err := runtime.NewWorker(ctx, runtime.Config{
+	w, err := worker.New(ctx, runtime.Config{
 		KafkaBrokers: k.Brokers, DatabaseURL: asDSN(t, db.URL, dsnPassword), NATSURL: kfntest.NATSURL(t), WorkerID: "appname-1",
 	}, fn)
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // kfn status shows both kinds of lanes side by side: the partitions of a
@@ -56,7 +57,7 @@ func TestStatusShowsKafkaAndNATSLanes(t *testing.T) {
 			return err
 		},
 	}
-	w, err := runtime.NewWorker(context.Background(), runtime.Config{
+	w, err := worker.New(context.Background(), runtime.Config{
 		KafkaBrokers: k.Brokers, DatabaseURL: db.URL, NATSURL: natsURL, WorkerID: "worker-1",
 		LeaseTTL: 2 * time.Second, LeaseRenew: 500 * time.Millisecond, LeaseBucket: bucket, EventStream: stream,
 		BatchWait: 5 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),

@@ -11,8 +11,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/internal/kafkasource"
 	"github.com/kfn-dev/kfn/internal/settings"
 )
 
@@ -164,7 +164,7 @@ func readTopics(ctx context.Context, brokers []string, sec kafkaconn.Security, n
 		for _, p := range t.Partitions {
 			pi := partitionInfo{Partition: p.ID, Leader: fmt.Sprintf("%s:%d", p.Leader.Host, p.Leader.Port), Replicas: len(p.Replicas), First: -1, High: -1}
 			if offsets {
-				if pi.First, pi.High, err = engine.OffsetRange(ctx, brokers, sec, t.Name, int32(p.ID)); err != nil {
+				if pi.First, pi.High, err = kafkasource.OffsetRange(ctx, brokers, sec, t.Name, int32(p.ID)); err != nil {
 					return nil, err
 				}
 			}

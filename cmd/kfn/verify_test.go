@@ -16,6 +16,7 @@ import (
 
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // kfn verify exits 0 on a clean function with the report of the shared
@@ -44,7 +45,7 @@ func TestVerifyExitCodesAndJSON(t *testing.T) {
 		msgs[i] = kafka.Message{Partition: i % 2, Value: []byte(fmt.Sprint(i))}
 	}
 	k.Produce(t, topic, msgs...)
-	w, err := runtime.NewWorker(ctx, runtime.Config{
+	w, err := worker.New(ctx, runtime.Config{
 		KafkaBrokers: k.Brokers, DatabaseURL: db.URL, NATSURL: kfntest.NATSURL(t), WorkerID: "worker-1",
 		LeaseBucket: kfntest.Name(t, "leases"), BatchWait: 5 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),

@@ -18,7 +18,9 @@ import (
 // NATSSecurity is how kfn proves itself to NATS and checks the server,
 // besides what the URL holds (user:pass@ or token@): at most one of a
 // credentials file, an NKey seed file and a token file, and TLS with a CA
-// file and an optional client certificate. Zero: what the URL says.
+// file and an optional client certificate. Zero: what the URL says. Its
+// fields are those of runtime.NATSSecurity, which a worker's Config holds
+// and converts to it.
 type NATSSecurity struct {
 	Creds     string // --nats-creds (KFN_NATS_CREDS): a .creds file (user JWT and NKey seed)
 	NKeyFile  string // --nats-nkey (KFN_NATS_NKEY): a file holding a user NKey seed

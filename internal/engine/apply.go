@@ -19,6 +19,7 @@ import (
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/pgdata"
 	"github.com/kfn-dev/kfn/outbox"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // applier applies the records of one lane (a Kafka partition, or a JetStream
@@ -28,9 +29,9 @@ import (
 // commits and remembers handled records.
 type applier struct {
 	pool       *pgxpool.Pool
-	cfg        *Config
+	cfg        *kfn.Config
 	stats      *Stats
-	fn         Function
+	fn         kfn.Function
 	part       inbox.Partition
 	token      int64
 	generation int // re-executions of the lane so far; part of event ids
@@ -59,7 +60,7 @@ type batchAtStop struct {
 
 // newApplier returns the applier of one lane of fn, committing through
 // tracker with the worker's pool, settings and counters.
-func (w *worker) newApplier(fn Function, part inbox.Partition, token int64, tracker tracker, log *slog.Logger) *applier {
+func (w *worker) newApplier(fn kfn.Function, part inbox.Partition, token int64, tracker tracker, log *slog.Logger) *applier {
 	return &applier{pool: w.pool, cfg: &w.cfg, stats: w.stats, fn: fn, part: part, token: token, tracker: tracker, log: log, tracer: w.tracer}
 }
 
@@ -85,7 +86,7 @@ const unknownCulprit = -1
 // in the batch, then only its retries. It returns how many records were
 // committed; an error returned is an infrastructure error or an
 // *inbox.FencedError.
-func (a *applier) apply(ctx context.Context, recs []Record) (done int, err error) {
+func (a *applier) apply(ctx context.Context, recs []kfn.Record) (done int, err error) {
 	defer func() {
 		if err != nil && !errors.Is(err, inbox.ErrFenced) && ctx.Err() == nil {
 			a.stats.InfraRetries.Add(1) // the lane retries the batch (retryInfra)
@@ -131,7 +132,7 @@ func (a *applier) apply(ctx context.Context, recs []Record) (done int, err error
 // it dead-letters it. A handler that overran --handler-timeout is not
 // retried: another attempt would hold the lane for another whole timeout
 // (and, if it ignores its ctx, leave another goroutine running).
-func (a *applier) retryAlone(ctx context.Context, rec Record, firstErr error) error {
+func (a *applier) retryAlone(ctx context.Context, rec kfn.Record, firstErr error) error {
 	cfg := a.cfg
 	policy := backoff.NewExponentialBackOff()
 	policy.InitialInterval = cfg.RetryInitial
@@ -148,7 +149,7 @@ func (a *applier) retryAlone(ctx context.Context, rec Record, firstErr error) er
 		attempt++
 		a.stats.Retries.Add(1)
 		a.stats.countFn(a.fn.Name, func(c *FunctionCounters) { c.Retries++ })
-		failure, err := a.commit(ctx, []Record{rec}, attempt)
+		failure, err := a.commit(ctx, []kfn.Record{rec}, attempt)
 		if err != nil {
 			return err
 		}
@@ -162,7 +163,7 @@ func (a *applier) retryAlone(ctx context.Context, rec Record, firstErr error) er
 
 // commit tries to apply recs in one transaction. It returns a handlerFailure
 // (transaction rolled back, nothing applied) when a handler fails.
-func (a *applier) commit(ctx context.Context, recs []Record, attempt int) (failure *handlerFailure, err error) {
+func (a *applier) commit(ctx context.Context, recs []kfn.Record, attempt int) (failure *handlerFailure, err error) {
 	ctx, span := a.startBatch(ctx, recs, attempt)
 	defer func() {
 		status := err
@@ -338,7 +339,7 @@ func (e *swallowedError) Unwrap() error { return e.err }
 // failing BatchHandler, the batch then goes on one record at a time from the
 // first, so the culprit ends up retried alone and dead-lettered while the
 // others commit. It returns nil for any other error.
-func recordsFault(recs []Record, what string, err error) *handlerFailure {
+func recordsFault(recs []kfn.Record, what string, err error) *handlerFailure {
 	var pgErr *pgconn.PgError
 	var cause error
 	switch {
@@ -359,7 +360,7 @@ func recordsFault(recs []Record, what string, err error) *handlerFailure {
 // deadRecord is a record of a batch that no handler gets: too large, or
 // parked behind an earlier dead letter of its key.
 type deadRecord struct {
-	rec    Record
+	rec    kfn.Record
 	reason string // oversized or key_parked
 	err    error
 	marked bool // key_parked behind a released key: marked for retry, to follow its key's parked records
@@ -371,7 +372,7 @@ type deadRecord struct {
 // behind it, and a record too large to hand to anyone is dead-lettered.
 // With ParkKey an oversized record blocks its key (held gets it), so its
 // key's later records in the batch are parked behind it.
-func (a *applier) selectWork(fresh []Record, attempt int, held map[string]inbox.HeldKey) (work []Record, dead []deadRecord) {
+func (a *applier) selectWork(fresh []kfn.Record, attempt int, held map[string]inbox.HeldKey) (work []kfn.Record, dead []deadRecord) {
 	for _, r := range fresh {
 		if k, ok := parks(held, r); ok {
 			dead = append(dead, deadRecord{rec: r, reason: inbox.ReasonKeyParked, err: keyParkedError(k), marked: k.Released})
@@ -393,7 +394,7 @@ func (a *applier) selectWork(fresh []Record, attempt int, held map[string]inbox.
 
 // recordSize is what --max-record-bytes limits: the key, the value and the
 // name and value of every header.
-func recordSize(r Record) int {
+func recordSize(r kfn.Record) int {
 	n := len(r.Key) + len(r.Value)
 	for _, h := range r.Headers {
 		n += len(h.Key) + len(h.Value)
@@ -406,9 +407,9 @@ func recordSize(r Record) int {
 // inline, for a function with KeyOrder Continue: the caller dead-letters
 // them in tx; otherwise the first rejected record is the failure). On
 // failure the index refers to recs.
-func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work, recs []Record, inline bool) ([]outbox.Row, []Rejection, *emitCollector, *handlerFailure) {
+func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work, recs []kfn.Record, inline bool) ([]outbox.Row, []kfn.Rejection, *emitCollector, *handlerFailure) {
 	emitter := newEmitCollector(a.fn, a.generation)
-	indexIn := func(r Record) int {
+	indexIn := func(r kfn.Record) int {
 		for i := range recs {
 			if recs[i].Offset == r.Offset {
 				return i
@@ -421,7 +422,7 @@ func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work
 			return nil, nil, emitter, nil
 		}
 		hctx, records, span := a.startBatchHandler(ctx, work, emitter)
-		out := &BatchEvents{emit: emitter.emit}
+		out := newBatchEvents(emitter.emit)
 		err := a.call(hctx, conn, func(ctx context.Context) error {
 			return a.fn.BatchHandler(ctx, tx, work, out)
 		})
@@ -439,7 +440,7 @@ func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work
 			return nil, nil, nil, &handlerFailure{index: 0, err: err}
 		}
 		rejected := out.Rejected()
-		if len(rejected) > 0 && (!inline || a.fn.KeyOrder == ParkKey) {
+		if len(rejected) > 0 && (!inline || a.fn.KeyOrder == kfn.ParkKey) {
 			first := rejected[0]
 			for _, r := range rejected[1:] {
 				if r.Record.Offset < first.Record.Offset {
@@ -462,7 +463,7 @@ func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work
 		}
 		hctx, span := a.startHandler(ctx, r, emitter)
 		err := a.call(hctx, conn, func(ctx context.Context) error {
-			return a.fn.Handler(ctx, htx, r, &Events{emit: emitter.emit, rec: r})
+			return a.fn.Handler(ctx, htx, r, newEvents(r, emitter.emit))
 		})
 		if pipelined != nil && pipelined.failed != nil {
 			endSpan(span, pipelined.failed.err)
@@ -483,7 +484,7 @@ func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work
 }
 
 // withoutRejected leaves the rejected records out of work.
-func withoutRejected(work []Record, rejected []Rejection) []Record {
+func withoutRejected(work []kfn.Record, rejected []kfn.Rejection) []kfn.Record {
 	if len(rejected) == 0 {
 		return work
 	}
@@ -491,7 +492,7 @@ func withoutRejected(work []Record, rejected []Rejection) []Record {
 	for _, r := range rejected {
 		gone[r.Record.Offset] = true
 	}
-	kept := make([]Record, 0, len(work)-len(rejected))
+	kept := make([]kfn.Record, 0, len(work)-len(rejected))
 	for _, r := range work {
 		if !gone[r.Offset] {
 			kept = append(kept, r)
@@ -501,7 +502,7 @@ func withoutRejected(work []Record, rejected []Rejection) []Record {
 }
 
 // dropRejected leaves out the outbox rows emitted for rejected records.
-func dropRejected(rows []outbox.Row, rejected []Rejection) []outbox.Row {
+func dropRejected(rows []outbox.Row, rejected []kfn.Rejection) []outbox.Row {
 	if len(rejected) == 0 {
 		return rows
 	}
@@ -519,7 +520,7 @@ func dropRejected(rows []outbox.Row, rejected []Rejection) []outbox.Row {
 }
 
 // deadLetter parks rec in its own transaction and moves the lane past it.
-func (a *applier) deadLetter(ctx context.Context, rec Record, cause error, attempts int) error {
+func (a *applier) deadLetter(ctx context.Context, rec kfn.Record, cause error, attempts int) error {
 	tx, err := a.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin dead-letter transaction on %s: %w", a.part, err)
@@ -552,12 +553,12 @@ const deadLetterValuePrefix = 4 << 10
 // --max-record-bytes, whatever the reason); if Postgres still refuses it
 // with a data error, inbox stores the record as a raw blob instead, so the
 // write commits whatever the record holds.
-func (a *applier) writeDeadLetter(ctx context.Context, tx pgx.Tx, rec Record, reason string, cause error, attempts int) error {
+func (a *applier) writeDeadLetter(ctx context.Context, tx pgx.Tx, rec kfn.Record, reason string, cause error, attempts int) error {
 	if err := a.tracker.markDeadLettered(ctx, tx, rec); err != nil {
 		return err
 	}
 	d := inbox.DeadLetter{
-		Partition: a.part, Offset: rec.Offset, Key: rec.Key, Value: rec.Value, Headers: DeadLetterHeaders(rec),
+		Partition: a.part, Offset: rec.Offset, Key: rec.Key, Value: rec.Value, Headers: inbox.HeadersOf(rec.Headers),
 		RecordTime: rec.Time, Reason: reason, Error: cause.Error(), Attempts: attempts,
 	}
 	if reason == "oversized" || recordSize(rec) > a.cfg.MaxRecordBytes {
@@ -596,7 +597,7 @@ func boundOversized(d *inbox.DeadLetter, limit int) {
 
 // committed moves the lane past last after a successful commit.
 // The dead letters, if any, are counted under reason.
-func (a *applier) committed(last Record, applied, duplicates int, deadReasons ...string) {
+func (a *applier) committed(last kfn.Record, applied, duplicates int, deadReasons ...string) {
 	a.tracker.committed(last)
 	st := a.stats
 	st.Applied.Add(int64(applied))
@@ -627,7 +628,7 @@ func failureReason(err error) string {
 		return "timeout"
 	case errors.As(err, &d):
 		return "data_error"
-	case IsPermanent(err):
+	case kfn.IsPermanent(err):
 		return "permanent"
 	default:
 		return "handler_error"
@@ -677,22 +678,13 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// DeadLetterHeaders copies a record's headers for its dead letter.
-func DeadLetterHeaders(rec Record) []inbox.Header {
-	headers := make([]inbox.Header, len(rec.Headers))
-	for i, h := range rec.Headers {
-		headers[i] = inbox.Header{Key: []byte(h.Key), Value: h.Value}
-	}
-	return headers
-}
-
 // HandleRecord applies rec through fn's Handler (or its BatchHandler, with
 // a batch of one) inside tx, the way a lane does but without the inbox, the
 // fence or retries, and returns the outbox rows of the events it emitted
 // (validated as the worker validates them) without writing them. A panic in
 // the handler is returned as an error, and so is a rejection (Permanent).
 // It is for the author's test helper and the benchmark's naive mode.
-func HandleRecord(ctx context.Context, tx pgx.Tx, fn Function, rec Record) (rows []outbox.Row, err error) {
+func HandleRecord(ctx context.Context, tx pgx.Tx, fn kfn.Function, rec kfn.Record) (rows []outbox.Row, err error) {
 	if fn.Handler == nil && fn.BatchHandler == nil {
 		return nil, fmt.Errorf("function %s has no Handler or BatchHandler", fn.Name)
 	}
@@ -706,8 +698,8 @@ func HandleRecord(ctx context.Context, tx pgx.Tx, fn Function, rec Record) (rows
 	}
 	emitter := newEmitCollector(fn, 0)
 	if fn.BatchHandler != nil {
-		out := &BatchEvents{emit: emitter.emit}
-		if err := fn.BatchHandler(ctx, tx, []Record{rec}, out); err != nil {
+		out := newBatchEvents(emitter.emit)
+		if err := fn.BatchHandler(ctx, tx, []kfn.Record{rec}, out); err != nil {
 			return nil, err
 		}
 		if rejected := out.Rejected(); len(rejected) > 0 {
@@ -721,7 +713,7 @@ func HandleRecord(ctx context.Context, tx pgx.Tx, fn Function, rec Record) (rows
 		pipelined = newPipelinedTx(tx)
 		htx = pipelined
 	}
-	if err := fn.Handler(ctx, htx, rec, &Events{emit: emitter.emit, rec: rec}); err != nil {
+	if err := fn.Handler(ctx, htx, rec, newEvents(rec, emitter.emit)); err != nil {
 		return nil, err
 	}
 	if pipelined != nil {
@@ -735,7 +727,7 @@ func HandleRecord(ctx context.Context, tx pgx.Tx, fn Function, rec Record) (rows
 // Retryable reports whether a record whose handler failed with err is tried
 // again: unless err is Permanent or a timeout (another attempt would hold
 // the lane for another whole timeout).
-func Retryable(err error) bool { return !IsPermanent(err) && !isHandlerTimeout(err) }
+func Retryable(err error) bool { return !kfn.IsPermanent(err) && !isHandlerTimeout(err) }
 
 // FailureReason is the reason a record that failed with err is
 // dead-lettered with: panic, timeout, data_error, permanent or

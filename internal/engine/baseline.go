@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"github.com/jackc/pgx/v5"
+
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // atLeastOnce is the benchmark's baseline tracker: the same batching and
@@ -14,19 +16,19 @@ func atLeastOnce(cursor *partitionTracker) cursorLane { return atLeastOnceTracke
 
 type atLeastOnceTracker struct{ cursor *partitionTracker }
 
-func (l atLeastOnceTracker) claim(_ context.Context, _ pgx.Tx, recs []Record) ([]Record, error) {
+func (l atLeastOnceTracker) claim(_ context.Context, _ pgx.Tx, recs []kfn.Record) ([]kfn.Record, error) {
 	return recs, nil
 }
-func (atLeastOnceTracker) fence(context.Context, pgx.Tx, Record) error            { return nil }
-func (atLeastOnceTracker) markDeadLettered(context.Context, pgx.Tx, Record) error { return nil }
-func (l atLeastOnceTracker) committed(last Record)                                { l.cursor.committed(last) }
-func (l atLeastOnceTracker) cursorAfter(rec Record) int64                         { return l.cursor.cursorAfter(rec) }
-func (atLeastOnceTracker) pass(context.Context, pgx.Tx, int64) error              { return nil }
-func (l atLeastOnceTracker) passed(to int64)                                      { l.cursor.passed(to) }
+func (atLeastOnceTracker) fence(context.Context, pgx.Tx, kfn.Record) error            { return nil }
+func (atLeastOnceTracker) markDeadLettered(context.Context, pgx.Tx, kfn.Record) error { return nil }
+func (l atLeastOnceTracker) committed(last kfn.Record)                                { l.cursor.committed(last) }
+func (l atLeastOnceTracker) cursorAfter(rec kfn.Record) int64                         { return l.cursor.cursorAfter(rec) }
+func (atLeastOnceTracker) pass(context.Context, pgx.Tx, int64) error                  { return nil }
+func (l atLeastOnceTracker) passed(to int64)                                          { l.cursor.passed(to) }
 
 // NewAtLeastOnceWorker is NewWorker whose partition lanes use the
 // atLeastOnce tracker: the benchmark's baseline, never a production mode.
-func NewAtLeastOnceWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error) {
+func NewAtLeastOnceWorker(ctx context.Context, cfg kfn.Config, fns ...kfn.Function) (*Worker, error) {
 	wk, err := NewWorker(ctx, cfg, fns...)
 	if err != nil {
 		return nil, err

@@ -15,11 +15,12 @@ import (
 	"github.com/kfn-dev/kfn/internal/lease"
 	"github.com/kfn-dev/kfn/internal/naming"
 	"github.com/kfn-dev/kfn/internal/settings"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // leaseStoreConfig derives the lease timing from the worker config; the
 // safety margin is lease's default for the TTL (lease.SafetyMarginFor).
-func leaseStoreConfig(cfg Config) lease.StoreConfig {
+func leaseStoreConfig(cfg kfn.Config) lease.StoreConfig {
 	return lease.StoreConfig{Bucket: cfg.LeaseBucket, TTL: cfg.LeaseTTL, Logger: cfg.Logger,
 		Replicas: cfg.NATSReplicas, NoCreate: cfg.NATSProvisioned}.WithDefaults()
 }
@@ -63,8 +64,8 @@ func TokenFloor(db interface {
 
 // newPartitionLeases makes the lease manager that decides which of fn's
 // partitions this worker owns.
-func (w *worker) newPartitionLeases(ctx context.Context, fn Function) (*lease.Manager, error) {
-	mgr, err := lease.NewManager(ctx, w.js, w.leaseConfig(naming.LeaseGroup(w.installation, fn.Name, fn.source()), w.cfg.Logger.With("function", fn.Name)))
+func (w *worker) newPartitionLeases(ctx context.Context, fn kfn.Function) (*lease.Manager, error) {
+	mgr, err := lease.NewManager(ctx, w.js, w.leaseConfig(naming.LeaseGroup(w.installation, fn.Name, source(fn)), w.cfg.Logger.With("function", fn.Name)))
 	if err != nil {
 		return nil, fmt.Errorf("function %s: partition leases in NATS at %s: %w", fn.Name, connect.Redact(w.cfg.NATSURL), w.explainNATSState(err))
 	}
@@ -112,9 +113,9 @@ func (w *worker) explainNATSState(err error) error {
 // its own goroutine, until ctx ends: the partitions of a Kafka topic, or the
 // Lanes lanes of a JetStream subject (a key's events all go to one lane,
 // which keeps their order).
-func (w *worker) own(ctx context.Context, fn Function, leases *lease.Manager) error {
+func (w *worker) own(ctx context.Context, fn kfn.Function, leases *lease.Manager) error {
 	items := func(ctx context.Context) ([]string, error) {
-		parts, err := w.kafka.partitions(ctx, fn.Topic)
+		parts, err := w.kafka.Partitions(ctx, fn.Topic)
 		if err != nil {
 			return nil, err
 		}

@@ -1,16 +1,17 @@
-// Package engine is kfn's worker engine, behind the author's API in package
-// runtime (which re-exports the author-facing names). It owns a worker's
-// lanes (Kafka partitions and JetStream subjects) through fenced NATS
-// leases, reads records in batches and applies each batch in one Postgres
-// transaction together with the inbox claim, the fenced cursor move and the
-// outbox rows the handler emitted; it runs the outbox relay's shards, the
-// health probe, readiness, metrics, inbox retention and the mirror of the
-// cursors into a Kafka consumer group of kfn's own. Its dependencies
-// are explicit: inbox (cursors, fencing, dead letters), outbox (rows, event
-// identity, the relay), internal/lease (leases and their timing),
-// internal/naming (the lease, consumer and event names it shares with the
-// operator tools), internal/settings (configuration) and internal/connect
-// (connections).
+// Package engine is kfn's worker engine, behind the author's API: the
+// author's types are package runtime's, and package runtime/worker starts
+// the engine. It owns a worker's lanes (Kafka partitions and JetStream
+// subjects) through fenced NATS leases, reads records in batches and
+// applies each batch in one Postgres transaction together with the inbox
+// claim, the fenced cursor move and the outbox rows the handler emitted; it
+// runs the outbox relay's shards, the health probe, readiness, metrics and
+// inbox retention. Its dependencies are explicit: runtime (the author's
+// types), internal/kafkasource (partitions, the read_committed reader, the
+// consumer-group mirror), inbox (cursors, fencing, dead letters), outbox
+// (rows, event identity, the relay), internal/lease (leases and their
+// timing), internal/naming (the lease, consumer and event names it shares
+// with the operator tools), internal/settings (configuration) and
+// internal/connect (connections). It is not a stable API.
 //
 // The rest of this page is the worker's side of the lease and fencing
 // design; the lease side (bucket layout, renewal, the timing margin measured

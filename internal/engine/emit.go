@@ -8,6 +8,7 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/pgdata"
 	"github.com/kfn-dev/kfn/outbox"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // emitCollector gathers the outbox rows of one transaction. Each source
@@ -37,17 +38,17 @@ type handlerSpan struct {
 	headers propagation.MapCarrier // injected from ctx on the first emit
 }
 
-func newEmitCollector(fn Function, generation int) *emitCollector {
+func newEmitCollector(fn kfn.Function, generation int) *emitCollector {
 	return &emitCollector{consumer: fn.Name, emits: fn.Emits, generation: generation, next: map[string]int{}, traced: map[string]recordTrace{}}
 }
 
-func (c *emitCollector) sourceID(rec Record) string {
+func (c *emitCollector) sourceID(rec kfn.Record) string {
 	return outbox.SourceID(rec.Topic, rec.Partition, rec.Offset, rec.EventID, c.generation)
 }
 
 // trace returns the trace context of the record with sourceID (traceOf),
 // read once per transaction.
-func (c *emitCollector) trace(sourceID string, rec Record) recordTrace {
+func (c *emitCollector) trace(sourceID string, rec kfn.Record) recordTrace {
 	if tc, ok := c.traced[sourceID]; ok {
 		return tc
 	}
@@ -61,7 +62,7 @@ func (c *emitCollector) trace(sourceID string, rec Record) recordTrace {
 
 // traceIn starts the span of rec's handler call with start, from the
 // trace context rec carries, and makes rec's events continue that span.
-func (c *emitCollector) traceIn(rec Record, start func(recordTrace) context.Context) context.Context {
+func (c *emitCollector) traceIn(rec kfn.Record, start func(recordTrace) context.Context) context.Context {
 	id := c.sourceID(rec)
 	ctx := start(c.trace(id, rec))
 	if c.spans == nil {
@@ -71,14 +72,14 @@ func (c *emitCollector) traceIn(rec Record, start func(recordTrace) context.Cont
 	return ctx
 }
 
-func (c *emitCollector) emit(rec Record, ev Event) {
+func (c *emitCollector) emit(rec kfn.Record, ev kfn.Event) {
 	err := validateEvent(ev)
 	if err == nil && !outbox.CoversSubject(c.emits, ev.Subject) {
 		err = fmt.Errorf("event subject %q is not among the function's Emits %v: declare it there", ev.Subject, c.emits)
 	}
 	if err != nil {
 		if c.err == nil {
-			c.err = Permanent(fmt.Errorf("emit from %s: %w", rec, err))
+			c.err = kfn.Permanent(fmt.Errorf("emit from %s: %w", rec, err))
 		}
 		return
 	}
@@ -96,12 +97,12 @@ func (c *emitCollector) emit(rec Record, ev Event) {
 		tc := c.trace(sourceID, rec)
 		origin.TraceParent, origin.TraceState, origin.Baggage = tc.parent, tc.state, tc.baggage
 	}
-	c.rows = append(c.rows, outbox.NewRow(origin, index, string(rec.Key), ev))
+	c.rows = append(c.rows, outbox.NewRow(origin, index, string(rec.Key), outbox.Event(ev)))
 }
 
 // validateEvent rejects events the outbox cannot store as given: a subject
 // NATS cannot publish on, and a type or header that is not valid text.
-func validateEvent(ev Event) error {
+func validateEvent(ev kfn.Event) error {
 	if err := outbox.CheckSubject(ev.Subject); err != nil {
 		return err
 	}

@@ -2,6 +2,8 @@ package engine
 
 import (
 	"testing"
+
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // TestExpired: a gap in what a lane read is an expiry only when its cursor
@@ -27,7 +29,7 @@ func TestExpired(t *testing.T) {
 		{"read before everything after it expired", 10, 25, []int64{10, 11}, 2, 10},
 	}
 	for _, c := range cases {
-		batch := make([]Record, len(c.offsets))
+		batch := make([]kfn.Record, len(c.offsets))
 		for i, o := range c.offsets {
 			batch[i].Offset = o
 		}
@@ -36,12 +38,12 @@ func TestExpired(t *testing.T) {
 		}
 	}
 	next := (&partitionTracker{}).cursorAfter
-	if !gapped([]Record{{Offset: 11}}, 10, next) || !gapped([]Record{{Offset: 10}, {Offset: 12}}, 10, next) || gapped([]Record{{Offset: 10}, {Offset: 11}}, 10, next) {
+	if !gapped([]kfn.Record{{Offset: 11}}, 10, next) || !gapped([]kfn.Record{{Offset: 10}, {Offset: 12}}, 10, next) || gapped([]kfn.Record{{Offset: 10}, {Offset: 11}}, 10, next) {
 		t.Error("gapped misses a gap or sees one in contiguous offsets")
 	}
 	// A marker at 11 that the reader passed is no gap.
 	passed := (&partitionTracker{afters: map[int64]int64{10: 12}}).cursorAfter
-	if gapped([]Record{{Offset: 10}, {Offset: 12}}, 10, passed) || !gapped([]Record{{Offset: 10}, {Offset: 13}}, 10, passed) {
+	if gapped([]kfn.Record{{Offset: 10}, {Offset: 12}}, 10, passed) || !gapped([]kfn.Record{{Offset: 10}, {Offset: 13}}, 10, passed) {
 		t.Error("gapped sees a gap over offsets the reader passed, or misses one past them")
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kfn-dev/kfn/internal/lease"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // This file is the worker's side of "no frozen connection can hold a lane":
@@ -38,7 +39,7 @@ import (
 //     peer is found without waiting for the kernel's defaults (hours).
 //
 // Settings given in the database URL win.
-func limitPostgres(pgCfg *pgxpool.Config, cfg Config, health *pgHealth) {
+func limitPostgres(pgCfg *pgxpool.Config, cfg kfn.Config, health *pgHealth) {
 	rt := roundTripLimit(cfg.StatementTimeout)
 	cc := pgCfg.ConnConfig
 	cc.Tracer = &roundTrips{limit: rt, ok: health.succeeded}
@@ -180,7 +181,7 @@ type pgHealth struct {
 	lastOK      time.Time
 }
 
-func newPGHealth(cfg Config) *pgHealth {
+func newPGHealth(cfg kfn.Config) *pgHealth {
 	return &pgHealth{
 		every:   cfg.LeaseRenew,
 		timeout: min(cfg.LeaseRenew, roundTripLimit(cfg.StatementTimeout)),

@@ -1,12 +1,16 @@
 package engine
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // metricsCollector exposes a worker's Stats (and its relay's) to Prometheus.
@@ -120,7 +124,7 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		parked[p.Function] += p.ParkedKeys
 	}
 	for _, fn := range c.wk.w.fns {
-		if fn.KeyOrder == ParkKey {
+		if fn.KeyOrder == kfn.ParkKey {
 			ch <- prometheus.MustNewConstMetric(c.parkedKeys, prometheus.GaugeValue, float64(parked[fn.Name]), fn.Name)
 		}
 	}
@@ -138,7 +142,7 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.topicMissing, prometheus.GaugeValue, v, ft[0], ft[1])
 	}
 	if c.wk.w.offsets != nil {
-		refused, failures := c.wk.w.offsets.mirrorState()
+		refused, failures := c.wk.w.offsets.State()
 		counter(c.mirrorFailures, float64(failures))
 		for group, no := range refused {
 			v := 0.0
@@ -166,11 +170,7 @@ func (wk *Worker) HTTPHandler() http.Handler {
 }
 
 func (w *worker) httpHandler(readyz http.HandlerFunc) http.Handler {
-	wk := &Worker{w: w}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(newMetricsCollector(wk), prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
-	// issue 12: the per-function histograms, labelled with the worker id.
-	prometheus.WrapRegistererWith(prometheus.Labels{"worker": w.cfg.WorkerID}, reg).MustRegister(w.stats.hist().collectors()...)
+	reg, _ := w.registry() // NewWorker returned its error: none here
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/readyz", readyz)
@@ -178,4 +178,31 @@ func (w *worker) httpHandler(readyz http.HandlerFunc) http.Handler {
 		w.Write([]byte("ok\n")) //nolint:errcheck // the client went away
 	})
 	return mux
+}
+
+// registry gathers what /metrics serves: kfn's own collectors, the Go and
+// process collectors, and the collectors of every function's Metrics (the
+// author's own). kfn's histograms and the authors' collectors get the
+// worker label, as kfn's other series have. A function's collector that
+// cannot be registered (a name or labels clashing with another's) is an
+// error naming the function; the registry then serves the rest.
+func (w *worker) registry() (*prometheus.Registry, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(newMetricsCollector(&Worker{w: w}), prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	labelled := prometheus.WrapRegistererWith(prometheus.Labels{"worker": w.cfg.WorkerID}, reg)
+	// issue 12: the per-function histograms.
+	labelled.MustRegister(w.stats.hist().collectors()...)
+	var errs []error
+	for _, fn := range w.fns {
+		for _, c := range fn.Metrics {
+			err := labelled.Register(c)
+			if are := (prometheus.AlreadyRegisteredError{}); errors.As(err, &are) {
+				continue // one collector given to two functions of the worker
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("function %s: Metrics: %w", fn.Name, err))
+			}
+		}
+	}
+	return reg, errors.Join(errs...)
 }

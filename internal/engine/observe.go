@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // This file holds the per-function breakdown of a worker's counters and the
@@ -107,7 +109,7 @@ func (h *histograms) collectors() []prometheus.Collector {
 // observeCommit records a committed batch of n records of fn that began at
 // start, of which applied went through the handler (duplicates are not
 // aged: a redelivery would skew the age).
-func (s *Stats) observeCommit(fn string, n int, applied []Record, start time.Time) {
+func (s *Stats) observeCommit(fn string, n int, applied []kfn.Record, start time.Time) {
 	h := s.hist()
 	now := time.Now()
 	h.batchSize.WithLabelValues(fn).Observe(float64(n))

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kfn-dev/kfn/inbox"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // Parking by key (Function.KeyOrder = ParkKey), the lane's side; the store
@@ -122,7 +123,7 @@ func (a *applier) reloadHeld(ctx context.Context) error {
 // database says are free. It returns a nil map when the function does not
 // park keys, and asks the database nothing when the memory holds none of
 // the batch's keys.
-func (a *applier) checkHeld(ctx context.Context, tx pgx.Tx, fresh []Record) (held map[string]inbox.HeldKey, checked []string, err error) {
+func (a *applier) checkHeld(ctx context.Context, tx pgx.Tx, fresh []kfn.Record) (held map[string]inbox.HeldKey, checked []string, err error) {
 	if a.held == nil {
 		return nil, nil, nil
 	}
@@ -151,7 +152,7 @@ func (a *applier) checkHeld(ctx context.Context, tx pgx.Tx, fresh []Record) (hel
 
 // parks reports whether rec waits behind its key in held (from checkHeld),
 // and behind which offset.
-func parks(held map[string]inbox.HeldKey, rec Record) (inbox.HeldKey, bool) {
+func parks(held map[string]inbox.HeldKey, rec kfn.Record) (inbox.HeldKey, bool) {
 	if held == nil || rec.Key == nil {
 		return inbox.HeldKey{}, false
 	}
@@ -162,7 +163,7 @@ func parks(held map[string]inbox.HeldKey, rec Record) (inbox.HeldKey, bool) {
 // parkKey blocks rec's key behind rec inside tx, which dead-letters rec,
 // when the function parks keys and rec has a key. The memory holds the key
 // from now on, whether tx commits or not.
-func (a *applier) parkKey(ctx context.Context, tx pgx.Tx, rec Record, held map[string]inbox.HeldKey) error {
+func (a *applier) parkKey(ctx context.Context, tx pgx.Tx, rec kfn.Record, held map[string]inbox.HeldKey) error {
 	if a.held == nil || rec.Key == nil {
 		return nil
 	}

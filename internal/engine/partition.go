@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/kafkasource"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // partitionRun is one owned partition: claimed in Postgres with a fencing
@@ -35,10 +37,10 @@ type cursorLane interface {
 
 // runPartition owns one partition until ctx ends or a newer owner fences it.
 // It returns after the in-flight batch has committed or rolled back.
-func (w *worker) runPartition(ctx context.Context, fn Function, partition int32, token int64) {
+func (w *worker) runPartition(ctx context.Context, fn kfn.Function, partition int32, token int64) {
 	part := inbox.Partition{Consumer: fn.Name, Topic: fn.Topic, Partition: partition}
 	cursor := &partitionTracker{part: part, token: token, stats: w.stats, onCommit: func(next int64) {
-		w.offsets.note(w.consumerGroup(fn), part.Topic, part.Partition, next)
+		w.offsets.Note(w.consumerGroup(fn), part.Topic, part.Partition, next)
 	}}
 	var lane cursorLane = cursor
 	if w.partitionTracker != nil {
@@ -46,7 +48,7 @@ func (w *worker) runPartition(ctx context.Context, fn Function, partition int32,
 	}
 	log := w.cfg.Logger.With("function", fn.Name, "topic", fn.Topic, "partition", partition, "epoch", token)
 	pr := &partitionRun{applier: w.newApplier(fn, part, token, lane, log), w: w, cursor: cursor, lane: lane}
-	if fn.KeyOrder == ParkKey {
+	if fn.KeyOrder == kfn.ParkKey {
 		pr.held = newHeldKeys(func(n int) {
 			w.stats.update(fn.Name, fn.Topic, partition, func(p *PartitionStats) { p.ParkedKeys = n })
 		})
@@ -86,7 +88,7 @@ func (pr *partitionRun) run(ctx context.Context) error {
 		return err
 	}
 	pr.log.Debug("partition claimed", "next_offset", pr.cursor.next, "took", time.Since(began))
-	reader, err := pr.w.kafka.reader(pr.part.Topic, pr.part.Partition, pr.cursor.next)
+	reader, err := pr.w.kafka.Reader(pr.part.Topic, pr.part.Partition, pr.cursor.next)
 	if err != nil {
 		return err
 	}
@@ -111,7 +113,7 @@ func (pr *partitionRun) run(ctx context.Context) error {
 			return err
 		}
 		if next == nil {
-			reader.noteCursor(pr.cursor.next)
+			reader.NoteCursor(pr.cursor.next)
 			next = pr.prefetch(prefetchCtx, reader)
 		}
 		f := <-next
@@ -132,7 +134,7 @@ func (pr *partitionRun) run(ctx context.Context) error {
 				return err
 			}
 			reader.Close()
-			if reader, err = pr.w.kafka.reader(pr.part.Topic, pr.part.Partition, pr.cursor.next); err != nil {
+			if reader, err = pr.w.kafka.Reader(pr.part.Topic, pr.part.Partition, pr.cursor.next); err != nil {
 				return err
 			}
 			continue
@@ -184,7 +186,7 @@ func (pr *partitionRun) run(ctx context.Context) error {
 // claim records the token in Postgres and loads the cursor. A partition
 // without a cursor starts at the configured end of the topic.
 func (pr *partitionRun) claim(ctx context.Context) error {
-	first, high, err := pr.w.kafka.offsetRange(ctx, pr.part.Topic, pr.part.Partition)
+	first, high, err := pr.w.kafka.OffsetRange(ctx, pr.part.Topic, pr.part.Partition)
 	if err != nil {
 		return err
 	}
@@ -249,11 +251,11 @@ func (pr *partitionRun) skipExpired(ctx context.Context, to int64) error {
 // an expiry; only a batch with a gap pays the round trip to Kafka. It
 // returns how many of the batch's records to apply now; the rest is
 // checked again after them.
-func (pr *partitionRun) skipGap(ctx context.Context, batch []Record) (int, error) {
+func (pr *partitionRun) skipGap(ctx context.Context, batch []kfn.Record) (int, error) {
 	if !gapped(batch, pr.cursor.next, pr.cursor.cursorAfter) {
 		return len(batch), nil
 	}
-	first, _, err := pr.w.kafka.offsetRange(ctx, pr.part.Topic, pr.part.Partition)
+	first, _, err := pr.w.kafka.OffsetRange(ctx, pr.part.Topic, pr.part.Partition)
 	if err != nil {
 		return 0, err
 	}
@@ -267,7 +269,7 @@ func (pr *partitionRun) skipGap(ctx context.Context, batch []Record) (int, error
 // gapped says whether batch, read at cursor next, skips an offset that
 // the reader did not find empty of committed records (after, as
 // partitionTracker.cursorAfter).
-func gapped(batch []Record, next int64, after func(Record) int64) bool {
+func gapped(batch []kfn.Record, next int64, after func(kfn.Record) int64) bool {
 	for _, r := range batch {
 		if r.Offset != next {
 			return true
@@ -286,7 +288,7 @@ func gapped(batch []Record, next int64, after func(Record) int64) bool {
 // batch is checked again (cut 0); otherwise the records read before the
 // expiry, from the cursor on, without a gap and below first, are applied
 // first (cut of them), and the rest is checked after them.
-func expired(batch []Record, next, first int64) (cut int, to int64) {
+func expired(batch []kfn.Record, next, first int64) (cut int, to int64) {
 	if next >= first {
 		return len(batch), next
 	}
@@ -300,7 +302,7 @@ func expired(batch []Record, next, first int64) (cut int, to int64) {
 }
 
 // passOver moves the cursor to `to` over offsets that hold no committed
-// record, when the reader found only those after it (errPassedOnly): a
+// record, when the reader found only those after it (kafkasource.ErrPassedOnly): a
 // partition whose producer's last transaction ended with its marker, or
 // was aborted, otherwise keeps its cursor, and its lag, one marker or an
 // aborted transaction short of the end for good. The move is a fenced
@@ -337,7 +339,7 @@ func (pr *partitionRun) passOver(ctx context.Context, to, lagEnd int64) error {
 // (partitionTracker.afters). With no batch, passed is how far the reader
 // went over such offsets. lagEnd is where the partition's lag ends.
 type fetched struct {
-	batch          []Record
+	batch          []kfn.Record
 	afters         map[int64]int64
 	passed, lagEnd int64
 	err            error
@@ -345,7 +347,7 @@ type fetched struct {
 
 // prefetch reads the next batch (fetch) in a goroutine of its own and
 // delivers it on the returned channel, which gets exactly one value.
-func (pr *partitionRun) prefetch(ctx context.Context, reader *committedReader) <-chan fetched {
+func (pr *partitionRun) prefetch(ctx context.Context, reader *kafkasource.Reader) <-chan fetched {
 	out := make(chan fetched, 1)
 	go func() { out <- pr.fetch(ctx, reader) }()
 	return out
@@ -353,15 +355,15 @@ func (pr *partitionRun) prefetch(ctx context.Context, reader *committedReader) <
 
 // fetch blocks for the first record, then gathers more until the batch is
 // full or BatchWait has passed since the first one. Offsets the reader
-// passes without a record (errPassedOnly) go to the batch's last record,
+// passes without a record (kafkasource.ErrPassedOnly) go to the batch's last record,
 // whose commit then moves the cursor past them; before the first record,
 // the lane waits BatchWait for one, and returns without a batch, how far
 // the reader passed, when none comes.
-func (pr *partitionRun) fetch(ctx context.Context, reader *committedReader) fetched {
+func (pr *partitionRun) fetch(ctx context.Context, reader *kafkasource.Reader) fetched {
 	max := pr.w.cfg.BatchSize
-	batch := make([]Record, 0, max)
+	batch := make([]kfn.Record, 0, max)
 	var afters map[int64]int64
-	passedAfter := func(rec Record, after int64) {
+	passedAfter := func(rec kfn.Record, after int64) {
 		if after > rec.Offset+1 {
 			if afters == nil {
 				afters = map[int64]int64{}
@@ -370,13 +372,13 @@ func (pr *partitionRun) fetch(ctx context.Context, reader *committedReader) fetc
 		}
 	}
 	wctx, stop := pr.retry.waitContext(ctx)
-	rec, after, err := reader.nextRecord(wctx)
-	if errors.Is(err, errPassedOnly) {
+	rec, after, err := reader.NextRecord(wctx)
+	if errors.Is(err, kafkasource.ErrPassedOnly) {
 		// A record coming right behind the markers takes the cursor
 		// past them in its batch's commit.
 		pctx, cancel := context.WithTimeout(wctx, pr.w.cfg.BatchWait)
-		for errors.Is(err, errPassedOnly) {
-			rec, after, err = reader.nextRecord(pctx)
+		for errors.Is(err, kafkasource.ErrPassedOnly) {
+			rec, after, err = reader.NextRecord(pctx)
 		}
 		waited := pctx.Err() != nil && wctx.Err() == nil
 		cancel()
@@ -398,8 +400,8 @@ func (pr *partitionRun) fetch(ctx context.Context, reader *committedReader) fetc
 	fctx, cancel := context.WithDeadline(ctx, time.Now().Add(pr.w.cfg.BatchWait))
 	defer cancel()
 	for len(batch) < max {
-		rec, after, err := reader.nextRecord(fctx)
-		if errors.Is(err, errPassedOnly) {
+		rec, after, err := reader.NextRecord(fctx)
+		if errors.Is(err, kafkasource.ErrPassedOnly) {
 			passedAfter(batch[len(batch)-1], reader.Passed())
 			continue
 		}
@@ -419,7 +421,7 @@ func (pr *partitionRun) fetch(ctx context.Context, reader *committedReader) fetc
 
 // uncommitted drops the records below the cursor: after a commit whose
 // reply was lost, the reloaded cursor says how far it got.
-func uncommitted(batch []Record, next int64) []Record {
+func uncommitted(batch []kfn.Record, next int64) []kfn.Record {
 	for len(batch) > 0 && batch[0].Offset < next {
 		batch = batch[1:]
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kfn-dev/kfn/internal/settings"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // privilege is one right a worker's role needs on an object of kfn's
@@ -22,7 +23,7 @@ type privilege struct {
 // outbox relay uses. Without one of them every batch would fail and be
 // retried as if Postgres were down; the function's own tables are not
 // checked.
-func neededPrivileges(fns []Function, relay bool) []privilege {
+func neededPrivileges(fns []kfn.Function, relay bool) []privilege {
 	ps := []privilege{
 		{"kfn.cursors", "table", "SELECT"}, {"kfn.cursors", "table", "INSERT"}, {"kfn.cursors", "table", "UPDATE"},
 		{"kfn.dead_letters", "table", "SELECT"}, {"kfn.dead_letters", "table", "INSERT"},

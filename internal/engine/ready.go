@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/kfn-dev/kfn/internal/kafkasource"
 	"github.com/kfn-dev/kfn/internal/schema"
 )
 
@@ -91,7 +92,7 @@ func (w *worker) probeReadiness(runCtx context.Context) {
 	missing := map[string]bool{}
 	kafkaDown := false
 	if w.kafka != nil {
-		if err := w.kafka.ping(ctx); err != nil {
+		if err := w.kafka.Ping(ctx); err != nil {
 			problems = append(problems, "kafka: "+err.Error())
 			kafkaDown = true // the topics keep their last state
 		}
@@ -100,9 +101,9 @@ func (w *worker) probeReadiness(runCtx context.Context) {
 		if fn.Topic == "" || kafkaDown {
 			continue
 		}
-		_, err := w.kafka.partitions(ctx, fn.Topic)
+		_, err := w.kafka.Partitions(ctx, fn.Topic)
 		switch {
-		case errors.Is(err, errTopicMissing):
+		case errors.Is(err, kafkasource.ErrTopicMissing):
 			missing[fn.Name+"\x00"+fn.Topic] = true
 			problems = append(problems, fmt.Sprintf("kafka: topic %s of function %s does not exist", fn.Topic, fn.Name))
 		case err != nil:

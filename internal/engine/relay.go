@@ -13,10 +13,11 @@ import (
 	"github.com/kfn-dev/kfn/internal/naming"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // emittedSubjects is the union of the subjects fns declare in Emits.
-func emittedSubjects(fns []Function) []string {
+func emittedSubjects(fns []kfn.Function) []string {
 	var out []string
 	seen := map[string]bool{}
 	for _, fn := range fns {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // Relay is an installation's outbox relay running on its own, outside any
@@ -21,9 +22,9 @@ type Relay struct {
 // NewRelay connects to Postgres and NATS as cfg says (its Kafka and batching
 // settings are not used), checks the schema version, makes cfg.EventStream
 // capture subjects and returns a relay that works the shards it leases.
-func NewRelay(ctx context.Context, cfg Config, subjects []string) (*Relay, error) {
+func NewRelay(ctx context.Context, cfg kfn.Config, subjects []string) (*Relay, error) {
 	cfg = cfg.WithDefaults()
-	if err := cfg.validate(false); err != nil {
+	if err := validateConfig(cfg, false); err != nil {
 		return nil, err
 	}
 	if len(subjects) == 0 {

@@ -15,6 +15,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/naming"
 	"github.com/kfn-dev/kfn/internal/pglisten"
 	"github.com/kfn-dev/kfn/outbox"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // This file applies the dead letters an operator marked for retry (`kfn dlq
@@ -282,7 +283,7 @@ func (l *retryLane) tryApply(ctx context.Context, id int64) (letter inbox.RetryL
 	if err != nil {
 		return letter, nil, nil, err
 	}
-	recs := []Record{rec}
+	recs := []kfn.Record{rec}
 	rows, _, emitted, failure := a.runHandlers(ctx, conn, tx, recs, recs, false)
 	if failure != nil {
 		abandoned = isAbandoned(failure.err)
@@ -326,22 +327,22 @@ func (l *retryLane) tryApply(ctx context.Context, id int64) (letter inbox.RetryL
 }
 
 // record rebuilds the record of a dead letter, as the lane read it.
-func (l *retryLane) record(d inbox.RetryLetter) (Record, error) {
+func (l *retryLane) record(d inbox.RetryLetter) (kfn.Record, error) {
 	if d.ValueSHA256 != nil || d.Reason == "oversized" {
-		return Record{}, fmt.Errorf("%w: the dead letter keeps only part of the record; re-read it from Kafka with kfn replay", errRetryOversized)
+		return kfn.Record{}, fmt.Errorf("%w: the dead letter keeps only part of the record; re-read it from Kafka with kfn replay", errRetryOversized)
 	}
-	rec := Record{
+	rec := kfn.Record{
 		Topic: d.Partition.Topic, Partition: d.Partition.Partition, Offset: d.Offset,
 		Key: d.Key, Value: d.Value, Time: d.RecordTime, Attempt: d.Attempts + 1,
 	}
 	for _, h := range d.Headers {
-		rec.Headers = append(rec.Headers, Header{Key: string(h.Key), Value: h.Value})
+		rec.Headers = append(rec.Headers, kfn.Header{Key: string(h.Key), Value: h.Value})
 	}
 	if _, ok := l.a.tracker.(*subjectTracker); ok {
 		rec.EventID = retriedEventID(rec, l.stream)
 	}
 	if size := recordSize(rec); size > l.a.cfg.MaxRecordBytes {
-		return Record{}, fmt.Errorf("%w: record is %d bytes (key, value and headers), over the %d-byte limit (--max-record-bytes)", errRetryOversized, size, l.a.cfg.MaxRecordBytes)
+		return kfn.Record{}, fmt.Errorf("%w: record is %d bytes (key, value and headers), over the %d-byte limit (--max-record-bytes)", errRetryOversized, size, l.a.cfg.MaxRecordBytes)
 	}
 	return rec, nil
 }
@@ -349,7 +350,7 @@ func (l *retryLane) record(d inbox.RetryLetter) (Record, error) {
 // retriedEventID recovers the event id of a dead-lettered JetStream event,
 // as eventRecord derived it: its Nats-Msg-Id, which the dead letter keeps
 // with the event's other headers, or its stream position when it had none.
-func retriedEventID(rec Record, stream string) string {
+func retriedEventID(rec kfn.Record, stream string) string {
 	v, _ := rec.Header(jetstream.MsgIDHeader)
 	return naming.EventIDOf(string(v), stream, rec.Offset)
 }

@@ -16,12 +16,13 @@ import (
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/internal/settings"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // runSetup runs the Setup of each function in fns that has one, each in a
 // transaction of its own. A Setup may migrate large tables: it runs without
 // the round-trip and statement limits of the record path.
-func runSetup(ctx context.Context, pool *pgxpool.Pool, fns []Function) error {
+func runSetup(ctx context.Context, pool *pgxpool.Pool, fns []kfn.Function) error {
 	for _, fn := range fns {
 		if fn.Setup == nil {
 			continue
@@ -66,7 +67,7 @@ func setupDenied(err error) error {
 // migrateMain is Main's migrate mode. It needs only --database-url: run it
 // as the role that owns the schema (the migrator), once per deployment,
 // and start the workers with --skip-setup under a role with DML rights only.
-func migrateMain(fn Function, name string, args []string, stdout, stderr io.Writer) int {
+func migrateMain(fn kfn.Function, name string, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet(name+" "+MigrateCommand, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -116,7 +117,7 @@ func migrateMain(fn Function, name string, args []string, stdout, stderr io.Writ
 		return 1
 	}
 	fmt.Fprintf(stdout, "kfn %s\n", schema.Outcome(applied))
-	if err := runSetup(ctx, pool, []Function{fn}); err != nil {
+	if err := runSetup(ctx, pool, []kfn.Function{fn}); err != nil {
 		fmt.Fprintf(stderr, "%s %s: %v\n", name, MigrateCommand, err)
 		return 1
 	}

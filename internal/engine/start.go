@@ -16,27 +16,25 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kfn-dev/kfn/internal/buildinfo"
 	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/internal/settings"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
-// Start runs fn as this process's only function, the way lambda.Start does:
-// configuration comes from flags and environment variables (run the binary
-// with -h to list them), SIGINT/SIGTERM shut it down cleanly. Start does not
-// return: it exits 0 after a clean shutdown, 2 on bad configuration and 1
-// when a service cannot be used.
-func Start(fn Function) {
-	os.Exit(Main(fn, os.Args[1:], os.Stderr))
-}
-
-// Main is Start without the exit, for tests and wrappers: it parses args,
-// writes errors and logs to stderr, and returns the process exit code.
+// Main runs fn as a process (runtime/worker's Start and Main): it parses
+// args, writes errors and logs to stderr, and returns the process exit
+// code.
 // With the first argument "migrate" it runs the migrate mode instead of a
 // worker: kfn's schema migrations and fn's Setup, then exit.
-func Main(fn Function, args []string, stderr io.Writer) int {
+func Main(fn kfn.Function, args []string, stderr io.Writer) int {
 	name := fn.Name
 	if name == "" {
 		name = "kfn-function"
+	}
+	if buildinfo.Requested(args) { // --version, also after migrate
+		fmt.Fprint(os.Stdout, buildinfo.Read().Text(name))
+		return 0
 	}
 	if len(args) > 0 && args[0] == MigrateCommand {
 		return migrateMain(fn, name, args[1:], os.Stdout, stderr)
@@ -47,11 +45,12 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 		fmt.Fprintf(fs.Output(), "Usage of %s (every flag can also be set by the environment variable in brackets):\n", name)
 		settings.PrintDefaults(fs)
 		fmt.Fprintf(fs.Output(), "\n%s %s applies kfn's schema migrations and the function's Setup, then exits (-h for its flags).\n", name, MigrateCommand)
+		fmt.Fprintf(fs.Output(), "%s --version prints its version, commit and build time.\n", name)
 	}
-	var cfg Config
+	var cfg kfn.Config
 	var logLevel, metricsAddr string
 	b := settings.NewBinder(fs)
-	cfg.bind(b) // b's errors, the log level's and metrics address's too, are reported by NewWorker
+	bindConfig(b, &cfg) // b's errors, the log level's and metrics address's too, are reported by NewWorker
 	settings.LogLevel.Bind(b, &logLevel)
 	settings.MetricsAddr.Bind(b, &metricsAddr)
 	describe := fs.Bool("describe", false, "print the function's name, source and emitted subjects as JSON on stdout, and exit (kfn dev reads it)")
@@ -115,7 +114,7 @@ func Main(fn Function, args []string, stderr io.Writer) int {
 		go srv.Serve(ln)                         //nolint:errcheck // ends with Shutdown below
 		defer srv.Shutdown(context.Background()) //nolint:errcheck // best effort at exit
 	}
-	cfg.Logger.Info("worker started", "function", fn.Name, "source", fn.source(), "worker", w.w.cfg.WorkerID, "schema", schema.Latest())
+	cfg.Logger.Info("worker started", "function", fn.Name, "source", source(fn), "worker", w.w.cfg.WorkerID, "schema", schema.Latest())
 	// The signal's arrival, logged: the start of the shutdown, which the
 	// next owners' claims are measured from.
 	signalled := make(chan time.Time, 1)
@@ -147,7 +146,7 @@ type Description struct {
 }
 
 // Describe returns fn's Description.
-func Describe(fn Function) Description {
+func Describe(fn kfn.Function) Description {
 	d := Description{Name: fn.Name, Topic: fn.Topic, Subject: fn.Subject, Emits: fn.Emits}
 	if fn.Subject != "" {
 		d.Stream = fn.Stream

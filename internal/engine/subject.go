@@ -14,6 +14,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/faults"
 	"github.com/kfn-dev/kfn/internal/naming"
 	"github.com/kfn-dev/kfn/outbox"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // subjectRun is one lane of a NATS-triggered function: a durable JetStream
@@ -41,7 +42,7 @@ const ackWait = 2 * time.Minute
 
 // runSubject owns one lane of fn's subject until ctx ends or a newer owner
 // fences it.
-func (w *worker) runSubject(ctx context.Context, fn Function, lane int32, token int64) {
+func (w *worker) runSubject(ctx context.Context, fn kfn.Function, lane int32, token int64) {
 	part := inbox.Partition{Consumer: fn.Name, Topic: fn.Subject, Partition: lane}
 	stream := fn.Stream
 	if stream == "" {
@@ -99,7 +100,7 @@ func (sr *subjectRun) run(ctx context.Context) error {
 		if err != nil && !lost {
 			return err
 		}
-		recs := make([]Record, 0, len(batch))
+		recs := make([]kfn.Record, 0, len(batch))
 		for _, m := range batch {
 			if rec := eventRecord(m, sr.stream); outbox.LaneOf(rec.Key, sr.lanes) == sr.lane {
 				recs = append(recs, rec)
@@ -301,19 +302,19 @@ func (sr *subjectRun) fetch(ctx context.Context, msgs jetstream.MessagesContext)
 // eventRecord turns a JetStream message into a Record. An event without a
 // Nats-Msg-Id (not published by a kfn relay) is identified by its stream
 // position, which is stable across redeliveries.
-func eventRecord(m jetstream.Msg, stream string) Record {
+func eventRecord(m jetstream.Msg, stream string) kfn.Record {
 	var seq int64
 	if md, err := m.Metadata(); err == nil {
 		seq = int64(md.Sequence.Stream)
 	}
 	h := m.Headers()
-	rec := Record{Topic: m.Subject(), Offset: seq, Value: m.Data(), EventID: naming.EventID(h, stream, seq), Key: naming.EventKey(h)}
+	rec := kfn.Record{Topic: m.Subject(), Offset: seq, Value: m.Data(), EventID: naming.EventID(h, stream, seq), Key: naming.EventKey(h)}
 	if t, err := time.Parse(time.RFC3339Nano, h.Get(outbox.HeaderTime)); err == nil {
 		rec.Time = t
 	}
 	for k, vs := range h {
 		for _, v := range vs {
-			rec.Headers = append(rec.Headers, Header{Key: k, Value: []byte(v)})
+			rec.Headers = append(rec.Headers, kfn.Header{Key: k, Value: []byte(v)})
 		}
 	}
 	return rec
@@ -327,7 +328,7 @@ type subjectTracker struct {
 	token    int64
 }
 
-func (l *subjectTracker) fence(ctx context.Context, tx pgx.Tx, rec Record) error {
+func (l *subjectTracker) fence(ctx context.Context, tx pgx.Tx, rec kfn.Record) error {
 	return l.fenceAt(ctx, tx, rec.Offset)
 }
 
@@ -345,7 +346,7 @@ func (l *subjectTracker) fenceAt(ctx context.Context, tx pgx.Tx, seq int64) erro
 	return err
 }
 
-func (l *subjectTracker) claim(ctx context.Context, tx pgx.Tx, recs []Record) ([]Record, error) {
+func (l *subjectTracker) claim(ctx context.Context, tx pgx.Tx, recs []kfn.Record) ([]kfn.Record, error) {
 	last := recs[0].Offset
 	refs := make([]inbox.EventRef, len(recs))
 	for i, r := range recs {
@@ -359,7 +360,7 @@ func (l *subjectTracker) claim(ctx context.Context, tx pgx.Tx, recs []Record) ([
 	if err != nil {
 		return nil, err
 	}
-	fresh := make([]Record, 0, len(freshIDs))
+	fresh := make([]kfn.Record, 0, len(freshIDs))
 	for _, r := range recs {
 		if freshIDs[r.EventID] {
 			fresh = append(fresh, r)
@@ -369,10 +370,10 @@ func (l *subjectTracker) claim(ctx context.Context, tx pgx.Tx, recs []Record) ([
 	return fresh, nil
 }
 
-func (l *subjectTracker) markDeadLettered(ctx context.Context, tx pgx.Tx, rec Record) error {
+func (l *subjectTracker) markDeadLettered(ctx context.Context, tx pgx.Tx, rec kfn.Record) error {
 	return inbox.MarkEventDeadLettered(ctx, tx, l.consumer, l.token, inbox.EventRef{ID: rec.EventID, Subject: rec.Topic, StreamSeq: rec.Offset})
 }
 
-func (l *subjectTracker) committed(Record) {}
+func (l *subjectTracker) committed(kfn.Record) {}
 
-func (l *subjectTracker) cursorAfter(rec Record) int64 { return rec.Offset + 1 }
+func (l *subjectTracker) cursorAfter(rec kfn.Record) int64 { return rec.Offset + 1 }

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kfn-dev/kfn/outbox"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // The spans of a lane (docs/observability.md, "Traces"):
@@ -57,7 +58,7 @@ const (
 // the other start functions, it returns ctx and a nil span when tracing is
 // off (a.tracer nil): then nothing is spent on spans, and a record's
 // events carry its own trace context as it came.
-func (a *applier) startBatch(ctx context.Context, recs []Record, attempt int) (context.Context, trace.Span) {
+func (a *applier) startBatch(ctx context.Context, recs []kfn.Record, attempt int) (context.Context, trace.Span) {
 	if a.tracer == nil {
 		return ctx, nil
 	}
@@ -70,7 +71,7 @@ func (a *applier) startBatch(ctx context.Context, recs []Record, attempt int) (c
 
 // startHandler starts the kfn.handler span of rec's handler call, and
 // makes rec's events (emitter) continue it; ctx carries the kfn.batch span.
-func (a *applier) startHandler(ctx context.Context, rec Record, emitter *emitCollector) (context.Context, trace.Span) {
+func (a *applier) startHandler(ctx context.Context, rec kfn.Record, emitter *emitCollector) (context.Context, trace.Span) {
 	if a.tracer == nil {
 		return ctx, nil
 	}
@@ -96,7 +97,7 @@ func (a *applier) startHandler(ctx context.Context, rec Record, emitter *emitCol
 // events continue its kfn.record span (emitter), so a record's trace goes
 // on through a batch handler too. End the record spans (the second result)
 // when the call returns.
-func (a *applier) startBatchHandler(ctx context.Context, work []Record, emitter *emitCollector) (context.Context, []trace.Span, trace.Span) {
+func (a *applier) startBatchHandler(ctx context.Context, work []kfn.Record, emitter *emitCollector) (context.Context, []trace.Span, trace.Span) {
 	if a.tracer == nil {
 		return ctx, nil, nil
 	}
@@ -122,7 +123,7 @@ func (a *applier) startBatchHandler(ctx context.Context, work []Record, emitter 
 }
 
 // recordAttrs are the attributes of a span about one record.
-func recordAttrs(function string, rec Record) []attribute.KeyValue {
+func recordAttrs(function string, rec kfn.Record) []attribute.KeyValue {
 	kv := []attribute.KeyValue{
 		attrFunction.String(function), attrTopic.String(rec.Topic), attrPartition.Int(int(rec.Partition)),
 		attrOffset.Int64(rec.Offset), attrAttempt.Int(rec.Attempt),
@@ -173,7 +174,7 @@ func (recordTrace) Keys() []string {
 // whatever its producer sent: a traceparent if there is one valid value of
 // it, with the tracestate if that is valid too; the baggage headers joined
 // if they parse. It reports whether it dropped an invalid one.
-func traceOf(rec Record) (tc recordTrace, dropped bool) {
+func traceOf(rec kfn.Record) (tc recordTrace, dropped bool) {
 	parents, states := 0, 0
 	var parent, state []byte
 	var bags []string

@@ -6,12 +6,12 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-
 	"github.com/kfn-dev/kfn/inbox"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // BenchmarkRecordTracing measures what tracing costs a record in a lane's
@@ -39,19 +39,19 @@ func BenchmarkRecordTracing(b *testing.B) {
 				name = p.name + "/traceparent"
 			}
 			b.Run(name, func(b *testing.B) {
-				fn := Function{Name: "bench", Topic: "orders", Emits: []string{"orders.accepted"}}
+				fn := kfn.Function{Name: "bench", Topic: "orders", Emits: []string{"orders.accepted"}}
 				a := &applier{fn: fn, part: inbox.Partition{Consumer: "bench", Topic: "orders"}, token: 7}
 				if p.tp != nil {
 					a.tracer = p.tp.Tracer(tracerName)
 				}
-				recs := make([]Record, DefaultBatchSize)
+				recs := make([]kfn.Record, DefaultBatchSize)
 				for i := range recs {
-					recs[i] = Record{Topic: "orders", Offset: int64(i), Key: []byte("ord-1"), Value: []byte(`{}`), Attempt: 1}
+					recs[i] = kfn.Record{Topic: "orders", Offset: int64(i), Key: []byte("ord-1"), Value: []byte(`{}`), Attempt: 1}
 					if withParent {
-						recs[i].Headers = []Header{{Key: "traceparent", Value: []byte(parent)}}
+						recs[i].Headers = []kfn.Header{{Key: "traceparent", Value: []byte(parent)}}
 					}
 				}
-				ev := Event{Subject: "orders.accepted", Data: []byte(`{}`)}
+				ev := kfn.Event{Subject: "orders.accepted", Data: []byte(`{}`)}
 				b.ReportAllocs()
 				n := 0
 				cpu0 := cpuTime(b)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/faults"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // tracker is how a lane fences its commits and remembers what it handled.
@@ -16,15 +17,15 @@ import (
 type tracker interface {
 	// claim fences tx for recs and claims them in the inbox, returning the
 	// records that were not handled before, in order.
-	claim(ctx context.Context, tx pgx.Tx, recs []Record) ([]Record, error)
+	claim(ctx context.Context, tx pgx.Tx, recs []kfn.Record) ([]kfn.Record, error)
 	// fence fences tx for moving the lane past rec without claiming it.
-	fence(ctx context.Context, tx pgx.Tx, rec Record) error
+	fence(ctx context.Context, tx pgx.Tx, rec kfn.Record) error
 	// markDeadLettered records rec in the inbox as dead-lettered.
-	markDeadLettered(ctx context.Context, tx pgx.Tx, rec Record) error
+	markDeadLettered(ctx context.Context, tx pgx.Tx, rec kfn.Record) error
 	// committed moves the in-memory position past last after a commit.
-	committed(last Record)
+	committed(last kfn.Record)
 	// cursorAfter is the lane's position once rec is committed.
-	cursorAfter(rec Record) int64
+	cursorAfter(rec kfn.Record) int64
 }
 
 // partitionTracker keeps a Kafka partition's cursor: the next offset, moved
@@ -47,7 +48,7 @@ type partitionTracker struct {
 // cursorAfter is where the cursor goes once rec is applied or
 // dead-lettered: the offset after it, or past the offsets after it that
 // hold no committed record, up to the next record the reader found.
-func (l *partitionTracker) cursorAfter(rec Record) int64 {
+func (l *partitionTracker) cursorAfter(rec kfn.Record) int64 {
 	return max(rec.Offset+1, l.afters[rec.Offset])
 }
 
@@ -57,7 +58,7 @@ func (l *partitionTracker) cursorAfter(rec Record) int64 {
 // been reloaded; retrying skips what that commit applied.
 var errCursorAhead = errors.New("cursor is ahead of the lane: an earlier commit landed without its reply; resuming from the stored cursor")
 
-func (l *partitionTracker) fence(ctx context.Context, tx pgx.Tx, rec Record) error {
+func (l *partitionTracker) fence(ctx context.Context, tx pgx.Tx, rec kfn.Record) error {
 	faults.Lane(faults.BeforeFence, l.part, l.token)
 	return l.fenced(inbox.Advance(ctx, tx, l.part, l.token, l.next, l.cursorAfter(rec)))
 }
@@ -106,10 +107,10 @@ type batchClaimer interface {
 	// queueClaim queues the claim of recs on b; once b is sent and closed,
 	// the returned function, given b's transaction, returns what claim
 	// returns.
-	queueClaim(b *pgx.Batch, recs []Record) func(context.Context, pgx.Tx) ([]Record, error)
+	queueClaim(b *pgx.Batch, recs []kfn.Record) func(context.Context, pgx.Tx) ([]kfn.Record, error)
 }
 
-func (l *partitionTracker) claim(ctx context.Context, tx pgx.Tx, recs []Record) ([]Record, error) {
+func (l *partitionTracker) claim(ctx context.Context, tx pgx.Tx, recs []kfn.Record) ([]kfn.Record, error) {
 	b := &pgx.Batch{}
 	result := l.queueClaim(b, recs)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
@@ -120,7 +121,7 @@ func (l *partitionTracker) claim(ctx context.Context, tx pgx.Tx, recs []Record) 
 
 // queueClaim fences and claims recs in the inbox in one statement (the
 // cursor's move and the inbox rows commit together or not at all).
-func (l *partitionTracker) queueClaim(b *pgx.Batch, recs []Record) func(context.Context, pgx.Tx) ([]Record, error) {
+func (l *partitionTracker) queueClaim(b *pgx.Batch, recs []kfn.Record) func(context.Context, pgx.Tx) ([]kfn.Record, error) {
 	// Offsets below the high-water mark were handled before (their inbox
 	// rows may be purged since); the inbox claim catches the rest.
 	candidates := make([]int64, 0, len(recs))
@@ -131,7 +132,7 @@ func (l *partitionTracker) queueClaim(b *pgx.Batch, recs []Record) func(context.
 	}
 	faults.Lane(faults.BeforeFence, l.part, l.token)
 	result := inbox.QueueFenceAndClaim(b, l.part, l.token, l.next, l.cursorAfter(recs[len(recs)-1]), candidates)
-	return func(ctx context.Context, tx pgx.Tx) ([]Record, error) {
+	return func(ctx context.Context, tx pgx.Tx) ([]kfn.Record, error) {
 		freshOffsets, err := result(ctx, tx)
 		if err := l.fenced(err); err != nil {
 			return nil, err
@@ -143,7 +144,7 @@ func (l *partitionTracker) queueClaim(b *pgx.Batch, recs []Record) func(context.
 		for _, o := range freshOffsets {
 			isFresh[o] = true
 		}
-		fresh := make([]Record, 0, len(freshOffsets))
+		fresh := make([]kfn.Record, 0, len(freshOffsets))
 		for _, r := range recs {
 			if isFresh[r.Offset] {
 				fresh = append(fresh, r)
@@ -153,8 +154,8 @@ func (l *partitionTracker) queueClaim(b *pgx.Batch, recs []Record) func(context.
 	}
 }
 
-func (l *partitionTracker) markDeadLettered(ctx context.Context, tx pgx.Tx, rec Record) error {
+func (l *partitionTracker) markDeadLettered(ctx context.Context, tx pgx.Tx, rec kfn.Record) error {
 	return inbox.MarkDeadLettered(ctx, tx, l.part, l.token, rec.Offset)
 }
 
-func (l *partitionTracker) committed(last Record) { l.passed(l.cursorAfter(last)) }
+func (l *partitionTracker) committed(last kfn.Record) { l.passed(l.cursorAfter(last)) }

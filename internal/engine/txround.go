@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kfn-dev/kfn/outbox"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // This file holds the round trips of a batch transaction that are kfn's,
@@ -28,14 +29,14 @@ func (a *applier) begin(ctx context.Context) (*txConn, pgx.Tx, error) {
 // lane's tracker can (batchClaimer). The returned claim function returns
 // the fresh records of recs once the transaction is open: from the queued
 // claim, or by claiming them then.
-func (a *applier) beginClaim(ctx context.Context, recs []Record) (*txConn, pgx.Tx, func(context.Context, pgx.Tx) ([]Record, error), error) {
+func (a *applier) beginClaim(ctx context.Context, recs []kfn.Record) (*txConn, pgx.Tx, func(context.Context, pgx.Tx) ([]kfn.Record, error), error) {
 	conn, err := acquireTxConn(ctx, a.pool)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("begin transaction on %s: %w", a.part, err)
 	}
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	claim := func(ctx context.Context, tx pgx.Tx) ([]Record, error) { return a.tracker.claim(ctx, tx, recs) }
+	claim := func(ctx context.Context, tx pgx.Tx) ([]kfn.Record, error) { return a.tracker.claim(ctx, tx, recs) }
 	if q, ok := a.tracker.(batchClaimer); ok && len(recs) > 0 {
 		claim = q.queueClaim(b, recs)
 	}

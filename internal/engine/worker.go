@@ -16,12 +16,14 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/internal/kafkasource"
 	"github.com/kfn-dev/kfn/internal/lease"
 	"github.com/kfn-dev/kfn/internal/naming"
 	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/internal/tracing"
 	"github.com/kfn-dev/kfn/outbox"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // Worker runs functions: it owns partitions, reads them and applies their
@@ -29,14 +31,14 @@ import (
 type Worker struct{ w *worker }
 
 type worker struct {
-	cfg Config
+	cfg kfn.Config
 	// partitionTracker, when set, replaces the tracker of each partition lane:
 	// the benchmark's at-least-once baseline (atLeastOnceTracker) is the only
 	// user.
 	partitionTracker func(*partitionTracker) cursorLane
-	fns              []Function
+	fns              []kfn.Function
 	pool             *pgxpool.Pool
-	kafka            *kafkaSource
+	kafka            *kafkasource.Source
 	nc               *nats.Conn
 	js               jetstream.JetStream
 	leases           map[string]*lease.Manager // partition leases, per function name
@@ -44,7 +46,7 @@ type worker struct {
 	// installation scopes the lease groups (kfn.installation.id).
 	installation string
 	startedAt    time.Time // when this worker started, by the database's clock
-	offsets      *offsetCommitter
+	offsets      *kafkasource.GroupMirror
 	stats        *Stats
 	tracing      *tracing.Provider // the exporter this worker started, flushed by close; nil with Config.TracerProvider
 	tracer       trace.Tracer      // nil while tracing is off
@@ -65,9 +67,9 @@ type worker struct {
 // NewWorker validates cfg and fns, connects to Postgres, Kafka and NATS,
 // checks the schema version and runs each function's Setup (unless
 // cfg.SkipSetup). Every failure says which setting or service is at fault.
-func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error) {
+func NewWorker(ctx context.Context, cfg kfn.Config, fns ...kfn.Function) (*Worker, error) {
 	cfg = cfg.WithDefaults()
-	if err := cfg.validate(kafkaTopic(fns) != ""); err != nil {
+	if err := validateConfig(cfg, kafkaTopic(fns) != ""); err != nil {
 		return nil, err
 	}
 	if len(fns) == 0 {
@@ -76,7 +78,7 @@ func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error
 	seen := map[string]bool{}
 	var fromKafka []string
 	for _, fn := range fns {
-		if err := fn.validate(); err != nil {
+		if err := validateFunction(fn); err != nil {
 			return nil, err
 		}
 		if seen[fn.Name] {
@@ -98,6 +100,9 @@ func NewWorker(ctx context.Context, cfg Config, fns ...Function) (*Worker, error
 			w.close()
 		}
 	}()
+	if _, err := w.registry(); err != nil {
+		return nil, err
+	}
 	service := fns[0].Name
 	if len(fns) > 1 {
 		service = "kfn-worker"
@@ -127,17 +132,17 @@ func (w *worker) connect(ctx context.Context) error {
 	}
 	if topic := kafkaTopic(w.fns); topic != "" {
 		var err error
-		if w.kafka, err = newKafkaSource(w.cfg.KafkaBrokers, w.cfg.KafkaSecurity, w.cfg.Logger); err != nil {
+		if w.kafka, err = kafkasource.New(w.cfg.KafkaBrokers, kafkaSecurity(w.cfg), w.cfg.Logger); err != nil {
 			return err
 		}
 		metaCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		if _, err := w.kafka.partitions(metaCtx, topic); kafkaconn.IsSecurity(err) {
+		if _, err := w.kafka.Partitions(metaCtx, topic); kafkaconn.IsSecurity(err) {
 			return fmt.Errorf("cannot connect to Kafka: %w", err)
-		} else if err != nil && !errors.Is(err, errTopicMissing) {
+		} else if err != nil && !errors.Is(err, kafkasource.ErrTopicMissing) {
 			return fmt.Errorf("cannot reach Kafka at %s (check --kafka-brokers / KFN_KAFKA_BROKERS): %w", strings.Join(w.cfg.KafkaBrokers, ","), err)
 		}
-		w.offsets = newOffsetCommitter(w.kafka, w.cfg.Logger)
+		w.offsets = kafkasource.NewGroupMirror(w.kafka, w.cfg.Logger)
 	}
 	if err := w.connectNATS(); err != nil {
 		return err
@@ -169,7 +174,7 @@ func (w *worker) connect(ctx context.Context) error {
 
 // kafkaTopic returns a topic one of fns consumes, or "" when none reads
 // Kafka (NATS-triggered functions only).
-func kafkaTopic(fns []Function) string {
+func kafkaTopic(fns []kfn.Function) string {
 	for _, fn := range fns {
 		if fn.Topic != "" {
 			return fn.Topic
@@ -180,7 +185,7 @@ func kafkaTopic(fns []Function) string {
 
 // consumerGroup is the Kafka consumer group fn's committed offsets are
 // mirrored to: --consumer-group, or the function's name.
-func (w *worker) consumerGroup(fn Function) string {
+func (w *worker) consumerGroup(fn kfn.Function) string {
 	if w.cfg.ConsumerGroup != "" {
 		return w.cfg.ConsumerGroup
 	}
@@ -228,7 +233,7 @@ func (w *worker) connectPostgres(ctx context.Context) error {
 // opens JetStream.
 func (w *worker) connectNATS() error {
 	var err error
-	w.nc, w.js, err = connect.NATSWith(w.cfg.NATSURL, "kfn "+w.cfg.WorkerID, w.cfg.NATSSecurity)
+	w.nc, w.js, err = connect.NATSWith(w.cfg.NATSURL, "kfn "+w.cfg.WorkerID, natsSecurity(w.cfg))
 	return err
 }
 
@@ -297,7 +302,7 @@ func (wk *Worker) Run(ctx context.Context) error {
 		offsetsDone := make(chan struct{})
 		go func() {
 			defer close(offsetsDone)
-			w.offsets.run(offsetsCtx, time.Second)
+			w.offsets.Run(offsetsCtx, time.Second)
 		}()
 		defer func() {
 			stopOffsets()

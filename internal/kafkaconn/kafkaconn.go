@@ -19,15 +19,19 @@ import (
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
 
+	"github.com/kfn-dev/kfn/internal/authorlink"
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/settings"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 // DialTimeout bounds one connection to a broker, TLS and SASL handshakes
 // included.
 const DialTimeout = 5 * time.Second
 
-// Security is how kfn connects to Kafka: plain TCP when zero.
+// Security is how kfn connects to Kafka: plain TCP when zero. Its fields
+// are those of runtime.KafkaSecurity, which a worker's Config holds and
+// converts to it.
 type Security struct {
 	TLS        bool   // KFN_KAFKA_TLS; implied by CAFile, CertFile and ServerName
 	CAFile     string // KFN_KAFKA_CA: PEM CA certificates; empty: the system's
@@ -43,23 +47,14 @@ type Security struct {
 	// (KFN_KAFKA_SASL_PASSWORD_FILE) names a file holding it instead.
 	SASLPassword     string
 	SASLPasswordFile string
-
-	bound *settings.Binder
 }
 
 // Bind registers the Kafka security flags (and their variables) on b, and
-// reads the SASL password from KFN_KAFKA_SASL_PASSWORD.
+// reads the SASL password from KFN_KAFKA_SASL_PASSWORD, as
+// runtime.Config.Bind does.
 func (s *Security) Bind(b *settings.Binder) {
-	s.bound = b
-	settings.KafkaTLS.Bind(b, &s.TLS)
-	settings.KafkaCA.Bind(b, &s.CAFile)
-	settings.KafkaCert.Bind(b, &s.CertFile)
-	settings.KafkaKey.Bind(b, &s.KeyFile)
-	settings.KafkaServerName.Bind(b, &s.ServerName)
-	settings.KafkaSASLMechanism.Bind(b, &s.SASLMechanism)
-	settings.KafkaSASLUser.Bind(b, &s.SASLUser)
-	settings.KafkaSASLPasswordFile.Bind(b, &s.SASLPasswordFile)
-	s.SASLPassword = os.Getenv(settings.KafkaSASLPasswordEnv)
+	authorlink.Get[runtime.Config, runtime.KafkaSecurity, runtime.NATSSecurity, runtime.Record, runtime.Event, runtime.Events, runtime.BatchEvents]().
+		BindKafkaSecurity(b, (*runtime.KafkaSecurity)(s))
 }
 
 // Enabled reports whether s asks for TLS or SASL.
@@ -77,24 +72,11 @@ func problem[T any](s settings.Setting[T], format string, args ...any) *Error {
 	return &Error{Flag: s.Flag, Env: s.Env, Msg: fmt.Sprintf(format, args...)}
 }
 
-// Problems returns what is wrong with s: values given to Bind that did not
-// parse, SASL without a user or a password, a certificate without its key,
-// files that cannot be read.
+// Problems returns what is wrong with s: SASL without a user or a
+// password, a certificate without its key, files that cannot be read. (The
+// values given to Bind that did not parse are the Binder's Errors.)
 func (s Security) Problems() []*Error {
 	var errs []*Error
-	if s.bound != nil {
-		for _, e := range s.bound.Errors() {
-			switch e.Flag {
-			case settings.KafkaTLS.Flag, settings.KafkaCA.Flag, settings.KafkaCert.Flag, settings.KafkaKey.Flag,
-				settings.KafkaServerName.Flag, settings.KafkaSASLMechanism.Flag, settings.KafkaSASLUser.Flag,
-				settings.KafkaSASLPasswordFile.Flag:
-				errs = append(errs, e)
-			}
-		}
-		if len(errs) > 0 {
-			return errs
-		}
-	}
 	errs = append(errs, settings.KafkaSASLMechanism.Problems(s.SASLMechanism)...)
 	if s.SASLMechanism == "" {
 		if s.SASLUser != "" || s.SASLPasswordFile != "" {

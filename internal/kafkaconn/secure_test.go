@@ -35,6 +35,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 func TestMain(m *testing.M) { kfntest.Main(m) }
@@ -191,7 +192,7 @@ func TestWorkerOverSASLSSL(t *testing.T) {
 			t.Fatalf("kfn produce reported %d records, want %d:\n%s", len(produced), n, out)
 		}
 
-		w, err := runtime.NewWorker(context.Background(), config(k.sec), effects.Function(fn, topic))
+		w, err := worker.New(context.Background(), config(k.sec), effects.Function(fn, topic))
 		if err != nil {
 			t.Fatalf("start worker over SASL_SSL: %v", err)
 		}
@@ -232,7 +233,7 @@ func TestWorkerOverSASLSSL(t *testing.T) {
 	fastFailure := func(t *testing.T, sec kafkaconn.Security, cause connect.Cause, want ...string) {
 		t.Helper()
 		start := time.Now()
-		_, err := runtime.NewWorker(context.Background(), config(sec), effects.Function(kfntest.Name(t, "sec"), "orders"))
+		_, err := worker.New(context.Background(), config(sec), effects.Function(kfntest.Name(t, "sec"), "orders"))
 		took := time.Since(start)
 		if err == nil {
 			t.Fatal("the worker started")
@@ -277,7 +278,7 @@ func TestWorkerOverSASLSSL(t *testing.T) {
 	})
 
 	t.Run("a client without TLS is told to set it", func(t *testing.T) {
-		_, err := runtime.NewWorker(context.Background(), config(kafkaconn.Security{}), effects.Function(kfntest.Name(t, "sec"), "orders"))
+		_, err := worker.New(context.Background(), config(kafkaconn.Security{}), effects.Function(kfntest.Name(t, "sec"), "orders"))
 		if err == nil || !strings.Contains(err.Error(), "--kafka-tls") {
 			t.Errorf("a plain worker against the SASL_SSL listener: %v", err)
 		}

@@ -1,5 +1,6 @@
 // Package modgraph holds a test of what kfn adds to the module graph of a
-// user's module: importing github.com/kfn-dev/kfn/runtime must not bring in
-// the repository's development tools (Task and its dependencies), which
-// live in their own module, tools/go.mod.
+// user's module: importing github.com/kfn-dev/kfn/runtime and
+// runtime/worker must not bring in the repository's development tools
+// (Task and its dependencies), which live in their own module,
+// tools/go.mod.
 package modgraph

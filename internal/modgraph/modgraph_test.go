@@ -34,8 +34,9 @@ var sharedGraphOnly = map[string]bool{
 
 // TestUserModuleDoesNotInheritToolDependencies makes a user's module that
 // requires github.com/kfn-dev/kfn (replaced by this repository's root) and
-// imports its runtime, tidies it outside any workspace, and fails if its
-// module graph holds a module of the tools' graph.
+// imports its runtime and runtime/worker (what a function binary imports),
+// tidies it outside any workspace, and fails if its module graph holds a
+// module of the tools' graph.
 func TestUserModuleDoesNotInheritToolDependencies(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
@@ -82,7 +83,7 @@ func TestUserModuleDoesNotInheritToolDependencies(t *testing.T) {
 	write("go.mod", "module example.com/kfnuser\n\ngo "+kfn.Go+"\n\n"+
 		"require github.com/kfn-dev/kfn v0.0.0\n\n"+
 		"replace github.com/kfn-dev/kfn => "+root+"\n")
-	write("main.go", "package main\n\nimport _ \"github.com/kfn-dev/kfn/runtime\"\n\nfunc main() {}\n")
+	write("main.go", "package main\n\nimport (\n\t_ \"github.com/kfn-dev/kfn/runtime\"\n\t_ \"github.com/kfn-dev/kfn/runtime/worker\"\n)\n\nfunc main() {}\n")
 
 	run(user, "mod", "tidy")
 	var modules, inherited []string
@@ -99,7 +100,7 @@ func TestUserModuleDoesNotInheritToolDependencies(t *testing.T) {
 			inherited = append(inherited, line)
 		}
 	}
-	t.Logf("a module that imports github.com/kfn-dev/kfn/runtime has %d modules in its graph (go list -m all)", len(modules))
+	t.Logf("a module that imports github.com/kfn-dev/kfn/runtime and runtime/worker has %d modules in its graph (go list -m all)", len(modules))
 	if len(inherited) > 0 {
 		t.Errorf("its graph holds %d modules of the development tools' graph (move tool dependencies to tools/go.mod):\n  %s",
 			len(inherited), strings.Join(inherited, "\n  "))

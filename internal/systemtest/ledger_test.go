@@ -16,6 +16,7 @@ import (
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
+	kfnworker "github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // TestLedgerBooksValidOrdersAndDeadLettersTheRest feeds the ledger one valid
@@ -54,7 +55,7 @@ func TestLedgerBooksValidOrdersAndDeadLettersTheRest(t *testing.T) {
 		}
 	}
 
-	w, err := runtime.NewWorker(ctx, runtime.Config{
+	w, err := kfnworker.New(ctx, runtime.Config{
 		KafkaBrokers: kfntest.Kafka(t).Brokers, DatabaseURL: pg.URL, NATSURL: srv.URL,
 		NoRelay: true, RetryAttempts: 3, RetryInitial: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond,
 	}, ledger.Function())

@@ -20,6 +20,7 @@ import (
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // ledgerDebits is the ledger's effects query: one debit per booked event.
@@ -52,7 +53,7 @@ func deployLedger(t *testing.T, events int) (*kfntest.PG, jetstream.JetStream, v
 	}
 	fn := runtime.Function{Name: "ledger-v", Subject: subject, Stream: stream, Emits: []string{ledger.CapturedSubject},
 		BatchHandler: ledger.HandleBatch, Setup: ledger.Setup}
-	w, err := runtime.NewWorker(ctx, runtime.Config{
+	w, err := worker.New(ctx, runtime.Config{
 		KafkaBrokers: kfntest.Kafka(t).Brokers, DatabaseURL: db.URL, NATSURL: natsURL, WorkerID: "worker-1",
 		LeaseBucket: kfntest.Name(t, "leases"), EventStream: stream, BatchWait: 5 * time.Millisecond, Lanes: 2,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),

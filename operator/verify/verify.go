@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/internal/kafkasource"
 )
 
 // Spec says what to verify and how.
@@ -123,7 +123,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, spec S
 		rep.Cut.Notes = append(rep.Cut.Notes, fmt.Sprintf("%d keys are parked: their later records are dead letters (reason key_parked) until the key is released, and count as dead-lettered here", parked))
 	}
 
-	klog, err := engine.OpenKafkaLog(spec.KafkaBrokers, spec.KafkaSecurity)
+	klog, err := kafkasource.OpenLog(spec.KafkaBrokers, spec.KafkaSecurity)
 	if err != nil {
 		return nil, err
 	}
@@ -271,9 +271,9 @@ type kafkaPartition struct {
 
 // readKafkaRanges asks Kafka for the range of every partition of the topic
 // and of every partition that has a cursor.
-func readKafkaRanges(ctx context.Context, klog *engine.KafkaLog, topic string, cursors []cursor) ([]kafkaPartition, error) {
+func readKafkaRanges(ctx context.Context, klog *kafkasource.Log, topic string, cursors []cursor) ([]kafkaPartition, error) {
 	ids, err := klog.Partitions(ctx, topic)
-	if errors.Is(err, engine.ErrTopicMissing) {
+	if errors.Is(err, kafkasource.ErrTopicMissing) {
 		return nil, specError("topic", "Kafka has no topic %q", topic)
 	}
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 func TestMain(m *testing.M) { kfntest.Main(m) }
@@ -92,7 +93,7 @@ CREATE TABLE IF NOT EXISTS counts (key text PRIMARY KEY, revisions int NOT NULL)
 	d.kafka.Produce(t, d.topic, msgs...)
 	d.lease = kfntest.Name(t, "leases")
 	d.start = func() func() {
-		w, err := runtime.NewWorker(ctx, runtime.Config{
+		w, err := worker.New(ctx, runtime.Config{
 			KafkaBrokers: d.kafka.Brokers, DatabaseURL: d.db.URL, NATSURL: natsURL, WorkerID: "worker-1",
 			LeaseBucket: d.lease, EventStream: streamName, BatchWait: 5 * time.Millisecond,
 			// A restarted worker takes its own partitions back at once

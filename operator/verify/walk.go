@@ -10,8 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/kafkasource"
 )
 
 // pgRow is what Postgres holds for one offset, or one event id (see
@@ -61,7 +60,7 @@ type keyCount struct {
 type walk struct {
 	spec   Spec
 	rep    *Report
-	klog   *engine.KafkaLog
+	klog   *kafkasource.Log
 	eff    *effects
 	hist   *history
 	events *streamEvents

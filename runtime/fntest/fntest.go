@@ -151,7 +151,7 @@ func (f *Function) applyOne(ctx context.Context, tx pgx.Tx, rec runtime.Record) 
 			}
 			res.Outcome = Applied
 			for _, r := range rows {
-				res.Events = append(res.Events, r.Event)
+				res.Events = append(res.Events, runtime.Event(r.Event))
 			}
 			return res, nil
 		}

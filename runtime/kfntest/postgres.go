@@ -51,44 +51,97 @@ func PostgresEmpty(t testing.TB) *PG {
 func newDatabase(t testing.TB, migrate bool) *PG {
 	t.Helper()
 	srv := pgServer(t)
+	pg, err := createDatabase(srv, databaseName(t), migrate)
+	if pg != nil {
+		t.Cleanup(func() {
+			if err := dropDatabase(srv, pg); err != nil {
+				t.Errorf("kfntest: %v", err)
+			}
+		})
+	}
+	if err != nil {
+		t.Fatalf("kfntest: %v", err)
+	}
+	return pg
+}
+
+// SharedPostgres returns a database for code that runs without a test of
+// its own, such as a package's runnable examples: created and migrated on
+// the first call, shared by every later call, and dropped when Main
+// finishes (it needs Main, like every shared service). A caller keeps its
+// writes apart from the others' by rolling back the transaction it makes
+// them in.
+func SharedPostgres() (*PG, error) {
+	sharedDB.Do(func() {
+		if os.Getenv(EnvDatabaseURL) == "" && !mainRunning.Load() {
+			sharedDB.err = fmt.Errorf("kfntest: SharedPostgres needs the package's TestMain to call kfntest.Main")
+			return
+		}
+		pgOnce.Do(func() { pgOnce.srv, pgOnce.err = startPGServer() })
+		if pgOnce.err != nil {
+			sharedDB.err = fmt.Errorf("kfntest: %w", pgOnce.err)
+			return
+		}
+		name := fmt.Sprintf("kfntest_shared_%s%d", strings.ToLower(strings.ReplaceAll(runID, "-", "_")), nameSeq.Add(1))
+		sharedDB.pg, sharedDB.err = createDatabase(pgOnce.srv, name, true)
+		if sharedDB.pg != nil {
+			onShutdown(func() {
+				if err := dropDatabase(pgOnce.srv, sharedDB.pg); err != nil {
+					announce("%v", err)
+				}
+			})
+		}
+	})
+	return sharedDB.pg, sharedDB.err
+}
+
+var sharedDB struct {
+	sync.Once
+	pg  *PG
+	err error
+}
+
+// createDatabase creates database name on srv, connects a pool to it and
+// migrates it if asked. A *PG is returned whenever the database was
+// created, so that it is dropped even when connecting or migrating failed.
+func createDatabase(srv *sharedPG, name string, migrate bool) (*PG, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-
-	name := databaseName(t)
 	if _, err := srv.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		t.Fatalf("kfntest: create database %s on %s: %v", name, srv.display, err)
+		return nil, fmt.Errorf("create database %s on %s: %w", name, srv.display, err)
 	}
 	dbURL := *srv.url
 	dbURL.Path = "/" + name
 	pg := &PG{URL: dbURL.String(), Database: name}
-
-	t.Cleanup(func() {
-		if pg.Pool != nil {
-			pg.Pool.Close()
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := srv.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			t.Errorf("kfntest: drop database %s: %v", name, err)
-		}
-	})
-
 	cfg, err := pgxpool.ParseConfig(pg.URL)
 	if err != nil {
-		t.Fatalf("kfntest: parse database URL: %v", err)
+		return pg, fmt.Errorf("parse database URL: %w", err)
 	}
 	cfg.MaxConns = pgMaxConns
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		t.Fatalf("kfntest: connect to database %s: %v", name, err)
+		return pg, fmt.Errorf("connect to database %s: %w", name, err)
 	}
 	pg.Pool = pool
 	if migrate {
 		if _, err := schema.Migrate(ctx, pool); err != nil {
-			t.Fatalf("kfntest: migrate database %s: %v", name, err)
+			return pg, fmt.Errorf("migrate database %s: %w", name, err)
 		}
 	}
-	return pg
+	return pg, nil
+}
+
+// dropDatabase closes pg's pool and drops its database.
+func dropDatabase(srv *sharedPG, pg *PG) error {
+	if pg.Pool != nil {
+		pg.Pool.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := srv.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{pg.Database}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return fmt.Errorf("drop database %s: %w", pg.Database, err)
+	}
+	return nil
 }
 
 // databaseName is a unique, lower-case Postgres identifier of at most 63 bytes.

@@ -29,6 +29,7 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/internal/kafkasource"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
 )
@@ -130,10 +131,10 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	}
 	modes := []mode{
 		{ModeCopy, benchCopy},
-		{ModeExactlyOnce, benchBatched(runtime.NewWorker, false)},
+		{ModeExactlyOnce, benchBatched(engine.NewWorker, false)},
 		{ModeAtLeastOnce, benchBatched(engine.NewAtLeastOnceWorker, false)},
 		{ModeNaive, benchNaive},
-		{ModePipeline, benchBatched(runtime.NewWorker, true)},
+		{ModePipeline, benchBatched(engine.NewWorker, true)},
 	}
 	if cfg.Next.Name != "" {
 		modes = append(modes, mode{ModeChain, benchChain})
@@ -298,7 +299,7 @@ func (c *clock) end(records int64) round {
 // benchBatched runs a worker made by newWorker until it has applied every
 // record (and, with relay, until its relay has published their events, or
 // republished them).
-func benchBatched(newWorker func(context.Context, runtime.Config, ...runtime.Function) (*runtime.Worker, error), relay bool) func(context.Context, *Config, string) (round, error) {
+func benchBatched(newWorker func(context.Context, runtime.Config, ...runtime.Function) (*engine.Worker, error), relay bool) func(context.Context, *Config, string) (round, error) {
 	return func(ctx context.Context, cfg *Config, consumer string) (round, error) {
 		fn := cfg.Function
 		fn.Name = consumer
@@ -329,7 +330,7 @@ func benchChain(ctx context.Context, cfg *Config, consumer string) (round, error
 	first.Name, next.Name = consumer, consumer+"-next"
 	wcfg := cfg.Worker
 	wcfg.NoRelay = false
-	wk, err := runtime.NewWorker(ctx, wcfg, first, next)
+	wk, err := engine.NewWorker(ctx, wcfg, first, next)
 	if err != nil {
 		return round{}, err
 	}
@@ -340,7 +341,7 @@ func benchChain(ctx context.Context, cfg *Config, consumer string) (round, error
 }
 
 // runUntil runs wk until done says so, timing from the first record done.
-func runUntil(ctx context.Context, cfg *Config, wk *runtime.Worker, done func() (int64, bool)) (round, error) {
+func runUntil(ctx context.Context, cfg *Config, wk *engine.Worker, done func() (int64, bool)) (round, error) {
 	c := clock{procs: cfg.Processes}
 	wk.Stats().OnCommit(func(_ string, records int, took time.Duration) { c.commits.add(records, took) })
 	runCtx, stop := context.WithCancel(ctx)
@@ -423,7 +424,7 @@ func benchNaive(ctx context.Context, cfg *Config, consumer string) (round, error
 		return round{}, err
 	}
 	defer pool.Close()
-	_, dialer, err := kafkaconn.Kafka(cfg.Worker.KafkaSecurity)
+	_, dialer, err := kafkaconn.Kafka(kafkaconn.Security(cfg.Worker.KafkaSecurity))
 	if err != nil {
 		return round{}, err
 	}
@@ -441,7 +442,7 @@ func benchNaive(ctx context.Context, cfg *Config, consumer string) (round, error
 		if err != nil {
 			return round{}, err
 		}
-		rec := engine.RecordFromKafka(msg)
+		rec := kafkasource.RecordFromMessage(msg)
 		err = c.commits.timed(1, func() error {
 			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 				rows, err := engine.HandleRecord(ctx, tx, fn, rec)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/protobuf/encoding/protowire"
 
+	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
 )
@@ -77,14 +78,14 @@ func RelayShare(ctx context.Context, cfg Config) (RelayShareResult, error) {
 // applied records records and the outbox is empty.
 func runWithRelay(ctx context.Context, wcfg runtime.Config, fn runtime.Function, records int64, pool *pgxpool.Pool) (int64, time.Duration, error) {
 	var (
-		wk  *runtime.Worker
+		wk  *engine.Worker
 		err error
 	)
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	done := make(chan error, 1)
 	pprof.Do(runCtx, pprof.Labels(outbox.ProfileLabelKey, workerLabel), func(ctx context.Context) {
-		if wk, err = runtime.NewWorker(ctx, wcfg, fn); err != nil {
+		if wk, err = engine.NewWorker(ctx, wcfg, fn); err != nil {
 			return
 		}
 		go func() { done <- wk.Run(ctx) }()

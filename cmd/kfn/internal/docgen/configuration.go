@@ -18,7 +18,7 @@ func renderConfiguration(root *page, functions map[string][]flagDoc) []byte {
 	b.WriteString("the empty string, else its default. A value that does not parse or cannot be used is an error\n")
 	b.WriteString("naming the flag and the variable; it is never replaced by the default. A variable ending in\n")
 	b.WriteString("`_FILE` names a file that holds a secret setting's value. \"Used by\" says which programs take the\n")
-	b.WriteString("setting: `FUNCTION` is a function's binary (a main package calling `runtime.Start`), `FUNCTION migrate`\n")
+	b.WriteString("setting: `FUNCTION` is a function's binary (a main package calling `worker.Start`), `FUNCTION migrate`\n")
 	b.WriteString("its migrate mode, and the others are kfn's commands ([the CLI reference](cli.md)).\n")
 	for _, g := range settings.Table {
 		fmt.Fprintf(&b, "\n## %s\n\n", g.Name)

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/kfn-dev/kfn/runtime"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // page is one -h page of kfn, read back into the sections cmd/kfn's help
@@ -181,7 +182,7 @@ func parseFlags(lines []string) []flagDoc {
 	return out
 }
 
-// functionFlags returns the flags of a function's binary (runtime.Start)
+// functionFlags returns the flags of a function's binary (worker.Start)
 // and of its migrate mode, by the name the configuration reference gives
 // each, from the -h they print.
 func functionFlags() (map[string][]flagDoc, error) {
@@ -191,7 +192,7 @@ func functionFlags() (map[string][]flagDoc, error) {
 		"FUNCTION migrate": {"migrate", "-h"},
 	} {
 		var help bytes.Buffer
-		if code := runtime.Main(runtime.Function{Name: "function"}, args, &help); code != 0 {
+		if code := worker.Main(runtime.Function{Name: "function"}, args, &help); code != 0 {
 			return nil, fmt.Errorf("a function binary's %v: exit %d\n%s", args, code, help.String())
 		}
 		out[name] = parseFlags(strings.Split(help.String(), "\n"))

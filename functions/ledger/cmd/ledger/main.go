@@ -3,7 +3,7 @@ package main
 
 import (
 	"github.com/kfn-dev/kfn/functions/ledger"
-	"github.com/kfn-dev/kfn/runtime"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
-func main() { runtime.Start(ledger.Function()) }
+func main() { worker.Start(ledger.Function()) }

@@ -9,7 +9,7 @@ import (
 	"os"
 
 	"github.com/kfn-dev/kfn/functions/orders"
-	"github.com/kfn-dev/kfn/runtime"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 func main() {
@@ -17,5 +17,5 @@ func main() {
 	if topic := os.Getenv("ORDERS_TOPIC"); topic != "" {
 		fn.Topic = topic
 	}
-	runtime.Start(fn)
+	worker.Start(fn)
 }

@@ -17,7 +17,7 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/internal/schema"
-	"github.com/kfn-dev/kfn/runtime"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 func main() {
@@ -33,7 +33,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "effects-worker: set KFN_TEST_FUNCTION and KFN_TEST_TOPIC")
 		os.Exit(2)
 	}
-	runtime.Start(effects.Function(name, topic))
+	worker.Start(effects.Function(name, topic))
 }
 
 func migrate() error {

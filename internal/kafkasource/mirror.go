@@ -1,4 +1,4 @@
-package engine
+package kafkasource
 
 import (
 	"context"
@@ -32,13 +32,13 @@ const (
 	groupRecheckEvery = time.Minute
 )
 
-// offsetCommitter mirrors committed cursors into the Kafka consumer group,
+// GroupMirror mirrors committed cursors into the Kafka consumer group,
 // asynchronously and best effort, so standard lag tools see progress. The
 // worker never reads these offsets back: Postgres holds the truth. Before
 // its first commit to a group it checks that the group is not another
 // consumer's (see groupUser), and never writes to one that is.
-type offsetCommitter struct {
-	source *kafkaSource
+type GroupMirror struct {
+	source *Source
 	log    *slog.Logger
 	warn   *warnLimiter
 	now    func() time.Time
@@ -63,15 +63,15 @@ type groupCheck struct {
 	checkAfter time.Time
 }
 
-func newOffsetCommitter(source *kafkaSource, log *slog.Logger) *offsetCommitter {
-	return &offsetCommitter{
+func NewGroupMirror(source *Source, log *slog.Logger) *GroupMirror {
+	return &GroupMirror{
 		source: source, log: log, warn: newWarnLimiter(mirrorWarnEvery, time.Now), now: time.Now,
 		pending: map[groupTopic]map[int]int64{}, groups: map[string]*groupCheck{},
 	}
 }
 
 // note records that everything below next is committed in Postgres.
-func (c *offsetCommitter) note(group, topic string, partition int32, next int64) {
+func (c *GroupMirror) Note(group, topic string, partition int32, next int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	k := groupTopic{group, topic}
@@ -82,7 +82,7 @@ func (c *offsetCommitter) note(group, topic string, partition int32, next int64)
 }
 
 // run flushes noted offsets every interval until ctx ends, then once more.
-func (c *offsetCommitter) run(ctx context.Context, interval time.Duration) {
+func (c *GroupMirror) Run(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -102,7 +102,7 @@ func (c *offsetCommitter) run(ctx context.Context, interval time.Duration) {
 // (yet) pending.
 var errGroupNotChecked = errors.New("the consumer group is not known to be kfn's")
 
-func (c *offsetCommitter) flush(ctx context.Context) {
+func (c *GroupMirror) flush(ctx context.Context) {
 	c.mu.Lock()
 	batch := c.pending
 	c.pending = map[groupTopic]map[int]int64{}
@@ -147,7 +147,7 @@ func (c *offsetCommitter) flush(ctx context.Context) {
 
 // mayMirror says whether k's group may be written to, checking it first if
 // that is due.
-func (c *offsetCommitter) mayMirror(ctx context.Context, k groupTopic) bool {
+func (c *GroupMirror) mayMirror(ctx context.Context, k groupTopic) bool {
 	st := c.groups[k.group]
 	if st == nil {
 		st = &groupCheck{}
@@ -187,10 +187,10 @@ func (c *offsetCommitter) mayMirror(ctx context.Context, k groupTopic) bool {
 	return true
 }
 
-// mirrorState returns, for kfn_consumer_group_refused, each group checked
+// State returns, for kfn_consumer_group_refused, each group checked
 // so far and whether it was refused as another consumer's, and the count of
 // failed commits.
-func (c *offsetCommitter) mirrorState() (refused map[string]bool, failures int64) {
+func (c *GroupMirror) State() (refused map[string]bool, failures int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	refused = map[string]bool{}
@@ -203,7 +203,7 @@ func (c *offsetCommitter) mirrorState() (refused map[string]bool, failures int64
 // requeue puts back the offsets of a commit that failed, unless a newer
 // offset was noted for the partition meanwhile: after the last record of a
 // partition nothing else would commit it again.
-func (c *offsetCommitter) requeue(k groupTopic, failed map[int]int64, err error) {
+func (c *GroupMirror) requeue(k groupTopic, failed map[int]int64, err error) {
 	if err == nil || len(failed) == 0 {
 		return
 	}
@@ -223,7 +223,7 @@ func (c *offsetCommitter) requeue(k groupTopic, failed map[int]int64, err error)
 // mirror to it: the group has members (kfn never joins a group), or it has
 // an offset committed without kfn's metadata (by a consumer, an admin
 // tool, or a kfn release older than the metadata).
-func (k *kafkaSource) groupUser(ctx context.Context, group string) (string, error) {
+func (k *Source) groupUser(ctx context.Context, group string) (string, error) {
 	d, err := k.client.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
 	if err != nil {
 		return "", fmt.Errorf("describe consumer group %s: %w", group, kafkaconn.Explain(err, k.brokers, k.security))

@@ -1,4 +1,4 @@
-package engine
+package kafkasource
 
 import (
 	"context"
@@ -13,9 +13,10 @@ import (
 	fetchapi "github.com/segmentio/kafka-go/protocol/fetch"
 
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
-// committedReader reads one Kafka partition in offset order at
+// Reader reads one Kafka partition in offset order at
 // read_committed, and hands on only what a transaction committed: the
 // records of aborted transactions and the transaction markers are passed
 // over. kafka-go's own readers fetch at read_uncommitted (a kafka.Reader
@@ -36,38 +37,38 @@ import (
 // for good. With each record it hands on, the reader says where the
 // cursor goes once the record is applied (past the markers and aborted
 // records that follow it in its response), and it reports, as
-// errPassedOnly, a response that held no record but took it further
+// ErrPassedOnly, a response that held no record but took it further
 // (passed), so that the lane can move its cursor there in a fenced
 // transaction of its own.
 //
 // One goroutine uses a reader; Close may follow from another once that
 // use has ended.
-type committedReader struct {
-	source    *kafkaSource
+type Reader struct {
+	source    *Source
 	transport *kafka.Transport
 	topic     string
 	partition int32
 	next      int64            // the offset the next fetch asks for
-	buffered  []Record         // fetched, not yet handed on
+	buffered  []kfn.Record     // fetched, not yet handed on
 	end       int64            // where the cursor goes after the last buffered record (responseEnd)
-	spare     []Record         // the last response's records, all handed on: the next one's room
+	spare     []kfn.Record     // the last response's records, all handed on: the next one's room
 	inFlight  chan fetchedPart // the fetch under way, if any
 	stop      context.CancelFunc
 	stopped   context.Context
 	// passed is how far the reader has read without a gap it jumped
 	// (outOfRange): every offset below it was handed on, or holds no
 	// committed record. laneAt is where the lane's cursor stands
-	// (noteCursor); a response with no record while passed is beyond it
-	// is errPassedOnly.
+	// (NoteCursor); a response with no record while passed is beyond it
+	// is ErrPassedOnly.
 	passed, laneAt int64
 	lastStable     int64 // the last response's last stable offset
 }
 
-// errPassedOnly means a fetch response held no committed record, while
+// ErrPassedOnly means a fetch response held no committed record, while
 // the reader has read past the lane's cursor (passed): the offsets up to
 // there hold transaction markers or aborted records only, or records the
 // lane holds but has not committed yet.
-var errPassedOnly = errors.New("the reader passed offsets that hold no committed record")
+var ErrPassedOnly = errors.New("the reader passed offsets that hold no committed record")
 
 // fetchMaxWait is how long the leader holds a fetch for records to arrive.
 const fetchMaxWait = 250 * time.Millisecond
@@ -90,7 +91,7 @@ const fetchTimeout = fetchMaxWait + 10*time.Second
 // not fetched yet). jumped says the fetch read nothing but moved to the
 // first offset Kafka still holds (outOfRange).
 type fetchedPart struct {
-	recs             []Record
+	recs             []kfn.Record
 	next             int64
 	high, lastStable int64
 	jumped           bool
@@ -98,7 +99,7 @@ type fetchedPart struct {
 }
 
 // reader opens a reader of topic/partition positioned at offset.
-func (k *kafkaSource) reader(topic string, partition int32, offset int64) (*committedReader, error) {
+func (k *Source) Reader(topic string, partition int32, offset int64) (*Reader, error) {
 	transport, _, err := kafkaconn.Kafka(k.security)
 	if err != nil {
 		return nil, err
@@ -106,28 +107,28 @@ func (k *kafkaSource) reader(topic string, partition int32, offset int64) (*comm
 	// Its metadata is the topic's alone, not the whole cluster's.
 	transport.MetadataTopics = []string{topic}
 	stopped, stop := context.WithCancel(context.Background())
-	return &committedReader{
+	return &Reader{
 		source: k, transport: transport, topic: topic, partition: partition,
 		next: offset, stop: stop, stopped: stopped, passed: offset, laneAt: offset,
 	}, nil
 }
 
-// nextRecord returns the next committed record, and where the cursor goes
+// NextRecord returns the next committed record, and where the cursor goes
 // once it is applied: the offset of the record after it, or past the end
 // of its response (responseEnd). It waits for one until ctx ends. A fetch
 // that ctx interrupts goes on, and its records are the next call's: none
 // is fetched twice or lost. A response without a record while the reader
-// has passed the lane's cursor is errPassedOnly (Passed says how far).
-func (r *committedReader) nextRecord(ctx context.Context) (rec Record, after int64, err error) {
+// has passed the lane's cursor is ErrPassedOnly (Passed says how far).
+func (r *Reader) NextRecord(ctx context.Context) (rec kfn.Record, after int64, err error) {
 	for len(r.buffered) == 0 {
 		got, err := r.fetchResponse(ctx)
 		if err != nil {
-			return Record{}, 0, err
+			return kfn.Record{}, 0, err
 		}
 		r.buffered = got.recs
 		if len(got.recs) == 0 {
 			if r.passed > r.laneAt {
-				return Record{}, 0, errPassedOnly
+				return kfn.Record{}, 0, ErrPassedOnly
 			}
 			continue
 		}
@@ -147,33 +148,33 @@ func (r *committedReader) nextRecord(ctx context.Context) (rec Record, after int
 // response's records, is applied: past the response's batches after it
 // (transaction markers, aborted records; next is the offset after the
 // response), but not past the last stable offset.
-func responseEnd(recs []Record, next, stable int64) int64 {
+func responseEnd(recs []kfn.Record, next, stable int64) int64 {
 	return max(recs[len(recs)-1].Offset+1, min(next, stable))
 }
 
 // Passed is how far the reader has read: every offset below it was
 // handed on, or holds no committed record.
-func (r *committedReader) Passed() int64 { return r.passed }
+func (r *Reader) Passed() int64 { return r.passed }
 
 // LastStable is the last stable offset of the last response: where the
 // partition's lag ends.
-func (r *committedReader) LastStable() int64 { return r.lastStable }
+func (r *Reader) LastStable() int64 { return r.lastStable }
 
-// noteCursor tells the reader where the lane's cursor stands, between two
+// NoteCursor tells the reader where the lane's cursor stands, between two
 // reads (no read may be under way).
-func (r *committedReader) noteCursor(next int64) { r.laneAt = next }
+func (r *Reader) NoteCursor(next int64) { r.laneAt = next }
 
 // fetchResponse reads the next fetch response whole: its committed
 // records, and the offsets that say how far the partition goes. The
 // records are the caller's until its next call, which reuses their slice.
-func (r *committedReader) fetchResponse(ctx context.Context) (fetchedPart, error) {
+func (r *Reader) fetchResponse(ctx context.Context) (fetchedPart, error) {
 	if len(r.buffered) > 0 {
 		return fetchedPart{}, errors.New("fetchResponse after FetchMessage left records buffered")
 	}
 	if r.inFlight == nil {
 		done := make(chan fetchedPart, 1)
 		r.inFlight = done
-		go func(from int64, room []Record) { done <- r.fetch(from, room) }(r.next, r.spare[:0])
+		go func(from int64, room []kfn.Record) { done <- r.fetch(from, room) }(r.next, r.spare[:0])
 	}
 	select {
 	case <-ctx.Done():
@@ -198,7 +199,7 @@ func (r *committedReader) fetchResponse(ctx context.Context) (fetchedPart, error
 
 // Close ends the fetch under way, waits for it, and closes the reader's
 // connections.
-func (r *committedReader) Close() error {
+func (r *Reader) Close() error {
 	r.stop()
 	if r.inFlight != nil {
 		<-r.inFlight
@@ -210,7 +211,7 @@ func (r *committedReader) Close() error {
 
 // fetch asks the partition's leader for the records from offset from, and
 // appends them to room.
-func (r *committedReader) fetch(from int64, room []Record) fetchedPart {
+func (r *Reader) fetch(from int64, room []kfn.Record) fetchedPart {
 	ctx, cancel := context.WithTimeout(r.stopped, fetchTimeout)
 	defer cancel()
 	res, err := r.transport.RoundTrip(ctx, kafka.TCP(r.source.brokers...), &fetchapi.Request{
@@ -258,7 +259,7 @@ func (r *committedReader) fetch(from int64, room []Record) fetchedPart {
 const readCommitted = 1
 
 // partitionOf finds the reader's partition in a fetch response.
-func (r *committedReader) partitionOf(res *fetchapi.Response) (*fetchapi.ResponsePartition, error) {
+func (r *Reader) partitionOf(res *fetchapi.Response) (*fetchapi.ResponsePartition, error) {
 	if res.ErrorCode != 0 {
 		return nil, kafka.Error(res.ErrorCode)
 	}
@@ -277,8 +278,8 @@ func (r *committedReader) partitionOf(res *fetchapi.Response) (*fetchapi.Respons
 // deleted by retention) the way kafka-go's reader does: it goes on from
 // the first record Kafka holds, and the lane, seeing the gap, decides
 // whether records expired (skipGap). A fetch past the end is an error.
-func (r *committedReader) outOfRange(ctx context.Context, from int64) fetchedPart {
-	first, high, err := r.source.offsetRange(ctx, r.topic, r.partition)
+func (r *Reader) outOfRange(ctx context.Context, from int64) fetchedPart {
+	first, high, err := r.source.OffsetRange(ctx, r.topic, r.partition)
 	switch {
 	case err != nil:
 		return fetchedPart{err: r.explain(from, err)}
@@ -290,7 +291,7 @@ func (r *committedReader) outOfRange(ctx context.Context, from int64) fetchedPar
 	return fetchedPart{next: from, high: high, lastStable: from, jumped: true} // moved back into range since: fetch again
 }
 
-func (r *committedReader) explain(from int64, err error) error {
+func (r *Reader) explain(from int64, err error) error {
 	return fmt.Errorf("read %s/%d at offset %d: %w", r.topic, r.partition, from, kafkaconn.Explain(err, r.source.brokers, r.source.security))
 }
 
@@ -305,7 +306,7 @@ func (r *committedReader) explain(from int64, err error) error {
 // with an aborted transaction begun at or before the batch belongs to it,
 // up to that producer's abort marker; control batches (the commit and
 // abort markers) carry no record for a handler.
-func committedRecords(recs []Record, part *fetchapi.ResponsePartition, topic string, from int64) ([]Record, int64, error) {
+func committedRecords(recs []kfn.Record, part *fetchapi.ResponsePartition, topic string, from int64) ([]kfn.Record, int64, error) {
 	next := from
 	stream, ok := part.RecordSet.Records.(*protocol.RecordStream)
 	if !ok || stream == nil {
@@ -372,7 +373,7 @@ const controlAbort = 0
 
 // appendRecords appends the records of batch at offset from or later to
 // recs (none when skip), and returns the offset after its last record.
-func appendRecords(recs []Record, batch protocol.RecordReader, topic string, partition int32, from, next int64, skip bool) ([]Record, int64, error) {
+func appendRecords(recs []kfn.Record, batch protocol.RecordReader, topic string, partition int32, from, next int64, skip bool) ([]kfn.Record, int64, error) {
 	for {
 		rec, err := batch.ReadRecord()
 		if errors.Is(err, io.EOF) {
@@ -393,26 +394,26 @@ func appendRecords(recs []Record, batch protocol.RecordReader, topic string, par
 }
 
 // copyRecord copies a decoded record out of the response's buffers.
-func copyRecord(rec *protocol.Record, topic string, partition int32) (Record, error) {
+func copyRecord(rec *protocol.Record, topic string, partition int32) (kfn.Record, error) {
 	key, err := readBytes(rec.Key)
 	if err != nil {
-		return Record{}, fmt.Errorf("read the key of offset %d: %w", rec.Offset, err)
+		return kfn.Record{}, fmt.Errorf("read the key of offset %d: %w", rec.Offset, err)
 	}
 	value, err := readBytes(rec.Value)
 	if err != nil {
-		return Record{}, fmt.Errorf("read the value of offset %d: %w", rec.Offset, err)
+		return kfn.Record{}, fmt.Errorf("read the value of offset %d: %w", rec.Offset, err)
 	}
-	return Record{
+	return kfn.Record{
 		Topic: topic, Partition: partition, Offset: rec.Offset,
 		Key: key, Value: value, Headers: headersOf(rec.Headers), Time: rec.Time,
 	}, nil
 }
 
 // headersOf copies a record's headers as the handler sees them.
-func headersOf(hs []protocol.Header) []Header {
-	headers := make([]Header, len(hs))
+func headersOf(hs []protocol.Header) []kfn.Header {
+	headers := make([]kfn.Header, len(hs))
 	for i, h := range hs {
-		headers[i] = Header{Key: h.Key, Value: h.Value}
+		headers[i] = kfn.Header{Key: h.Key, Value: h.Value}
 	}
 	return headers
 }

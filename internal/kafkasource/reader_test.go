@@ -1,4 +1,4 @@
-package engine
+package kafkasource
 
 import (
 	"context"
@@ -161,11 +161,11 @@ func BenchmarkPartitionReaders(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer broker.Stop()
-	source, err := newKafkaSource(broker.Brokers, kafkaconn.Security{}, slog.New(slog.DiscardHandler))
+	source, err := New(broker.Brokers, kafkaconn.Security{}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer source.close()
+	defer source.Close()
 	ctx := context.Background()
 	created, err := source.client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: "bench", NumPartitions: 1, ReplicationFactor: 1}}})
 	if err == nil {
@@ -202,14 +202,14 @@ func BenchmarkPartitionReaders(b *testing.B) {
 			}
 		}
 	}
-	b.Run("committedReader", func(b *testing.B) {
+	b.Run("Reader", func(b *testing.B) {
 		for b.Loop() {
-			r, err := source.reader("bench", 0, 0)
+			r, err := source.Reader("bench", 0, 0)
 			if err != nil {
 				b.Fatal(err)
 			}
 			readAll(b, func(ctx context.Context) (int64, error) {
-				rec, _, err := r.nextRecord(ctx)
+				rec, _, err := r.NextRecord(ctx)
 				return rec.Offset, err
 			})
 			r.Close()

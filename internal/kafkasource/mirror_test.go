@@ -1,4 +1,4 @@
-package engine
+package kafkasource
 
 import (
 	"errors"
@@ -11,9 +11,9 @@ import (
 // to the pending offsets, unless a newer offset was noted meanwhile, so the
 // group catches up even when its partitions receive nothing more.
 func TestFailedOffsetCommitsAreRetried(t *testing.T) {
-	c := newOffsetCommitter(nil, slog.New(slog.DiscardHandler))
+	c := NewGroupMirror(nil, slog.New(slog.DiscardHandler))
 	k := groupTopic{"g", "t"}
-	c.note("g", "t", 1, 50) // noted after the failed flush took its batch
+	c.Note("g", "t", 1, 50) // noted after the failed flush took its batch
 	c.requeue(k, map[int]int64{0: 120, 1: 40}, errors.New("coordinator load in progress"))
 	if got := c.pending[k]; got[0] != 120 || got[1] != 50 {
 		t.Errorf("pending after a failed commit = %v, want partition 0 at 120 (requeued) and 1 at 50 (the newer note)", got)

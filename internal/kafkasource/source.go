@@ -1,4 +1,4 @@
-package engine
+package kafkasource
 
 import (
 	"context"
@@ -11,11 +11,12 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
-// kafkaSource reads a topic's partitions at explicit offsets. It never uses
+// Source reads a topic's partitions at explicit offsets. It never uses
 // Kafka's group coordination for ownership; NATS leases decide who reads what.
-type kafkaSource struct {
+type Source struct {
 	brokers   []string
 	security  kafkaconn.Security
 	client    *kafka.Client
@@ -24,13 +25,13 @@ type kafkaSource struct {
 	log       *slog.Logger
 }
 
-// newKafkaSource connects with security's TLS and SASL (plain TCP when zero).
-func newKafkaSource(brokers []string, security kafkaconn.Security, log *slog.Logger) (*kafkaSource, error) {
+// New connects with security's TLS and SASL (plain TCP when zero).
+func New(brokers []string, security kafkaconn.Security, log *slog.Logger) (*Source, error) {
 	transport, dialer, err := kafkaconn.Kafka(security)
 	if err != nil {
 		return nil, err
 	}
-	return &kafkaSource{
+	return &Source{
 		brokers:   brokers,
 		security:  security,
 		client:    &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: transport},
@@ -41,13 +42,13 @@ func newKafkaSource(brokers []string, security kafkaconn.Security, log *slog.Log
 }
 
 // close closes the idle connections of the source's client.
-func (k *kafkaSource) close() { k.transport.CloseIdleConnections() }
+func (k *Source) Close() { k.transport.CloseIdleConnections() }
 
-// errTopicMissing means the topic does not exist (yet).
-var errTopicMissing = errors.New("topic does not exist")
+// ErrTopicMissing means Kafka does not know the topic (yet).
+var ErrTopicMissing = errors.New("topic does not exist")
 
 // partitions lists the topic's partition ids.
-func (k *kafkaSource) partitions(ctx context.Context, topic string) ([]int32, error) {
+func (k *Source) Partitions(ctx context.Context, topic string) ([]int32, error) {
 	md, err := k.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
 		return nil, fmt.Errorf("read metadata of topic %s from %v: %w", topic, k.brokers, kafkaconn.Explain(err, k.brokers, k.security))
@@ -58,7 +59,7 @@ func (k *kafkaSource) partitions(ctx context.Context, topic string) ([]int32, er
 		}
 		if t.Error != nil {
 			if errors.Is(t.Error, kafka.UnknownTopicOrPartition) {
-				return nil, fmt.Errorf("%w: %s", errTopicMissing, topic)
+				return nil, fmt.Errorf("%w: %s", ErrTopicMissing, topic)
 			}
 			return nil, fmt.Errorf("read metadata of topic %s: %w", topic, t.Error)
 		}
@@ -69,7 +70,7 @@ func (k *kafkaSource) partitions(ctx context.Context, topic string) ([]int32, er
 		sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
 		return ids, nil
 	}
-	return nil, fmt.Errorf("%w: %s", errTopicMissing, topic)
+	return nil, fmt.Errorf("%w: %s", ErrTopicMissing, topic)
 }
 
 // offsetRange returns the first available offset and the high watermark
@@ -79,7 +80,7 @@ func (k *kafkaSource) partitions(ctx context.Context, topic string) ([]int32, er
 // it refreshes only on a timer (MetadataTTL), not when a request fails, so
 // right after a leader change it would keep asking the dead leader, and a
 // claim would wait up to MetadataTTL longer than Kafka's failover.
-func (k *kafkaSource) offsetRange(ctx context.Context, topic string, partition int32) (first, high int64, err error) {
+func (k *Source) OffsetRange(ctx context.Context, topic string, partition int32) (first, high int64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, offsetRangeTimeout)
 	defer cancel()
 	var errs []error
@@ -97,7 +98,7 @@ const offsetRangeTimeout = 10 * time.Second
 
 // leaderOffsets asks broker who leads the partition, then the leader for
 // the partition's offsets.
-func (k *kafkaSource) leaderOffsets(ctx context.Context, broker, topic string, partition int32) (first, high int64, err error) {
+func (k *Source) leaderOffsets(ctx context.Context, broker, topic string, partition int32) (first, high int64, err error) {
 	conn, err := k.dialer.DialLeader(ctx, "tcp", broker, topic, int(partition))
 	if err != nil {
 		return 0, 0, err
@@ -114,7 +115,7 @@ func (k *kafkaSource) leaderOffsets(ctx context.Context, broker, topic string, p
 // partitions cannot tell whether Kafka answers: kafka-go's transport
 // serves Metadata from a cache it refreshes every few seconds in the
 // background, and keeps serving it when a refresh fails.
-func (k *kafkaSource) ping(ctx context.Context) error {
+func (k *Source) Ping(ctx context.Context) error {
 	resp, err := k.client.ApiVersions(ctx, &kafka.ApiVersionsRequest{})
 	if err == nil {
 		err = resp.Error
@@ -128,32 +129,32 @@ func (k *kafkaSource) ping(ctx context.Context) error {
 // OffsetRange returns the first offset Kafka still holds in a partition and
 // its high watermark, for the operator's tools.
 func OffsetRange(ctx context.Context, brokers []string, security kafkaconn.Security, topic string, partition int32) (first, high int64, err error) {
-	source, err := newKafkaSource(brokers, security, slog.New(slog.DiscardHandler))
+	source, err := New(brokers, security, slog.New(slog.DiscardHandler))
 	if err != nil {
 		return 0, 0, err
 	}
-	defer source.close()
-	return source.offsetRange(ctx, topic, partition)
+	defer source.Close()
+	return source.OffsetRange(ctx, topic, partition)
 }
 
 // ReadRecord reads the record at offset from Kafka, for the operator's
 // tools: an offset Kafka no longer (or not yet) holds is an error.
-func ReadRecord(ctx context.Context, brokers []string, security kafkaconn.Security, topic string, partition int32, offset int64) (Record, error) {
-	source, err := newKafkaSource(brokers, security, slog.New(slog.DiscardHandler))
+func ReadRecord(ctx context.Context, brokers []string, security kafkaconn.Security, topic string, partition int32, offset int64) (kfn.Record, error) {
+	source, err := New(brokers, security, slog.New(slog.DiscardHandler))
 	if err != nil {
-		return Record{}, err
+		return kfn.Record{}, err
 	}
-	defer source.close()
-	first, high, err := source.offsetRange(ctx, topic, partition)
+	defer source.Close()
+	first, high, err := source.OffsetRange(ctx, topic, partition)
 	if err != nil {
-		return Record{}, err
+		return kfn.Record{}, err
 	}
 	if offset < first || offset >= high {
-		return Record{}, fmt.Errorf("offset %d is outside the records Kafka holds for %s/%d [%d, %d)", offset, topic, partition, first, high)
+		return kfn.Record{}, fmt.Errorf("offset %d is outside the records Kafka holds for %s/%d [%d, %d)", offset, topic, partition, first, high)
 	}
-	reader, err := source.reader(topic, partition, offset)
+	reader, err := source.Reader(topic, partition, offset)
 	if err != nil {
-		return Record{}, err
+		return kfn.Record{}, err
 	}
 	defer reader.Close()
 	readCtx, cancel := context.WithTimeout(ctx, readRecordTimeout)
@@ -161,10 +162,10 @@ func ReadRecord(ctx context.Context, brokers []string, security kafkaconn.Securi
 	for reader.next <= offset {
 		got, err := reader.fetchResponse(readCtx)
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-			return Record{}, fmt.Errorf("read %s/%d@%d: no answer within %s: is it in a transaction still open? %w", topic, partition, offset, readRecordTimeout, err)
+			return kfn.Record{}, fmt.Errorf("read %s/%d@%d: no answer within %s: is it in a transaction still open? %w", topic, partition, offset, readRecordTimeout, err)
 		}
 		if err != nil {
-			return Record{}, err
+			return kfn.Record{}, err
 		}
 		for _, rec := range got.recs {
 			if rec.Offset == offset {
@@ -172,49 +173,46 @@ func ReadRecord(ctx context.Context, brokers []string, security kafkaconn.Securi
 			}
 		}
 	}
-	return Record{}, fmt.Errorf("offset %d of %s/%d holds no committed record: a transaction marker, a record of an aborted transaction, or one compacted away", offset, topic, partition)
+	return kfn.Record{}, fmt.Errorf("offset %d of %s/%d holds no committed record: a transaction marker, a record of an aborted transaction, or one compacted away", offset, topic, partition)
 }
 
 // readRecordTimeout bounds ReadRecord's wait for Kafka.
 const readRecordTimeout = 10 * time.Second
 
-// RecordFromKafka is the Record a handler sees for a Kafka message.
-func RecordFromKafka(m kafka.Message) Record {
-	return Record{
+// RecordFromMessage is the Record a handler sees for a Kafka message.
+func RecordFromMessage(m kafka.Message) kfn.Record {
+	return kfn.Record{
 		Topic: m.Topic, Partition: int32(m.Partition), Offset: m.Offset,
 		Key: m.Key, Value: m.Value, Headers: headersOf(m.Headers), Time: m.Time,
 	}
 }
 
-// KafkaLog reads a topic's records in offset order for the operator's
+// Log reads a topic's records in offset order for the operator's
 // tools (kfn verify), over one connection setup that Close releases.
-type KafkaLog struct{ source *kafkaSource }
+type Log struct{ source *Source }
 
-// ErrTopicMissing means Kafka does not know the topic.
-var ErrTopicMissing = errTopicMissing
-
-// OpenKafkaLog connects to brokers with security's TLS and SASL.
-func OpenKafkaLog(brokers []string, security kafkaconn.Security) (*KafkaLog, error) {
-	source, err := newKafkaSource(brokers, security, slog.New(slog.DiscardHandler))
+// OpenLog connects to brokers with security's TLS and SASL.
+func OpenLog(brokers []string, security kafkaconn.Security) (*Log, error) {
+	source, err := New(brokers, security, slog.New(slog.DiscardHandler))
 	if err != nil {
 		return nil, err
 	}
-	return &KafkaLog{source: source}, nil
+	return &Log{source: source}, nil
 }
 
 // Close releases the log's idle connections.
-func (l *KafkaLog) Close() { l.source.close() }
+func (l *Log) Close() { l.source.Close() }
 
 // Partitions lists the topic's partition ids in order; a topic Kafka does
 // not know is ErrTopicMissing.
-func (l *KafkaLog) Partitions(ctx context.Context, topic string) ([]int32, error) {
-	return l.source.partitions(ctx, topic)
+func (l *Log) Partitions(ctx context.Context, topic string) ([]int32, error) {
+	return l.source.Partitions(ctx, topic)
 }
 
 // OffsetRange returns the first offset Kafka still holds in a partition
 // and its high watermark.
-func (l *KafkaLog) OffsetRange(ctx context.Context, topic string, partition int32) (first, high int64, err error) {
-	return l.source.offsetRange(ctx, topic, partition)
+func (l *Log) OffsetRange(ctx context.Context, topic string, partition int32) (first, high int64, err error) {
+	return l.source.OffsetRange(ctx, topic, partition)
 }
 
 // scanStall is how long Scan goes on asking for records that Kafka says
@@ -233,7 +231,7 @@ const scanStall = 30 * time.Second
 // transaction left open, say), that is an error. A Kafka error (a leader
 // change, a dropped connection) is retried with a new reader until
 // scanStall has passed without progress.
-func (l *KafkaLog) Scan(ctx context.Context, topic string, partition int32, from, to int64, each func(offset int64, key []byte) error) error {
+func (l *Log) Scan(ctx context.Context, topic string, partition int32, from, to int64, each func(offset int64, key []byte) error) error {
 	s := &scan{log: l, topic: topic, partition: partition, from: from, to: to, each: each, progress: time.Now()}
 	for {
 		err := s.run(ctx)
@@ -258,9 +256,9 @@ func (l *KafkaLog) Scan(ctx context.Context, topic string, partition int32, from
 // scanRetry is the pause before a scan connects again after a Kafka error.
 const scanRetry = 250 * time.Millisecond
 
-// scan is one KafkaLog.Scan: where it is, and when it last moved.
+// scan is one Log.Scan: where it is, and when it last moved.
 type scan struct {
-	log       *KafkaLog
+	log       *Log
 	topic     string
 	partition int32
 	from, to  int64
@@ -279,7 +277,7 @@ func (s *scan) run(ctx context.Context) error {
 	if s.from >= s.to {
 		return nil
 	}
-	reader, err := s.log.source.reader(s.topic, s.partition, s.from)
+	reader, err := s.log.source.Reader(s.topic, s.partition, s.from)
 	if err != nil {
 		return err
 	}
