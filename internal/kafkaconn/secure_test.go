@@ -157,7 +157,7 @@ func TestWorkerOverSASLSSL(t *testing.T) {
 	natsURL := kfntest.NATSURL(t)
 	config := func(sec kafkaconn.Security) runtime.Config {
 		return runtime.Config{
-			KafkaBrokers: k.brokers, KafkaSecurity: sec, DatabaseURL: pg.URL, NATSURL: natsURL,
+			KafkaBrokers: k.brokers, KafkaSecurity: runtime.KafkaSecurity(sec), DatabaseURL: pg.URL, NATSURL: natsURL,
 			LeaseTTL: 3 * time.Second, LeaseRenew: time.Second,
 		}
 	}
