@@ -19,9 +19,9 @@ import (
 
 // Partition names one source partition as seen by one consumer (function).
 type Partition struct {
-	Consumer  string
-	Topic     string
-	Partition int32
+	Consumer  string `json:"function"` // in kfn's JSON output, as everywhere in the CLI
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
 }
 
 func (p Partition) String() string {

@@ -36,10 +36,10 @@ kfn audit --action claim --function orders --since 10m`,
 	}, stderr)
 	dbURL := bind(fs, settings.DatabaseURL)
 	function := fs.String("function", "", "only this function (default: all)")
-	action := fs.String("action", "", "only this action: replay, reexecute, park, discard, purge, skip_expired or claim (default: all but claim)")
+	action := fs.String("action", "", "only this action: "+strings.Join(operator.AuditActions, ", ")+" (default: all but claim)")
 	actorText := fs.String("actor", "", "only rows whose actor contains this (case-sensitive)")
-	since := fs.String("since", "", "only rows at or after this time: RFC 3339, or a duration meaning that long ago (24h)")
-	until := fs.String("until", "", "only rows before this time: RFC 3339, or a duration meaning that long ago")
+	since := addTimeFlag(fs, "since", "only rows at or after this time")
+	until := addTimeFlag(fs, "until", "only rows before this time")
 	limit := fs.Int("limit", 100, "at most this many rows, the newest")
 	asJSON := fs.Bool("json", false, "print JSON for scripts")
 	if err := parse(fs, args); err != nil {
@@ -51,20 +51,18 @@ kfn audit --action claim --function orders --since 10m`,
 	if *limit < 1 {
 		return &usageError{msg: "--limit must be at least 1"}
 	}
-	now := time.Now()
-	f := operator.AuditFilter{Consumer: *function, Action: *action, ActorContains: *actorText, Limit: *limit + 1}
-	var err error
-	if f.Since, err = parseTime("since", *since, now); err != nil {
-		return err
+	if err := operator.CheckAuditAction(*action); err != nil {
+		return &usageError{msg: err.Error()}
 	}
-	if f.Until, err = parseTime("until", *until, now); err != nil {
-		return err
-	}
+	f := operator.AuditFilter{Consumer: *function, Action: *action, ActorContains: *actorText, Limit: *limit + 1, Since: *since, Until: *until}
 	pool, err := connectPostgres(ctx, *dbURL)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	if err := operator.CheckFunction(ctx, pool, *function); err != nil {
+		return err
+	}
 	entries, err := operator.AuditLog(ctx, pool, f)
 	if err != nil {
 		return err

@@ -61,8 +61,9 @@ var deadLetterReasons = []string{"handler_error", "permanent", "panic", "timeout
 // filterFlags are the flags that select dead letters, shared by kfn dlq
 // list and kfn dlq discard.
 type filterFlags struct {
-	function, topic, deadReason, errorText, since, until *string
-	partition, limit                                     *int
+	function, topic, deadReason, errorText *string
+	since, until                           *time.Time
+	partition, limit                       *int
 }
 
 // addFilterFlags binds the filter flags to fs. reasonFlag is the name of
@@ -75,8 +76,8 @@ func addFilterFlags(fs *flagSet, reasonFlag string, limit int, limitUsage string
 		partition:  fs.Int("partition", -1, "only this partition (-1: all)"),
 		deadReason: fs.String(reasonFlag, "", "only dead letters with this reason: "+strings.Join(deadLetterReasons, ", ")),
 		errorText:  fs.String("error", "", "only dead letters whose error text contains this (case-sensitive)"),
-		since:      fs.String("since", "", "only those dead-lettered at or after this time: RFC 3339, or a duration meaning that long ago (2h)"),
-		until:      fs.String("until", "", "only those dead-lettered before this time: RFC 3339, or a duration meaning that long ago"),
+		since:      addTimeFlag(fs, "since", "only those dead-lettered at or after this time"),
+		until:      addTimeFlag(fs, "until", "only those dead-lettered before this time"),
 		limit:      fs.Int("limit", limit, limitUsage),
 	}
 	return f
@@ -97,13 +98,7 @@ func (f *filterFlags) filter(reasonFlag string, now time.Time) (operator.DeadLet
 	if *f.limit < 0 {
 		return out, &usageError{msg: "--limit must not be negative"}
 	}
-	var err error
-	if out.Since, err = parseTime("since", *f.since, now); err != nil {
-		return out, err
-	}
-	if out.Until, err = parseTime("until", *f.until, now); err != nil {
-		return out, err
-	}
+	out.Since, out.Until = *f.since, *f.until
 	if !out.Since.IsZero() && !out.Until.IsZero() && !out.Since.Before(out.Until) {
 		return out, &usageError{msg: fmt.Sprintf("--since (%s) must be before --until (%s)", out.Since.Format(time.RFC3339), out.Until.Format(time.RFC3339))}
 	}
@@ -155,6 +150,9 @@ func listDeadLetters(ctx context.Context, args []string, h help, stdout, stderr 
 		return err
 	}
 	defer pool.Close()
+	if err := checkSelection(ctx, pool, f.Consumer, f.Topic, partitionOf(f.Partition)); err != nil {
+		return err
+	}
 	f.Limit++ // one more, to tell whether there are more
 	dead, err := operator.ListDeadLetters(ctx, pool, f)
 	if err != nil {
@@ -471,6 +469,9 @@ kfn dlq discard --until 720h --reason "older than 30 days" --json`,
 		return err
 	}
 	defer pool.Close()
+	if err := checkSelection(ctx, pool, f.Consumer, f.Topic, partitionOf(f.Partition)); err != nil {
+		return err
+	}
 	res, err := operator.DiscardDeadLetters(ctx, pool, operator.DiscardRequest{Filter: f, All: *all, Actor: who, Reason: *reason, DryRun: *dryRun})
 	if err != nil {
 		return err
@@ -528,11 +529,13 @@ database's clock) in one transaction, audited as one row with the count
 them. Workers do the same on their own with --dead-letter-retention
 (KFN_DEAD_LETTER_RETENTION, default 720h, 30 days).`,
 		examples: `
-kfn dlq purge --older-than 720h --dry-run
+kfn dlq purge --older-than 30d --dry-run
 kfn dlq purge --older-than 168h --reason "INC-9: free space after the flood"`,
 	}, stderr)
 	dbURL := bind(fs, settings.DatabaseURL)
-	olderThan := fs.Duration("older-than", 0, "delete the dead letters older than this, e.g. 720h for 30 days (required)")
+	var older agoFlag
+	fs.Var(&older, "older-than", "delete the dead letters older than this `duration`: 90m, 2h, 30d (required)")
+	olderThan := &older.d
 	reason := fs.String("reason", "", `why, for the audit log (default "older than DURATION")`)
 	actorName := fs.String("actor", "", "who purges, for the audit log (default: the OS user, as kfn-dlq-purge:user@host)")
 	dryRun := fs.Bool("dry-run", false, "count what would be purged; change nothing")
@@ -544,7 +547,7 @@ kfn dlq purge --older-than 168h --reason "INC-9: free space after the flood"`,
 		return err
 	}
 	if !given(fs, "older-than") {
-		return &usageError{msg: "--older-than is required: how old a dead letter must be to go, e.g. 720h for 30 days"}
+		return &usageError{msg: "--older-than is required: how old a dead letter must be to go, e.g. 30d"}
 	}
 	if *olderThan <= 0 {
 		return &usageError{msg: fmt.Sprintf("--older-than %s must be positive (to delete chosen dead letters, use kfn dlq discard)", *olderThan)}
@@ -606,6 +609,7 @@ kfn dlq park --function orders --topic orders --partition 3 --offset 1187 \
 	partition := fs.Int("partition", -1, "the partition (required)")
 	offset := fs.Int64("offset", -1, "the offset of the record to park (required; kfn status shows the cursor)")
 	reason := fs.String("reason", "", "why, for the audit log (required)")
+	asJSON := fs.Bool("json", false, "print JSON for scripts")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -630,6 +634,9 @@ kfn dlq park --function orders --topic orders --partition 3 --offset 1187 \
 		return err
 	}
 	defer pool.Close()
+	if err := checkSelection(ctx, pool, *function, *topic, int32(*partition)); err != nil {
+		return err
+	}
 	js, closeNATS, err := connectJetStream(*natsURL, "kfn dlq park", natsSec)
 	if err != nil {
 		return err
@@ -642,6 +649,14 @@ kfn dlq park --function orders --topic orders --partition 3 --offset 1187 \
 	if err != nil {
 		return err
 	}
+	if *asJSON {
+		out := parkJSON{Function: *function, Topic: *topic, Partition: int32(*partition), Offset: *offset,
+			RecordRead: res.RecordRead, PreviousCursor: res.Previous.NextOffset, Cursor: res.Now.NextOffset, Epoch: res.Now.Epoch}
+		if res.ReadError != nil {
+			out.ReadError = res.ReadError.Error()
+		}
+		return writeJSON(stdout, out)
+	}
 	record := "with the record's key, value and headers"
 	switch {
 	case res.ReadError != nil:
@@ -652,6 +667,19 @@ kfn dlq park --function orders --topic orders --partition 3 --offset 1187 \
 	fmt.Fprintf(stdout, "%s/%s/%d@%d: dead-lettered as parked, %s; cursor %d -> %d; a worker resumes within a few seconds\n",
 		*function, *topic, *partition, *offset, record, res.Previous.NextOffset, res.Now.NextOffset)
 	return nil
+}
+
+// parkJSON is what kfn dlq park --json prints.
+type parkJSON struct {
+	Function       string `json:"function"`
+	Topic          string `json:"topic"`
+	Partition      int32  `json:"partition"`
+	Offset         int64  `json:"offset"`
+	RecordRead     bool   `json:"record_read"`          // the dead letter holds the record's bytes
+	ReadError      string `json:"read_error,omitempty"` // why they could not be read
+	PreviousCursor int64  `json:"previous_cursor"`
+	Cursor         int64  `json:"cursor"`
+	Epoch          int64  `json:"epoch"`
 }
 
 // plural says "1 dead letter", "2 dead letters".

@@ -121,10 +121,16 @@ func TestDLQListFiltersNarrowTheList(t *testing.T) {
 		{[]string{"--since", "1h", "--until", "20m"}, id[1:2]},
 		{[]string{"--function", "fa", "--reason", "permanent"}, id[:1]},
 		{[]string{"--limit", "2"}, id[:2]},
-		{[]string{"--function", "nobody"}, []int64{}},
 	} {
 		if got := listedIDs(t, db, tc.args...); !slices.Equal(got, tc.want) {
 			t.Errorf("kfn dlq list %q = ids %v, want %v", tc.args, got, tc.want)
+		}
+	}
+	// A filter that cannot match is a usage error that says what exists.
+	for _, args := range [][]string{{"--function", "nobody"}, {"--topic", "ta", "--partition", "7"}} {
+		code, _, stderr := kfn(t, append([]string{"dlq", "list", "--database-url", db.URL}, args...)...)
+		if code != 2 || !strings.Contains(stderr, "use one of") {
+			t.Errorf("kfn dlq list %q: exit %d, stderr %q; want exit 2 naming what exists", args, code, stderr)
 		}
 	}
 
@@ -141,8 +147,8 @@ func TestDLQListFiltersNarrowTheList(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--since", "yesterday"}, `--since "yesterday" is neither an RFC 3339 time`},
-		{[]string{"--until", "-2h"}, `--until "-2h" is neither`},
+		{[]string{"--since", "yesterday"}, `--since "yesterday": neither an RFC 3339 time`},
+		{[]string{"--until", "-2h"}, `--until "-2h": neither`},
 		{[]string{"--since", "1h", "--until", "2h"}, "--since (" /* … */},
 		{[]string{"--reason", "bad"}, `--reason "bad" is not a dead letter reason: use one of handler_error, permanent`},
 		{[]string{"--partition", "-3"}, "--partition must be 0 or more"},
@@ -339,9 +345,12 @@ func TestDLQDiscardDeletesForGoodAudited(t *testing.T) {
 	if n := countRows(t, db, `SELECT count(*) FROM kfn.inbox WHERE outcome = 'dead_lettered'`); n != 4 {
 		t.Errorf("inbox rows still dead_lettered = %d, want all 4", n)
 	}
-	code, out, _ = kfn(t, append(base, "--function", "nobody", "--reason", "x")...)
+	code, out, _ = kfn(t, append(base, "--function", "fa", "--error", "nothing like this", "--reason", "x")...)
 	if code != 0 || out != "no dead letter matches: nothing discarded\n" {
 		t.Errorf("discard matching nothing: exit %d, out %q", code, out)
+	}
+	if code, _, stderr := kfn(t, append(base, "--function", "nobody", "--reason", "x")...); code != 2 || !strings.Contains(stderr, `--function "nobody": no function`) {
+		t.Errorf("discard of a function kfn never saw: exit %d, stderr %q; want exit 2", code, stderr)
 	}
 	code, out, stderr = kfn(t, append(base, "--all", "--reason", "wipe the test data")...)
 	if code != 0 || !strings.Contains(out, "discarded 1 dead letter") || countRows(t, db, `SELECT count(*) FROM kfn.dead_letters`) != 0 {
@@ -362,9 +371,9 @@ func TestDLQPurgeDeletesTheOlderOnesAuditedAsOneRow(t *testing.T) {
 		args []string
 		want string
 	}{
-		{nil, "--older-than is required: how old a dead letter must be to go, e.g. 720h for 30 days"},
+		{nil, "--older-than is required: how old a dead letter must be to go, e.g. 30d"},
 		{[]string{"--older-than", "0s"}, "--older-than 0s must be positive"},
-		{[]string{"--older-than", "30d"}, `invalid value "30d" for flag -older-than`},
+		{[]string{"--older-than", "30x"}, `--older-than "30x": not a duration (90m, 2h, 7d)`},
 	} {
 		if code, _, stderr := kfn(t, append(base, tc.args...)...); code != 2 || !strings.Contains(stderr, tc.want) {
 			t.Errorf("kfn dlq purge %q: exit %d, stderr %q; want exit 2 and %q", tc.args, code, stderr, tc.want)
@@ -441,7 +450,10 @@ func TestDLQAndAuditExitCodes(t *testing.T) {
 		{[]string{"dlq", "purge", "--older-than", "1h", "--database-url", "postgres://postgres@127.0.0.1:1/x?connect_timeout=2"}, 1, "kfn dlq purge: cannot reach Postgres"},
 	} {
 		t.Setenv("DATABASE_URL", "")
-		code, _, stderr := kfn(t, tc.args...)
+		code, stdout, stderr := kfn(t, tc.args...)
+		if tc.code == 0 {
+			stderr = stdout // help goes to stdout
+		}
 		if code != tc.code || !strings.Contains(stderr, tc.want) {
 			t.Errorf("kfn %q: exit %d, stderr %q; want exit %d and %q", tc.args, code, stderr, tc.code, tc.want)
 		}

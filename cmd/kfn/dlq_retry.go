@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -75,6 +76,9 @@ kfn dlq retry --function orders --topic orders --partition 3 --dead-reason handl
 	case *timeout <= 0:
 		return &usageError{msg: "--timeout must be positive"}
 	}
+	if *deadReason != "" && !slices.Contains(deadLetterReasons, *deadReason) {
+		return &usageError{msg: fmt.Sprintf("--dead-reason %q is not a dead letter reason: use one of %s", *deadReason, strings.Join(deadLetterReasons, ", "))}
+	}
 	who := *actorName
 	if who == "" {
 		who = actor("dlq-retry")
@@ -84,6 +88,9 @@ kfn dlq retry --function orders --topic orders --partition 3 --dead-reason handl
 		return err
 	}
 	defer pool.Close()
+	if err := checkSelection(ctx, pool, *function, *topic, int32(*partition)); err != nil {
+		return err
+	}
 	marks, err := operator.Retry(ctx, pool, operator.RetryRequest{
 		Function: *function, Topic: *topic, Partition: int32(*partition), DeadReason: *deadReason, IDs: ids, Limit: *limit,
 		Reason: *reason, Actor: who,

@@ -15,13 +15,13 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kfn-dev/kfn/internal/buildinfo"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/settings"
+	"github.com/kfn-dev/kfn/operator"
 )
 
 // command is one kfn subcommand.
@@ -111,11 +111,12 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		usage(stderr)
-		if len(args) == 0 {
-			return 2
-		}
+		return 2
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stdout)
 		return 0
 	}
 	if buildinfo.Requested(args[:1]) {
@@ -123,8 +124,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {
-		fmt.Fprintf(stderr, "kfn: unknown command %q\n\n", args[0])
-		usage(stderr)
+		fmt.Fprintf(stderr, "kfn: unknown command %q (see kfn -h)\n", args[0])
 		return 2
 	}
 	appName = "kfn " + args[0]
@@ -136,8 +136,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	var uerr *usageError
 	var xerr *exitError
+	var herr *helpRequest
+	var ferr *operator.UnknownFilterError
 	switch {
 	case err == nil:
+		return 0
+	case errors.As(err, &herr):
+		herr.print(stdout)
 		return 0
 	case errors.As(err, &xerr):
 		if xerr.err != nil {
@@ -146,8 +151,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return xerr.code
 	case errors.Is(err, flag.ErrHelp):
 		return 0
+	case errors.As(err, &ferr), errors.Is(err, operator.ErrNoCursor):
+		fmt.Fprintf(stderr, "kfn %s: %v (see kfn %s -h)\n", name, err, name)
+		return 2
 	case errors.As(err, &uerr):
-		fmt.Fprintf(stderr, "kfn %s: %s (see kfn %s -h)\n", name, uerr.msg, name)
+		fmt.Fprintf(stderr, "kfn %s: %s (see kfn %s -h)\n", name, strings.ReplaceAll(uerr.msg, "\n", "; "), name)
 		return 2
 	default:
 		fmt.Fprintf(stderr, "kfn %s: %v\n", name, explain(err))
@@ -170,15 +178,38 @@ func usage(w io.Writer) {
 type flagSet struct {
 	*flag.FlagSet
 	settings *settings.Binder
+	help     help
 }
 
-// newFlags makes a flag set that reports errors instead of exiting, with
-// output to stderr, and whose -h prints h and the flags.
+// newFlags makes a flag set that reports errors instead of exiting and
+// prints nothing itself: parse turns -h into a helpRequest (run prints h
+// and the flags to stdout, exit 0) and a bad or unknown flag into a
+// one-line usageError (exit 2). stderr is unused and kept for the
+// callers' sake.
 func newFlags(name string, h help, stderr io.Writer) *flagSet {
+	_ = stderr
 	fs := flag.NewFlagSet("kfn "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { h.print(fs.Output(), fs) }
-	return &flagSet{FlagSet: fs, settings: settings.NewBinder(fs)}
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return &flagSet{FlagSet: fs, settings: settings.NewBinder(fs), help: h}
+}
+
+// helpRequest is -h or --help: run prints the command's help to stdout and
+// exits 0. It wraps flag.ErrHelp.
+type helpRequest struct {
+	help help
+	fs   *flag.FlagSet // nil for a group of subcommands without flags
+}
+
+func (*helpRequest) Error() string { return flag.ErrHelp.Error() }
+func (*helpRequest) Unwrap() error { return flag.ErrHelp }
+
+// print writes the help, and the flags if there are any, to w.
+func (r *helpRequest) print(w io.Writer) {
+	if r.fs != nil {
+		r.fs.SetOutput(w)
+	}
+	r.help.print(w, r.fs)
 }
 
 // bind adds setting s to fs and returns where its value will be.
@@ -235,24 +266,6 @@ func required(name, value string) error {
 		return &usageError{msg: fmt.Sprintf("--%s is required", name)}
 	}
 	return nil
-}
-
-// parseTime reads the value of a time flag: an RFC 3339 time, or a
-// duration meaning that long before now ("2h": two hours ago). "" is the
-// zero time (no bound).
-func parseTime(flagName, value string, now time.Time) (time.Time, error) {
-	value = strings.TrimSpace(value)
-	if value == "" {
-		return time.Time{}, nil
-	}
-	if t, err := time.Parse(time.RFC3339Nano, value); err == nil {
-		return t, nil
-	}
-	d, err := time.ParseDuration(value)
-	if err != nil || d < 0 {
-		return time.Time{}, &usageError{msg: fmt.Sprintf("--%s %q is neither an RFC 3339 time (2026-03-01T09:00:00Z) nor a duration before now (90m, 2h, 168h for a week)", flagName, value)}
-	}
-	return now.Add(-d), nil
 }
 
 // writeJSON prints v as indented JSON, for scripts.

@@ -54,7 +54,7 @@ func TestBadInvocationsExitWithUsageErrors(t *testing.T) {
 	}{
 		{nil, "usage: kfn <command>"},
 		{[]string{"deploy"}, `unknown command "deploy"`},
-		{[]string{"migrate", "--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
+		{[]string{"migrate", "--no-such-flag"}, "unknown flag --no-such-flag"},
 		{[]string{"migrate", "--database-url", "postgres://x@y/z", "extra"}, `unexpected argument "extra"`},
 		{[]string{"status", "--database-url", ""}, "--database-url is required"},
 		{[]string{"replay", "--database-url", "postgres://x@y/z", "--nats-url", "nats://n", "--function", "f", "--topic", "t", "--partition", "0"}, "--from-offset is required"},
@@ -250,7 +250,7 @@ func TestDevStopsCleanlyOnSIGTERM(t *testing.T) {
 // every command kfn lists.
 func TestEveryCommandHasExamples(t *testing.T) {
 	for name := range commands {
-		code, _, errOut := kfn(t, name, "-h")
+		code, errOut, _ := kfn(t, name, "-h")
 		if code != 0 || !strings.Contains(errOut, "examples:") {
 			t.Errorf("kfn %s -h: exit %d, examples shown: %v", name, code, strings.Contains(errOut, "examples:"))
 		}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/logsetup"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
@@ -29,7 +29,8 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		text: `
 Runs the outbox relay on its own, for workers that run none
 (KFN_NO_RELAY=true): it shares the relay shard leases with any worker
-relays, so each shard has one relay at a time.`,
+relays, so each shard has one relay at a time. It logs like the workers:
+JSON lines on stderr from --log-level up; its counters go to stdout.`,
 		examples: `
 kfn relay --subjects orders.accepted,payments.>
 KFN_RELAY_SUBJECTS='orders.>' kfn relay`,
@@ -37,7 +38,7 @@ KFN_RELAY_SUBJECTS='orders.>' kfn relay`,
 	cfg := bindRelayConfig(fs)
 	subjects := bind(fs, settings.RelaySubjects)
 	every := fs.Duration("stats-every", 5*time.Second, "how often to print the relay's counters")
-	verbose := fs.Bool("v", false, "show the relay's logs")
+	logLevel := bind(fs, settings.LogLevel)
 	metricsAddr := bind(fs, settings.MetricsAddr)
 	healthcheck := fs.Bool("healthcheck", false, engine.HealthcheckUsage)
 	if err := parse(fs, args); err != nil {
@@ -63,11 +64,7 @@ KFN_RELAY_SUBJECTS='orders.>' kfn relay`,
 		host, _ := os.Hostname()
 		cfg.WorkerID = fmt.Sprintf("kfn-relay-%s-%d", host, os.Getpid())
 	}
-	level := slog.LevelWarn
-	if *verbose {
-		level = slog.LevelInfo
-	}
-	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	cfg.Logger = logsetup.New(stderr, logsetup.Level(*logLevel))
 	relay, err := engine.NewRelay(ctx, *cfg, subjectList)
 	var cfgErr *engine.ConfigError
 	if errors.As(err, &cfgErr) {

@@ -33,8 +33,8 @@ func TestRelayRejectsBadFlags(t *testing.T) {
 		{[]string{"relay", "--database-url", db, "--nats-url", "", "--subjects", "a.b"}, "--nats-url is required"},
 		{[]string{"relay", "--database-url", db, "--nats-url", "nats://n", "--subjects", " , "}, "--subjects is required"},
 		{append(slices.Clone(ok), "--stats-every", "0s"), "--stats-every must be positive"},
-		{append(slices.Clone(ok), "--event-dedup", "soon"), `invalid value "soon" for flag -event-dedup`},
-		{append(slices.Clone(ok), "--no-such-flag"), "flag provided but not defined: -no-such-flag"},
+		{append(slices.Clone(ok), "--event-dedup", "soon"), `--event-dedup "soon": "soon" is not a duration`},
+		{append(slices.Clone(ok), "--no-such-flag"), "unknown flag --no-such-flag"},
 		{append(slices.Clone(ok), "extra"), `unexpected argument "extra"`},
 		// Checked by the runtime before it connects to anything.
 		{append(slices.Clone(ok), "--subjects", "orders..accepted"), `"orders..accepted" is not a valid NATS subject`},

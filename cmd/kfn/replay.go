@@ -22,7 +22,7 @@ import (
 )
 
 var replayHelp = help{
-	usage: []string{"kfn replay --function F --topic T [--partition P] (--from-offset N | --from-time RFC3339) [flags]"},
+	usage: []string{"kfn replay --function F --topic T [--partition P] (--from-offset N | --from-time TIME) [--json] [flags]"},
 	text: `
 Moves partition cursors of a function back, through the workers' own lease
 and fence, and writes kfn.audit_log. Every argument is checked for every
@@ -48,6 +48,7 @@ window and the downstream inboxes drop the events they already handled.
 would be re-executed and what downstream would see, and changes nothing.`,
 	examples: `
 kfn replay --function orders --topic orders --from-time 2026-03-01T09:00:00Z --dry-run
+kfn replay --function orders --topic orders --from-time 2h --dry-run
 kfn replay --function orders --topic orders --partition 2 --from-offset 200 --to-offset 400 \
   --reexecute --keep-event-ids --reason "INC-42: tax bug fixed" --wait`,
 }
@@ -67,7 +68,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	var partition, from, to optionalInt
 	fs.Var(&partition, "partition", "the `number` of the partition (default: every partition of the topic that has a cursor for the function)")
 	fs.Var(&from, "from-offset", "resume at this `offset` (this or --from-time is required)")
-	fromTime := fs.String("from-time", "", "resume in each partition at the first record whose timestamp is at or after this RFC3339 time (Kafka's offsets-for-times); a partition whose cursor is there already is left alone")
+	fromTime := addTimeFlag(fs, "from-time", "resume in each partition at the first record whose timestamp is at or after this time (Kafka's offsets-for-times); a partition whose cursor is there already is left alone")
 	fs.Var(&to, "to-offset", "end of the re-executed range, an `offset`, exclusive (default: the high-water mark); the handled records from it on are skipped, not applied again")
 	reexecute := fs.Bool("reexecute", false, "apply already handled records again (audited; needs --reason)")
 	reason := fs.String("reason", "", "why, for the audit log")
@@ -75,6 +76,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	dryRun := fs.Bool("dry-run", false, "print what the replay would do per partition and change nothing")
 	wait := fs.Bool("wait", false, "wait until the workers' cursors reach the end of what was replayed (a progress line on a terminal)")
 	waitTimeout := fs.Duration("wait-timeout", 0, "with --wait: give up after this long (default: wait until Ctrl-C)")
+	asJSON := fs.Bool("json", false, "print the plan (--dry-run) or the plan and what changed as one JSON object, for scripts (see docs/cli-json.md)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -99,14 +101,10 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		spec.Partitions = []int32{int32(partition.n)}
 	}
 	switch {
-	case *fromTime != "" && from.set:
+	case !fromTime.IsZero() && from.set:
 		return &usageError{msg: "--from-offset and --from-time exclude each other"}
-	case *fromTime != "":
-		t, err := time.Parse(time.RFC3339Nano, *fromTime)
-		if err != nil {
-			return &usageError{msg: fmt.Sprintf("--from-time %q is not an RFC3339 time like 2026-05-01T12:00:00Z", *fromTime)}
-		}
-		spec.FromTime = t
+	case !fromTime.IsZero():
+		spec.FromTime = *fromTime
 	case !from.set:
 		return &usageError{msg: "--from-offset is required (0 or more), or --from-time"}
 	case from.n < 0:
@@ -147,6 +145,9 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	defer closeNATS()
 	replays, err := operator.ReplayPartitions(ctx, pool, js, spec)
+	if *asJSON {
+		return printReplayJSON(ctx, stdout, pool, spec, replays, err, *wait, *waitTimeout)
+	}
 	if *dryRun && err == nil {
 		printReplayPlans(stdout, spec, replays)
 		return nil
@@ -161,6 +162,32 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return waitForReplay(ctx, stdout, pool, spec, replays, *waitTimeout)
 	}
 	return nil
+}
+
+// printReplayJSON prints the replay (or its plan) as one JSON object once
+// it is done, and with wait once the workers reached its end; a replay
+// that failed part way prints what it changed, then returns its error.
+func printReplayJSON(ctx context.Context, stdout io.Writer, pool *pgxpool.Pool, spec operator.ReplaySpec, replays []operator.PartitionReplay, err error, wait bool, timeout time.Duration) error {
+	if err != nil && len(replays) == 0 {
+		return err
+	}
+	out := replayJSONOf(spec, replays)
+	if err == nil && wait {
+		began := time.Now()
+		if err = waitForReplay(ctx, io.Discard, pool, spec, replays, timeout); err == nil {
+			n := 0
+			for _, pr := range replays {
+				if pr.Result != nil {
+					n++
+				}
+			}
+			out.Waited = &replayWaitJSON{Partitions: n, After: time.Since(began).Round(100 * time.Millisecond).String()}
+		}
+	}
+	if werr := writeJSON(stdout, out); werr != nil {
+		return werr
+	}
+	return err
 }
 
 // optionalInt is an integer flag that knows whether it was given, and

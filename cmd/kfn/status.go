@@ -50,6 +50,9 @@ kfn status --watch 2s`,
 		return err
 	}
 	defer pool.Close()
+	if err := operator.CheckFunction(ctx, pool, *function); err != nil {
+		return err
+	}
 	var js jetstream.JetStream
 	if *natsURL != "" {
 		var closeNATS func()

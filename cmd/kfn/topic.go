@@ -3,10 +3,10 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/segmentio/kafka-go"
@@ -42,18 +42,20 @@ kfn topic list --json      # with the export lines kfn dev prints, in another te
 }
 
 func runTopic(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
-		topicHelp.print(stderr, nil)
-		if len(args) == 0 {
-			return &usageError{msg: "missing subcommand: create, list or describe"}
-		}
-		return flag.ErrHelp
+	if len(args) == 0 {
+		return &usageError{msg: "missing subcommand: create, list or describe"}
+	}
+	if args[0] == "-h" || args[0] == "--help" {
+		return &helpRequest{help: topicHelp}
+	}
+	if strings.HasPrefix(args[0], "-") {
+		return &usageError{msg: fmt.Sprintf("unknown flag %s: give the subcommand first: create, list or describe", args[0])}
 	}
 	sub, ok := topicCommands[args[0]]
 	if !ok {
 		return &usageError{msg: fmt.Sprintf("unknown subcommand %q: use create, list or describe", args[0])}
 	}
-	return sub.run(ctx, args[1:], stdout, stderr)
+	return inCommand("topic "+args[0], sub.run(ctx, args[1:], stdout, stderr))
 }
 
 // topicFlags makes the flag set of kfn topic NAME, whose -h prints h, with

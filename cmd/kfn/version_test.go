@@ -21,7 +21,7 @@ func TestVersionPrintsModuleRevisionAndGo(t *testing.T) {
 	if code, _, stderr := kfn(t, "version", "extra"); code != 2 || !strings.Contains(stderr, `unexpected argument "extra"`) {
 		t.Errorf("kfn version extra: exit %d, %q", code, stderr)
 	}
-	if code, _, help := kfn(t, "version", "-h"); code != 0 || !strings.Contains(help, "usage: kfn version") {
+	if code, help, _ := kfn(t, "version", "-h"); code != 0 || !strings.Contains(help, "usage: kfn version") {
 		t.Errorf("kfn version -h: exit %d, %q", code, help)
 	}
 	if _, _, usage := kfn(t); !strings.Contains(usage, "  version  print kfn's version") || !strings.Contains(usage, "kfn --version") {

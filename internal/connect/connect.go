@@ -58,12 +58,38 @@ func Postgres(ctx context.Context, databaseURL, appName string, configure func(*
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
 		pool.Close()
-		if untrustedCertificate(err) {
-			return nil, fmt.Errorf("the certificate of Postgres at %s does not verify: check sslrootcert (the CA that signs the server's certificate) and the host name in %s: %w", Redact(databaseURL), setting, scrub(err, databaseURL))
-		}
-		return nil, fmt.Errorf("cannot reach Postgres at %s (is it running? check %s): %w", Redact(databaseURL), setting, scrub(err, databaseURL))
+		return nil, explainPostgres(err, databaseURL, cfg.ConnConfig.User, fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port))
 	}
 	return pool, nil
+}
+
+// explainPostgres says why the first connection to Postgres failed, one
+// message per Cause, naming the setting to fix; for a refused login, the
+// user and the server.
+func explainPostgres(err error, databaseURL, user, server string) error {
+	const setting = "--database-url (DATABASE_URL)"
+	at := Redact(databaseURL)
+	var format string
+	switch PostgresCause(err) {
+	case CauseAuth:
+		return fmt.Errorf("Postgres at %s refused user %q: wrong password, or no such user or database for it (check %s and the server's pg_hba.conf): %w", server, user, setting, scrub(err, databaseURL))
+	case CauseTLS:
+		switch {
+		case untrustedCertificate(err):
+			format = "the certificate of Postgres at %s does not verify: check sslrootcert (the CA that signs the server's certificate) and the host name in %s: %w"
+		case strings.Contains(err.Error(), "server refused TLS connection"):
+			format = "Postgres at %s does not offer TLS: lower sslmode in %s, or turn ssl on in the server: %w"
+		default:
+			format = "TLS with Postgres at %s failed: check sslmode, sslrootcert, sslcert and sslkey in %s: %w"
+		}
+	case CauseRefused:
+		format = "cannot reach Postgres at %s: connection refused, nothing listens there (is it running? check the host and port in %s): %w"
+	case CauseUnreachable:
+		format = "cannot reach Postgres at %s: no answer (a timeout, no route or an unknown host: check the host and port in %s, and the network between): %w"
+	default:
+		format = "cannot connect to Postgres at %s (check %s): %w"
+	}
+	return fmt.Errorf(format, at, setting, scrub(err, databaseURL))
 }
 
 // untrustedCertificate reports whether err is a server certificate that

@@ -5,6 +5,8 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -159,6 +161,13 @@ func (s NATSSecurity) tlsConfig() (*tls.Config, error) {
 // one that names the setting to fix, with any secret of the URL hidden.
 func (s NATSSecurity) explain(err error, natsURL string) error {
 	at := Redact(natsURL)
+	if errors.Is(err, nats.ErrNoServers) {
+		// nats.go keeps the dial's error to itself: dial once more to
+		// tell a refused connection from no answer.
+		if dialErr := dialFirst(natsURL); dialErr != nil {
+			err = fmt.Errorf("%w: %w", err, dialErr)
+		}
+	}
 	msg := err.Error()
 	var unknownCA x509.UnknownAuthorityError
 	var hostname x509.HostnameError
@@ -175,7 +184,7 @@ func (s NATSSecurity) explain(err error, natsURL string) error {
 		case s.TokenFile != "":
 			hint = fmt.Sprintf("NATS at %s refused the token of %s %s", at, natsTokenSetting, s.TokenFile)
 		case HasSecret(natsURL):
-			hint = fmt.Sprintf("NATS at %s refused the user or token of --nats-url (KFN_NATS_URL)", at)
+			hint = fmt.Sprintf("NATS at %s refused %s of --nats-url (KFN_NATS_URL)", at, urlCredential(natsURL))
 		default:
 			hint = fmt.Sprintf("NATS at %s wants credentials: set %s to a .creds file (or %s, %s, or user:password in --nats-url)", at, natsCredsSetting, natsNKeySetting, natsTokenSetting)
 		}
@@ -193,10 +202,49 @@ func (s NATSSecurity) explain(err error, natsURL string) error {
 		hint = fmt.Sprintf("NATS at %s refused the TLS client certificate: set %s and %s to a certificate the server trusts", at, natsCertSetting, natsKeySetting)
 	case errors.Is(err, nats.ErrSecureConnWanted):
 		hint = fmt.Sprintf("NATS at %s does not offer TLS: drop %s, %s and %s, or enable TLS on the server", at, natsCASetting, natsCertSetting, natsKeySetting)
+	case NATSCause(err) == CauseTLS:
+		hint = fmt.Sprintf("TLS with NATS at %s failed: check %s, %s and %s, and whether the server wants TLS", at, natsCASetting, natsCertSetting, natsKeySetting)
+	case NATSCause(err) == CauseRefused:
+		hint = fmt.Sprintf("cannot reach NATS at %s: connection refused, nothing listens there (is it running? check the host and port of --nats-url (KFN_NATS_URL))", at)
+	case NATSCause(err) == CauseUnreachable:
+		hint = fmt.Sprintf("cannot reach NATS at %s: no answer (a timeout, no route or an unknown host: check the host and port of --nats-url (KFN_NATS_URL), and the network between)", at)
 	default:
-		return fmt.Errorf("cannot reach NATS at %s (check --nats-url / KFN_NATS_URL): %w", at, scrub(err, natsURL))
+		return fmt.Errorf("cannot connect to NATS at %s (check --nats-url / KFN_NATS_URL): %w", at, scrub(err, natsURL))
 	}
 	return &scrubbed{msg: hint + ": " + Scrub(msg, natsURL), err: err}
+}
+
+// dialFirst opens, and closes, a TCP connection to the first server of
+// natsURL (a comma-separated list), and returns the dial's error.
+func dialFirst(natsURL string) error {
+	first, _, _ := strings.Cut(natsURL, ",")
+	u, err := url.Parse(strings.TrimSpace(first))
+	if err != nil || u.Host == "" {
+		return nil
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), "4222")
+	}
+	conn, err := net.DialTimeout("tcp", host, 3*time.Second)
+	if err != nil {
+		return err
+	}
+	conn.Close()
+	return nil
+}
+
+// urlCredential names the credential a NATS URL holds: a user (with its
+// password) by name, or a token.
+func urlCredential(natsURL string) string {
+	u, err := url.Parse(natsURL)
+	if err != nil || u.User == nil {
+		return "the credentials"
+	}
+	if _, hasPassword := u.User.Password(); hasPassword {
+		return fmt.Sprintf("user %q (or its password)", u.User.Username())
+	}
+	return "the token"
 }
 
 // NATS connects to the NATS server at natsURL as name, reconnecting forever

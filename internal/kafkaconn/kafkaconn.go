@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/segmentio/kafka-go/sasl/scram"
 
 	"github.com/kfn-dev/kfn/internal/authorlink"
+	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/runtime"
 )
@@ -259,6 +261,15 @@ func Explain(err error, brokers []string, s Security) error {
 	var invalid x509.CertificateInvalidError
 	var recordHeader tls.RecordHeaderError
 	msg := err.Error()
+	if errors.Is(err, kafka.BrokerNotAvailable) && len(brokers) > 0 {
+		// kafka-go's CreateTopics says only this of a broker it could not
+		// dial: dial once more to say why.
+		if conn, dialErr := net.DialTimeout("tcp", brokers[0], 3*time.Second); dialErr != nil {
+			err = fmt.Errorf("%w: %w", err, dialErr)
+		} else {
+			conn.Close()
+		}
+	}
 	switch {
 	case errors.Is(err, kafka.SASLAuthenticationFailed) || strings.Contains(msg, "SASL Authentication failed") || strings.Contains(msg, "Authentication failed during authentication"):
 		return securityError(err, "Kafka at %s refused the SASL credentials of --kafka-sasl-user (%s) %q with --kafka-sasl-mechanism %s: check the user and the password (%s or --kafka-sasl-password-file)",
@@ -273,10 +284,34 @@ func Explain(err error, brokers []string, s Security) error {
 		return securityError(err, "the certificate of Kafka at %s is not valid: check --kafka-ca (%s)", at, settings.KafkaCA.Env)
 	case errors.As(err, &recordHeader) || strings.Contains(msg, "first record does not look like a TLS handshake"):
 		return securityError(err, "Kafka at %s does not speak TLS: drop --kafka-tls (%s) and the other TLS settings, or use the brokers' TLS listener", at, settings.KafkaTLS.Env)
+	case Cause(err) == connect.CauseRefused:
+		return fmt.Errorf("cannot reach Kafka at %s: connection refused, nothing listens there (is it running? check --kafka-brokers (%s)): %w", at, settings.KafkaBrokers.Env, err)
+	case Cause(err) == connect.CauseUnreachable:
+		return fmt.Errorf("cannot reach Kafka at %s: no answer (a timeout, no route or an unknown host: check --kafka-brokers (%s), and the network between): %w", at, settings.KafkaBrokers.Env, err)
 	case !s.usesTLS() && s.SASLMechanism == "" && (strings.Contains(msg, "EOF")):
 		return fmt.Errorf("Kafka at %s closed the connection (if its listener uses TLS or SASL, set --kafka-tls (%s) and the SASL settings): %w", at, settings.KafkaTLS.Env, err)
 	}
 	return err
+}
+
+// Cause classifies the error of a first request to Kafka (see
+// connect.Cause): a refused SASL login is CauseAuth, a mechanism the
+// broker does not take too; TLS, refused and unreachable as
+// connect.NetCause says.
+func Cause(err error) connect.Cause {
+	if err == nil {
+		return connect.CauseOther
+	}
+	msg := err.Error()
+	switch {
+	case errors.Is(err, kafka.SASLAuthenticationFailed), strings.Contains(msg, "SASL Authentication failed"),
+		strings.Contains(msg, "Authentication failed during authentication"),
+		errors.Is(err, kafka.UnsupportedSASLMechanism), errors.Is(err, kafka.IllegalSASLState):
+		return connect.CauseAuth
+	case strings.Contains(msg, "first record does not look like a TLS handshake"):
+		return connect.CauseTLS
+	}
+	return connect.NetCause(err)
 }
 
 // Env returns s as environment variables (NAME=value) for a child process,

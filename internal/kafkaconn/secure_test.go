@@ -30,6 +30,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/runtime"
@@ -156,7 +157,7 @@ func TestWorkerOverSASLSSL(t *testing.T) {
 	natsURL := kfntest.NATSURL(t)
 	config := func(sec kafkaconn.Security) runtime.Config {
 		return runtime.Config{
-			KafkaBrokers: k.brokers, KafkaSecurity: sec, DatabaseURL: pg.URL, NATSURL: natsURL,
+			KafkaBrokers: k.brokers, KafkaSecurity: runtime.KafkaSecurity(sec), DatabaseURL: pg.URL, NATSURL: natsURL,
 			LeaseTTL: 3 * time.Second, LeaseRenew: time.Second,
 		}
 	}
@@ -229,7 +230,7 @@ func TestWorkerOverSASLSSL(t *testing.T) {
 		}
 	})
 
-	fastFailure := func(t *testing.T, sec kafkaconn.Security, want ...string) {
+	fastFailure := func(t *testing.T, sec kafkaconn.Security, cause connect.Cause, want ...string) {
 		t.Helper()
 		start := time.Now()
 		_, err := worker.New(context.Background(), config(sec), effects.Function(kfntest.Name(t, "sec"), "orders"))
@@ -245,13 +246,16 @@ func TestWorkerOverSASLSSL(t *testing.T) {
 				t.Errorf("the error does not name %q:\n%v", w, err)
 			}
 		}
+		if got := kafkaconn.Cause(err); got != cause {
+			t.Errorf("kafkaconn.Cause = %v, want %v: %v", got, cause, err)
+		}
 		t.Logf("failed in %s: %v", took.Round(time.Millisecond), err)
 	}
 
 	t.Run("a wrong password fails fast naming the settings", func(t *testing.T) {
 		sec := k.sec
 		sec.SASLPasswordFile, sec.SASLPassword = "", "not-the-password"
-		fastFailure(t, sec, "refused the SASL credentials", "--kafka-sasl-user", "KFN_KAFKA_SASL_PASSWORD")
+		fastFailure(t, sec, connect.CauseAuth, "refused the SASL credentials", "--kafka-sasl-user", "KFN_KAFKA_SASL_PASSWORD")
 		// The CLI says the same.
 		bad := filepath.Join(t.TempDir(), "pw")
 		os.WriteFile(bad, []byte("not-the-password\n"), 0o600)
@@ -265,7 +269,7 @@ func TestWorkerOverSASLSSL(t *testing.T) {
 	t.Run("an untrusted CA fails fast naming --kafka-ca", func(t *testing.T) {
 		sec := k.sec
 		sec.CAFile = otherCA(t)
-		fastFailure(t, sec, "unknown authority", "--kafka-ca")
+		fastFailure(t, sec, connect.CauseTLS, "unknown authority", "--kafka-ca")
 		cli := *k
 		cli.sec.CAFile = sec.CAFile
 		if _, err := kfnCLI(t, kfn, &cli, "", "topic", "list"); err == nil || !strings.Contains(err.Error(), "check --kafka-ca") {
