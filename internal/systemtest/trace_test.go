@@ -67,16 +67,16 @@ func TestOneTraceSpansOrdersRelayAndLedger(t *testing.T) {
 	eventID := func(partition int, offset int64) string {
 		return outbox.EventID("orders", outbox.KafkaSourceID(c.topic, int32(partition), offset), 0)
 	}
-	// recordSpan reports whether s is the span of one record: a Handler's
-	// kfn.handler, or a BatchHandler record's kfn.record (orders and
-	// ledger are batch-native).
+	// recordSpan reports whether s is the "process <destination>" span of
+	// one record (a Handler's call, or a BatchHandler's record: orders and
+	// ledger are batch-native), not of a batch handler's call.
 	recordSpan := func(s kfntest.Span) bool {
-		return s.Name == "kfn.record" || s.Name == "kfn.handler" && s.Attrs["kfn.offset"] != ""
+		return strings.HasPrefix(s.Name, "process ") && s.Attrs["messaging.batch.message_count"] == ""
 	}
 	// batchOf returns the kfn.batch span s is, or is the call span of.
 	batchOf := func(s kfntest.Span) kfntest.Span {
 		t.Helper()
-		if s.Name == "kfn.handler" {
+		if strings.HasPrefix(s.Name, "process ") {
 			s = recv.Must(t, "batch span of a batch handler call", func(b kfntest.Span) bool { return b.SpanID == s.ParentID && b.TraceID == s.TraceID })
 		}
 		if s.Name != "kfn.batch" {
@@ -89,7 +89,7 @@ func TestOneTraceSpansOrdersRelayAndLedger(t *testing.T) {
 		n := 0
 		for i := range 3 {
 			if len(recv.Matching(func(s kfntest.Span) bool {
-				return s.Service == "ledger" && recordSpan(s) && s.Attrs["kfn.event_id"] == eventID(i%2, int64(i/2))
+				return s.Service == "ledger" && recordSpan(s) && s.Attrs["messaging.message.id"] == eventID(i%2, int64(i/2))
 			})) > 0 {
 				n++
 			}
@@ -105,14 +105,31 @@ func TestOneTraceSpansOrdersRelayAndLedger(t *testing.T) {
 		part, off := i%2, int64(i/2)
 		id := eventID(part, off)
 		ho := recv.Must(t, fmt.Sprintf("orders handler span of order %d", i), func(s kfntest.Span) bool {
-			return s.Service == "orders" && recordSpan(s) && s.Attrs["kfn.topic"] == c.topic &&
-				s.Attrs["kfn.partition"] == fmt.Sprint(part) && s.Attrs["kfn.offset"] == fmt.Sprint(off)
+			return s.Service == "orders" && recordSpan(s) && s.Attrs["messaging.destination.name"] == c.topic &&
+				s.Attrs["messaging.destination.partition.id"] == fmt.Sprint(part) && s.Attrs["messaging.kafka.offset"] == fmt.Sprint(off)
 		})
 		pub := recv.Must(t, fmt.Sprintf("relay publish span of order %d's event", i), func(s kfntest.Span) bool {
-			return s.Name == "kfn.relay.publish" && s.Attrs["messaging.message.id"] == id && s.Attrs["kfn.duplicate"] == "false"
+			return s.Name == "send "+orders.AcceptedSubject && s.Attrs["messaging.message.id"] == id && s.Attrs["kfn.duplicate"] == "false"
 		})
 		hl := recv.Must(t, fmt.Sprintf("ledger handler span of order %d's event", i), func(s kfntest.Span) bool {
-			return s.Service == "ledger" && recordSpan(s) && s.Attrs["kfn.event_id"] == id
+			return s.Service == "ledger" && recordSpan(s) && s.Attrs["messaging.message.id"] == id
+		})
+		checkAttrs(t, fmt.Sprintf("order %d's orders span", i), ho, map[string]string{
+			"name": "process " + c.topic, "kind": "consumer",
+			"messaging.system": "kafka", "messaging.operation.type": "process", "messaging.operation.name": "process",
+			"messaging.destination.name": c.topic, "messaging.destination.partition.id": fmt.Sprint(part),
+			"messaging.kafka.offset": fmt.Sprint(off), "messaging.consumer.group.name": "orders",
+		})
+		checkAttrs(t, fmt.Sprintf("order %d's relay span", i), pub, map[string]string{
+			"name": "send " + orders.AcceptedSubject, "kind": "producer",
+			"messaging.system": "nats", "messaging.operation.type": "send", "messaging.operation.name": "send",
+			"messaging.destination.name": orders.AcceptedSubject, "messaging.message.id": id,
+		})
+		checkAttrs(t, fmt.Sprintf("order %d's ledger span", i), hl, map[string]string{
+			"name": "process " + orders.AcceptedSubject, "kind": "consumer",
+			"messaging.system": "nats", "messaging.operation.type": "process", "messaging.operation.name": "process",
+			"messaging.destination.name": orders.AcceptedSubject, "messaging.consumer.group.name": ledger.Name,
+			"messaging.message.id": id,
 		})
 		if pub.TraceID != ho.TraceID || pub.ParentID != ho.SpanID {
 			t.Errorf("order %d: relay span in trace %s under %s, want trace %s under the orders handler span %s", i, pub.TraceID, pub.ParentID, ho.TraceID, ho.SpanID)
@@ -178,6 +195,24 @@ func TestOneTraceSpansOrdersRelayAndLedger(t *testing.T) {
 		t.Errorf("%d orders applied, want 3", n)
 	}
 	t.Logf("trace of order 0:\n%s", recv.Tree(chain(0).TraceID))
+}
+
+// checkAttrs checks span s's name ("name"), kind ("kind") and attributes
+// against want.
+func checkAttrs(t *testing.T, what string, s kfntest.Span, want map[string]string) {
+	t.Helper()
+	for k, v := range want {
+		got := s.Attrs[k]
+		switch k {
+		case "name":
+			got = s.Name
+		case "kind":
+			got = s.Kind
+		}
+		if got != v {
+			t.Errorf("%s: %s = %q, want %q (name %q, attributes %v)", what, k, got, v, s.Name, s.Attrs)
+		}
+	}
 }
 
 // acceptedHeaders reads the orders.accepted events of the stream and
