@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -19,8 +20,9 @@ import (
 )
 
 // TestOneTraceSpansOrdersRelayAndLedger runs the chain with tracing turned
-// on the way an operator does it, by OTEL_EXPORTER_OTLP_ENDPOINT, pointed
-// at an OTLP/HTTP receiver inside the test. The batch span processor's
+// on the way an operator does it, by OTEL_EXPORTER_OTLP_ENDPOINT and
+// OTEL_EXPORTER_OTLP_PROTOCOL=grpc, pointed at an OTLP/gRPC receiver inside
+// the test. The batch span processor's
 // delay is ten minutes, so the spans arrive only because the workers flush
 // them when they stop (SIGTERM). For each order it finds one trace holding
 // the orders handler span, the relay's publish span and the ledger handler
@@ -28,13 +30,16 @@ import (
 // order produced without a trace context, under the producer's span for
 // one produced with it (whose tracestate and baggage reach the event), and
 // a new trace for one with garbage trace headers, which is applied all the
-// same.
+// same. The spans follow the messaging semantic conventions: "process
+// orders" → "send orders.accepted" → "process orders.accepted". The debug
+// line the orders handler logs with its ctx carries the trace_id and
+// span_id of its span.
 func TestOneTraceSpansOrdersRelayAndLedger(t *testing.T) {
-	recv := kfntest.StartOTLPReceiver(t)
+	recv := kfntest.StartOTLPGRPCReceiver(t)
 	c := newChain(t, 2)
 	js := c.jetStream()
-	otelEnv := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + recv.URL, "OTEL_BSP_SCHEDULE_DELAY=600000"}
-	ordersW, ledgerW := c.startOrders(otelEnv...), c.startLedger(otelEnv...)
+	otelEnv := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + recv.URL, "OTEL_EXPORTER_OTLP_PROTOCOL=grpc", "OTEL_BSP_SCHEDULE_DELAY=600000"}
+	ordersW, ledgerW := c.startOrders(append(otelEnv, "KFN_LOG_LEVEL=debug")...), c.startLedger(otelEnv...)
 	ordersW.waitStarted(t)
 	ledgerW.waitStarted(t)
 
@@ -168,6 +173,20 @@ func TestOneTraceSpansOrdersRelayAndLedger(t *testing.T) {
 	if len(ho.Links) != 0 {
 		t.Errorf("order 0's handler span has links %v; its batch is its parent", ho.Links)
 	}
+	// The orders handler's log line of order 0's batch carries the span
+	// of the call (the parent of order 0's record span).
+	logged := false
+	for _, line := range ordersW.logLines(t) {
+		if line["msg"] == "orders upserted" && line["trace_id"] == ho.TraceID {
+			logged = true
+			if line["span_id"] != ho.ParentID {
+				t.Errorf("orders handler log line %v: span_id %v, want the batch handler call's span %s", line, line["span_id"], ho.ParentID)
+			}
+		}
+	}
+	if !logged {
+		t.Errorf("no \"orders upserted\" log line with order 0's trace_id %s; orders log:\n%s", ho.TraceID, ordersW.LogTail(40))
+	}
 
 	// Order 1 continues its producer's trace, linked to its batch.
 	ho = chain(1)
@@ -195,6 +214,23 @@ func TestOneTraceSpansOrdersRelayAndLedger(t *testing.T) {
 		t.Errorf("%d orders applied, want 3", n)
 	}
 	t.Logf("trace of order 0:\n%s", recv.Tree(chain(0).TraceID))
+}
+
+// logLines reads the worker's JSON log lines.
+func (w *worker) logLines(t *testing.T) []map[string]any {
+	t.Helper()
+	data, err := os.ReadFile(w.LogFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []map[string]any
+	for _, l := range strings.Split(string(data), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // checkAttrs checks span s's name ("name"), kind ("kind") and attributes
