@@ -83,7 +83,7 @@ type RelayConfig struct {
 	// Logger receives the relay's logs. Default slog.Default().
 	Logger *slog.Logger
 
-	// Tracer, when set, records a kfn.relay.publish span per publish, from
+	// Tracer, when set, records a "send <subject>" span per publish, from
 	// the publish to its stream ack, continuing the trace context stored
 	// with the event, and puts the span's context on the message, so the
 	// consumer continues the trace from it. When nil, the stored trace

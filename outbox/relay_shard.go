@@ -224,7 +224,7 @@ type flight struct {
 	duplicate bool
 	err       error
 	deadline  time.Time
-	span      trace.Span // kfn.relay.publish; nil without a tracer
+	span      trace.Span // "send <subject>"; nil without a tracer
 }
 
 // publishBatch publishes rows and returns the ids the stream acked. It

@@ -7,14 +7,21 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 )
 
-// spanPublish is the relay's span of one publish, from the publish to
-// the stream's ack (or the failure that gets the event sent again).
-const spanPublish = "kfn.relay.publish"
+// opSend is the messaging.operation.name of the relay's span of one
+// publish, from the publish to the stream's ack (or the failure that gets
+// the event sent again); the span is named "send <subject>", after
+// OpenTelemetry's messaging semantic conventions.
+const opSend = "send"
 
-// startPublish starts the kfn.relay.publish span of row's message, child
+// MessagingSystemNATS is messaging.system of NATS, which the conventions'
+// list of well-known values lacks.
+const MessagingSystemNATS = "nats"
+
+// startPublish starts the "send <subject>" span of row's message, child
 // of the trace context stored with the row (its source's handler span),
 // and replaces the message's trace context with the span's. It returns
 // nil when the relay records no spans.
@@ -24,10 +31,12 @@ func (l *shardLoop) startPublish(row *relayRow, msg *nats.Msg) trace.Span {
 		return nil
 	}
 	parent := Propagator.Extract(context.Background(), propagation.MapCarrier(row.Headers))
-	ctx, span := tracer.Start(parent, spanPublish, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
-		attribute.String("messaging.system", "nats"),
-		attribute.String("messaging.destination.name", row.Subject),
-		attribute.String("messaging.message.id", row.EventID),
+	ctx, span := tracer.Start(parent, opSend+" "+row.Subject, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
+		semconv.MessagingSystemKey.String(MessagingSystemNATS),
+		semconv.MessagingOperationTypeSend,
+		semconv.MessagingOperationName(opSend),
+		semconv.MessagingDestinationName(row.Subject),
+		semconv.MessagingMessageID(row.EventID),
 		attribute.String("kfn.stream", l.r.cfg.Stream),
 		attribute.Int("kfn.shard", l.shard),
 	))

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -12,7 +13,8 @@ import (
 )
 
 // TestRelayPublishSpanContinuesTheStoredTraceContext: with a Tracer, each
-// publish is a kfn.relay.publish span, child of the trace context stored
+// publish is a "send <subject>" span (messaging.operation.type send,
+// messaging.system nats), child of the trace context stored
 // with the event and ended at its stream ack; the message carries the
 // span's context (and the stored baggage), so the consumer continues the
 // trace from the relay. An event without a stored context gets a span of
@@ -35,7 +37,7 @@ func TestRelayPublishSpanContinuesTheStoredTraceContext(t *testing.T) {
 	published := map[string]sdktrace.ReadOnlySpan{}
 	for _, s := range spans.Ended() {
 		for _, kv := range s.Attributes() {
-			if kv.Key == "messaging.message.id" && s.Name() == "kfn.relay.publish" {
+			if kv.Key == "messaging.message.id" && strings.HasPrefix(s.Name(), "send ") {
 				published[kv.Value.AsString()] = s
 			}
 		}
@@ -44,7 +46,20 @@ func TestRelayPublishSpanContinuesTheStoredTraceContext(t *testing.T) {
 		id := m.Header.Get("Nats-Msg-Id")
 		s, ok := published[id]
 		if !ok {
-			t.Fatalf("no kfn.relay.publish span for event %s", id)
+			t.Fatalf("no send span for event %s", id)
+		}
+		if want := "send " + m.Subject; s.Name() != want {
+			t.Errorf("event %s: span %q, want %q", id, s.Name(), want)
+		}
+		got := map[string]string{}
+		for _, kv := range s.Attributes() {
+			got[string(kv.Key)] = kv.Value.Emit()
+		}
+		for k, v := range map[string]string{"messaging.system": "nats", "messaging.operation.type": "send", "messaging.operation.name": "send",
+			"messaging.destination.name": m.Subject, "messaging.message.id": id} {
+			if got[k] != v {
+				t.Errorf("event %s: span attribute %s = %q, want %q (all: %v)", id, k, got[k], v, got)
+			}
 		}
 		sc := s.SpanContext()
 		if want := "00-" + sc.TraceID().String() + "-" + sc.SpanID().String() + "-01"; m.Header.Get("traceparent") != want {

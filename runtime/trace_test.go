@@ -75,14 +75,22 @@ func TestGarbageTraceHeadersAreIgnoredAndTheRecordStartsANewTrace(t *testing.T) 
 	handlers := map[int64]sdktrace.ReadOnlySpan{}
 	for _, s := range spans.Ended() {
 		byID[s.SpanContext().SpanID()] = s
-		if s.Name() == "kfn.handler" {
-			handlers[attr(s, "kfn.offset")] = s
+		if s.Name() == "process "+b.topic {
+			handlers[attr(s, "messaging.kafka.offset")] = s
 		}
 	}
 	for off := range int64(len(msgs)) {
 		hs, ok := handlers[off]
 		if !ok {
-			t.Fatalf("no kfn.handler span for offset %d", off)
+			t.Fatalf("no %q span for offset %d", "process "+b.topic, off)
+		}
+		checkMessagingAttrs(t, hs, map[string]string{
+			"messaging.system": "kafka", "messaging.operation.type": "process", "messaging.operation.name": "process",
+			"messaging.destination.name": b.topic, "messaging.destination.partition.id": "0",
+			"messaging.consumer.group.name": b.fn, "messaging.kafka.offset": fmt.Sprint(off), "kfn.attempt": "1",
+		})
+		if hs.SpanKind() != trace.SpanKindConsumer {
+			t.Errorf("offset %d: handler span kind %v, want consumer", off, hs.SpanKind())
 		}
 		parentSpan := byID[hs.Parent().SpanID()]
 		continued := off == 2 || off == 4
@@ -134,6 +142,27 @@ func TestGarbageTraceHeadersAreIgnoredAndTheRecordStartsANewTrace(t *testing.T) 
 	}
 }
 
+// checkMessagingAttrs checks that span s has the attributes want (by
+// their values' Emit form) and none of the kfn.* ones the messaging
+// conventions replace.
+func checkMessagingAttrs(t *testing.T, s sdktrace.ReadOnlySpan, want map[string]string) {
+	t.Helper()
+	got := map[string]string{}
+	for _, kv := range s.Attributes() {
+		got[string(kv.Key)] = kv.Value.Emit()
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("span %q: attribute %s = %q, want %q (all: %v)", s.Name(), k, got[k], v, got)
+		}
+	}
+	for _, k := range []string{"kfn.function", "kfn.topic", "kfn.partition", "kfn.offset", "kfn.event_id"} {
+		if _, ok := got[k]; ok {
+			t.Errorf("span %q has %s, which a messaging.* attribute replaces (all: %v)", s.Name(), k, got)
+		}
+	}
+}
+
 // attr returns an int attribute of s, or -1.
 func attr(s sdktrace.ReadOnlySpan, key string) int64 {
 	for _, kv := range s.Attributes() {
@@ -145,11 +174,12 @@ func attr(s sdktrace.ReadOnlySpan, key string) int64 {
 }
 
 // TestBatchHandlerCallIsOneSpanOverOneSpanPerRecord: a BatchHandler's
-// call is one kfn.handler span under the batch span, over one kfn.record
-// span per record: child of the record's trace context (linked to the
-// call's span) when it has one, else of the call's span. Each record's
-// event continues its kfn.record span, so traces go on through batch
-// handlers.
+// call is one "process <topic>" span under the batch span (with
+// messaging.batch.message_count), over one "process <topic>" span per
+// record (with messaging.kafka.offset): child of the record's trace
+// context (linked to the call's span) when it has one, else of the call's
+// span. Each record's event continues its record span, so traces go on
+// through batch handlers.
 func TestBatchHandlerCallIsOneSpanOverOneSpanPerRecord(t *testing.T) {
 	b := setup(t, 1)
 	b.cfg.NoRelay = true
@@ -168,24 +198,34 @@ func TestBatchHandlerCallIsOneSpanOverOneSpanPerRecord(t *testing.T) {
 	batches := map[trace.SpanID]bool{}
 	records := map[int64]sdktrace.ReadOnlySpan{}
 	for _, s := range spans.Ended() {
-		switch s.Name() {
-		case "kfn.handler":
+		switch {
+		case s.Name() == "process "+b.topic && attr(s, "messaging.batch.message_count") >= 0:
 			if handler != nil {
-				t.Fatalf("two kfn.handler spans; the two records should be one batch, one call")
+				t.Fatalf("two batch handler call spans; the two records should be one batch, one call")
 			}
 			handler = s
-		case "kfn.batch":
+		case s.Name() == "kfn.batch":
 			batches[s.SpanContext().SpanID()] = true
-		case "kfn.record":
-			records[attr(s, "kfn.offset")] = s
+		case s.Name() == "process "+b.topic:
+			records[attr(s, "messaging.kafka.offset")] = s
 		}
 	}
-	if handler == nil || !batches[handler.Parent().SpanID()] || attr(handler, "kfn.records") != 2 {
-		t.Fatalf("kfn.handler span %v: want one, child of a kfn.batch span, with kfn.records 2", handler)
+	if handler == nil || !batches[handler.Parent().SpanID()] || attr(handler, "messaging.batch.message_count") != 2 {
+		t.Fatalf("batch handler call span %v: want one, child of a kfn.batch span, with messaging.batch.message_count 2", handler)
 	}
+	checkMessagingAttrs(t, handler, map[string]string{
+		"messaging.system": "kafka", "messaging.operation.type": "process", "messaging.destination.name": b.topic,
+		"messaging.destination.partition.id": "0", "messaging.consumer.group.name": b.fn,
+	})
 	traced, plain := records[0], records[1]
 	if traced == nil || plain == nil {
-		t.Fatalf("kfn.record spans by offset %v, want offsets 0 and 1", records)
+		t.Fatalf("record spans by offset %v, want offsets 0 and 1", records)
+	}
+	for off, s := range records {
+		checkMessagingAttrs(t, s, map[string]string{
+			"messaging.system": "kafka", "messaging.operation.type": "process", "messaging.destination.name": b.topic,
+			"messaging.destination.partition.id": "0", "messaging.consumer.group.name": b.fn, "messaging.kafka.offset": fmt.Sprint(off),
+		})
 	}
 	if traced.SpanContext().TraceID().String() != parent[3:35] || traced.Parent().SpanID().String() != parent[36:52] ||
 		len(traced.Links()) != 1 || traced.Links()[0].SpanContext.SpanID() != handler.SpanContext().SpanID() {

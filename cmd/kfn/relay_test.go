@@ -160,10 +160,10 @@ func TestRelayProcessForwardsOutboxRows(t *testing.T) {
 	}
 
 	published := traces.Matching(func(s kfntest.Span) bool {
-		return s.Name == "kfn.relay.publish" && s.Service == "kfn-relay" && s.Attrs["kfn.stream"] == streamName
+		return strings.HasPrefix(s.Name, "send ") && s.Attrs["messaging.operation.type"] == "send" && s.Service == "kfn-relay" && s.Attrs["kfn.stream"] == streamName
 	})
 	if len(published) != len(rows) {
-		t.Errorf("%d kfn.relay.publish spans of service kfn-relay flushed at exit, want one per event (%d)", len(published), len(rows))
+		t.Errorf("%d send spans of service kfn-relay flushed at exit, want one per event (%d)", len(published), len(rows))
 	}
 
 	st, err := js.Stream(ctx, streamName)

@@ -19,6 +19,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/buildinfo"
 	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/internal/settings"
+	"github.com/kfn-dev/kfn/internal/tracing"
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
@@ -84,8 +85,9 @@ func Main(fn kfn.Function, args []string, stderr io.Writer) int {
 		return 0
 	}
 	var level slog.Level
-	_ = level.UnmarshalText([]byte(logLevel)) // checked by settings.LogLevel; a rejected value left "info"
-	cfg.Logger = newLogger(stderr, level)
+	_ = level.UnmarshalText([]byte(logLevel))                                     // checked by settings.LogLevel; a rejected value left "info"
+	cfg.Logger = slog.New(tracing.LogHandler(newLogger(stderr, level).Handler())) // a record logged inside a span carries trace_id, span_id
+	slog.SetDefault(cfg.Logger)                                                   // a handler's slog.InfoContext(ctx, …) lines go to the worker's log
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

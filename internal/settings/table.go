@@ -26,11 +26,11 @@ var Table = []Group{
 var Variables = []Variable{
 	{KafkaSASLPasswordEnv, "the SASL password for Kafka, wherever the Kafka security settings apply; never a flag, so that it does not show in a process list (or name a file with --kafka-sasl-password-file)"},
 	{OTelSDKDisabledEnv, `"true": a worker or kfn relay exports no traces`},
-	{OTelTracesExporterEnv, `"otlp" turns the export of traces on, "none" off`},
-	{OTelEndpointEnv, "the OTLP/HTTP base URL of the collector traces are exported to; setting it turns the export on"},
+	{OTelTracesExporterEnv, `"otlp" turns the export of traces on, "console" writes them on stdout, "none" turns it off`},
+	{OTelEndpointEnv, "the OTLP base URL of the collector traces are exported to (http://host:4318 for http/protobuf, http://host:4317 for grpc); setting it turns the export on"},
 	{OTelTracesEndpointEnv, "the full URL traces are exported to; setting it turns the export on"},
-	{OTelProtocolEnv, "the OTLP protocol: only http/protobuf"},
-	{OTelTracesProtocolEnv, "the OTLP protocol of traces: only http/protobuf; wins over " + OTelProtocolEnv},
+	{OTelProtocolEnv, "the OTLP protocol: http/protobuf (default) or grpc"},
+	{OTelTracesProtocolEnv, "the OTLP protocol of traces: http/protobuf (default) or grpc; wins over " + OTelProtocolEnv},
 	{OTelResourceAttributes, "key=value,… attributes of the traces' resource (the OpenTelemetry SDK reads the other OTEL_* variables itself, such as OTEL_SERVICE_NAME)"},
 }
 

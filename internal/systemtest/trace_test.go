@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -19,8 +20,9 @@ import (
 )
 
 // TestOneTraceSpansOrdersRelayAndLedger runs the chain with tracing turned
-// on the way an operator does it, by OTEL_EXPORTER_OTLP_ENDPOINT, pointed
-// at an OTLP/HTTP receiver inside the test. The batch span processor's
+// on the way an operator does it, by OTEL_EXPORTER_OTLP_ENDPOINT and
+// OTEL_EXPORTER_OTLP_PROTOCOL=grpc, pointed at an OTLP/gRPC receiver inside
+// the test. The batch span processor's
 // delay is ten minutes, so the spans arrive only because the workers flush
 // them when they stop (SIGTERM). For each order it finds one trace holding
 // the orders handler span, the relay's publish span and the ledger handler
@@ -28,13 +30,16 @@ import (
 // order produced without a trace context, under the producer's span for
 // one produced with it (whose tracestate and baggage reach the event), and
 // a new trace for one with garbage trace headers, which is applied all the
-// same.
+// same. The spans follow the messaging semantic conventions: "process
+// orders" → "send orders.accepted" → "process orders.accepted". The debug
+// line the orders handler logs with its ctx carries the trace_id and
+// span_id of its span.
 func TestOneTraceSpansOrdersRelayAndLedger(t *testing.T) {
-	recv := kfntest.StartOTLPReceiver(t)
+	recv := kfntest.StartOTLPGRPCReceiver(t)
 	c := newChain(t, 2)
 	js := c.jetStream()
-	otelEnv := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + recv.URL, "OTEL_BSP_SCHEDULE_DELAY=600000"}
-	ordersW, ledgerW := c.startOrders(otelEnv...), c.startLedger(otelEnv...)
+	otelEnv := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + recv.URL, "OTEL_EXPORTER_OTLP_PROTOCOL=grpc", "OTEL_BSP_SCHEDULE_DELAY=600000"}
+	ordersW, ledgerW := c.startOrders(append(otelEnv, "KFN_LOG_LEVEL=debug")...), c.startLedger(otelEnv...)
 	ordersW.waitStarted(t)
 	ledgerW.waitStarted(t)
 
@@ -67,16 +72,16 @@ func TestOneTraceSpansOrdersRelayAndLedger(t *testing.T) {
 	eventID := func(partition int, offset int64) string {
 		return outbox.EventID("orders", outbox.KafkaSourceID(c.topic, int32(partition), offset), 0)
 	}
-	// recordSpan reports whether s is the span of one record: a Handler's
-	// kfn.handler, or a BatchHandler record's kfn.record (orders and
-	// ledger are batch-native).
+	// recordSpan reports whether s is the "process <destination>" span of
+	// one record (a Handler's call, or a BatchHandler's record: orders and
+	// ledger are batch-native), not of a batch handler's call.
 	recordSpan := func(s kfntest.Span) bool {
-		return s.Name == "kfn.record" || s.Name == "kfn.handler" && s.Attrs["kfn.offset"] != ""
+		return strings.HasPrefix(s.Name, "process ") && s.Attrs["messaging.batch.message_count"] == ""
 	}
 	// batchOf returns the kfn.batch span s is, or is the call span of.
 	batchOf := func(s kfntest.Span) kfntest.Span {
 		t.Helper()
-		if s.Name == "kfn.handler" {
+		if strings.HasPrefix(s.Name, "process ") {
 			s = recv.Must(t, "batch span of a batch handler call", func(b kfntest.Span) bool { return b.SpanID == s.ParentID && b.TraceID == s.TraceID })
 		}
 		if s.Name != "kfn.batch" {
@@ -89,7 +94,7 @@ func TestOneTraceSpansOrdersRelayAndLedger(t *testing.T) {
 		n := 0
 		for i := range 3 {
 			if len(recv.Matching(func(s kfntest.Span) bool {
-				return s.Service == "ledger" && recordSpan(s) && s.Attrs["kfn.event_id"] == eventID(i%2, int64(i/2))
+				return s.Service == "ledger" && recordSpan(s) && s.Attrs["messaging.message.id"] == eventID(i%2, int64(i/2))
 			})) > 0 {
 				n++
 			}
@@ -105,14 +110,31 @@ func TestOneTraceSpansOrdersRelayAndLedger(t *testing.T) {
 		part, off := i%2, int64(i/2)
 		id := eventID(part, off)
 		ho := recv.Must(t, fmt.Sprintf("orders handler span of order %d", i), func(s kfntest.Span) bool {
-			return s.Service == "orders" && recordSpan(s) && s.Attrs["kfn.topic"] == c.topic &&
-				s.Attrs["kfn.partition"] == fmt.Sprint(part) && s.Attrs["kfn.offset"] == fmt.Sprint(off)
+			return s.Service == "orders" && recordSpan(s) && s.Attrs["messaging.destination.name"] == c.topic &&
+				s.Attrs["messaging.destination.partition.id"] == fmt.Sprint(part) && s.Attrs["messaging.kafka.offset"] == fmt.Sprint(off)
 		})
 		pub := recv.Must(t, fmt.Sprintf("relay publish span of order %d's event", i), func(s kfntest.Span) bool {
-			return s.Name == "kfn.relay.publish" && s.Attrs["messaging.message.id"] == id && s.Attrs["kfn.duplicate"] == "false"
+			return s.Name == "send "+orders.AcceptedSubject && s.Attrs["messaging.message.id"] == id && s.Attrs["kfn.duplicate"] == "false"
 		})
 		hl := recv.Must(t, fmt.Sprintf("ledger handler span of order %d's event", i), func(s kfntest.Span) bool {
-			return s.Service == "ledger" && recordSpan(s) && s.Attrs["kfn.event_id"] == id
+			return s.Service == "ledger" && recordSpan(s) && s.Attrs["messaging.message.id"] == id
+		})
+		checkAttrs(t, fmt.Sprintf("order %d's orders span", i), ho, map[string]string{
+			"name": "process " + c.topic, "kind": "consumer",
+			"messaging.system": "kafka", "messaging.operation.type": "process", "messaging.operation.name": "process",
+			"messaging.destination.name": c.topic, "messaging.destination.partition.id": fmt.Sprint(part),
+			"messaging.kafka.offset": fmt.Sprint(off), "messaging.consumer.group.name": "orders",
+		})
+		checkAttrs(t, fmt.Sprintf("order %d's relay span", i), pub, map[string]string{
+			"name": "send " + orders.AcceptedSubject, "kind": "producer",
+			"messaging.system": "nats", "messaging.operation.type": "send", "messaging.operation.name": "send",
+			"messaging.destination.name": orders.AcceptedSubject, "messaging.message.id": id,
+		})
+		checkAttrs(t, fmt.Sprintf("order %d's ledger span", i), hl, map[string]string{
+			"name": "process " + orders.AcceptedSubject, "kind": "consumer",
+			"messaging.system": "nats", "messaging.operation.type": "process", "messaging.operation.name": "process",
+			"messaging.destination.name": orders.AcceptedSubject, "messaging.consumer.group.name": ledger.Name,
+			"messaging.message.id": id,
 		})
 		if pub.TraceID != ho.TraceID || pub.ParentID != ho.SpanID {
 			t.Errorf("order %d: relay span in trace %s under %s, want trace %s under the orders handler span %s", i, pub.TraceID, pub.ParentID, ho.TraceID, ho.SpanID)
@@ -151,6 +173,20 @@ func TestOneTraceSpansOrdersRelayAndLedger(t *testing.T) {
 	if len(ho.Links) != 0 {
 		t.Errorf("order 0's handler span has links %v; its batch is its parent", ho.Links)
 	}
+	// The orders handler's log line of order 0's batch carries the span
+	// of the call (the parent of order 0's record span).
+	logged := false
+	for _, line := range ordersW.logLines(t) {
+		if line["msg"] == "orders upserted" && line["trace_id"] == ho.TraceID {
+			logged = true
+			if line["span_id"] != ho.ParentID {
+				t.Errorf("orders handler log line %v: span_id %v, want the batch handler call's span %s", line, line["span_id"], ho.ParentID)
+			}
+		}
+	}
+	if !logged {
+		t.Errorf("no \"orders upserted\" log line with order 0's trace_id %s; orders log:\n%s", ho.TraceID, ordersW.LogTail(40))
+	}
 
 	// Order 1 continues its producer's trace, linked to its batch.
 	ho = chain(1)
@@ -178,6 +214,41 @@ func TestOneTraceSpansOrdersRelayAndLedger(t *testing.T) {
 		t.Errorf("%d orders applied, want 3", n)
 	}
 	t.Logf("trace of order 0:\n%s", recv.Tree(chain(0).TraceID))
+}
+
+// logLines reads the worker's JSON log lines.
+func (w *worker) logLines(t *testing.T) []map[string]any {
+	t.Helper()
+	data, err := os.ReadFile(w.LogFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []map[string]any
+	for _, l := range strings.Split(string(data), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// checkAttrs checks span s's name ("name"), kind ("kind") and attributes
+// against want.
+func checkAttrs(t *testing.T, what string, s kfntest.Span, want map[string]string) {
+	t.Helper()
+	for k, v := range want {
+		got := s.Attrs[k]
+		switch k {
+		case "name":
+			got = s.Name
+		case "kind":
+			got = s.Kind
+		}
+		if got != v {
+			t.Errorf("%s: %s = %q, want %q (name %q, attributes %v)", what, k, got, v, s.Name, s.Attrs)
+		}
+	}
 }
 
 // acceptedHeaders reads the orders.accepted events of the stream and

@@ -1,7 +1,8 @@
 // Package tracing owns whether and where a kfn process (a function's
 // worker, kfn relay) exports OpenTelemetry traces. Tracing is off unless
 // the standard OTEL_* environment variables ask for it; then spans go to an
-// OTLP collector over HTTP (http/protobuf) through a batch span processor,
+// OTLP collector over HTTP (http/protobuf, the default) or gRPC, or to
+// stdout (OTEL_TRACES_EXPORTER=console), through a batch span processor,
 // which Shutdown flushes. Off, the tracer provider is OpenTelemetry's no-op
 // one: spans cost a context value and carry their parent's span context, so
 // a source record's W3C trace context still reaches the events it causes.
@@ -20,7 +21,9 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
@@ -43,9 +46,20 @@ const (
 	EnvTracesProtocol = settings.OTelTracesProtocolEnv
 )
 
+// The values of OTEL_TRACES_EXPORTER and OTEL_EXPORTER_OTLP_PROTOCOL kfn
+// follows.
 const (
-	protocolHTTPProto  = "http/protobuf"
+	ExporterOTLP      = "otlp"
+	ExporterConsole   = "console"
+	ExporterNone      = "none"
+	ProtocolHTTPProto = "http/protobuf"
+	ProtocolGRPC      = "grpc"
+)
+
+// The collector's OTLP endpoint when no variable names one.
+const (
 	defaultOTLPHTTPURL = "http://localhost:4318"
+	defaultOTLPGRPCURL = "http://localhost:4317"
 )
 
 // ShutdownTimeout bounds how long Shutdown waits for the last spans to
@@ -89,26 +103,47 @@ func (p *Provider) Shutdown(ctx context.Context) error {
 }
 
 // FromEnv returns the provider the OTEL_* variables ask for. Tracing is on
-// when OTEL_TRACES_EXPORTER is "otlp", or when it is unset and
-// OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set;
-// OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none turn it off. service
-// is the service.name unless OTEL_SERVICE_NAME (or
-// OTEL_RESOURCE_ATTRIBUTES) names one. When tracing is on, FromEnv also
-// makes the provider and outbox.Propagator OpenTelemetry's globals, so a
-// handler's own spans (otel.Tracer(…).Start(ctx, …)) are exported with
-// kfn's and nest under them. Export errors are logged on log at warn level.
+// when OTEL_TRACES_EXPORTER is "otlp" or "console", or when it is unset
+// and OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is
+// set; OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none turn it off.
+// OTLP goes over HTTP (http/protobuf) unless
+// OTEL_EXPORTER_OTLP_TRACES_PROTOCOL or OTEL_EXPORTER_OTLP_PROTOCOL says
+// grpc; "console" writes the spans as JSON on stdout. service is the
+// service.name unless OTEL_SERVICE_NAME (or OTEL_RESOURCE_ATTRIBUTES)
+// names one. When tracing is on, FromEnv also makes the provider and
+// outbox.Propagator OpenTelemetry's globals, so a handler's own spans
+// (otel.Tracer(…).Start(ctx, …)) are exported with kfn's and nest under
+// them. Export errors are logged on log at warn level.
 func FromEnv(ctx context.Context, service string, log *slog.Logger) (*Provider, error) {
-	on, err := enabled()
-	if err != nil || !on {
+	exp, err := exporterFromEnv()
+	if err != nil || exp == ExporterNone {
 		return Off(), err
 	}
-	endpoint, err := checkEndpoint()
-	if err != nil {
-		return nil, err
-	}
-	exporter, err := otlptracehttp.New(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("OpenTelemetry OTLP/HTTP trace exporter: %w", err)
+	var (
+		exporter sdktrace.SpanExporter
+		endpoint string
+		protocol string
+	)
+	if exp == ExporterConsole {
+		exporter, err = stdouttrace.New()
+		if err != nil {
+			return nil, fmt.Errorf("OpenTelemetry console trace exporter: %w", err)
+		}
+	} else {
+		if protocol, err = protocolFromEnv(); err != nil {
+			return nil, err
+		}
+		if endpoint, err = checkEndpoint(protocol); err != nil {
+			return nil, err
+		}
+		if protocol == ProtocolGRPC {
+			exporter, err = otlptracegrpc.New(ctx)
+		} else {
+			exporter, err = otlptracehttp.New(ctx)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("OpenTelemetry OTLP trace exporter (%s): %w", protocol, err)
+		}
 	}
 	res, err := resource.New(ctx,
 		resource.WithAttributes(semconv.ServiceName(service)),
@@ -124,41 +159,58 @@ func FromEnv(ctx context.Context, service string, log *slog.Logger) (*Provider, 
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
 		log.Warn("OpenTelemetry: trace export failed", "err", err)
 	}))
-	log.Info("exporting traces over OTLP/HTTP", "endpoint", connect.Redact(endpoint), "service", serviceName(res, service))
+	if exp == ExporterConsole {
+		log.Info("writing traces on stdout", "exporter", exp, "service", serviceName(res, service))
+	} else {
+		log.Info("exporting traces over OTLP", "protocol", protocol, "endpoint", connect.Redact(endpoint), "service", serviceName(res, service))
+	}
 	return &Provider{TracerProvider: sdk, sdk: sdk}, nil
 }
 
-// enabled decides from the environment whether traces are exported.
-func enabled() (bool, error) {
+// exporterFromEnv decides from the environment where traces go: "otlp",
+// "console" or "none" (off).
+func exporterFromEnv() (string, error) {
 	if v := os.Getenv(EnvSDKDisabled); strings.EqualFold(strings.TrimSpace(v), "true") {
-		return false, nil
+		return ExporterNone, nil
 	}
 	switch v := strings.TrimSpace(os.Getenv(EnvTracesExporter)); v {
-	case "none":
-		return false, nil
-	case "otlp":
+	case ExporterNone, ExporterOTLP, ExporterConsole:
+		return v, nil
 	case "":
 		if os.Getenv(EnvEndpoint) == "" && os.Getenv(EnvTracesEndpoint) == "" {
-			return false, nil
+			return ExporterNone, nil
 		}
+		return ExporterOTLP, nil
 	default:
-		return false, &EnvError{Var: EnvTracesExporter, Value: v, Msg: `kfn exports traces with OTLP only: set it to "otlp" or "none" (or unset it)`}
+		return "", &EnvError{Var: EnvTracesExporter, Value: v, Msg: `kfn exports traces with "otlp" or "console": set one of them or "none" (or unset it)`}
 	}
+}
+
+// protocolFromEnv returns the OTLP protocol: the traces-specific
+// variable's, else the general one's, else http/protobuf.
+func protocolFromEnv() (string, error) {
 	for _, name := range []string{EnvTracesProtocol, EnvProtocol} {
-		if v := strings.TrimSpace(os.Getenv(name)); v != "" {
-			if v != protocolHTTPProto {
-				return false, &EnvError{Var: name, Value: v, Msg: `kfn sends OTLP over HTTP: set it to "http/protobuf" (or unset it) and point the endpoint at the collector's OTLP/HTTP port (4318)`}
-			}
-			break // the traces-specific variable wins
+		switch v := strings.TrimSpace(os.Getenv(name)); v {
+		case "":
+			continue
+		case ProtocolHTTPProto, ProtocolGRPC:
+			return v, nil
+		default:
+			return "", &EnvError{Var: name, Value: v, Msg: `kfn sends OTLP over "http/protobuf" (the collector's port 4318) or "grpc" (port 4317): set one of them (or unset it)`}
 		}
 	}
-	return true, nil
+	return ProtocolHTTPProto, nil
 }
 
 // checkEndpoint returns the OTLP endpoint traces go to, and an error when
 // the variable that names it is not an http(s) URL (the exporter would
-// ignore it and send to localhost).
-func checkEndpoint() (string, error) {
+// ignore it and send to localhost). With grpc, http:// is a connection
+// without TLS, as the exporter reads it.
+func checkEndpoint(protocol string) (string, error) {
+	example, def := "http://otel-collector:4318", defaultOTLPHTTPURL
+	if protocol == ProtocolGRPC {
+		example, def = "http://otel-collector:4317", defaultOTLPGRPCURL
+	}
 	for _, name := range []string{EnvTracesEndpoint, EnvEndpoint} {
 		v := os.Getenv(name)
 		if v == "" {
@@ -166,11 +218,11 @@ func checkEndpoint() (string, error) {
 		}
 		u, err := url.Parse(v)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return "", &EnvError{Var: name, Value: connect.Redact(v), Msg: "want an http:// or https:// URL of the collector's OTLP/HTTP receiver, e.g. http://otel-collector:4318"}
+			return "", &EnvError{Var: name, Value: connect.Redact(v), Msg: fmt.Sprintf("want an http:// or https:// URL of the collector's OTLP receiver (%s), e.g. %s", protocol, example)}
 		}
 		return v, nil
 	}
-	return defaultOTLPHTTPURL, nil
+	return def, nil
 }
 
 func serviceName(res *resource.Resource, fallback string) string {

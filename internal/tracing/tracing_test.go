@@ -11,7 +11,7 @@ import (
 
 // TestEnvironmentTurnsTracingOnOrNamesTheBadVariable checks FromEnv's
 // reading of the OTEL_* variables: off by default, on with an endpoint or
-// OTEL_TRACES_EXPORTER=otlp, off again with OTEL_SDK_DISABLED or "none",
+// OTEL_TRACES_EXPORTER=otlp (over http/protobuf or grpc) or console, off again with OTEL_SDK_DISABLED or "none",
 // and every value kfn cannot follow rejected naming its variable, without
 // printing a password.
 func TestEnvironmentTurnsTracingOnOrNamesTheBadVariable(t *testing.T) {
@@ -31,7 +31,12 @@ func TestEnvironmentTurnsTracingOnOrNamesTheBadVariable(t *testing.T) {
 		{name: "http/protobuf", env: map[string]string{EnvProtocol: "http/protobuf", EnvEndpoint: "http://127.0.0.1:4318"}, on: true},
 		{name: "traces protocol wins", env: map[string]string{EnvTracesProtocol: "http/protobuf", EnvProtocol: "grpc", EnvEndpoint: "http://127.0.0.1:4318"}, on: true},
 		{name: "zipkin", env: map[string]string{EnvTracesExporter: "zipkin"}, badVar: EnvTracesExporter},
-		{name: "grpc", env: map[string]string{EnvProtocol: "grpc", EnvEndpoint: "http://127.0.0.1:4317"}, badVar: EnvProtocol},
+		{name: "grpc", env: map[string]string{EnvProtocol: "grpc", EnvEndpoint: "http://127.0.0.1:4317"}, on: true},
+		{name: "grpc alone stays off", env: map[string]string{EnvTracesProtocol: "grpc", EnvProtocol: "http/protobuf"}},
+		{name: "grpc by exporter otlp", env: map[string]string{EnvTracesExporter: "otlp", EnvTracesProtocol: "grpc"}, on: true},
+		{name: "console", env: map[string]string{EnvTracesExporter: "console"}, on: true},
+		{name: "http/json", env: map[string]string{EnvProtocol: "http/json", EnvEndpoint: "http://127.0.0.1:4318"}, badVar: EnvProtocol},
+		{name: "grpc without scheme", env: map[string]string{EnvProtocol: "grpc", EnvEndpoint: "collector:4317"}, badVar: EnvEndpoint},
 		{name: "no scheme", env: map[string]string{EnvEndpoint: "collector:4318"}, badVar: EnvEndpoint},
 		{name: "password not printed", env: map[string]string{EnvTracesEndpoint: "ftp://user:s3cr3t@collector:4318"}, badVar: EnvTracesEndpoint, notInEr: "s3cr3t"},
 	}

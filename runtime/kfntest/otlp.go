@@ -23,6 +23,7 @@ import (
 // "traceID/spanID", times in Unix nanoseconds.
 type Span struct {
 	Service, Name             string
+	Kind                      string // consumer, producer, internal, …
 	TraceID, SpanID, ParentID string
 	Attrs                     map[string]string
 	Links                     []string
@@ -86,6 +87,7 @@ func (r *OTLPReceiver) add(export *coltracepb.ExportTraceServiceRequest) {
 			for _, s := range ss.Spans {
 				sp := Span{
 					Service: service, Name: s.Name, Attrs: attrs(s.Attributes),
+					Kind:    strings.ToLower(strings.TrimPrefix(s.Kind.String(), "SPAN_KIND_")),
 					TraceID: hex.EncodeToString(s.TraceId), SpanID: hex.EncodeToString(s.SpanId), ParentID: hex.EncodeToString(s.ParentSpanId),
 					Start: s.StartTimeUnixNano, End: s.EndTimeUnixNano,
 				}
