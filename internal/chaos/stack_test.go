@@ -164,7 +164,7 @@ func (s *stack) startWorkerVia(function, dbURL string) *proc {
 func (s *stack) startRelay() *proc {
 	s.t.Helper()
 	id := s.nextID("relay")
-	cmd := exec.Command(s.kfn, "relay", "--subjects", orders.AcceptedSubject+","+ledger.CapturedSubject, "-v")
+	cmd := exec.Command(s.kfn, "relay", "--subjects", orders.AcceptedSubject+","+ledger.CapturedSubject)
 	cmd.Env = s.env(id, s.dbURL)
 	p := &proc{id: id, function: "relay", Process: kfntest.StartProcess(s.t, cmd)}
 	s.mu.Lock()
