@@ -318,7 +318,7 @@ func TestMainRejectsAnOTelVariableItCannotFollow(t *testing.T) {
 	t.Setenv("OTEL_TRACES_EXPORTER", "zipkin")
 	var out strings.Builder
 	code := worker.Main(effects.Function("fn", "topic"), []string{"--kafka-brokers", "127.0.0.1:1", "--database-url", "postgres://u@127.0.0.1:1/d", "--nats-url", "nats://127.0.0.1:1"}, &out)
-	if code != 2 || !strings.Contains(out.String(), `invalid configuration: OTEL_TRACES_EXPORTER: "zipkin": kfn exports traces with OTLP only`) {
+	if code != 2 || !strings.Contains(out.String(), `invalid configuration: OTEL_TRACES_EXPORTER: "zipkin": kfn exports traces with "otlp" or "console"`) {
 		t.Errorf("exit %d, stderr %q; want exit 2 naming OTEL_TRACES_EXPORTER", code, out.String())
 	}
 }
