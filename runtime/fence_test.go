@@ -444,8 +444,12 @@ func TestTakeOverEndsAnotherRolesSessionWithPgSignalBackend(t *testing.T) {
 		return cur.Epoch != a.tA
 	})
 	claimedAfter := time.Since(a.hold.at)
-	if cur.Owner != a.idB || cur.NextOffset != 0 {
-		t.Errorf("cursor after B's claim: owner %q next offset %d; want %q at 0 (A's open batch rolled back)", cur.Owner, cur.NextOffset, a.idB)
+	// B may have applied the records by the time the cursor is read (a CI
+	// run against Apache Kafka saw next offset 30 under B): that A's open
+	// batch rolled back is checked below, by every effect's epoch and by
+	// A's applied count.
+	if cur.Owner != a.idB {
+		t.Errorf("cursor after B's claim: owner %q; want %q", cur.Owner, a.idB)
 	}
 	a.hold.free()
 	a.freezer.end()
