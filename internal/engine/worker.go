@@ -140,6 +140,11 @@ func (w *worker) connect(ctx context.Context) error {
 	if err := bound.unboundError(); err != nil {
 		return err
 	}
+	if outboxMode(&w.cfg) == outbox.ModeWAL && len(emittedSubjects(w.fns)) > 0 {
+		if err := outbox.CheckWAL(ctx, w.pool); err != nil {
+			return fmt.Errorf("--%s wal (%s): %w", settings.Outbox.Flag, settings.Outbox.Env, err)
+		}
+	}
 	if topic := kafkaTopic(w.fns); topic != "" {
 		var err error
 		if w.kafka, err = kafkasource.New(w.cfg.KafkaBrokers, kafkaSecurity(w.cfg), w.cfg.Logger); err != nil {
