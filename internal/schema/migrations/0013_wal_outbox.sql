@@ -34,6 +34,9 @@ CREATE TABLE kfn.wal_outbox (
     reported_at    timestamptz,
     lost_at        timestamptz
 );
+-- Nothing secret: every role may read it (the lease token floor reads the
+-- fence; kfn status reads the rest).
+GRANT SELECT ON kfn.wal_outbox TO PUBLIC;
 
 -- kfn.emit_events writes a transaction's events into the WAL, in order,
 -- as transactional messages: they are decoded only if the transaction
