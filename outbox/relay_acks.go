@@ -30,7 +30,7 @@ type ackRouter struct {
 	// publish sends a message; tests replace it (RelayConfig.publish).
 	publish func(*nats.Conn, *nats.Msg) error
 	prefix  string
-	seq     atomic.Uint64 // the last reply sequence handed out, over all shards
+	seq     atomic.Uint64        // the last reply sequence handed out, over all shards
 	inbox   [Shards + 1]ackInbox // per shard, then the WAL slot reader's (walInbox)
 	sub     *nats.Subscription
 	status  chan nats.Status

@@ -86,7 +86,7 @@ type relayCounters struct {
 	slotLost   atomic.Bool
 	walPending atomic.Int64
 	walOldest  atomic.Int64
-	ackLatency   latencyHistogram
+	ackLatency latencyHistogram
 }
 
 func (c *relayCounters) acked(duplicate bool, createdAt, now time.Time) {
