@@ -3,31 +3,26 @@ package preflight
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
-	"os/signal"
-	"syscall"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/kfn-dev/kfn/internal/connect"
-	"github.com/kfn-dev/kfn/internal/schema"
+	"github.com/kfn-dev/kfn/internal/observe"
 	"github.com/kfn-dev/kfn/internal/settings"
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
-// runSetup runs the Setup of each function in fns that has one, each in a
+// RunSetup runs the Setup of each function in fns that has one, each in a
 // transaction of its own. A Setup may migrate large tables: it runs without
 // the round-trip and statement limits of the record path.
-func runSetup(ctx context.Context, pool *pgxpool.Pool, fns []kfn.Function) error {
+func RunSetup(ctx context.Context, pool *pgxpool.Pool, fns []kfn.Function) error {
 	for _, fn := range fns {
 		if fn.Setup == nil {
 			continue
 		}
-		setupCtx := noRoundTripLimit(ctx)
+		setupCtx := observe.NoRoundTripLimit(ctx)
 		err := pgx.BeginFunc(setupCtx, pool, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(setupCtx, `SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0`); err != nil {
 				return err
@@ -52,9 +47,9 @@ func runSetup(ctx context.Context, pool *pgxpool.Pool, fns []kfn.Function) error
 // and the function's Setup, then exits.
 const MigrateCommand = "migrate"
 
-// setupDenied explains a Setup the worker's role may not run (a role with
+// SetupDenied explains a Setup the worker's role may not run (a role with
 // DML rights only): the DDL is the migrator's, once, and the workers skip it.
-func setupDenied(err error) error {
+func SetupDenied(err error) error {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "42501" { // insufficient_privilege
 		return err
@@ -62,69 +57,4 @@ func setupDenied(err error) error {
 	return fmt.Errorf("%w: the role of --%s (%s) may not run the function's Setup DDL; "+
 		"run the function binary's migrate mode (`<binary> %s`) once as the role that owns the schema, and start the workers with --%s (%s)",
 		err, settings.DatabaseURL.Flag, settings.DatabaseURL.Env, MigrateCommand, settings.SkipSetup.Flag, settings.SkipSetup.Env)
-}
-
-// migrateMain is Main's migrate mode. It needs only --database-url: run it
-// as the role that owns the schema (the migrator), once per deployment,
-// and start the workers with --skip-setup under a role with DML rights only.
-func migrateMain(fn kfn.Function, name string, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet(name+" "+MigrateCommand, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: %s %s --database-url URL\n\n"+
-			"Applies kfn's schema migrations and the function's Setup, then exits; safe to run again.\n"+
-			"Run it as the role that owns the schema, and the workers with --%s under a role with DML rights only.\n\n",
-			name, MigrateCommand, settings.SkipSetup.Flag)
-		settings.PrintDefaults(fs)
-	}
-	b := settings.NewBinder(fs)
-	var dbURL string
-	settings.DatabaseURL.Bind(b, &dbURL)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "%s %s: unexpected argument %q (see -h)\n", name, MigrateCommand, fs.Arg(0))
-		return 2
-	}
-	for _, e := range b.Errors() {
-		fmt.Fprintf(stderr, "%s %s: %v\n", name, MigrateCommand, e)
-		return 2
-	}
-	if dbURL == "" {
-		fmt.Fprintf(stderr, "%s %s: --%s is required (or set %s)\n", name, MigrateCommand, settings.DatabaseURL.Flag, settings.DatabaseURL.Env)
-		return 2
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	pool, err := connect.Postgres(ctx, dbURL, name+" "+MigrateCommand, nil)
-	var urlErr *connect.URLError
-	if errors.As(err, &urlErr) {
-		fmt.Fprintf(stderr, "%s %s: %v\n", name, MigrateCommand, urlErr)
-		return 2
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "%s %s: %v\n", name, MigrateCommand, err)
-		return 1
-	}
-	defer pool.Close()
-	applied, err := schema.Migrate(ctx, pool)
-	if err != nil {
-		fmt.Fprintf(stderr, "%s %s: %v\n", name, MigrateCommand, err)
-		return 1
-	}
-	fmt.Fprintf(stdout, "kfn %s\n", schema.Outcome(applied))
-	if err := runSetup(ctx, pool, []kfn.Function{fn}); err != nil {
-		fmt.Fprintf(stderr, "%s %s: %v\n", name, MigrateCommand, err)
-		return 1
-	}
-	if fn.Setup == nil {
-		fmt.Fprintf(stdout, "function %s has no Setup\n", fn.Name)
-	} else {
-		fmt.Fprintf(stdout, "function %s: Setup applied\n", fn.Name)
-	}
-	return 0
 }

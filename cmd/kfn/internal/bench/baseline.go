@@ -3,36 +3,19 @@ package bench
 import (
 	"context"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/kfn-dev/kfn/internal/engine"
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
-// atLeastOnce is the benchmark's baseline tracker: the same batching and
-// transactions, but no inbox claim and no fenced cursor move, so the
-// difference to exactly-once is what those cost. The cursor only moves in
-// memory (and to Kafka's group offsets).
-func atLeastOnce(cursor *partitionTracker) cursorLane { return atLeastOnceTracker{cursor} }
-
-type atLeastOnceTracker struct{ cursor *partitionTracker }
-
-func (l atLeastOnceTracker) claim(_ context.Context, _ pgx.Tx, recs []kfn.Record) ([]kfn.Record, error) {
-	return recs, nil
-}
-func (atLeastOnceTracker) fence(context.Context, pgx.Tx, kfn.Record) error            { return nil }
-func (atLeastOnceTracker) markDeadLettered(context.Context, pgx.Tx, kfn.Record) error { return nil }
-func (l atLeastOnceTracker) committed(last kfn.Record)                                { l.cursor.committed(last) }
-func (l atLeastOnceTracker) cursorAfter(rec kfn.Record) int64                         { return l.cursor.cursorAfter(rec) }
-func (atLeastOnceTracker) pass(context.Context, pgx.Tx, int64) error                  { return nil }
-func (l atLeastOnceTracker) passed(to int64)                                          { l.cursor.passed(to) }
-
-// NewAtLeastOnceWorker is NewWorker whose partition lanes use the
-// atLeastOnce tracker: the benchmark's baseline, never a production mode.
-func NewAtLeastOnceWorker(ctx context.Context, cfg kfn.Config, fns ...kfn.Function) (*Worker, error) {
-	wk, err := NewWorker(ctx, cfg, fns...)
+// newAtLeastOnceWorker is engine.NewWorker turned into the benchmark's
+// baseline (Worker.AtLeastOnceBaseline): the same batching and
+// transactions without the inbox claim and the fenced cursor move, so the
+// difference to exactly-once is what those cost. Never a production mode.
+func newAtLeastOnceWorker(ctx context.Context, cfg kfn.Config, fns ...kfn.Function) (*engine.Worker, error) {
+	wk, err := engine.NewWorker(ctx, cfg, fns...)
 	if err != nil {
 		return nil, err
 	}
-	wk.w.partitionTracker = atLeastOnce
+	wk.AtLeastOnceBaseline()
 	return wk, nil
 }
