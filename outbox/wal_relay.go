@@ -99,20 +99,11 @@ func (r *Relay) replicationConfig() *pgconn.Config {
 // the walsender of any earlier reader), start replication from the slot's
 // confirmed position, and relay until ctx ends or something fails.
 func (r *Relay) readSlot(ctx context.Context, token uint64) error {
-	connectCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	conn, err := pgconn.ConnectConfig(connectCtx, r.replicationConfig())
-	cancel()
+	conn, slot, err := r.openSlot(ctx, token)
 	if err != nil {
-		return fmt.Errorf("open the replication connection: %w", err)
+		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // a broken connection is closed anyway
-	slot, publication, err := r.fenceSlot(ctx, conn, token)
-	if err != nil {
-		return err
-	}
-	if err := r.startReplication(ctx, conn, slot, publication); err != nil {
-		return err
-	}
 	acks := r.takeAckRouter(ctx)
 	if acks == nil {
 		return ctx.Err()
@@ -120,6 +111,40 @@ func (r *Relay) readSlot(ctx context.Context, token uint64) error {
 	defer r.releaseAckRouter()
 	s := newWALSession(r, conn, slot, token, acks)
 	return s.run(ctx)
+}
+
+// errSlotBusy is a slot another walsender still holds: one just
+// terminated lets go of it within moments.
+var errSlotBusy = errors.New("the slot is still held by another walsender")
+
+// openSlot connects, fences the slot with token and starts replication.
+// While a terminated walsender still holds the slot, it starts over on a
+// new connection (a failed START_REPLICATION leaves the old one unusable)
+// for up to 10s.
+func (r *Relay) openSlot(ctx context.Context, token uint64) (*pgconn.PgConn, string, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		connectCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		conn, err := pgconn.ConnectConfig(connectCtx, r.replicationConfig())
+		cancel()
+		if err != nil {
+			return nil, "", fmt.Errorf("open the replication connection: %w", err)
+		}
+		slot, publication, err := r.fenceSlot(ctx, conn, token)
+		if err == nil {
+			err = r.startReplication(ctx, conn, slot, publication)
+		}
+		if err == nil {
+			return conn, slot, nil
+		}
+		conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // it failed already
+		if !errors.Is(err, errSlotBusy) || time.Now().After(deadline) {
+			return nil, "", err
+		}
+		if !sleepCtx(ctx, 50*time.Millisecond) {
+			return nil, "", ctx.Err()
+		}
+	}
 }
 
 // fenceSlot raises the slot's fence to token on the replication
@@ -178,40 +203,35 @@ SELECT a.pid, pg_terminate_backend(a.pid)
 }
 
 // startReplication checks that the slot exists and is usable, and starts
-// replication from its confirmed position. A walsender just terminated may
-// hold the slot for a moment: the start is tried again for up to 10s.
+// replication from its confirmed position; errSlotBusy while another
+// walsender holds it.
 func (r *Relay) startReplication(ctx context.Context, conn *pgconn.PgConn, slot, publication string) error {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		state, err := simpleQuery(ctx, conn, `SELECT coalesce(wal_status, ''), coalesce(active_pid, 0), coalesce(confirmed_flush_lsn::text, '') FROM pg_replication_slots WHERE slot_name = '`+slot+`' AND database = current_database()`)
-		if err != nil {
-			return fmt.Errorf("read the WAL outbox's slot: %w", err)
-		}
-		if len(state) == 0 || state[0][0] == "lost" {
-			r.counters.slotLost.Store(true)
-			simpleQuery(ctx, conn, `UPDATE kfn.wal_outbox SET lost_at = coalesce(lost_at, now())`) //nolint:errcheck // the report is best effort; the error below is the news
-			what := "does not exist"
-			if len(state) > 0 {
-				what = "lost the WAL it needed (max_slot_wal_keep_size)"
-			}
-			return fmt.Errorf("%w: slot %s %s", ErrSlotLost, slot, what)
-		}
-		r.counters.slotLost.Store(false)
-		err = pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: []string{
-			"proto_version '1'", "publication_names '" + publication + "'", "messages 'true'",
-		}})
-		if err == nil {
-			r.log.Info("WAL outbox replication started", "slot", slot, "confirmed", state[0][2])
-			return nil
-		}
-		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != "55006" || time.Now().After(deadline) { // object_in_use: still held
-			return fmt.Errorf("start replication on slot %s: %w", slot, err)
-		}
-		if !sleepCtx(ctx, 50*time.Millisecond) {
-			return ctx.Err()
-		}
+	state, err := simpleQuery(ctx, conn, `SELECT coalesce(wal_status, ''), coalesce(active_pid, 0), coalesce(confirmed_flush_lsn::text, '') FROM pg_replication_slots WHERE slot_name = '`+slot+`' AND database = current_database()`)
+	if err != nil {
+		return fmt.Errorf("read the WAL outbox's slot: %w", err)
 	}
+	if len(state) == 0 || state[0][0] == "lost" {
+		r.counters.slotLost.Store(true)
+		simpleQuery(ctx, conn, `UPDATE kfn.wal_outbox SET lost_at = coalesce(lost_at, now())`) //nolint:errcheck // the report is best effort; the error below is the news
+		what := "does not exist"
+		if len(state) > 0 {
+			what = "lost the WAL it needed (max_slot_wal_keep_size)"
+		}
+		return fmt.Errorf("%w: slot %s %s", ErrSlotLost, slot, what)
+	}
+	r.counters.slotLost.Store(false)
+	err = pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: []string{
+		"proto_version '1'", "publication_names '" + publication + "'", "messages 'true'",
+	}})
+	if err == nil {
+		r.log.Info("WAL outbox replication started", "slot", slot, "confirmed", state[0][2])
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55006" { // object_in_use
+		return fmt.Errorf("start replication on slot %s: %w: %w", slot, errSlotBusy, err)
+	}
+	return fmt.Errorf("start replication on slot %s: %w", slot, err)
 }
 
 // simpleQuery runs sql (no parameters: a replication connection speaks
