@@ -1,6 +1,3 @@
-// Package outbox owns the transactional outbox: the events a function emits
-// inside its business transaction, their deterministic ids and relay shards,
-// and the relay that forwards committed rows to NATS JetStream.
 package outbox
 
 import (
