@@ -582,7 +582,11 @@ func (s *walSession) advance() {
 			}
 		}
 	}
-	s.r.counters.walOldest.Store(oldest.UnixNano())
+	if oldest.IsZero() {
+		s.r.counters.walOldest.Store(0)
+	} else {
+		s.r.counters.walOldest.Store(oldest.UnixNano())
+	}
 }
 
 // report records the session's position and backlog in kfn.wal_outbox for
