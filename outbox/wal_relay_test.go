@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
@@ -332,4 +333,33 @@ func TestSwitchingTableToWALAndBackLosesAndDuplicatesNothing(t *testing.T) {
 		t.Fatalf("%d events committed across the switches: lost %d, duplicated %d, unexpected %d\n%s", len(all), rep.lost, rep.duplicated, rep.unexpected, strings.Join(rep.problems, "\n"))
 	}
 	t.Logf("%d events committed across table → wal → table, each once in the stream (%d keys out of order across a switch; the last relay published %d)", len(all), rep.reordered, relay.Stats().Published)
+}
+
+// TestWALRelayConfirmsNothingTheStreamHasNotAcked runs a relay whose
+// publishes all fail for a while, so that it reads the slot's events and
+// confirms positions (every StatusInterval) without any ack; then stops it
+// and starts a working one: it must find every event still in the slot.
+func TestWALRelayConfirmsNothingTheStreamHasNotAcked(t *testing.T) {
+	t.Parallel()
+	f := newWALFixture(t)
+	var committed []Row
+	for range 5 {
+		rows := f.newRows(keyNames("k", 10), 2)
+		f.emit(rows)
+		committed = append(committed, rows...)
+	}
+	failing := f.walConfig()
+	failing.publish = func(*nats.Conn, *nats.Msg) error { return nats.ErrConnectionClosed }
+	r, stop := f.startRelay(failing)
+	waitUntil(t, 10*time.Second, "the failing relay to read the events", func() bool { return r.Stats().WAL.Pending == int64(len(committed)) })
+	time.Sleep(5 * failing.StatusInterval) // several confirmations
+	stop()
+	if st := r.Stats(); st.Published != 0 || st.Failures == 0 {
+		t.Fatalf("the failing relay: %+v", st)
+	}
+	relay, stop2 := f.startRelay(f.walConfig())
+	defer stop2()
+	f.waitDelivered(len(committed), 30*time.Second)
+	f.requireExactlyOnceInOrder(committed)
+	requirePublishedOnce(t, relay, len(committed))
 }
