@@ -359,6 +359,9 @@ func (s *walSession) run(ctx context.Context) error {
 	}()
 	defer wg.Wait()
 	defer s.endSpans()
+	// A last report as the session ends, so that the position it
+	// confirmed last is on record (slot loss is dated from it).
+	defer s.report(context.WithoutCancel(ctx))
 	report := time.NewTicker(s.r.cfg.StatusInterval)
 	defer report.Stop()
 	timer := time.NewTimer(time.Hour)

@@ -112,7 +112,7 @@ func TestWALRelayPublishesCommittedEventsOnceInPerKeyOrder(t *testing.T) {
 		}
 	}
 	st := f.waitWALDrained(10 * time.Second)
-	if st.Reader != t.Name() || st.LagBytes < 0 {
+	if st.Reader != t.Name() || st.LagBytes < 0 || st.ReportedAt.IsZero() || st.ConfirmedAt.IsZero() {
 		t.Errorf("WAL state after the drain: %+v", st)
 	}
 }
