@@ -107,9 +107,11 @@ func clientCredentials(s Security, secret string) *tokenSource {
 		if err != nil {
 			return "", time.Time{}, tokenEndpointError(s, err)
 		}
+		// The earlier of expires_in and a JWT's own exp, which is what a
+		// broker checks.
 		expiry := tok.Expiry
-		if expiry.IsZero() {
-			expiry = jwtExpiry(tok.AccessToken)
+		if exp := jwtExpiry(tok.AccessToken); !exp.IsZero() && (expiry.IsZero() || exp.Before(expiry)) {
+			expiry = exp
 		}
 		return tok.AccessToken, expiry, nil
 	}

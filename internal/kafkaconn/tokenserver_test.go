@@ -116,13 +116,16 @@ func (s *tokenServer) token(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := time.Now()
-	claims := map[string]any{"iss": s.URL, "sub": id, "aud": tokenAudience, "iat": now.Unix(), "exp": now.Add(lifetime).Unix()}
+	// exp is in whole seconds: the next one after the lifetime ends, so
+	// that the token is valid for at least expires_in.
+	exp := now.Add(lifetime).Truncate(time.Second).Add(time.Second)
+	claims := map[string]any{"iss": s.URL, "sub": id, "aud": tokenAudience, "iat": now.Unix(), "exp": exp.Unix()}
 	if scope := r.PostForm.Get("scope"); scope != "" {
 		claims["scope"] = scope
 	}
 	tok := s.sign(claims)
 	s.mu.Lock()
-	s.issued = append(s.issued, issuedToken{client: id, at: now, expiry: time.Unix(now.Add(lifetime).Unix(), 0)})
+	s.issued = append(s.issued, issuedToken{client: id, at: now, expiry: exp})
 	s.mu.Unlock()
 	json.NewEncoder(w).Encode(map[string]any{"access_token": tok, "token_type": "Bearer", "expires_in": int(lifetime / time.Second)})
 }
