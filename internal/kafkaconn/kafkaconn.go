@@ -119,7 +119,7 @@ func (s Security) Problems() []*Error {
 			errs = append(errs, problem(settings.KafkaSASLMechanism, "AWS_MSK_IAM is not built into this binary: its main package must import github.com/kfn-dev/kfn/kafkaauth/mskiam (see docs/production/kafka.md)"))
 		}
 	}
-	if s.SASLMechanism != "" && s.SASLMechanism != settings.SASLPlain && !strings.HasPrefix(s.SASLMechanism, "SCRAM-") && userAndPassword {
+	if (s.SASLMechanism == settings.SASLOAuthBearer || s.SASLMechanism == settings.SASLAWSMSKIAM) && userAndPassword {
 		errs = append(errs, problem(settings.KafkaSASLUser, "a SASL user or password file is for PLAIN and SCRAM, not --kafka-sasl-mechanism %s: drop them", s.SASLMechanism))
 	}
 	if s.SASLMechanism != settings.SASLOAuthBearer && s.oauthGiven() {

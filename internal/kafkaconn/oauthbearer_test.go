@@ -149,3 +149,35 @@ func TestATokenFileIsReadAgainWhenItChanges(t *testing.T) {
 		t.Errorf("an expired token in the file: %v", err)
 	}
 }
+
+func TestATokenFileIsReadInTheBackgroundOnceItsTokenIsDue(t *testing.T) {
+	key := newTokenServer(t).key
+	file := filepath.Join(t.TempDir(), "token")
+	soon := time.Now().Add(2 * time.Second).Truncate(time.Second).Add(time.Second)
+	first := signJWT(key, "k", map[string]any{"sub": "x", "exp": soon.Unix()})
+	if err := os.WriteFile(file, []byte(first), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sec := kafkaconn.Security{SASLMechanism: "OAUTHBEARER", OAuthTokenFile: file}
+	if tok, err := login(t, sec); err != nil || tok != first {
+		t.Fatalf("token %q, %v", tok, err)
+	}
+	// Another process writes the next token late, after the refresh point
+	// (80% of the lifetime); no connection is opened.
+	time.Sleep(time.Until(soon) * 85 / 100)
+	next := signJWT(key, "k", map[string]any{"sub": "x", "exp": time.Now().Add(time.Hour).Unix()})
+	if err := os.WriteFile(file, []byte(next), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().Add(time.Second)
+	if err := os.Chtimes(file, later, later); err != nil {
+		t.Fatal(err)
+	}
+	for kafkaconn.CachedToken(sec) != next {
+		if time.Now().After(soon) {
+			t.Fatalf("the first token expired at %s, and the file's next token was not read", soon.Format(time.TimeOnly))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("read the file's next token %s before the first one expired", time.Until(soon).Round(time.Millisecond))
+}

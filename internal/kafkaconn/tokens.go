@@ -35,6 +35,10 @@ const (
 	unknownLifetime = 5 * time.Minute
 	// fetchTimeout bounds one request to the token endpoint.
 	fetchTimeout = 10 * time.Second
+	// filePoll is how often, at most, a token file is looked at once its
+	// token is due for a refresh, until it changes (a quarter of the time
+	// the token has left, when that is less).
+	filePoll = time.Second
 	// minRetry and maxRetry bound the wait between failed background
 	// refreshes.
 	minRetry = time.Second
@@ -49,8 +53,8 @@ type tokenSource struct {
 	fetch func(ctx context.Context) (token string, expiry time.Time, err error)
 	// describe says where tokens come from, for errors and logs.
 	describe string
-	// file: a token file, read again when it changes (stat per Token);
-	// no background refresh.
+	// file: a token file, read again when it changes (a stat per Token,
+	// and in the background from the refresh point on).
 	file string
 
 	fetchMu sync.Mutex // one fetch at a time
@@ -243,9 +247,7 @@ func (t *tokenSource) fetchNow(ctx context.Context) error {
 	renewed := t.token != ""
 	t.token, t.expiry, t.fileAt = tok, expiry, stamp
 	t.refresh = now.Add(time.Duration(refreshFactor * float64(expiry.Sub(now))))
-	if t.file == "" {
-		t.schedule(time.Until(t.refresh))
-	}
+	t.schedule(time.Until(t.refresh))
 	t.mu.Unlock()
 	if renewed {
 		t.renewConnections()
@@ -299,9 +301,20 @@ func (t *tokenSource) schedule(d time.Duration) {
 // until that token expires; then it stops, and the next connection's
 // login fetches a token itself (and fails with the endpoint's error if
 // it still cannot).
+//
+// A token file is another process's to refresh: from the refresh point on,
+// the file is looked at (filePoll) until it changes, and then read.
 func (t *tokenSource) refreshInBackground() {
 	t.fetchMu.Lock()
 	defer t.fetchMu.Unlock()
+	if _, unchanged := t.current(); unchanged && t.file != "" {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if left := time.Until(t.expiry); left > 0 {
+			t.schedule(max(min(left/4, filePoll), 10*time.Millisecond))
+		}
+		return
+	}
 	err := t.fetchNow(context.Background())
 	if err == nil {
 		return
@@ -310,7 +323,7 @@ func (t *tokenSource) refreshInBackground() {
 	defer t.mu.Unlock()
 	left := time.Until(t.expiry)
 	slog.Default().Warn("cannot refresh the Kafka OAUTHBEARER token: the current one stays in use until it expires",
-		"token_endpoint", t.describe, "expires_in", left.Round(time.Second), "err", err)
+		"token_source", t.describe, "expires_in", left.Round(time.Second), "err", err)
 	if left <= 0 {
 		return
 	}
