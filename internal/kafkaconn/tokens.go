@@ -218,8 +218,9 @@ func (t *tokenSource) current() (string, bool) {
 	return t.token, true
 }
 
-// fetchNow fetches a token and, for the token endpoint, schedules its
-// background refresh. The caller holds fetchMu.
+// fetchNow fetches a token (reads the file), schedules its background
+// refresh, and when it replaces a token, renews the watched transports'
+// connections. The caller holds fetchMu.
 func (t *tokenSource) fetchNow(ctx context.Context) error {
 	var stamp fileStamp
 	if t.file != "" {
