@@ -1,7 +1,9 @@
 // Package kafkaconn builds kfn's Kafka connections from the Kafka security
 // settings (TLS and SASL), for the worker, the relay's users and every kfn
 // command alike: one place that reads the CA, the client certificate and the
-// SASL password, and that says in its errors which setting to fix.
+// SASL password, gets and refreshes the OAUTHBEARER tokens (tokens.go),
+// takes a mechanism an opt-in module registered (package kafkaauth:
+// AWS_MSK_IAM), and says in its errors which setting to fix.
 package kafkaconn
 
 import (

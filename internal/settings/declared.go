@@ -203,9 +203,9 @@ var (
 		Usage: "OAUTHBEARER: SASL extensions sent with the token, key=value, comma-separated (Confluent Cloud: logicalCluster=lkc-…,identityPoolId=pool-…)",
 		Check: func(kvs []string) error {
 			for _, kv := range kvs {
-				k, _, ok := strings.Cut(kv, "=")
-				if !ok || !oauthExtensionKey(k) {
-					return fmt.Errorf("%q is not key=value with a key of letters only (RFC 7628), other than auth", kv)
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok || !oauthExtensionKey(k) || !oauthExtensionValue(v) {
+					return fmt.Errorf("%q is not key=value with a key of letters only, other than auth, and a value of printable ASCII (RFC 7628)", kv)
 				}
 			}
 			return nil
@@ -441,6 +441,21 @@ func oauthExtensionKey(k string) bool {
 	}
 	for _, r := range k {
 		if (r < 'a' || r > 'z') && (r < 'A' || r > 'Z') {
+			return false
+		}
+	}
+	return true
+}
+
+// oauthExtensionValue reports whether v may be an OAUTHBEARER SASL
+// extension's value: not empty, printable ASCII, spaces and tabs (RFC
+// 7628's value, as Kafka checks it).
+func oauthExtensionValue(v string) bool {
+	if v == "" {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; (c < 0x21 || c > 0x7e) && c != ' ' && c != '\t' {
 			return false
 		}
 	}
