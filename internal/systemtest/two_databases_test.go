@@ -1,10 +1,13 @@
 package systemtest_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
+	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -94,7 +97,7 @@ func TestOrderChainOnTwoPostgresServersIsExactlyOnceThroughARestartOfEach(t *tes
 			stall := stalls[n][lane]
 			shown[i] = fmt.Sprintf("%s %s", lane, stall.Round(time.Millisecond))
 			if stall > leaseTTL {
-				t.Errorf("lane %s of %s stood still %s after its server was back, longer than the lease TTL (%s)", lane, r.function, stall.Round(time.Millisecond), leaseTTL)
+				t.Errorf("%s of %s stood still %s after its server was back, longer than the lease TTL (%s)", lane, r.function, stall.Round(time.Millisecond), leaseTTL)
 			}
 		}
 		t.Logf("restart of the %s server (down %s): each lane committed again after the server was back: %s (lease TTL %s)", r.function, downtime, strings.Join(shown, ", "), leaseTTL)
@@ -128,6 +131,8 @@ func TestOrderChainOnTwoPostgresServersIsExactlyOnceThroughARestartOfEach(t *tes
 			t.Errorf("%s: %d distinct events in the stream, want one per record, %d", subject, len(counts), total)
 		}
 	}
+	requireOperatorCommandsFindEachDatabase(t, c)
+
 	// The ledger has no table in the orders function's database, and the
 	// orders function none in the ledger's: each function is on its own.
 	for _, w := range []struct {
@@ -293,5 +298,68 @@ func requireRevisionsInOrder(t *testing.T, c *chain, keys, revisions int) {
 	}
 	if len(events) != keys*revisions {
 		t.Errorf("the ledger booked %d events, want %d", len(events), keys*revisions)
+	}
+}
+
+// kfnPkg is the kfn command.
+const kfnPkg = "github.com/kfn-dev/kfn/cmd/kfn"
+
+// requireOperatorCommandsFindEachDatabase runs kfn verify on both
+// functions and kfn status on all, as docs/production/capacity.md shows,
+// given DATABASE_URL (the orders function's) and KFN_FUNCTION_DATABASES
+// (ledger=the ledger's own): verify must find no violation in either
+// stage, and status must show the lanes of both functions, each read from
+// its database.
+func requireOperatorCommandsFindEachDatabase(t *testing.T, c *chain) {
+	t.Helper()
+	kfn := kfntest.BuildBinary(t, kfnPkg)
+	run := func(args ...string) []byte {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, kfn, args...)
+		cmd.Env = append(os.Environ(), "KFN_KAFKA_BROKERS="+strings.Join(c.kafka.Brokers, ","), "KFN_NATS_URL="+c.nats.URL,
+			"DATABASE_URL="+c.pg.URL, "KFN_FUNCTION_DATABASES="+ledger.Name+"="+c.ledgerPG.URL)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("kfn %s: %v\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), err, out, stderr.String())
+		}
+		return out
+	}
+	for _, v := range []struct{ function, topic, effects string }{
+		{orders.Function().Name, c.topic, `SELECT order_id, revisions FROM orders`},
+		{ledger.Name, orders.AcceptedSubject, `SELECT event_id FROM ledger_entries WHERE side = 'debit'`},
+	} {
+		var rep struct {
+			OK      bool `json:"ok"`
+			Checked struct {
+				Records, Events, Effects int64
+			} `json:"checked"`
+		}
+		out := run("verify", "--function", v.function, "--topic", v.topic, "--effects-sql", v.effects, "--json")
+		if err := json.Unmarshal(out, &rep); err != nil {
+			t.Fatalf("kfn verify --function %s --json: %v\n%s", v.function, err, out)
+		}
+		t.Logf("kfn verify --function %s, on its database: ok %v, checked %+v", v.function, rep.OK, rep.Checked)
+		if !rep.OK || rep.Checked.Effects == 0 {
+			t.Errorf("kfn verify --function %s found violations:\n%s", v.function, out)
+		}
+	}
+	var lanes []struct {
+		Function string `json:"function"`
+		Topic    string `json:"topic"`
+	}
+	out := run("status", "--json")
+	if err := json.Unmarshal(out, &lanes); err != nil {
+		t.Fatalf("kfn status --json: %v\n%s", err, out)
+	}
+	functions := map[string]int{}
+	for _, l := range lanes {
+		functions[l.Function]++
+	}
+	if functions[orders.Function().Name] != c.partitions || functions[ledger.Name] < 1 {
+		t.Errorf("kfn status over both databases shows lanes %v, want the %d of orders and the ledger's", functions, c.partitions)
 	}
 }
