@@ -27,22 +27,22 @@ func bindDatabases(fs *flagSet) databaseFlags {
 }
 
 // of is function's database: its own, else --database-url's (a usage error
-// when neither is given).
+// when neither is given). Function "" is --database-url's.
 func (d databaseFlags) of(function string) (string, error) {
 	for _, item := range *d.functions {
 		name, url, _ := strings.Cut(item, "=")
-		if strings.TrimSpace(name) == function && function != "" {
+		if function != "" && strings.TrimSpace(name) == function {
 			return strings.TrimSpace(url), nil
 		}
 	}
-	if err := requiredSetting(settings.DatabaseURL, *d.url); err != nil {
-		if len(*d.functions) > 0 {
-			return "", &usageError{msg: fmt.Sprintf("function %q is not in --%s: give its database there, or --%s (or set %s)",
-				function, settings.FunctionDatabases.Flag, settings.DatabaseURL.Flag, settings.DatabaseURL.Env)}
-		}
-		return "", err
+	if strings.TrimSpace(*d.url) != "" {
+		return *d.url, nil
 	}
-	return *d.url, nil
+	if function != "" && len(*d.functions) > 0 {
+		return "", &usageError{msg: fmt.Sprintf("function %q is not in --%s: give its database there, or --%s (or set %s)",
+			function, settings.FunctionDatabases.Flag, settings.DatabaseURL.Flag, settings.DatabaseURL.Env)}
+	}
+	return "", requiredSetting(settings.DatabaseURL, "")
 }
 
 // all is every database: --database-url's, if given, then each function's
@@ -64,15 +64,9 @@ func (d databaseFlags) all() ([]string, error) {
 	return urls, nil
 }
 
-// open connects to function's database ("": --database-url's, or the only
-// one given).
+// open connects to function's database ("": --database-url's).
 func (d databaseFlags) open(ctx context.Context, function string) (*pgxpool.Pool, error) {
 	url, err := d.of(function)
-	if function == "" && err != nil {
-		if all, allErr := d.all(); allErr == nil && len(all) == 1 {
-			url, err = all[0], nil
-		}
-	}
 	if err != nil {
 		return nil, err
 	}

@@ -14,7 +14,8 @@ import (
 // TestCommandsFindEachFunctionsDatabase puts function a on one database
 // and b on another, each with a cursor and a dead letter, and checks that the operator commands find each: status and dlq
 // list read both databases without --function and b's alone with
-// --function b, dlq show finds b's letter with --function b, and a
+// --function b, dlq show and discard find b's letter with --function b,
+// and a
 // function that is neither listed nor served by --database-url is a
 // usage error naming both flags.
 func TestCommandsFindEachFunctionsDatabase(t *testing.T) {
@@ -67,6 +68,10 @@ func TestCommandsFindEachFunctionsDatabase(t *testing.T) {
 	code, out, stderr := kfn(t, append([]string{"dlq", "show", fmt.Sprint(letters[b]), "--function", b}, both...)...)
 	if code != 0 || !strings.Contains(out, "bad "+b) {
 		t.Errorf("kfn dlq show %d --function %s: exit %d, %s%s; want b's letter from b's database", letters[b], b, code, out, stderr)
+	}
+	code, out, stderr = kfn(t, append([]string{"dlq", "discard", fmt.Sprint(letters[b]), "--function", b, "--reason", "test", "--dry-run"}, both...)...)
+	if code != 0 || !strings.Contains(out, "bad "+b) || !strings.Contains(out, "1 dead letter would be discarded") {
+		t.Errorf("kfn dlq discard %d --function %s --dry-run: exit %d, %s%s; want b's letter from b's database", letters[b], b, code, out, stderr)
 	}
 	code, _, stderr = kfn(t, "status", "--function", a, "--function-databases", b+"="+dbB.URL)
 	want := fmt.Sprintf(`kfn status: function %q is not in --function-databases: give its database there, or --database-url (or set DATABASE_URL)`, a)

@@ -460,9 +460,11 @@ kfn dlq discard --until 720h --reason "older than 30 days" --json`,
 		}
 		f.IDs = append(f.IDs, id)
 	}
-	if len(f.IDs) > 0 && (f.Consumer != "" || f.Topic != "" || f.Partition != nil || f.Reason != "" || f.ErrorContains != "" ||
+	// With ids, --function only says whose they are (and so which
+	// database holds them, with --function-databases).
+	if len(f.IDs) > 0 && (f.Topic != "" || f.Partition != nil || f.Reason != "" || f.ErrorContains != "" ||
 		!f.Since.IsZero() || !f.Until.IsZero() || f.Limit > 0 || *all) {
-		return &usageError{msg: "give ids or filters, not both"}
+		return &usageError{msg: "give ids (and their --function) or filters, not both"}
 	}
 	if strings.TrimSpace(*reason) == "" {
 		return &usageError{msg: `--reason is required: say why, for the audit log (--reason "INC-7: …")`}
