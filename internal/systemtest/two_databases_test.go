@@ -25,12 +25,13 @@ import (
 // deploys the chain with each function on a Postgres server of its own
 // (the functions are joined only by NATS): 2 orders workers on one, 2
 // ledger workers on the other. While orders keep coming it stops the
-// orders' server for a second and starts it again, then the ledger's. Each
-// order key gets 5 revisions whose amount carries a per-key sequence
-// number, so that a loss, a duplicate or a reordering shows in each stage:
-// the orders row must hold the last revision and count 5, the ledger must
-// have booked the revisions of each key once each, in sequence order, and
-// each stream must hold every event once. Each restart's stall, from the
+// orders' server for a second and starts it again, then the ledger's.
+// Each of 100 order keys gets 20 revisions whose amount carries a per-key
+// sequence number, so that a loss, a duplicate or a reordering shows in
+// each stage (the backlog of a restart puts several revisions of a key in
+// one batch): the orders row must hold the last revision and count 20,
+// the ledger must have booked the revisions of each key once each, in
+// sequence order, and each stream must hold every event once. Each restart's stall, from the
 // server accepting connections again to the first commit of each lane on
 // it, is logged and checked against the lease TTL. Then kfn verify checks
 // both functions and kfn status shows both, each told its function's
@@ -38,8 +39,8 @@ import (
 func TestOrderChainOnTwoPostgresServersIsExactlyOnceThroughARestartOfEach(t *testing.T) {
 	const (
 		partitions = 4
-		keys       = 400
-		revisions  = 5
+		keys       = 100
+		revisions  = 20
 		total      = keys * revisions
 		perTick    = 20
 		tick       = 100 * time.Millisecond
