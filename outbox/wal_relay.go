@@ -636,11 +636,14 @@ func (s *walSession) source(fn string) string {
 
 // read receives the slot's messages and hands the loop the events and
 // transaction ends, and sends the status updates: every StatusInterval,
-// when the server asks, and while the loop is too busy to take more.
+// when the server asks, while the loop is too busy to take more, and once
+// more as the session stops (a relay stopped cleanly leaves nothing acked
+// to publish again: after the stream's duplicate window, that would store
+// duplicates).
 func (s *walSession) read(ctx context.Context) error {
 	nextStatus := time.Now()
 	var sent pglogrepl.LSN
-	status := func() error {
+	send := func(ctx context.Context) error {
 		pos := pglogrepl.LSN(s.confirmed.Load())
 		err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos, WALFlushPosition: pos, WALApplyPosition: pos})
 		if err != nil {
@@ -653,6 +656,16 @@ func (s *walSession) read(ctx context.Context) error {
 		nextStatus = time.Now().Add(s.r.cfg.StatusInterval)
 		return nil
 	}
+	status := func() error { return send(ctx) }
+	defer func() {
+		if ctx.Err() != nil && !s.conn.IsClosed() {
+			last, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+			if err := send(last); err != nil {
+				s.log.Debug("could not confirm the slot's position as the session stopped", "err", err)
+			}
+		}
+	}()
 	deliver := func(it walItem) error {
 		for {
 			if !time.Now().Before(nextStatus) {

@@ -363,3 +363,27 @@ func TestWALRelayConfirmsNothingTheStreamHasNotAcked(t *testing.T) {
 	f.requireExactlyOnceInOrder(committed)
 	requirePublishedOnce(t, relay, len(committed))
 }
+
+// TestWALRelayStoppedCleanlyLeavesNothingToPublishAgain relays events with
+// a StatusInterval far longer than the run, stops the relay, and starts
+// another: the first confirmed its position as it stopped, so the second
+// publishes nothing again (after the stream's duplicate window, what it
+// published again would be stored twice).
+func TestWALRelayStoppedCleanlyLeavesNothingToPublishAgain(t *testing.T) {
+	t.Parallel()
+	f := newWALFixture(t)
+	rows := f.newRows(keyNames("k", 10), 5)
+	f.emit(rows)
+	cfg := f.walConfig()
+	cfg.StatusInterval = time.Hour
+	_, stop := f.startRelay(cfg)
+	f.waitDelivered(len(rows), 30*time.Second)
+	stop()
+	second, stop2 := f.startRelay(f.walConfig())
+	defer stop2()
+	f.waitWALDrained(10 * time.Second)
+	if st := second.Stats(); st.Published+st.Duplicates != 0 {
+		t.Errorf("the relay started after a clean stop published %d events again (%d acked as duplicates)", st.Published+st.Duplicates, st.Duplicates)
+	}
+	f.requireExactlyOnceInOrder(rows)
+}
