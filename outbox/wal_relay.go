@@ -323,6 +323,12 @@ type walSession struct {
 	// behind it (at most one unacked publish per key).
 	keys    map[string][]*walPending
 	flights map[uint64]*walPending
+	// sent holds the reply sequences of the publishes in flight in the
+	// order they were sent, which is their deadlines' order (the front may
+	// be settled already); retrying counts the keys whose first event
+	// waits to be sent again.
+	sent     []uint64
+	retrying int
 	txns    []*walTxn // in commit order, oldest first
 	open    *walTxn   // the transaction being read; nil between transactions
 	pending int
@@ -449,8 +455,12 @@ func (s *walSession) send(ctx context.Context, p *walPending) {
 		s.failed(p, err, isOutage(err))
 		return
 	}
+	if !p.retryAt.IsZero() {
+		s.retrying--
+	}
 	p.seq, p.deadline, p.retryAt = seq, time.Now().Add(s.r.cfg.AckTimeout), time.Time{}
 	s.flights[seq] = p
+	s.sent = append(s.sent, seq)
 }
 
 // failed schedules p's publish again after a pause. An event the stream
@@ -470,6 +480,9 @@ func (s *walSession) failed(p *walPending, err error, outage bool) {
 			"event_id", p.row.EventID, "subject", p.row.Subject, "key", p.row.Key, "attempts", p.attempts, "err", err, "retry_in", delay)
 	} else {
 		s.log.Warn("WAL outbox publish failed; sending it again", "event_id", p.row.EventID, "err", err, "retry_in", delay)
+	}
+	if p.retryAt.IsZero() {
+		s.retrying++
 	}
 	p.retryAt = time.Now().Add(delay)
 }
@@ -534,6 +547,9 @@ func (s *walSession) expire(ctx context.Context) {
 			s.failed(p, errAckTimeout, true)
 		}
 	}
+	if s.retrying == 0 {
+		return
+	}
 	for _, queue := range s.keys {
 		if p := queue[0]; p.seq == 0 && !p.retryAt.IsZero() && !now.Before(p.retryAt) {
 			s.send(ctx, p)
@@ -544,18 +560,19 @@ func (s *walSession) expire(ctx context.Context) {
 // nextWake is how long the loop may wait for news before a deadline or
 // a retry is due.
 func (s *walSession) nextWake() time.Duration {
-	if len(s.flights) == 0 && s.pending == 0 {
-		return time.Hour
-	}
 	next := time.Now().Add(time.Hour)
-	for _, p := range s.flights {
-		if p.deadline.Before(next) {
+	for len(s.sent) > 0 {
+		if p, ok := s.flights[s.sent[0]]; ok {
 			next = p.deadline
+			break
 		}
+		s.sent = s.sent[1:]
 	}
-	for _, queue := range s.keys {
-		if p := queue[0]; p.seq == 0 && !p.retryAt.IsZero() && p.retryAt.Before(next) {
-			next = p.retryAt
+	if s.retrying > 0 {
+		for _, queue := range s.keys {
+			if p := queue[0]; p.seq == 0 && !p.retryAt.IsZero() && p.retryAt.Before(next) {
+				next = p.retryAt
+			}
 		}
 	}
 	return max(time.Until(next), time.Millisecond)

@@ -279,29 +279,34 @@ func TestSwitchingTableToWALAndBackLosesAndDuplicatesNothing(t *testing.T) {
 	var mu sync.Mutex
 	mode := ModeTable
 	var committed []Row
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	// The writer stops between transactions (stopWriting), never inside
+	// one: a commit cut short by a cancelled ctx may land unbeknown.
+	ctx := context.Background()
+	stopWriting := make(chan struct{})
 	writerDone := make(chan error, 1)
 	keys := keyNames("k", 10)
 	go func() {
-		for ctx.Err() == nil {
+		for {
+			select {
+			case <-stopWriting:
+				writerDone <- nil
+				return
+			default:
+			}
 			mu.Lock()
 			m := mode
 			mu.Unlock()
 			rows := f.newRows(keys, 1)
 			err := pgx.BeginFunc(ctx, f.db.Pool, func(tx pgx.Tx) error { return Write(ctx, tx, m, rows) })
 			if err != nil {
-				if ctx.Err() == nil {
-					writerDone <- fmt.Errorf("write in %s mode: %w", m, err)
-				}
-				break
+				writerDone <- fmt.Errorf("write in %s mode: %w", m, err)
+				return
 			}
 			mu.Lock()
 			committed = append(committed, rows...)
 			mu.Unlock()
 			time.Sleep(5 * time.Millisecond)
 		}
-		writerDone <- nil
 	}()
 	phase := func(m Mode, d time.Duration) {
 		t.Helper()
@@ -317,7 +322,7 @@ func TestSwitchingTableToWALAndBackLosesAndDuplicatesNothing(t *testing.T) {
 	phase(ModeTable, 500*time.Millisecond)
 	phase(ModeWAL, 700*time.Millisecond)
 	phase(ModeTable, 700*time.Millisecond)
-	cancel()
+	close(stopWriting)
 	if err := <-writerDone; err != nil {
 		t.Fatal(err)
 	}
