@@ -329,13 +329,13 @@ type walSession struct {
 	// waits to be sent again.
 	sent     []uint64
 	retrying int
-	txns    []*walTxn // in commit order, oldest first
-	open    *walTxn   // the transaction being read; nil between transactions
-	pending int
-	lastEnd pglogrepl.LSN // the end of the last transaction or keepalive read
-	message messageBuf
-	sources map[string]string
-	retry   *backoff.ExponentialBackOff // paces the sends of failed publishes
+	txns     []*walTxn // in commit order, oldest first
+	open     *walTxn   // the transaction being read; nil between transactions
+	pending  int
+	lastEnd  pglogrepl.LSN // the end of the last transaction or keepalive read
+	message  messageBuf
+	sources  map[string]string
+	retry    *backoff.ExponentialBackOff // paces the sends of failed publishes
 }
 
 func newWALSession(r *Relay, conn *pgconn.PgConn, slot string, token uint64, acks *ackRouter) *walSession {
