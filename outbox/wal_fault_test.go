@@ -66,16 +66,7 @@ func TestWALRelaySurvivesNATSRestartUnderLoad(t *testing.T) {
 func TestWALRelaySurvivesPostgresRestartUnderLoad(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pg, err := devstack.StartPostgres(ctx, devstack.PostgresOptions{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pg.Stop() }) //nolint:errcheck // best effort
-	pool, err := pgxpool.New(ctx, pg.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pg, pool := ownPostgres(t, nil)
 	if _, err := schema.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
@@ -174,4 +165,23 @@ func TestWALRelayDownHoldsTheWALItNeedsAndCatchesUp(t *testing.T) {
 	}
 	t.Logf("relay down %v: the slot held %d bytes of WAL (%d events in all); caught up %v after the relay started again (%d published by it)",
 		down, held, len(all), caughtUp.Round(time.Millisecond), relay.Stats().Published)
+}
+
+// ownPostgres starts a Postgres cluster for one test (with settings on top
+// of the throwaway clusters' own), which the test may restart, and a pool
+// on its postgres database; both end with the test.
+func ownPostgres(t *testing.T, settings map[string]string) (*devstack.Postgres, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	pg, err := devstack.StartPostgres(ctx, devstack.PostgresOptions{Logger: slog.New(slog.DiscardHandler), Settings: settings})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Stop() }) //nolint:errcheck // best effort
+	pool, err := pgxpool.New(ctx, pg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pg, pool
 }

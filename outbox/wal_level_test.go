@@ -3,13 +3,9 @@ package outbox
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/kfn-dev/kfn/internal/devstack"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
@@ -20,16 +16,7 @@ import (
 func TestWALModeIsRefusedWithoutLogicalDecodingOrASlot(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pg, err := devstack.StartPostgres(ctx, devstack.PostgresOptions{Logger: slog.New(slog.DiscardHandler), Settings: map[string]string{"wal_level": "replica"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pg.Stop() }) //nolint:errcheck // best effort
-	pool, err := pgxpool.New(ctx, pg.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	_, pool := ownPostgres(t, map[string]string{"wal_level": "replica"})
 	for name, err := range map[string]error{"CheckWAL": CheckWAL(ctx, pool), "SetUpWAL": func() error { _, err := SetUpWAL(ctx, pool); return err }()} {
 		if !errors.Is(err, ErrWALLevel) || !strings.Contains(err.Error(), "wal_level=replica") || !strings.Contains(err.Error(), "--outbox table") {
 			t.Errorf("%s against wal_level=replica: %v", name, err)
