@@ -10,7 +10,8 @@ import (
 	"time"
 
 	"github.com/kfn-dev/kfn/internal/effects"
-	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/preflight"
+	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/worker"
 )
@@ -54,9 +55,9 @@ func TestBadConfigurationNamesTheField(t *testing.T) {
 			}
 			tc.edit(&cfg)
 			_, err := worker.New(context.Background(), cfg, fn)
-			var cfgErr *engine.ConfigError
+			var cfgErr *preflight.ConfigError
 			if !errors.As(err, &cfgErr) {
-				t.Fatalf("err = %v, want a *engine.ConfigError", err)
+				t.Fatalf("err = %v, want a *preflight.ConfigError", err)
 			}
 			if !strings.Contains(err.Error(), tc.field) || !strings.Contains(err.Error(), tc.hint) {
 				t.Errorf("error %q should name %q and say %q", err, tc.field, tc.hint)
@@ -84,7 +85,7 @@ func TestStatementTimeoutDefaultsFitTheLease(t *testing.T) {
 			t.Errorf("lease TTL %v, handler timeout %v: statement timeout %v, want %v", tc.ttl, tc.handler, got, tc.want)
 		}
 		w, err := worker.New(context.Background(), cfg, effects.Function("cfg", "topic"))
-		var cfgErr *engine.ConfigError
+		var cfgErr *preflight.ConfigError
 		if errors.As(err, &cfgErr) {
 			t.Errorf("lease TTL %v, handler timeout %v: defaults rejected: %v", tc.ttl, tc.handler, err)
 		}
@@ -224,7 +225,7 @@ func TestConfigExplicitZeroIsRejectedOrHonoured(t *testing.T) {
 		}
 		cfg := bindConfig(t, append([]string{"--kafka-brokers", "127.0.0.1:9092", "--database-url", "postgres://u@h:5432/d", "--nats-url", "nats://h:4222"}, tc.args...)...)
 		_, err := worker.New(context.Background(), cfg, fn)
-		var cfgErr *engine.ConfigError
+		var cfgErr *preflight.ConfigError
 		if !errors.As(err, &cfgErr) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q %s=0: err = %v; want a ConfigError saying %q", tc.args, tc.env, err, tc.want)
 		}
@@ -242,7 +243,7 @@ func TestConfigExplicitZeroIsRejectedOrHonoured(t *testing.T) {
 			t.Errorf("batch wait 0: err = %v; want it accepted", err)
 		}
 	}
-	if got := (runtime.Config{}).WithDefaults(); got.BatchSize != engine.DefaultBatchSize || got.BatchWait != engine.DefaultBatchWait || got.RetryAttempts != engine.DefaultRetryAttempts || got.NATSReplicas != 1 {
+	if got := (runtime.Config{}).WithDefaults(); got.BatchSize != settings.DefaultBatchSize || got.BatchWait != settings.DefaultBatchWait || got.RetryAttempts != settings.DefaultRetryAttempts || got.NATSReplicas != 1 {
 		t.Errorf("a Go caller's zero fields: %+v; want the defaults", got)
 	}
 }
@@ -306,7 +307,7 @@ func TestConsumerGroupIsRefusedForSeveralKafkaFunctions(t *testing.T) {
 	cfg := validConfig()
 	cfg.ConsumerGroup = "shared"
 	_, err := worker.New(context.Background(), cfg, effects.Function("fa", "ta"), effects.Function("fb", "tb"))
-	var cfgErr *engine.ConfigError
+	var cfgErr *preflight.ConfigError
 	if !errors.As(err, &cfgErr) || !strings.Contains(err.Error(), "--consumer-group (KFN_CONSUMER_GROUP)") || !strings.Contains(err.Error(), "2 Kafka functions (fa, fb)") {
 		t.Errorf("err = %v, want a ConfigError naming --consumer-group and both functions", err)
 	}
@@ -320,5 +321,35 @@ func TestMainRejectsAnOTelVariableItCannotFollow(t *testing.T) {
 	code := worker.Main(effects.Function("fn", "topic"), []string{"--kafka-brokers", "127.0.0.1:1", "--database-url", "postgres://u@127.0.0.1:1/d", "--nats-url", "nats://127.0.0.1:1"}, &out)
 	if code != 2 || !strings.Contains(out.String(), `invalid configuration: OTEL_TRACES_EXPORTER: "zipkin": kfn exports traces with "otlp" or "console"`) {
 		t.Errorf("exit %d, stderr %q; want exit 2 naming OTEL_TRACES_EXPORTER", code, out.String())
+	}
+}
+
+// TestMainRejectsAWSMSKIAMWhenItsModuleIsNotImported: a binary built without
+// github.com/kfn-dev/kfn/kafkaauth/mskiam cannot log in with AWS_MSK_IAM,
+// and says at start (exit 2) which module to import. Before the mechanism
+// existed, the value itself was refused.
+func TestMainRejectsAWSMSKIAMWhenItsModuleIsNotImported(t *testing.T) {
+	var out strings.Builder
+	code := worker.Main(effects.Function("fn", "topic"), []string{"--kafka-brokers", "127.0.0.1:1", "--database-url", "postgres://u@127.0.0.1:1/d", "--nats-url", "nats://127.0.0.1:1",
+		"--kafka-tls", "--kafka-sasl-mechanism", "AWS_MSK_IAM"}, &out)
+	first, _, _ := strings.Cut(out.String(), "\n")
+	want := "fn: invalid configuration: --kafka-sasl-mechanism (KFN_KAFKA_SASL_MECHANISM): AWS_MSK_IAM is not built into this binary: its main package must import github.com/kfn-dev/kfn/kafkaauth/mskiam"
+	if code != 2 || !strings.HasPrefix(first, want) {
+		t.Errorf("exit %d, first line %q; want exit 2 and %q", code, first, want)
+	}
+}
+
+// TestMainAcceptsOAuthBearerSettings: OAUTHBEARER, once refused with exit
+// 2, is a mechanism whose settings bind from flags and variables; a token
+// endpoint without its client secret is the one problem reported.
+func TestMainAcceptsOAuthBearerSettings(t *testing.T) {
+	t.Setenv("KFN_KAFKA_OAUTH_CLIENT_ID", "kfn-fn")
+	var out strings.Builder
+	code := worker.Main(effects.Function("fn", "topic"), []string{"--kafka-brokers", "127.0.0.1:1", "--database-url", "postgres://u@127.0.0.1:1/d", "--nats-url", "nats://127.0.0.1:1",
+		"--kafka-tls", "--kafka-sasl-mechanism", "OAUTHBEARER", "--kafka-oauth-token-url", "https://idp.example/token", "--kafka-oauth-scopes", "kafka,read"}, &out)
+	first, _, _ := strings.Cut(out.String(), "\n")
+	want := "fn: invalid configuration: --kafka-oauth-client-secret-file (KFN_KAFKA_OAUTH_CLIENT_SECRET or KFN_KAFKA_OAUTH_CLIENT_SECRET_FILE): --kafka-oauth-token-url needs the client secret of --kafka-oauth-client-id"
+	if code != 2 || first != want+": set KFN_KAFKA_OAUTH_CLIENT_SECRET, or name a file holding it" {
+		t.Errorf("exit %d, stderr %q; want exit 2 and %q", code, out.String(), want)
 	}
 }
