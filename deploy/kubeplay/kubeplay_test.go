@@ -181,7 +181,7 @@ func TestTheExampleOverlayRunsUnderPodmanKubePlay(t *testing.T) {
 				t.Fatalf("%s: the kubelet would have restarted it: %v\n%s", pd.name, s.restarts, pm.Logs(pd.container("kfn"), 30))
 			}
 			if !s.ready {
-				return false, fmt.Sprintf("%s not ready (startup probe passed: %v; probes run %v, failed %v)", pd.name, !s.startedUp.IsZero(), s.runs, s.failures)
+				return false, fmt.Sprintf("%s not ready (startup probe passed: %v; probes run %v, failed %v, last failures %v)", pd.name, !s.startedUp.IsZero(), s.runs, s.failures, s.lastError)
 			}
 		}
 		return true, ""

@@ -6,9 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os/exec"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -45,7 +47,8 @@ type prober struct {
 	firstOK   time.Time   // when /readyz (the readiness probe's target) first answered 2xx/3xx, polled every 50 ms
 	runs      map[string]int
 	failures  map[string]int
-	restarts  []string // what the kubelet would have restarted the container for
+	lastError map[string]string // each probe's last failure
+	restarts  []string          // what the kubelet would have restarted the container for
 
 	triggers map[string]chan struct{} // a probe's run between its ticks
 	stop     chan struct{}
@@ -54,7 +57,7 @@ type prober struct {
 
 // startProber starts probing container name of p, which started at started.
 func startProber(pm *podman, p pod, name string, started time.Time) *prober {
-	pr := &prober{pod: p, started: started, podman: pm, runs: map[string]int{}, failures: map[string]int{}, stop: make(chan struct{}),
+	pr := &prober{pod: p, started: started, podman: pm, runs: map[string]int{}, failures: map[string]int{}, lastError: map[string]string{}, stop: make(chan struct{}),
 		triggers: map[string]chan struct{}{"startup": make(chan struct{}, 1), "readiness": make(chan struct{}, 1), "liveness": make(chan struct{}, 1)}}
 	for _, c := range p.spec.Containers {
 		if c.Name == name {
@@ -128,6 +131,7 @@ func (pr *prober) loop(kind string, p *corev1.Probe) {
 		pr.runs[kind]++
 		if err != nil {
 			pr.failures[kind]++
+			pr.lastError[kind] = err.Error()
 		}
 		switch kind {
 		case "startup":
@@ -254,28 +258,22 @@ func (pr *prober) port(text string, number int) (int, error) {
 	return 0, fmt.Errorf("container %s has no port named %q", pr.container.Name, text)
 }
 
-// state is a copy of what the probes found.
+// probeState is a copy of what the probes found.
 type probeState struct {
 	startedUp, readyAt, firstOK time.Time
 	ready                       bool
 	unready                     []time.Time
 	runs, failures              map[string]int
+	lastError                   map[string]string
 	restarts                    []string
 }
 
 func (pr *prober) state() probeState {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
-	s := probeState{startedUp: pr.startedUp, readyAt: pr.readyAt, firstOK: pr.firstOK, ready: pr.ready,
-		unready: append([]time.Time(nil), pr.unready...), restarts: append([]string(nil), pr.restarts...),
-		runs: map[string]int{}, failures: map[string]int{}}
-	for k, v := range pr.runs {
-		s.runs[k] = v
-	}
-	for k, v := range pr.failures {
-		s.failures[k] = v
-	}
-	return s
+	return probeState{startedUp: pr.startedUp, readyAt: pr.readyAt, firstOK: pr.firstOK, ready: pr.ready,
+		unready: slices.Clone(pr.unready), restarts: slices.Clone(pr.restarts),
+		runs: maps.Clone(pr.runs), failures: maps.Clone(pr.failures), lastError: maps.Clone(pr.lastError)}
 }
 
 func orDefault(v, d int32) int32 {
