@@ -65,7 +65,7 @@ func (w *worker) runSubject(ctx context.Context, fn kfn.Function, lane int32, to
 
 func (sr *subjectRun) run(ctx context.Context) error {
 	var cons jetstream.Consumer
-	err := retryInfra(ctx, sr.log, "claim subject", func(ctx context.Context) error {
+	err := retryInfra(ctx, sr.repeats, sr.log, "claim subject", func(ctx context.Context) error {
 		cur, err := inbox.ClaimLane(ctx, sr.w.pool, sr.part, sr.lanes, sr.token, sr.w.cfg.WorkerID, sr.w.startedAt, sr.w.cfg.LeaseRenew)
 		var stale *inbox.LaneCountError
 		if errors.As(err, &stale) {
@@ -107,7 +107,7 @@ func (sr *subjectRun) run(ctx context.Context) error {
 			}
 		}
 		if len(recs) > 0 {
-			err = retryInfra(ctx, sr.log, "apply batch", func(ctx context.Context) error {
+			err = retryInfra(ctx, sr.repeats, sr.log, "apply batch", func(ctx context.Context) error {
 				done, err := sr.apply(ctx, recs)
 				recs = recs[done:]
 				return err
@@ -128,7 +128,7 @@ func (sr *subjectRun) run(ctx context.Context) error {
 			sr.log.Warn("an event the lane's consumer delivered never reached the lane (lost in flight when a NATS server went away); the lane's consumer starts again after its last ack",
 				"delivered", sr.delivered)
 			msgs.Stop()
-			if err := retryInfra(ctx, sr.log, "restart subject consumer", func(ctx context.Context) error {
+			if err := retryInfra(ctx, sr.repeats, sr.log, "restart subject consumer", func(ctx context.Context) error {
 				cons, err = sr.newTermConsumer(ctx)
 				return err
 			}); err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/kafkasource"
 	"github.com/kfn-dev/kfn/internal/lease"
 	"github.com/kfn-dev/kfn/internal/naming"
+	"github.com/kfn-dev/kfn/internal/repeatlog"
 	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/internal/tracing"
@@ -52,6 +53,9 @@ type worker struct {
 	tracer       trace.Tracer      // nil while tracing is off
 	ready        readiness         // the last probe of the services, for /readyz
 	health       *pgHealth         // whether this worker reaches Postgres; the lease managers' Healthy hook
+	// repeats logs the failures its parts retry (lanes, probes), each kind
+	// once per step of its schedule with a count (package repeatlog).
+	repeats *repeatlog.Log
 
 	// retries are the running lanes, woken for dead letters marked for
 	// retry (retry.go).
@@ -93,7 +97,7 @@ func NewWorker(ctx context.Context, cfg kfn.Config, fns ...kfn.Function) (*Worke
 		return nil, configError(settings.ConsumerGroup, "%q is set for a worker that runs %d Kafka functions (%s), and each needs a group of its own: leave it unset (each function's name) or run them in separate processes",
 			cfg.ConsumerGroup, len(fromKafka), strings.Join(fromKafka, ", "))
 	}
-	w := &worker{cfg: cfg, fns: fns, stats: &Stats{}, retries: newRetryLanes()}
+	w := &worker{cfg: cfg, fns: fns, stats: &Stats{}, retries: newRetryLanes(), repeats: repeatlog.New()}
 	ok := false
 	defer func() {
 		if !ok {
