@@ -355,7 +355,9 @@ func (pr *partitionRun) prefetch(ctx context.Context, reader *kafkasource.Reader
 }
 
 // fetch blocks for the first record, then gathers more until the batch is
-// full or BatchWait has passed since the first one. Offsets the reader
+// full (BatchSize records, or records of BatchMaxBytes: the last one takes
+// it there, so a batch holds at most BatchMaxBytes plus one record) or
+// BatchWait has passed since the first one. Offsets the reader
 // passes without a record (kafkasource.ErrPassedOnly) go to the batch's last record,
 // whose commit then moves the cursor past them; before the first record,
 // the lane waits BatchWait for one, and returns without a batch, how far
@@ -397,10 +399,11 @@ func (pr *partitionRun) fetch(ctx context.Context, reader *kafkasource.Reader) f
 	}
 	batch = append(batch, rec)
 	passedAfter(rec, after)
+	bytes := recordSize(rec)
 	// One deadline for the rest of the batch, not a timer per record.
 	fctx, cancel := context.WithDeadline(ctx, time.Now().Add(pr.w.cfg.BatchWait))
 	defer cancel()
-	for len(batch) < max {
+	for len(batch) < max && bytes < pr.w.cfg.BatchMaxBytes {
 		rec, after, err := reader.NextRecord(fctx)
 		if errors.Is(err, kafkasource.ErrPassedOnly) {
 			passedAfter(batch[len(batch)-1], reader.Passed())
@@ -413,6 +416,7 @@ func (pr *partitionRun) fetch(ctx context.Context, reader *kafkasource.Reader) f
 			break // deadline: the batch is as full as it gets
 		}
 		batch = append(batch, rec)
+		bytes += recordSize(rec)
 		passedAfter(rec, after)
 	}
 	lagEnd := reader.LastStable()

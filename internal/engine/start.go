@@ -90,6 +90,7 @@ func Main(fn kfn.Function, args []string, stdout, stderr io.Writer) int {
 	_ = level.UnmarshalText([]byte(logLevel))                                     // checked by settings.LogLevel; a rejected value left "info"
 	cfg.Logger = slog.New(tracing.LogHandler(newLogger(stderr, level).Handler())) // a record logged inside a span carries trace_id, span_id
 	slog.SetDefault(cfg.Logger)                                                   // a handler's slog.InfoContext(ctx, …) lines go to the worker's log
+	setMemoryLimit(cfg.Logger)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

@@ -156,6 +156,7 @@ func (w *worker) connect(ctx context.Context) error {
 		} else if err != nil && !errors.Is(err, kafkasource.ErrTopicMissing) {
 			return fmt.Errorf("cannot reach Kafka at %s (check --kafka-brokers / KFN_KAFKA_BROKERS): %w", strings.Join(w.cfg.KafkaBrokers, ","), err)
 		}
+		w.kafka.FetchBytes = fetchBytes(w.cfg)
 		w.offsets = kafkasource.NewGroupMirror(w.kafka, w.cfg.Logger)
 	}
 	if err := w.connectNATS(); err != nil {
@@ -168,6 +169,7 @@ func (w *worker) connect(ctx context.Context) error {
 			return err
 		}
 	}
+	w.checkMemory(ctx)
 	subjects := emittedSubjects(w.fns)
 	switch {
 	case len(subjects) == 0:

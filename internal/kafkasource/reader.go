@@ -73,12 +73,20 @@ var ErrPassedOnly = errors.New("the reader passed offsets that hold no committed
 // fetchMaxWait is how long the leader holds a fetch for records to arrive.
 const fetchMaxWait = 250 * time.Millisecond
 
-// fetchMaxBytes bounds one fetch response, which the reader decodes whole:
+// MaxFetchBytes bounds one fetch response, which the reader decodes whole:
 // 1 MiB, the Java consumer's max.partition.fetch.bytes, holds thousands of
 // small records and keeps a lagging worker's memory at about that much
 // per partition it reads (the leader still returns a first batch that is
-// larger, so no record is too big to read).
-const fetchMaxBytes = 1 << 20
+// larger, so no record is too big to read). Source.FetchBytes lowers it.
+const MaxFetchBytes = 1 << 20
+
+// fetchBytes is the bound of a fetch of k's readers.
+func (k *Source) fetchBytes() int32 {
+	if k.FetchBytes <= 0 || k.FetchBytes > MaxFetchBytes {
+		return MaxFetchBytes
+	}
+	return int32(k.FetchBytes)
+}
 
 // fetchTimeout bounds one fetch round trip: the leader's wait plus the
 // time to answer, after which the connection is taken to be dead.
@@ -174,6 +182,10 @@ func (r *Reader) fetchResponse(ctx context.Context) (fetchedPart, error) {
 	if r.inFlight == nil {
 		done := make(chan fetchedPart, 1)
 		r.inFlight = done
+		// The spare room's records were all handed on: the lane holds
+		// those it still needs, so the room lets go of them, or it would
+		// keep a whole response's values alive for another round.
+		clear(r.spare)
 		go func(from int64, room []kfn.Record) { done <- r.fetch(from, room) }(r.next, r.spare[:0])
 	}
 	select {
@@ -218,7 +230,7 @@ func (r *Reader) fetch(from int64, room []kfn.Record) fetchedPart {
 		ReplicaID:      -1,
 		MaxWaitTime:    int32(fetchMaxWait / time.Millisecond),
 		MinBytes:       1,
-		MaxBytes:       fetchMaxBytes,
+		MaxBytes:       r.source.fetchBytes(),
 		IsolationLevel: readCommitted,
 		SessionID:      -1,
 		SessionEpoch:   -1,
@@ -226,7 +238,7 @@ func (r *Reader) fetch(from int64, room []kfn.Record) fetchedPart {
 			Topic: r.topic,
 			Partitions: []fetchapi.RequestPartition{{
 				Partition: r.partition, CurrentLeaderEpoch: -1, FetchOffset: from,
-				LogStartOffset: -1, PartitionMaxBytes: fetchMaxBytes,
+				LogStartOffset: -1, PartitionMaxBytes: r.source.fetchBytes(),
 			}},
 		}},
 	})
