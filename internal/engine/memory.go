@@ -3,13 +3,9 @@ package engine
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"math"
-	"os"
 	"runtime/debug"
 	"time"
-
-	"github.com/KimMachineGun/automemlimit/memlimit"
 
 	"github.com/kfn-dev/kfn/internal/kafkasource"
 	"github.com/kfn-dev/kfn/internal/settings"
@@ -38,29 +34,6 @@ func fetchBytes(cfg kfn.Config) int {
 // laneMemory is the most a lane holds in records, in bytes.
 func laneMemory(cfg kfn.Config) int64 {
 	return 2*int64(cfg.BatchMaxBytes+cfg.MaxRecordBytes) + 2*int64(fetchBytes(cfg))
-}
-
-// setMemoryLimit sets the Go memory limit of a function process from its
-// container's memory limit (the cgroup's, read by automemlimit): 90% of
-// it, so that the garbage collector works harder before the kernel's OOM
-// killer comes, leaving the rest to what Go does not count (stacks of
-// threads, the binary). GOMEMLIMIT, when set, wins and is kept as it is;
-// AUTOMEMLIMIT sets another ratio, or "off". It logs what it chose.
-func setMemoryLimit(log *slog.Logger) {
-	if v, ok := os.LookupEnv("GOMEMLIMIT"); ok {
-		log.Info("memory limit from GOMEMLIMIT", "go_memory_limit", mib(debug.SetMemoryLimit(-1)), "GOMEMLIMIT", v)
-		return
-	}
-	container, cgErr := memlimit.FromCgroup()
-	limit, err := memlimit.Set(memlimit.WithProvider(memlimit.FromCgroup))
-	switch {
-	case err != nil:
-		log.Info("memory limit: none (the container's limit cannot be read; set GOMEMLIMIT to choose one)", "err", err)
-	case limit == math.MaxInt64 || cgErr != nil:
-		log.Info("memory limit: none (no container memory limit; set GOMEMLIMIT to choose one)")
-	default:
-		log.Info("memory limit set from the container's", "go_memory_limit", mib(limit), "container_limit", mib(int64(container)))
-	}
 }
 
 // checkMemory says, at start, when the lanes this worker may own cannot

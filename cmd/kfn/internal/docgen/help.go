@@ -6,7 +6,7 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/process"
 	"github.com/kfn-dev/kfn/runtime"
 )
 
@@ -192,7 +192,7 @@ func functionFlags() (map[string][]flagDoc, error) {
 		"FUNCTION migrate": {"migrate", "-h"},
 	} {
 		var help, stderr bytes.Buffer
-		if code := engine.Main(runtime.Function{Name: "function"}, args, &help, &stderr); code != 0 {
+		if code := process.Main(runtime.Function{Name: "function"}, args, &help, &stderr); code != 0 {
 			return nil, fmt.Errorf("a function binary's %v: exit %d\n%s", args, code, stderr.String())
 		}
 		out[name] = parseFlags(strings.Split(help.String(), "\n"))
