@@ -148,7 +148,7 @@ func (w *worker) connect(ctx context.Context) error {
 		} else if err != nil && !errors.Is(err, kafkasource.ErrTopicMissing) {
 			return fmt.Errorf("cannot reach Kafka at %s (check --kafka-brokers / KFN_KAFKA_BROKERS): %w", strings.Join(w.cfg.KafkaBrokers, ","), err)
 		}
-		w.kafka.FetchBytes = fetchBytes(w.cfg)
+		w.kafka.FetchBytes, w.kafka.BatchRecords = fetchBytes(w.cfg), w.cfg.BatchSize
 		w.offsets = kafkasource.NewGroupMirror(w.kafka, w.cfg.Logger)
 	}
 	if err := w.connectNATS(); err != nil {

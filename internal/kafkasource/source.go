@@ -29,6 +29,10 @@ type Source struct {
 	// zero or more than MaxFetchBytes is MaxFetchBytes. Set it before the
 	// first Reader.
 	FetchBytes int
+	// BatchRecords is how many records a lane takes in a batch: a reader
+	// fetches about two batches ahead (sizeFetch). Zero: it fetches up to
+	// FetchBytes.
+	BatchRecords int
 }
 
 // New connects with security's TLS and SASL (plain TCP when zero).
