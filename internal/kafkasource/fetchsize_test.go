@@ -3,14 +3,9 @@ package kafkasource
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"testing"
 
-	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/kfn-dev/kfn/internal/devstack"
-	"github.com/kfn-dev/kfn/internal/kafkaconn"
 )
 
 // A reader holds about two batches of records ahead of its lane, not a
@@ -20,25 +15,9 @@ import (
 // holds about 10,000. Without a batch size it fetches up to the bound.
 func TestAReaderFetchesAboutTwoBatchesAhead(t *testing.T) {
 	const records = 20000
-	broker, err := devstack.StartKafka(devstack.KafkaOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer broker.Stop()
-	source, err := New(broker.Brokers, kafkaconn.Security{}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer source.Close()
+	source, brokers := onePartitionTopic(t, "sized")
 	ctx := context.Background()
-	created, err := source.client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: "sized", NumPartitions: 1, ReplicationFactor: 1}}})
-	if err == nil {
-		err = created.Errors["sized"]
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(broker.Brokers...), kgo.DefaultProduceTopic("sized"),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic("sized"),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(16<<10), kgo.ProducerBatchCompression(kgo.NoCompression()))
 	if err != nil {
 		t.Fatal(err)
