@@ -22,8 +22,8 @@ import (
 // n × laneMemory + baseMemory.
 
 // baseMemory is what a worker holds besides its lanes' records: the Go
-// runtime, the clients of Kafka, Postgres and NATS, the relay, metrics
-// (an idle orders worker's RSS is about 20 MiB), with room to spare.
+// runtime, the clients of Kafka, Postgres and NATS, the relay, metrics,
+// with room to spare.
 const baseMemory = 32 << 20
 
 // fetchBytes is the bound of a lane's fetch response.

@@ -27,7 +27,7 @@ func setMemoryLimit(log *slog.Logger) {
 	case err != nil:
 		log.Info("memory limit: none (the container's limit cannot be read; set GOMEMLIMIT to choose one)", "err", err)
 	case limit == math.MaxInt64 || cgErr != nil:
-		log.Info("memory limit: none (no container memory limit; set GOMEMLIMIT to choose one)")
+		log.Info("memory limit: none (no container memory limit, or AUTOMEMLIMIT=off; set GOMEMLIMIT to choose one)")
 	default:
 		log.Info("memory limit set from the container's", "go_memory_limit", inMiB(limit), "container_limit", inMiB(int64(container)))
 	}
