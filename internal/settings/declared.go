@@ -77,6 +77,11 @@ var (
 		Flag: "database-url", Env: "DATABASE_URL", OldEnv: "KFN_DATABASE_URL",
 		Usage: "Postgres connection URL or keyword/value string", Check: postgresURL, Secret: true,
 	}
+	FunctionDatabases = Setting[[]string]{
+		Flag: "function-databases", Env: "KFN_FUNCTION_DATABASES",
+		Usage: "the functions on a database of their own, as FUNCTION=URL,…: kfn's operator commands use a function's own database for it and --database-url for the others",
+		Check: functionDatabases, Secret: true,
+	}
 	NATSURL = Setting[string]{
 		Flag: "nats-url", Env: "KFN_NATS_URL",
 		Usage: "NATS server URL (JetStream enabled)", Secret: true,
@@ -413,6 +418,31 @@ func postgresURL(s string) error {
 		return fmt.Errorf("%q is not a postgres:// URL (nor a keyword/value string: host=… dbname=…)", connect.Redact(s))
 	}
 	return nil
+}
+
+// functionDatabases checks each FUNCTION=URL of --function-databases: a
+// function named once, with a Postgres URL.
+func functionDatabases(list []string) error {
+	var errs []error
+	seen := map[string]bool{}
+	for _, item := range list {
+		function, url, ok := strings.Cut(item, "=")
+		function = strings.TrimSpace(function)
+		switch {
+		case !ok || function == "" || strings.TrimSpace(url) == "":
+			errs = append(errs, fmt.Errorf("%q is not FUNCTION=URL", connect.Redact(item)))
+		case seen[function]:
+			errs = append(errs, fmt.Errorf("function %s is given twice", function))
+		default:
+			seen[function] = true
+			if err := postgresURL(strings.TrimSpace(url)); err != nil {
+				errs = append(errs, fmt.Errorf("function %s: %w", function, err))
+			} else if strings.Contains(url, "=") && !strings.Contains(url, "://") {
+				errs = append(errs, fmt.Errorf("function %s: give a postgres:// URL (a keyword/value string cannot be told from the list's = and ,)", function))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // hostPorts checks each broker: one error per broker that is not host:port.

@@ -6,7 +6,7 @@ package settings
 // when a declared setting is missing from it.
 var Table = []Group{
 	{Name: "Connections", Settings: []Described{
-		DatabaseURL, NATSURL, NATSCreds, NATSTokenFile, NATSNKey, NATSCA, NATSCert, NATSKey,
+		DatabaseURL, FunctionDatabases, NATSURL, NATSCreds, NATSTokenFile, NATSNKey, NATSCA, NATSCert, NATSKey,
 		NATSReplicas, NATSProvisioned, KafkaBrokers, LeaseBucket, EventStream,
 	}},
 	{Name: "Kafka security", Settings: []Described{
