@@ -354,7 +354,7 @@ func TestReadmeRolesRunKfnWithLeastPrivilege(t *testing.T) {
 		return pg.admin.QueryRow(ctx, `SELECT next_offset FROM kfn.cursors WHERE consumer = $1`, fn.Name).Scan(&next) == nil && next == n+1
 	})
 	var rows, inbox, dead int
-	if err := pg.admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM kfn.inbox WHERE consumer = $1), (SELECT count(*) FROM kfn.dead_letters WHERE consumer = $1)`, fn.Name).Scan(&rows, &inbox, &dead); err != nil {
+	if err := pg.admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM kfn.inbox JOIN kfn.lanes ON id = lane WHERE consumer = $1), (SELECT count(*) FROM kfn.dead_letters WHERE consumer = $1)`, fn.Name).Scan(&rows, &inbox, &dead); err != nil {
 		t.Fatal(err)
 	}
 	if rows != n || inbox != n+1 || dead != 1 {
