@@ -71,8 +71,8 @@ type stream struct {
 	// query whose order the SQL does not state; see inboxSQL).
 	increasing bool
 	pos        position
-	ok   bool
-	err  error
+	ok         bool
+	err        error
 }
 
 // query is one stream's query: its settings (SET LOCAL statements), its
