@@ -33,14 +33,23 @@ func runBench(ctx context.Context, args []string, out, stderr io.Writer) error {
 		usage: []string{"kfn bench [flags]"},
 		text: `
 Measures, on the same records and in interleaved rounds, the Postgres ingest
-limit (COPY of the rows exactly-once writes), exactly-once, at-least-once, a
-naive consumer, the full pipeline (with the relay to JetStream) and the
-chain orders → ledger, and the relay against a naive relay, on a throwaway
-stack (or the services the flags name); prints msgs/s, CPU-seconds per 10k
-records by process, ratios, commit latency and memory by mode, the relay's
-share of the worker's CPU and commit→ack latency at 80% load, with the
-command and the machine, and writes that report to a file in --report-dir.
-Progress goes to stderr.`,
+limit (COPY of the rows exactly-once writes, swept over batch sizes 500 to
+5,000 and 1 to 2× --partitions connections: the best is the ceiling), the
+same with the events emitted to the WAL (pg_logical_emit_message: the WAL
+outbox mode's ceiling), exactly-once, at-least-once, a naive consumer, the
+full pipeline (with the relay to JetStream) and the chain orders → ledger,
+and the relay against a naive relay, on a throwaway stack (or the services
+the flags name); prints msgs/s, CPU-seconds per 10k records by process,
+ratios, commit latency and memory by mode, the relay's share of the
+worker's CPU and commit→ack latency at 80% load, with the command and the
+machine, and writes that report to a file in --report-dir. Progress goes
+to stderr.
+
+It writes only into a database of its own (kfn_bench_<random>, created on
+the server of --database-url, which needs CREATEDB) and drops it at the
+end, also when interrupted; it deletes its topic. It purges the default
+event stream between modes: point --nats-url at a NATS server of its own,
+never at one that holds events.`,
 		examples: `
 kfn bench
 kfn bench --batch-size 100 --records 20000 --rounds 5
