@@ -150,7 +150,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		{ModeCopy, benchLimit(func(cfg *Config) Writer { return cfg.Limit })},
 		{ModeWALLimit, benchLimit(func(cfg *Config) Writer { return cfg.WALLimit })},
 		{ModeExactlyOnce, benchBatched(engine.NewWorker, false)},
-		{ModeAtLeastOnce, benchBatched(engine.NewAtLeastOnceWorker, false)},
+		{ModeAtLeastOnce, benchBatched(newAtLeastOnceWorker, false)},
 		{ModeNaive, benchNaive},
 		{ModePipeline, benchBatched(engine.NewWorker, true)},
 	}
