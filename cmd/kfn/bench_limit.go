@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kfn-dev/kfn/functions/orders"
 	"github.com/kfn-dev/kfn/inbox"
@@ -35,8 +36,8 @@ type batch struct {
 	events                  [][]byte // each event as the WAL limit emits it
 }
 
-func (o *orderRows) batch(ctx context.Context, tx pgx.Tx, consumer string, first, n int64) (batch, error) {
-	lanes, err := o.lanesOf(ctx, tx, consumer)
+func (o *orderRows) batch(ctx context.Context, pool *pgxpool.Pool, consumer string, first, n int64) (batch, error) {
+	lanes, err := o.lanesOf(ctx, pool, consumer)
 	if err != nil {
 		return batch{}, err
 	}
@@ -66,7 +67,7 @@ func (o *orderRows) batch(ctx context.Context, tx pgx.Tx, consumer string, first
 
 // lanesOf returns the lane ids of the consumer's partitions, adding them
 // the first time (the exactly-once path's claims add them).
-func (o *orderRows) lanesOf(ctx context.Context, tx pgx.Tx, consumer string) ([]int32, error) {
+func (o *orderRows) lanesOf(ctx context.Context, pool *pgxpool.Pool, consumer string) ([]int32, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if lanes, ok := o.lanes[consumer]; ok {
@@ -75,10 +76,10 @@ func (o *orderRows) lanesOf(ctx context.Context, tx pgx.Tx, consumer string) ([]
 	lanes := make([]int32, o.partitions)
 	for p := range int32(o.partitions) {
 		part := inbox.Partition{Consumer: consumer, Topic: o.topic, Partition: p}
-		if err := inbox.AddLane(ctx, tx, part); err != nil {
+		if err := inbox.AddLane(ctx, pool, part); err != nil {
 			return nil, err
 		}
-		if err := tx.QueryRow(ctx, `SELECT id FROM kfn.lanes WHERE consumer = $1 AND topic = $2 AND partition = $3`, consumer, o.topic, p).Scan(&lanes[p]); err != nil {
+		if err := pool.QueryRow(ctx, `SELECT id FROM kfn.lanes WHERE consumer = $1 AND topic = $2 AND partition = $3`, consumer, o.topic, p).Scan(&lanes[p]); err != nil {
 			return nil, fmt.Errorf("the lane of %s: %w", part, err)
 		}
 	}
@@ -88,29 +89,31 @@ func (o *orderRows) lanesOf(ctx context.Context, tx pgx.Tx, consumer string) ([]
 
 // copyOrders is the copy limit's writer: the order, the inbox row and the
 // outbox row of each record, with COPY.
-func (o *orderRows) copyOrders(ctx context.Context, tx pgx.Tx, consumer string, first, n int64) error {
-	b, err := o.batch(ctx, tx, consumer, first, n)
+func (o *orderRows) copyOrders(ctx context.Context, pool *pgxpool.Pool, consumer string, first, n int64) (func(context.Context, pgx.Tx) error, error) {
+	b, err := o.batch(ctx, pool, consumer, first, n)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return copyRows(ctx, tx, b, true)
+	return func(ctx context.Context, tx pgx.Tx) error { return copyRows(ctx, tx, b, true) }, nil
 }
 
 // emitOrders is the WAL limit's writer: the order and the inbox row with
 // COPY, and the event emitted to the WAL in the transaction
 // (pg_logical_emit_message(true, …)) rather than written to the outbox.
-func (o *orderRows) emitOrders(ctx context.Context, tx pgx.Tx, consumer string, first, n int64) error {
-	b, err := o.batch(ctx, tx, consumer, first, n)
+func (o *orderRows) emitOrders(ctx context.Context, pool *pgxpool.Pool, consumer string, first, n int64) (func(context.Context, pgx.Tx) error, error) {
+	b, err := o.batch(ctx, pool, consumer, first, n)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if err := copyRows(ctx, tx, b, false); err != nil {
-		return err
-	}
-	if _, err := tx.Exec(ctx, `SELECT count(pg_logical_emit_message(true, 'kfn', e)) FROM unnest($1::bytea[]) AS e`, b.events); err != nil {
-		return fmt.Errorf("emit the events to the WAL: %w", err)
-	}
-	return nil
+	return func(ctx context.Context, tx pgx.Tx) error {
+		if err := copyRows(ctx, tx, b, false); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `SELECT count(pg_logical_emit_message(true, 'kfn', e)) FROM unnest($1::bytea[]) AS e`, b.events); err != nil {
+			return fmt.Errorf("emit the events to the WAL: %w", err)
+		}
+		return nil
+	}, nil
 }
 
 // copyInto is one COPY of a batch.

@@ -144,3 +144,33 @@ func benchClaims(b *testing.B, pool *pgxpool.Pool, schema11 bool, consumer, topi
 	b.ReportMetric(float64(heap)/rows, "heap-B/record")
 	b.ReportMetric(float64(index)/rows, "pkey-B/record")
 }
+
+// BenchmarkMigration12 measures migration 0012 on an inbox of schema 11
+// holding a million rows (2 functions × 4 partitions, bench names): the
+// move of every row to the compact key, in the migration's transaction.
+//
+//	go test ./internal/schema -run '^$' -bench BenchmarkMigration12 -benchtime 1x
+func BenchmarkMigration12(b *testing.B) {
+	const rows = 1_000_000
+	ctx := context.Background()
+	var moved time.Duration
+	for range b.N {
+		b.StopTimer()
+		db := kfntest.PostgresEmpty(b)
+		if _, err := schema.MigrateTo(ctx, db.Pool, 11); err != nil {
+			b.Fatal(err)
+		}
+		_, err := db.Pool.Exec(ctx, `INSERT INTO kfn.inbox (consumer, topic, partition, "offset", epoch)
+SELECT 'orders-eo-179616197241712810' || i % 2, 'kfn-bench-1796161972417128103', i / 2 % 4, i / 8, 1 FROM generate_series(0, $1 - 1) AS i`, rows)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		start := time.Now()
+		if _, err := schema.MigrateTo(ctx, db.Pool, 12); err != nil {
+			b.Fatal(err)
+		}
+		moved += time.Since(start)
+	}
+	b.ReportMetric(float64(rows*b.N)/moved.Seconds(), "rows/s")
+}

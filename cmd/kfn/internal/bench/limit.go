@@ -8,9 +8,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Writer writes the rows of records [first, first+n) inside tx, for a
-// limit mode: Config.Limit or Config.WALLimit.
-type Writer func(ctx context.Context, tx pgx.Tx, consumer string, first, n int64) error
+// Writer makes the rows of records [first, first+n), for a limit mode
+// (Config.Limit or Config.WALLimit), and returns what writes them inside
+// a transaction. The rows are made before the limit's clock starts: a
+// limit times Postgres taking them, not the client making them.
+type Writer func(ctx context.Context, pool *pgxpool.Pool, consumer string, first, n int64) (write func(context.Context, pgx.Tx) error, err error)
 
 // LimitSetting is how a limit mode writes: records per transaction and
 // connections writing at once.
@@ -112,24 +114,50 @@ func writeRecords(ctx context.Context, cfg *Config, write Writer, consumer strin
 	conns := int64(s.Connections)
 	per := (cfg.Records + conns - 1) / conns
 	batch := int64(s.Batch)
+	type batchWrite struct {
+		n     int64
+		write func(context.Context, pgx.Tx) error
+	}
+	writes := make([][]batchWrite, conns) // each connection's transactions
+	for k := range conns {
+		for i := k * per; i < min(cfg.Records, (k+1)*per); i += batch {
+			n := min(batch, min(cfg.Records, (k+1)*per)-i)
+			w, err := write(ctx, pool, consumer, i, n)
+			if err != nil {
+				return round{}, err
+			}
+			writes[k] = append(writes[k], batchWrite{n, w})
+		}
+	}
+	// Every connection open before the clock starts.
+	warm := make([]*pgxpool.Conn, 0, conns)
+	for range conns {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			return round{}, err
+		}
+		warm = append(warm, conn)
+	}
+	for _, conn := range warm {
+		conn.Release()
+	}
 	c := clock{procs: cfg.Processes}
 	c.begin()
 	errs := make(chan error, conns)
 	for k := range conns {
-		go func(first, last int64) {
-			for i := first; i < last; i += batch {
-				n := min(batch, last-i)
-				err := c.commits.timed(int(n), func() error {
-					return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return write(ctx, tx, consumer, i, n) })
+		go func(txs []batchWrite) {
+			for _, w := range txs {
+				err := c.commits.timed(int(w.n), func() error {
+					return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.write(ctx, tx) })
 				})
 				if err != nil {
 					errs <- err
 					return
 				}
-				cfg.done.Add(n)
+				cfg.done.Add(w.n)
 			}
 			errs <- nil
-		}(k*per, min(cfg.Records, (k+1)*per))
+		}(writes[k])
 	}
 	var first error
 	for range conns {
