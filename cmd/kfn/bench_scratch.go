@@ -36,6 +36,9 @@ type scratchDatabase struct {
 	// server is the given URL: the drop connects there (a database cannot
 	// be dropped from a session inside it).
 	server string
+	// held is a session in the database for as long as the run lasts, so
+	// that another run's sweep of left databases never takes it for one.
+	held *pgx.Conn
 }
 
 // createScratchDatabase drops the scratch databases earlier runs left
@@ -64,6 +67,11 @@ func createScratchDatabase(ctx context.Context, serverURL string, out io.Writer)
 		return nil, fmt.Errorf("create the benchmark's own database %s (kfn bench writes nowhere else; its role needs CREATEDB): %w", name, err)
 	}
 	db := &scratchDatabase{Name: name, URL: withDatabase(serverURL, name), server: serverURL}
+	if db.held, err = pgx.Connect(ctx, db.URL); err != nil {
+		db.drop()
+		return nil, fmt.Errorf("connect to the benchmark's database %s: %s", name, connect.Scrub(err.Error(), db.URL))
+	}
+	// Marked only once a session holds it.
 	if _, err := conn.Exec(ctx, `COMMENT ON DATABASE `+quoted+` IS '`+scratchComment+`'`); err != nil {
 		db.drop()
 		return nil, fmt.Errorf("mark the benchmark's database %s: %w", name, err)
@@ -101,6 +109,9 @@ SELECT d.datname FROM pg_database d
 func (db *scratchDatabase) drop() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if db.held != nil {
+		db.held.Close(ctx)
+	}
 	conn, err := pgx.Connect(ctx, db.server)
 	if err != nil {
 		return fmt.Errorf("drop the benchmark's database %s: %s", db.Name, connect.Scrub(err.Error(), db.server))
