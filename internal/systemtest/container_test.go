@@ -324,7 +324,7 @@ func (c *chain) requireAppliedOnce(n int, limit time.Duration) {
 	})
 	rows := c.count(`SELECT count(*) FROM orders`)
 	revisions := c.count(`SELECT coalesce(sum(revisions), 0) FROM orders`)
-	inboxRows := c.count(`SELECT count(*) FROM kfn.inbox WHERE consumer = 'orders' AND topic = $1`, c.topic)
+	inboxRows := c.count(`SELECT count(*) FROM kfn.inbox JOIN kfn.lanes ON id = lane WHERE consumer = 'orders' AND topic = $1`, c.topic)
 	dead := c.count(`SELECT count(*) FROM kfn.dead_letters WHERE consumer = 'orders'`)
 	lost, duplicated := int64(n)-rows, revisions-rows
 	c.t.Logf("produced %d orders: %d rows (lost %d), %d applies (duplicated %d), %d inbox rows, %d dead letters", n, rows, lost, revisions, duplicated, inboxRows, dead)
