@@ -133,9 +133,11 @@ func (r *run) inject(f fault, rw *row, before counts) counts {
 	t.Helper()
 	rw.Injections++
 	t.Logf("--- %s (#%d)", f.name, rw.Injections)
+	tl := r.watchTimeline()
 	h := f.inject(r, rw.Injections-1)
 	healed := time.Now()
 	n, acked := r.prod.mark()
+	tl.healedAt(healed, n, acked)
 
 	// Every lane the fault hit must flow again, and within the bound.
 	var took map[lane]time.Duration
@@ -161,6 +163,7 @@ func (r *run) inject(f fault, rw *row, before counts) counts {
 		t.Fatalf("the chain did not catch up after %s: %s", f.name, r.whereAreTheMissing(n))
 	}
 	rw.recoveries = append(rw.recoveries, time.Since(healed))
+	t.Logf("%s: %s", f.name, tl.end(healed, time.Now()))
 	r.s.requireRunning(r.s.running()...)
 
 	after := r.verifyChain()

@@ -151,8 +151,23 @@ var errDeliveryLost = errors.New("a delivery of the lane's consumer was lost")
 // nats.go's Messages sends heartbeats every half of it and ends with
 // ErrNoHeartbeat (the lane stops and is run again) when two are missed: a
 // pull request lost with a NATS node, or sent before a new consumer's
-// leader was ready, then costs seconds, not the 30 s default's.
-const pullExpiry = 5 * time.Second
+// leader was ready, then costs 2 s, not the 30 s default's. (At 5 s such a
+// lane stood still 5-6 s after a NATS node kill in the chaos run, the
+// largest part of the chain's recovery.) An idle lane costs one pull
+// request and one heartbeat a second.
+const pullExpiry = 2 * time.Second
+
+// natsCallTimeout bounds each JetStream API call a lane makes to set up its
+// consumer. Without a deadline nats.go waits 5 s for an answer, and a
+// request that reached a server in transition (a node just killed or just
+// back, a consumer without its leader yet) is never answered: the lane's
+// retry sends it again after 2 s instead.
+const natsCallTimeout = 2 * time.Second
+
+// natsCall is ctx with natsCallTimeout for one JetStream API call.
+func natsCall(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, natsCallTimeout)
+}
 
 // consume starts reading cons, a consumer this lane just created.
 func (sr *subjectRun) consume(cons jetstream.Consumer) (jetstream.MessagesContext, error) {
@@ -206,15 +221,22 @@ func (sr *subjectRun) newTermConsumer(ctx context.Context) (jetstream.Consumer, 
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	}
 	start := uint64(max(sr.start, 0))
-	old, err := sr.w.js.Consumer(ctx, sr.stream, name)
+	callCtx, cancel := natsCall(ctx)
+	old, err := sr.w.js.Consumer(callCtx, sr.stream, name)
+	cancel()
 	switch {
 	case err == nil:
-		info, err := old.Info(ctx)
+		callCtx, cancel := natsCall(ctx)
+		info, err := old.Info(callCtx)
+		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("read consumer %s on stream %s: %w", name, sr.stream, err)
 		}
 		start = max(start, info.AckFloor.Stream+1)
-		if err := sr.w.js.DeleteConsumer(ctx, sr.stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		callCtx, cancel = natsCall(ctx)
+		err = sr.w.js.DeleteConsumer(callCtx, sr.stream, name)
+		cancel()
+		if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return nil, fmt.Errorf("replace consumer %s on stream %s: %w", name, sr.stream, err)
 		}
 	case !errors.Is(err, jetstream.ErrConsumerNotFound):
@@ -227,7 +249,9 @@ func (sr *subjectRun) newTermConsumer(ctx context.Context) (jetstream.Consumer, 
 		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
 		cfg.OptStartSeq = start
 	}
-	cons, err := sr.w.js.CreateConsumer(ctx, sr.stream, cfg)
+	callCtx, cancel = natsCall(ctx)
+	defer cancel()
+	cons, err := sr.w.js.CreateConsumer(callCtx, sr.stream, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("durable consumer %s on stream %s: %w", name, sr.stream, err)
 	}
