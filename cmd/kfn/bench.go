@@ -22,8 +22,8 @@ import (
 	"github.com/kfn-dev/kfn/cmd/kfn/internal/bench"
 	"github.com/kfn-dev/kfn/functions/ledger"
 	"github.com/kfn-dev/kfn/functions/orders"
-	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/internal/redact"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
@@ -260,7 +260,7 @@ func processList(procs []bench.Process) string {
 func benchRelay(ctx context.Context, st *stack, cfg bench.RelayConfig) (bench.RelayResult, error) {
 	pgCfg, err := pgxpool.ParseConfig(st.DatabaseURL)
 	if err != nil {
-		return bench.RelayResult{}, &usageError{msg: fmt.Sprintf("--database-url: %v", connect.Scrub(err.Error(), st.DatabaseURL))}
+		return bench.RelayResult{}, &usageError{msg: fmt.Sprintf("--database-url: %v", redact.Scrub(err.Error(), st.DatabaseURL))}
 	}
 	if pgCfg.ConnConfig.RuntimeParams["application_name"] == "" {
 		pgCfg.ConnConfig.RuntimeParams["application_name"] = "kfn bench relay"
@@ -268,7 +268,7 @@ func benchRelay(ctx context.Context, st *stack, cfg bench.RelayConfig) (bench.Re
 	pgCfg.MaxConns = outbox.Shards + 8 // a connection per shard loop, the LISTEN connection and the load
 	pool, err := pgxpool.NewWithConfig(ctx, pgCfg)
 	if err != nil {
-		return bench.RelayResult{}, fmt.Errorf("relay benchmark: connect to Postgres: %s", connect.Scrub(err.Error(), st.DatabaseURL))
+		return bench.RelayResult{}, fmt.Errorf("relay benchmark: connect to Postgres: %s", redact.Scrub(err.Error(), st.DatabaseURL))
 	}
 	defer pool.Close()
 	js, closeNATS, err := connectJetStream(st.NATSURL, "kfn bench relay")

@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/devstack"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/internal/redact"
 	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/internal/settings"
 )
@@ -92,7 +92,7 @@ func startStack(ctx context.Context, dbURL, natsURL string, brokers []string, ou
 		s.DatabaseURL = pg.URL
 		fmt.Fprintf(out, "postgres  throwaway cluster at %s\n", pg.URL)
 	} else {
-		fmt.Fprintf(out, "postgres  %s (from --database-url)\n", connect.Redact(s.DatabaseURL))
+		fmt.Fprintf(out, "postgres  %s (from --database-url)\n", redact.Redact(s.DatabaseURL))
 	}
 	if s.NATSURL == "" {
 		n, err := devstack.StartNATS("")
@@ -103,7 +103,7 @@ func startStack(ctx context.Context, dbURL, natsURL string, brokers []string, ou
 		s.NATSURL = n.URL
 		fmt.Fprintf(out, "nats      embedded server with JetStream at %s\n", n.URL)
 	} else {
-		fmt.Fprintf(out, "nats      %s\n", connect.Redact(s.NATSURL))
+		fmt.Fprintf(out, "nats      %s\n", redact.Redact(s.NATSURL))
 	}
 	if len(s.Brokers) == 0 {
 		k, err := devstack.StartKafka(devstack.KafkaOptions{})
@@ -132,7 +132,7 @@ func printExports(out io.Writer, s *stack) {
 		{settings.DatabaseURL.Env, settings.DatabaseURL.FileEnv(), s.DatabaseURL},
 		{settings.NATSURL.Env, settings.NATSURL.FileEnv(), s.NATSURL},
 	} {
-		if connect.HasSecret(e.value) {
+		if redact.HasSecret(e.value) {
 			fmt.Fprintf(out, "# %s is not printed: it holds a password or a token; export it (or %s) yourself\n", e.env, e.fileEnv)
 			continue
 		}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kfn-dev/kfn/internal/redact"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -160,7 +161,7 @@ func (s NATSSecurity) tlsConfig() (*tls.Config, error) {
 // explain turns the error of a first connection to NATS at natsURL into
 // one that names the setting to fix, with any secret of the URL hidden.
 func (s NATSSecurity) explain(err error, natsURL string) error {
-	at := Redact(natsURL)
+	at := redact.Redact(natsURL)
 	if errors.Is(err, nats.ErrNoServers) {
 		// nats.go keeps the dial's error to itself: dial once more to
 		// tell a refused connection from no answer.
@@ -183,7 +184,7 @@ func (s NATSSecurity) explain(err error, natsURL string) error {
 			hint = fmt.Sprintf("NATS at %s refused the NKey of %s %s: check that the server lists its public key", at, natsNKeySetting, s.NKeyFile)
 		case s.TokenFile != "":
 			hint = fmt.Sprintf("NATS at %s refused the token of %s %s", at, natsTokenSetting, s.TokenFile)
-		case HasSecret(natsURL):
+		case redact.HasSecret(natsURL):
 			hint = fmt.Sprintf("NATS at %s refused %s of --nats-url (KFN_NATS_URL)", at, urlCredential(natsURL))
 		default:
 			hint = fmt.Sprintf("NATS at %s wants credentials: set %s to a .creds file (or %s, %s, or user:password in --nats-url)", at, natsCredsSetting, natsNKeySetting, natsTokenSetting)
@@ -211,7 +212,7 @@ func (s NATSSecurity) explain(err error, natsURL string) error {
 	default:
 		return fmt.Errorf("cannot connect to NATS at %s (check --nats-url / KFN_NATS_URL): %w", at, scrub(err, natsURL))
 	}
-	return &scrubbed{msg: hint + ": " + Scrub(msg, natsURL), err: err}
+	return &scrubbed{msg: hint + ": " + redact.Scrub(msg, natsURL), err: err}
 }
 
 // dialFirst opens, and closes, a TCP connection to the first server of
@@ -268,7 +269,7 @@ func NATSWith(natsURL, name string, sec NATSSecurity) (*nats.Conn, jetstream.Jet
 	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
-		return nil, nil, fmt.Errorf("NATS JetStream at %s: %w", Redact(natsURL), scrub(err, natsURL))
+		return nil, nil, fmt.Errorf("NATS JetStream at %s: %w", redact.Redact(natsURL), scrub(err, natsURL))
 	}
 	return nc, js, nil
 }
