@@ -134,7 +134,7 @@ kfn bench --report-dir ''   # print the report only`,
 	fn.Topic = topic
 	cfg := bench.Config{
 		Worker: runtime.Config{
-			KafkaBrokers: st.Brokers, KafkaSecurity: runtime.KafkaSecurity(st.Kafka), DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
+			KafkaBrokers: st.Brokers, KafkaSecurity: st.Kafka, DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
 			BatchSize: worker.BatchSize, BatchWait: worker.BatchWait, Logger: log,
 		},
 		Function: fn, Next: ledger.Function(), Partitions: *partitions,
@@ -299,7 +299,7 @@ func printRelayBench(w io.Writer, r bench.RelayResult) {
 		r.CommitP50.Round(10*time.Microsecond), r.CommitP99.Round(10*time.Microsecond), r.VisibleP50.Round(10*time.Microsecond), r.VisibleP99.Round(10*time.Microsecond))
 }
 
-func produceOrders(ctx context.Context, brokers []string, sec kafkaconn.Security, topic string, n int64) error {
+func produceOrders(ctx context.Context, brokers []string, sec runtime.KafkaSecurity, topic string, n int64) error {
 	transport, _, err := kafkaconn.Kafka(sec)
 	if err != nil {
 		return err

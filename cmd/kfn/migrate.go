@@ -84,7 +84,7 @@ kfn migrate --nats --nats-url nats://nats:4222 --nats-creds admin.creds --nats-r
 // workers started with --nats-provisioned expect, or checks that they
 // exist with cfg's replicas and TTL.
 func provisionNATS(ctx context.Context, pool *pgxpool.Pool, cfg runtime.Config, subjects []string, stdout io.Writer) error {
-	js, closeNATS, err := connectJetStream(cfg.NATSURL, appName, (*connect.NATSSecurity)(&cfg.NATSSecurity))
+	js, closeNATS, err := connectJetStream(cfg.NATSURL, appName, &cfg.NATSSecurity)
 	if err != nil {
 		return err
 	}

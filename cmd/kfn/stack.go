@@ -17,6 +17,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/redact"
 	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/internal/settings"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 // stack is the set of services kfn dev and kfn bench run against: the ones
@@ -25,7 +26,7 @@ type stack struct {
 	DatabaseURL string
 	NATSURL     string
 	Brokers     []string
-	Kafka       kafkaconn.Security // how to connect to Brokers: TLS, SASL (none for the embedded broker)
+	Kafka       runtime.KafkaSecurity // how to connect to Brokers: TLS, SASL (none for the embedded broker)
 	stops       []func()
 }
 
@@ -34,7 +35,7 @@ type stack struct {
 type serviceFlags struct {
 	databaseURL, natsURL *string
 	brokers              *[]string
-	kafka                *kafkaconn.Security
+	kafka                *runtime.KafkaSecurity
 }
 
 func addServiceFlags(fs *flagSet) serviceFlags {
@@ -49,7 +50,7 @@ func addServiceFlags(fs *flagSet) serviceFlags {
 // stack and closes the pool.
 func (f serviceFlags) start(ctx context.Context, out io.Writer, log *slog.Logger) (*stack, *pgxpool.Pool, error) {
 	if len(*f.brokers) > 0 {
-		if err := f.kafka.Check(); err != nil {
+		if err := kafkaconn.Check(*f.kafka); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -152,7 +153,7 @@ func (s *stack) stop() {
 }
 
 // ensureTopic creates topic with the given partitions unless it exists.
-func ensureTopic(ctx context.Context, brokers []string, sec kafkaconn.Security, topic string, partitions int) error {
+func ensureTopic(ctx context.Context, brokers []string, sec runtime.KafkaSecurity, topic string, partitions int) error {
 	client, closeClient, err := kafkaClient(brokers, sec)
 	if err != nil {
 		return err

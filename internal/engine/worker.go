@@ -134,7 +134,7 @@ func (w *worker) connect(ctx context.Context) error {
 	}
 	if topic := kafkaTopic(w.fns); topic != "" {
 		var err error
-		if w.kafka, err = kafkasource.New(w.cfg.KafkaBrokers, preflight.KafkaSecurity(w.cfg), w.cfg.Logger); err != nil {
+		if w.kafka, err = kafkasource.New(w.cfg.KafkaBrokers, w.cfg.KafkaSecurity, w.cfg.Logger); err != nil {
 			return err
 		}
 		metaCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -234,7 +234,7 @@ func (w *worker) connectPostgres(ctx context.Context) error {
 // opens JetStream.
 func (w *worker) connectNATS() error {
 	var err error
-	w.nc, w.js, err = connect.NATSWith(w.cfg.NATSURL, "kfn "+w.cfg.WorkerID, preflight.NATSSecurity(w.cfg))
+	w.nc, w.js, err = connect.NATSWith(w.cfg.NATSURL, "kfn "+w.cfg.WorkerID, w.cfg.NATSSecurity)
 	return err
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/settings"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 func TestBadSecuritySettingsNameTheSetting(t *testing.T) {
@@ -19,18 +20,18 @@ func TestBadSecuritySettingsNameTheSetting(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		s    kafkaconn.Security
+		s    runtime.KafkaSecurity
 		want []string
 	}{
-		{"SASL without user", kafkaconn.Security{SASLMechanism: "SCRAM-SHA-512", SASLPassword: "p"}, []string{"--kafka-sasl-user (KFN_KAFKA_SASL_USER)", "needs a user"}},
-		{"SASL without password", kafkaconn.Security{SASLMechanism: "PLAIN", SASLUser: "u"}, []string{"KFN_KAFKA_SASL_PASSWORD", "--kafka-sasl-password-file", "needs a password"}},
-		{"unreadable password file", kafkaconn.Security{SASLMechanism: "PLAIN", SASLUser: "u", SASLPasswordFile: filepath.Join(dir, "missing")}, []string{"--kafka-sasl-password-file (KFN_KAFKA_SASL_PASSWORD_FILE)", "cannot read"}},
-		{"unknown mechanism", kafkaconn.Security{SASLMechanism: "GSSAPI", SASLUser: "u", SASLPassword: "p"}, []string{"--kafka-sasl-mechanism (KFN_KAFKA_SASL_MECHANISM)", "GSSAPI"}},
-		{"user without mechanism", kafkaconn.Security{SASLUser: "u"}, []string{"--kafka-sasl-mechanism", "not set"}},
-		{"cert without key", kafkaconn.Security{CertFile: notPEM}, []string{"--kafka-key (KFN_KAFKA_KEY)", "without its private key"}},
-		{"key without cert", kafkaconn.Security{KeyFile: notPEM}, []string{"--kafka-cert (KFN_KAFKA_CERT)", "without its certificate"}},
-		{"unreadable CA", kafkaconn.Security{CAFile: filepath.Join(dir, "missing-ca.pem")}, []string{"--kafka-ca (KFN_KAFKA_CA)", "cannot read the CA file"}},
-		{"CA not PEM", kafkaconn.Security{CAFile: notPEM}, []string{"--kafka-ca (KFN_KAFKA_CA)", "no PEM certificate"}},
+		{"SASL without user", runtime.KafkaSecurity{SASLMechanism: "SCRAM-SHA-512", SASLPassword: "p"}, []string{"--kafka-sasl-user (KFN_KAFKA_SASL_USER)", "needs a user"}},
+		{"SASL without password", runtime.KafkaSecurity{SASLMechanism: "PLAIN", SASLUser: "u"}, []string{"KFN_KAFKA_SASL_PASSWORD", "--kafka-sasl-password-file", "needs a password"}},
+		{"unreadable password file", runtime.KafkaSecurity{SASLMechanism: "PLAIN", SASLUser: "u", SASLPasswordFile: filepath.Join(dir, "missing")}, []string{"--kafka-sasl-password-file (KFN_KAFKA_SASL_PASSWORD_FILE)", "cannot read"}},
+		{"unknown mechanism", runtime.KafkaSecurity{SASLMechanism: "GSSAPI", SASLUser: "u", SASLPassword: "p"}, []string{"--kafka-sasl-mechanism (KFN_KAFKA_SASL_MECHANISM)", "GSSAPI"}},
+		{"user without mechanism", runtime.KafkaSecurity{SASLUser: "u"}, []string{"--kafka-sasl-mechanism", "not set"}},
+		{"cert without key", runtime.KafkaSecurity{CertFile: notPEM}, []string{"--kafka-key (KFN_KAFKA_KEY)", "without its private key"}},
+		{"key without cert", runtime.KafkaSecurity{KeyFile: notPEM}, []string{"--kafka-cert (KFN_KAFKA_CERT)", "without its certificate"}},
+		{"unreadable CA", runtime.KafkaSecurity{CAFile: filepath.Join(dir, "missing-ca.pem")}, []string{"--kafka-ca (KFN_KAFKA_CA)", "cannot read the CA file"}},
+		{"CA not PEM", runtime.KafkaSecurity{CAFile: notPEM}, []string{"--kafka-ca (KFN_KAFKA_CA)", "no PEM certificate"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, _, err := kafkaconn.Kafka(tc.s)
@@ -50,8 +51,8 @@ func TestPasswordComesFromTheEnvironmentOrAFileNeverAFlag(t *testing.T) {
 	t.Setenv(settings.KafkaSASLPasswordEnv, "from-env")
 	t.Setenv("KFN_KAFKA_SASL_MECHANISM", "SCRAM-SHA-256")
 	fs := flag.NewFlagSet("x", flag.ContinueOnError)
-	var s kafkaconn.Security
-	s.Bind(settings.NewBinder(fs))
+	var s runtime.KafkaSecurity
+	kafkaconn.BindSecurity(settings.NewBinder(fs), &s)
 	if err := fs.Parse([]string{"--kafka-sasl-user", "alice"}); err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kfn-dev/kfn/internal/devstack"
-	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 // batchOf is a record batch of producer pid (-1: none) at offsets
@@ -161,7 +161,7 @@ func BenchmarkPartitionReaders(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer broker.Stop()
-	source, err := New(broker.Brokers, kafkaconn.Security{}, slog.New(slog.DiscardHandler))
+	source, err := New(broker.Brokers, runtime.KafkaSecurity{}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		b.Fatal(err)
 	}
