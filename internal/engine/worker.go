@@ -290,6 +290,15 @@ func (wk *Worker) RelayStats() (outbox.RelayStats, bool) {
 	return wk.w.relay.Stats(), true
 }
 
+// AtLeastOnceBaseline turns this worker, before its Run, into kfn bench's
+// at-least-once baseline: its partition lanes claim nothing in the inbox
+// and fence nothing, and their cursors move in memory (and to Kafka's
+// group offsets) only, with the same batching and transactions, so that
+// the benchmark measures what exactly-once costs. It exists for that
+// benchmark alone and is never a production mode: runtime/worker, which
+// keeps its engine.Worker unexported, offers no way to it.
+func (wk *Worker) AtLeastOnceBaseline() { wk.w.partitionTracker = atLeastOnce }
+
 // Run processes records until ctx ends, then finishes in-flight batches,
 // releases its partitions, closes its connections and returns.
 func (wk *Worker) Run(ctx context.Context) error {
