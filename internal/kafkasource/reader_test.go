@@ -153,7 +153,7 @@ func TestCommittedRecordsOfAnEmptyResponse(t *testing.T) {
 // replaced (its settings then: 16 MiB fetches, a queue of 1,000), and
 // reports the cost per record:
 //
-//	go test -run '^$' -bench BenchmarkPartitionReaders -benchmem ./internal/engine/
+//	go test -run '^$' -bench BenchmarkPartitionReaders -benchmem ./internal/kafkasource/
 func BenchmarkPartitionReaders(b *testing.B) {
 	const records = 20000
 	broker, err := devstack.StartKafka(devstack.KafkaOptions{})
