@@ -105,7 +105,7 @@ func (b *Binder) Secret(flag string) bool {
 
 // Environment lists, in binding order, the settings whose value came from
 // a variable, as VAR=value: what a command line does not show. A Secret
-// setting's value is redacted (connect.Redact), and one read from a file
+// setting's value is redacted (redact.Redact), and one read from a file
 // shows the file's variable and name.
 func (b *Binder) Environment() []string {
 	var out []string
