@@ -18,6 +18,7 @@ import (
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/observe"
 	"github.com/kfn-dev/kfn/internal/pgdata"
+	"github.com/kfn-dev/kfn/internal/repeatlog"
 	"github.com/kfn-dev/kfn/outbox"
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
@@ -37,7 +38,8 @@ type applier struct {
 	generation int // re-executions of the lane so far; part of event ids
 	tracker    tracker
 	log        *slog.Logger
-	tracer     trace.Tracer // spans of batches and handler calls (applier_trace.go); nil while tracing is off
+	repeats    *repeatlog.Log // the worker's: retried failures, logged once per step (retryInfra)
+	tracer     trace.Tracer   // spans of batches and handler calls (applier_trace.go); nil while tracing is off
 	// held is the lane's view of its partition's parked keys, for a
 	// function with KeyOrder ParkKey (applier_parkkey.go); nil otherwise.
 	held *heldKeys
