@@ -12,8 +12,8 @@ import (
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/kafkasource"
-	"github.com/kfn-dev/kfn/internal/repeatlog"
 	"github.com/kfn-dev/kfn/internal/observe"
+	"github.com/kfn-dev/kfn/internal/repeatlog"
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
