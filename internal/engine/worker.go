@@ -136,6 +136,11 @@ func (w *worker) connect(ctx context.Context) error {
 	if err := preflight.CheckRole(ctx, w.pool, w.fns, relay); err != nil {
 		return err
 	}
+	if outboxMode(&w.cfg) == outbox.ModeWAL && len(emittedSubjects(w.fns)) > 0 {
+		if err := outbox.CheckWAL(ctx, w.pool); err != nil {
+			return fmt.Errorf("--%s wal (%s): %w", settings.Outbox.Flag, settings.Outbox.Env, err)
+		}
+	}
 	if topic := kafkaTopic(w.fns); topic != "" {
 		var err error
 		if w.kafka, err = kafkasource.New(w.cfg.KafkaBrokers, w.cfg.KafkaSecurity, w.cfg.Logger); err != nil {
