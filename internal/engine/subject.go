@@ -66,7 +66,7 @@ func (w *worker) runSubject(ctx context.Context, fn kfn.Function, lane int32, to
 func (sr *subjectRun) run(ctx context.Context) error {
 	var cons jetstream.Consumer
 	err := retryInfra(ctx, sr.log, "claim subject", func(ctx context.Context) error {
-		cur, err := inbox.ClaimLane(ctx, sr.w.pool, sr.part, sr.lanes, sr.token, sr.w.cfg.WorkerID, sr.w.startedAt, sr.w.cfg.LeaseRenew)
+		cur, err := inbox.ClaimLane(ctx, sr.w.pool, sr.part, sr.lanes, sr.token, sr.w.cfg.WorkerID, sr.w.startedAt, sr.w.keyConcurrency(sr.fn), sr.w.cfg.LeaseRenew)
 		var stale *inbox.LaneCountError
 		if errors.As(err, &stale) {
 			return backoff.Permanent(err) // this worker's configuration is out of date
