@@ -8,6 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
+
+	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/effects"
+	"github.com/kfn-dev/kfn/internal/faults"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
@@ -105,4 +110,151 @@ func (c *cluster) killInKeyLaneTransaction(ps []*proc, limit time.Duration) (int
 	}
 	c.t.Fatalf("caught none of %v inside a key-lane's fenced transaction within %s", ids(ps), limit)
 	return 0, time.Time{}
+}
+
+// An owner is frozen (SIGSTOP) past its lease TTL while one of its
+// key-lanes is inside a transaction that has claimed records in the inbox
+// (past its fence: the fence and the claim are one statement). The other
+// worker must take its partition over and commit there while it sleeps:
+// its claim ends the frozen sessions that hold key-lane rows. Woken up
+// (SIGCONT), the zombie's key-lanes must not commit under the old token:
+// each one's next transaction is refused by its key-lane row, or its lease
+// watchdog stops the partition first; and it rejoins as a member. How long
+// the partition stood still (from the freeze to the new owner's first
+// cursor move) is measured against the lease TTL.
+func TestKeyLanesZombieWakesAfterTakeover(t *testing.T) {
+	c := newKeyLaneCluster(t)
+	workers := c.startWorkers(2)
+	prod := c.startProducer()
+	c.waitBalanced(ids(workers), 30*time.Second)
+
+	zombie := workers[rand.N(len(workers))]
+	if !c.pauseInTransaction(zombie, "kfn.inbox", 30*time.Second) {
+		t.Fatalf("could not freeze %s inside a key-lane's transaction past its inbox claim within 30s", zombie.id)
+	}
+	paused := time.Now()
+	before := ownedBy(c.cursors(), zombie.id)
+	if len(before) != 1 {
+		t.Fatalf("the zombie %s owned %d partitions when it was frozen, want 1", zombie.id, len(before))
+	}
+	var oldTokens []int64
+	for _, cur := range before {
+		oldTokens = append(oldTokens, cur.epoch)
+	}
+	waitUntil(t, failoverTTL+15*time.Second, "the other worker to take over the zombie's partition and move its cursor", func() (bool, string) {
+		curs := c.cursors()
+		for p, old := range before {
+			if cur := curs[p]; cur.owner == zombie.id || cur.epoch <= old.epoch || !cur.committed || cur.next <= old.next {
+				why := fmt.Sprintf("partition %d: %+v (at the pause: %+v)", p, cur, old)
+				if time.Since(paused) > failoverTTL+5*time.Second {
+					why += "\nsessions:\n" + c.blockedSessions()
+				}
+				return false, why
+			}
+		}
+		return true, ""
+	})
+	stall := time.Since(paused)
+	if stall < failoverTTL-failoverRenew {
+		t.Fatalf("the partition was taken over %s after the pause, before the zombie's lease could have expired (TTL %s, renewed every %s)", stall, failoverTTL, failoverRenew)
+	}
+	line := fmt.Sprintf("key-lanes (%d per partition): a zombie's partition stood still %s from the freeze to the new owner's first cursor move (lease TTL %s, renew %s)",
+		keyLaneCount, stall.Round(time.Millisecond), failoverTTL, failoverRenew)
+	t.Log(line)
+	fmt.Println(line)
+	if stall > 5*failoverTTL {
+		t.Errorf("the zombie's partition stood still %s, over the liveness bound %s (5×TTL)", stall, 5*failoverTTL)
+	}
+	// Records pile up on the zombie's old partition while it sleeps, for
+	// its key-lanes to find when they wake.
+	time.Sleep(time.Second)
+
+	oldRows := c.inboxRowsWithEpochs(oldTokens)
+	mark := logSize(t, zombie)
+	zombie.Resume()
+	t.Logf("zombie %s paused %s (partitions %v, tokens %v)", zombie.id, time.Since(paused).Round(time.Millisecond), slices.Sorted(maps.Keys(before)), oldTokens)
+	waitFor(t, 10*time.Second, "the zombie to log that it stopped its old term", func() bool {
+		entries := logSince(t, zombie, mark)
+		for p, old := range before {
+			if !slices.ContainsFunc(entries, func(e logEntry) bool { return droppedTerm(e, p, old.epoch) }) {
+				return false
+			}
+		}
+		return true
+	})
+
+	c.waitBalanced(ids(workers), 30*time.Second)
+	requireAlive(t, workers...)
+	hw := c.finishProduction(prod)
+	c.waitCaughtUp(hw, 60*time.Second)
+	stopClean(t, workers...)
+	if n := c.inboxRowsWithEpochs(oldTokens); n != oldRows {
+		t.Errorf("the zombie's key-lanes committed %d records under the old token after it woke", n-oldRows)
+	}
+	c.check(hw)
+}
+
+// TestFenceRefusesWokenZombieOnKeyLane is TestFenceRefusesWokenZombieOnPartition
+// for a key-lane: A runs its partition as 16 key-lanes, and the records
+// all have one key, so one key-lane has them. It is frozen right before
+// the fence of its first transaction, with A's lease, until B has claimed
+// the partition; B is held at its own key-lane's fence until A has woken.
+// A's key-lane row must refuse the fence under A's stale token, and every
+// record be applied once, by B.
+func TestFenceRefusesWokenZombieOnKeyLane(t *testing.T) {
+	b := setup(t, 1)
+	b.cfg.LeaseTTL, b.cfg.LeaseRenew = fenceTTL, fenceRenew
+	gate, freezer := newLaneGate(t, b.fn), newLeaseFreezer(t)
+	defer freezer.end()
+	defer gate.releaseAll()
+	idA, idB := fenceWorkerIDs(b.fn)
+	fn := effects.Function(b.fn, b.topic)
+	fn.KeyConcurrency = keyLaneCount
+	const n = 30
+	msgs := make([]kafka.Message, n)
+	for i := range msgs {
+		msgs[i] = kafka.Message{Partition: 0, Key: []byte("k"), Value: effects.KeyedValue("k", i+1)}
+	}
+	b.kafka.Produce(t, b.topic, msgs...)
+	produced := make([]effects.Produced, n)
+	for i := range produced {
+		produced[i] = effects.Produced{Partition: 0, Offset: int64(i)}
+	}
+
+	holdA := gate.hold(faults.BeforeFence, func(int64) bool { return true })
+	wa, stopA := b.runAs(t, b.cfg, idA, fn)
+	tA := holdA.wait(t, 30*time.Second, "A's key-lane to reach the fence of its first transaction")
+	freezer.freeze(tA)
+
+	holdB := gate.hold(faults.BeforeFence, func(token int64) bool { return token != tA })
+	wb, stopB := b.runAs(t, b.cfg, idB, fn)
+	tB := holdB.wait(t, fenceTakeover, "B to claim the partition and reach its own key-lane's fence")
+	part := inbox.Partition{Consumer: b.fn, Topic: b.topic, Partition: 0}
+	if cur := readCursor(t, b, part); cur.Epoch != tB || cur.Owner != idB || tB <= tA {
+		t.Fatalf("cursor after B's claim: epoch %d owner %q; want B's token %d (A's is %d) and owner %q", cur.Epoch, cur.Owner, tB, tA, idB)
+	}
+
+	holdA.free()
+	switch gate.waitPassage(t, 10*time.Second, tA, faults.FenceRefused, faults.AfterFence) {
+	case faults.AfterFence:
+		t.Errorf("Postgres accepted the fence of A's woken key-lane under its stale token %d, after B claimed the partition with %d", tA, tB)
+	case faults.FenceRefused:
+		waitFor(t, 10*time.Second, "A to drop the partition as fenced", func() bool { return wa.Stats().Fenced.Load() == 1 })
+	}
+	holdB.free()
+	freezer.end()
+	b.waitCaughtUp(t, b.fn)
+	awaitApplied(wb, n)
+	stopB()
+	stopA()
+
+	wantStats(t, "A", wa, stats{fenced: 1})
+	wantStats(t, "B", wb, stats{applied: n})
+	if got := gate.count(tA, faults.AfterFence); got != 0 {
+		t.Errorf("A passed %d fences under its stale token", got)
+	}
+	if got, want := effectTokens(t, b), map[int64]int{tB: n}; !maps.Equal(got, want) {
+		t.Errorf("effects by the epoch their transaction saw after its fence: %v, want %v (all under B's)", got, want)
+	}
+	b.check(t, b.fn, produced)
 }
