@@ -114,7 +114,7 @@ func MarkForRetry(ctx context.Context, tx pgx.Tx, r RetryRequest) (RetryMarks, e
 	}
 	// A key_parked letter whose key is still blocked by an earlier dead
 	// letter is refused: it must not be applied before that one. (The lane
-	// checks again when it applies a letter: see engine's retry.go.)
+	// checks again when it applies a letter: see engine's retry_lane.go.)
 	rows, err := tx.Query(ctx, `
 SELECT d.id, d.consumer, d.topic, d.partition, d."offset", d.reason, d.attempts,
        d.value_sha256 IS NOT NULL OR d.reason = 'oversized',

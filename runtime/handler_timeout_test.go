@@ -12,7 +12,7 @@ import (
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/effects"
-	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/runtime"
 )
 
@@ -68,7 +68,7 @@ func TestHandlerIgnoringItsContextIsAbandoned(t *testing.T) {
 	}
 	stood := dead[0].DeadAt.Sub(time.Unix(0, hungAt.Load()))
 	limit := b.cfg.HandlerTimeout + time.Second /* abandon grace */ + time.Second /* end the session, one transaction */
-	t.Logf("the lane stood still %s for the hung handler (handler timeout %s, bound %s, lease TTL %s)", stood.Round(time.Millisecond), b.cfg.HandlerTimeout, limit, engine.DefaultLeaseTTL)
+	t.Logf("the lane stood still %s for the hung handler (handler timeout %s, bound %s, lease TTL %s)", stood.Round(time.Millisecond), b.cfg.HandlerTimeout, limit, settings.DefaultLeaseTTL)
 	if stood > limit {
 		t.Errorf("the lane stood still %s, more than the handler timeout plus the abandon grace and one transaction (%s)", stood, limit)
 	}

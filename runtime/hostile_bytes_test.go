@@ -22,8 +22,8 @@ import (
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/effects"
-	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/pgdata"
+	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/runtime"
 )
 
@@ -60,7 +60,7 @@ func TestHostileBytesNeverStallAPartition(t *testing.T) {
 	const partitions = 3
 	b := setup(t, partitions)
 	b.cfg.NoRelay = true // keep the outbox rows to check them
-	limit := engine.DefaultMaxRecordBytes
+	limit := settings.DefaultMaxRecordBytes
 	b.cfg.MaxRecordBytes = limit
 	chunks := g.plan(partitions, 60)
 

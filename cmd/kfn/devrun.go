@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/kfn-dev/kfn/internal/connect"
-	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/process"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 )
@@ -35,7 +35,7 @@ import (
 type devChild struct {
 	pkgDir, modDir string
 	name           string // from --describe
-	desc           engine.Description
+	desc           process.Description
 	binDir         string
 	env            []string
 	logs           io.Writer

@@ -14,6 +14,8 @@ import (
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/logsetup"
+	"github.com/kfn-dev/kfn/internal/observe"
+	"github.com/kfn-dev/kfn/internal/preflight"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
@@ -40,12 +42,12 @@ KFN_RELAY_SUBJECTS='orders.>' kfn relay`,
 	every := fs.Duration("stats-every", 5*time.Second, "how often to print the relay's counters")
 	logLevel := bind(fs, settings.LogLevel)
 	metricsAddr := bind(fs, settings.MetricsAddr)
-	healthcheck := fs.Bool("healthcheck", false, engine.HealthcheckUsage)
+	healthcheck := fs.Bool("healthcheck", false, observe.HealthcheckUsage)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if *healthcheck {
-		return engine.ProbeReady(ctx, *metricsAddr)
+		return observe.ProbeReady(ctx, *metricsAddr)
 	}
 	if err := requiredSetting(settings.DatabaseURL, cfg.DatabaseURL); err != nil {
 		return err
@@ -66,7 +68,7 @@ KFN_RELAY_SUBJECTS='orders.>' kfn relay`,
 	}
 	cfg.Logger = logsetup.New(stderr, logsetup.Level(*logLevel))
 	relay, err := engine.NewRelay(ctx, *cfg, subjectList)
-	var cfgErr *engine.ConfigError
+	var cfgErr *preflight.ConfigError
 	if errors.As(err, &cfgErr) {
 		return &usageError{msg: err.Error()}
 	}
@@ -134,7 +136,7 @@ func bindRelayConfig(fs *flagSet) *runtime.Config {
 // its TTL, and the event stream with its limits.
 func bindNATSState(b *settings.Binder, cfg *runtime.Config) {
 	settings.NATSURL.Bind(b, &cfg.NATSURL)
-	engine.BindNATSSecurity(b, (*connect.NATSSecurity)(&cfg.NATSSecurity))
+	preflight.BindNATSSecurity(b, (*connect.NATSSecurity)(&cfg.NATSSecurity))
 	settings.NATSReplicas.Bind(b, &cfg.NATSReplicas)
 	settings.LeaseBucket.Bind(b, &cfg.LeaseBucket)
 	settings.LeaseTTL.Bind(b, &cfg.LeaseTTL)

@@ -16,7 +16,7 @@ import (
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/connect"
-	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/preflight"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/operator"
 )
@@ -410,7 +410,7 @@ func actor(command string) string {
 // theirs once the flags are parsed.
 func bindNATSSecurity(fs *flagSet) *connect.NATSSecurity {
 	var sec connect.NATSSecurity
-	engine.BindNATSSecurity(fs.settings, &sec)
+	preflight.BindNATSSecurity(fs.settings, &sec)
 	return &sec
 }
 

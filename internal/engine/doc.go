@@ -1,12 +1,21 @@
 // Package engine is kfn's worker engine, behind the author's API: the
 // author's types are package runtime's, and package runtime/worker starts
-// the engine. It owns a worker's lanes (Kafka partitions and JetStream
-// subjects) through fenced NATS leases, reads records in batches and
-// applies each batch in one Postgres transaction together with the inbox
-// claim, the fenced cursor move and the outbox rows the handler emitted; it
-// runs the outbox relay's shards, the health probe, readiness, metrics and
-// inbox retention. Its dependencies are explicit: runtime (the author's
-// types), internal/kafkasource (partitions, the read_committed reader, the
+// the engine (through internal/process for a function binary). It owns a
+// worker's lanes (Kafka partitions and JetStream subjects) through fenced
+// NATS leases, reads records in batches and applies each batch in one
+// Postgres transaction together with the inbox claim, the fenced cursor
+// move and the outbox rows the handler emitted; it runs the dead-letter
+// retries, inbox retention and the outbox relay's shards. The files are
+// named after the type whose methods they hold: worker*.go (the worker:
+// connections, leases, lanes, readiness, retries, retention, metrics and
+// the relay), partition_run.go and subject_run.go (one lane each),
+// applier*.go (one batch transaction: the handler call, parked keys, spans,
+// the claim and the commit), tracker*.go (fencing and the inbox),
+// retry_lane.go (dead letters marked for retry) and relay_process.go (kfn
+// relay). Its dependencies are explicit: runtime (the author's types),
+// internal/preflight (configuration checks, the role's rights, Setup),
+// internal/observe (counters, metrics, Postgres health, span helpers),
+// internal/kafkasource (partitions, the read_committed reader, the
 // consumer-group mirror), inbox (cursors, fencing, dead letters), outbox
 // (rows, event identity, the relay), internal/lease (leases and their
 // timing), internal/naming (the lease, consumer and event names it shares
@@ -21,7 +30,7 @@
 //
 // A lane is a Kafka partition of a function's topic, or one of the Lanes
 // lanes of a NATS-triggered function's subject, which split its events by
-// key hash (subject.go; the count is kept by inbox.ClaimLane). Each lane
+// key hash (subject_run.go; the count is kept by inbox.ClaimLane). Each lane
 // has one lease in the NATS KV
 // bucket kfn_leases, in the group "<function>/<topic or subject>". The
 // workers of a function heartbeat as members of that group, and the target
@@ -200,7 +209,7 @@
 //     cursor row under the lane's token without moving it) that deletes the
 //     letter only while it is still marked, before it runs the handler: a
 //     zombie's retry is refused by the fence, and a letter is applied once
-//     however often it is retried (retry.go).
+//     however often it is retried (retry_lane.go).
 //   - Parked keys (KeyOrder ParkKey): a dead-lettered record blocks its key
 //     on its partition in the dead letter's transaction (kfn.parked_keys,
 //     written under the lane's fence), and the key's later records are
@@ -209,7 +218,7 @@
 //     key in that transaction and marks its parked letters for retry; the
 //     lane applies them in offset order before any later record of the key
 //     reaches the handler, and one that fails blocks the key again
-//     (parkkey.go has the ordering argument).
+//     (applier_parkkey.go has the ordering argument).
 //   - NATS state lost (the lease bucket deleted or wiped): the workers
 //     create it again by themselves, its tokens starting above the largest
 //     epoch in kfn.cursors and the largest revision they saw (package lease,

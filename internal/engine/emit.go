@@ -6,6 +6,7 @@ import (
 
 	"go.opentelemetry.io/otel/propagation"
 
+	"github.com/kfn-dev/kfn/internal/observe"
 	"github.com/kfn-dev/kfn/internal/pgdata"
 	"github.com/kfn-dev/kfn/outbox"
 	kfn "github.com/kfn-dev/kfn/runtime"
@@ -23,7 +24,7 @@ type emitCollector struct {
 	// traced holds the trace context of each source record seen, by
 	// source id, and traceDropped counts those whose trace context was
 	// invalid and ignored (Stats.TraceContextDropped).
-	traced       map[string]recordTrace
+	traced       map[string]observe.RecordTrace
 	traceDropped int
 	// spans holds, by source id, the handler span each record's events
 	// continue while tracing is on; a record without one (tracing off)
@@ -39,7 +40,7 @@ type handlerSpan struct {
 }
 
 func newEmitCollector(fn kfn.Function, generation int) *emitCollector {
-	return &emitCollector{consumer: fn.Name, emits: fn.Emits, generation: generation, next: map[string]int{}, traced: map[string]recordTrace{}}
+	return &emitCollector{consumer: fn.Name, emits: fn.Emits, generation: generation, next: map[string]int{}, traced: map[string]observe.RecordTrace{}}
 }
 
 func (c *emitCollector) sourceID(rec kfn.Record) string {
@@ -48,11 +49,11 @@ func (c *emitCollector) sourceID(rec kfn.Record) string {
 
 // trace returns the trace context of the record with sourceID (traceOf),
 // read once per transaction.
-func (c *emitCollector) trace(sourceID string, rec kfn.Record) recordTrace {
+func (c *emitCollector) trace(sourceID string, rec kfn.Record) observe.RecordTrace {
 	if tc, ok := c.traced[sourceID]; ok {
 		return tc
 	}
-	tc, dropped := traceOf(rec)
+	tc, dropped := observe.TraceOf(rec)
 	if dropped {
 		c.traceDropped++
 	}
@@ -62,7 +63,7 @@ func (c *emitCollector) trace(sourceID string, rec kfn.Record) recordTrace {
 
 // traceIn starts the span of rec's handler call with start, from the
 // trace context rec carries, and makes rec's events continue that span.
-func (c *emitCollector) traceIn(rec kfn.Record, start func(recordTrace) context.Context) context.Context {
+func (c *emitCollector) traceIn(rec kfn.Record, start func(observe.RecordTrace) context.Context) context.Context {
 	id := c.sourceID(rec)
 	ctx := start(c.trace(id, rec))
 	if c.spans == nil {
@@ -95,7 +96,7 @@ func (c *emitCollector) emit(rec kfn.Record, ev kfn.Event) {
 		origin.TraceParent, origin.TraceState, origin.Baggage = span.headers[outbox.HeaderTraceParent], span.headers[outbox.HeaderTraceState], span.headers[outbox.HeaderBaggage]
 	} else { // no span: the record's own context, as it came
 		tc := c.trace(sourceID, rec)
-		origin.TraceParent, origin.TraceState, origin.Baggage = tc.parent, tc.state, tc.baggage
+		origin.TraceParent, origin.TraceState, origin.Baggage = tc.Parent, tc.State, tc.Baggage
 	}
 	c.rows = append(c.rows, outbox.NewRow(origin, index, string(rec.Key), outbox.Event(ev)))
 }

@@ -29,9 +29,9 @@ func newBatchEvents(emit func(kfn.Record, kfn.Event)) *kfn.BatchEvents {
 	return link.NewBatchEvents(emit)
 }
 
-// source is the lane name a function's records come from: its topic, or
+// Source is the lane name a function's records come from: its topic, or
 // its subject.
-func source(f kfn.Function) string {
+func Source(f kfn.Function) string {
 	if f.Subject != "" {
 		return f.Subject
 	}

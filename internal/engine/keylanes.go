@@ -14,6 +14,8 @@ import (
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/faults"
+	"github.com/kfn-dev/kfn/internal/observe"
+	"github.com/kfn-dev/kfn/internal/preflight"
 	"github.com/kfn-dev/kfn/internal/settings"
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
@@ -111,7 +113,7 @@ func (w *worker) poolTooSmall(size int32) error {
 	if w.maxKeyConcurrency() <= 1 || size >= need {
 		return nil
 	}
-	return configError(settings.DatabaseURL, "pool_max_conns=%d is too small for %d key-lanes per partition (--key-concurrency / KFN_KEY_CONCURRENCY, or the function's KeyConcurrency): "+
+	return preflight.ConfigErrorOf(settings.DatabaseURL, "pool_max_conns=%d is too small for %d key-lanes per partition (--key-concurrency / KFN_KEY_CONCURRENCY, or the function's KeyConcurrency): "+
 		"each key-lane commits on a connection of its own, so one partition needs %d (its key-lanes, its cursor's moves and one spare), and every partition this worker owns as many again; "+
 		"raise pool_max_conns to at least %d, or leave it out (the worker then sizes the pool by its partitions)", size, need-2, need, need)
 }
@@ -405,6 +407,7 @@ func (r *keyLaneRun) moveCursor(ctx, lanes context.Context) error {
 			case errors.As(err, &moved) && moved.Cursor.NextOffset >= to:
 				// An earlier move of ours landed without its reply.
 				pr.w.stats.CommitRepliesLost.Add(1)
+				pr.w.stats.CountFn(pr.fn.Name, func(c *observe.FunctionCounters) { c.CommitRepliesLost++ })
 				return nil
 			case errors.As(err, &moved):
 				return backoff.Permanent(err) // a move of ours to below `to` landed: move on from there
@@ -432,7 +435,7 @@ func (r *keyLaneRun) moveCursor(ctx, lanes context.Context) error {
 		}
 		r.mu.Unlock()
 		r.cond.Broadcast()
-		pr.w.stats.update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *PartitionStats) {
+		pr.w.stats.Update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *observe.PartitionStats) {
 			p.NextOffset = to
 			p.LastCommit = time.Now()
 		})

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/kfn-dev/kfn/internal/observe"
+	"github.com/kfn-dev/kfn/internal/preflight"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 	kfn "github.com/kfn-dev/kfn/runtime"
@@ -24,22 +26,22 @@ type Relay struct {
 // capture subjects and returns a relay that works the shards it leases.
 func NewRelay(ctx context.Context, cfg kfn.Config, subjects []string) (*Relay, error) {
 	cfg = cfg.WithDefaults()
-	if err := validateConfig(cfg, false); err != nil {
+	if err := preflight.ValidateConfig(cfg, false); err != nil {
 		return nil, err
 	}
 	if len(subjects) == 0 {
-		return nil, configError(settings.RelaySubjects, "list the subjects the functions emit on, e.g. orders.accepted,payments.>")
+		return nil, preflight.ConfigErrorOf(settings.RelaySubjects, "list the subjects the functions emit on, e.g. orders.accepted,payments.>")
 	}
 	var errs []error
 	for _, s := range subjects {
 		if err := outbox.CheckSubjectPattern(s); err != nil {
-			errs = append(errs, configError(settings.RelaySubjects, "%s", err))
+			errs = append(errs, preflight.ConfigErrorOf(settings.RelaySubjects, "%s", err))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	w := &worker{cfg: cfg, stats: &Stats{}}
+	w := &worker{cfg: cfg, stats: &observe.Stats{}}
 	if err := w.startTracing(ctx, "kfn-relay"); err != nil {
 		return nil, err
 	}
@@ -64,7 +66,7 @@ func NewRelay(ctx context.Context, cfg kfn.Config, subjects []string) (*Relay, e
 // connections.
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.w.close()
-	defer r.w.runHealth(ctx)()
+	defer r.w.health.Start(ctx)()
 	rctx, stopReadiness := context.WithCancel(ctx)
 	readinessDone := make(chan struct{})
 	go func() {

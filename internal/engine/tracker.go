@@ -8,6 +8,7 @@ import (
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/faults"
+	"github.com/kfn-dev/kfn/internal/observe"
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
@@ -32,7 +33,7 @@ type tracker interface {
 // in every transaction under the fencing token, and the high-water mark
 // below which every offset was handled before.
 type partitionTracker struct {
-	stats     *Stats
+	stats     *observe.Stats
 	onCommit  func(next int64) // after each commit, with the new cursor (Kafka's group offsets mirror it)
 	part      inbox.Partition
 	token     int64
@@ -93,7 +94,7 @@ func (l *partitionTracker) fenced(err error) error {
 	case errors.As(err, &moved):
 		l.next, l.highWater = moved.Cursor.NextOffset, moved.Cursor.HighWater
 		l.stats.CommitRepliesLost.Add(1)
-		l.stats.countFn(l.part.Consumer, func(c *FunctionCounters) { c.CommitRepliesLost++ })
+		l.stats.CountFn(l.part.Consumer, func(c *observe.FunctionCounters) { c.CommitRepliesLost++ })
 		return errCursorAhead
 	default:
 		return err

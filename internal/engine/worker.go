@@ -19,6 +19,8 @@ import (
 	"github.com/kfn-dev/kfn/internal/kafkasource"
 	"github.com/kfn-dev/kfn/internal/lease"
 	"github.com/kfn-dev/kfn/internal/naming"
+	"github.com/kfn-dev/kfn/internal/observe"
+	"github.com/kfn-dev/kfn/internal/preflight"
 	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/internal/tracing"
@@ -47,14 +49,14 @@ type worker struct {
 	installation string
 	startedAt    time.Time // when this worker started, by the database's clock
 	offsets      *kafkasource.GroupMirror
-	stats        *Stats
+	stats        *observe.Stats
 	tracing      *tracing.Provider // the exporter this worker started, flushed by close; nil with Config.TracerProvider
 	tracer       trace.Tracer      // nil while tracing is off
 	ready        readiness         // the last probe of the services, for /readyz
-	health       *pgHealth         // whether this worker reaches Postgres; the lease managers' Healthy hook
+	health       *observe.PGHealth // whether this worker reaches Postgres; the lease managers' Healthy hook
 
 	// retries are the running lanes, woken for dead letters marked for
-	// retry (retry.go).
+	// retry (retry_lane.go).
 	retries *retryLanes
 	// readersClosing are the Kafka readers of lanes that have returned.
 	readersClosing sync.WaitGroup
@@ -69,7 +71,7 @@ type worker struct {
 // cfg.SkipSetup). Every failure says which setting or service is at fault.
 func NewWorker(ctx context.Context, cfg kfn.Config, fns ...kfn.Function) (*Worker, error) {
 	cfg = cfg.WithDefaults()
-	if err := validateConfig(cfg, kafkaTopic(fns) != ""); err != nil {
+	if err := preflight.ValidateConfig(cfg, kafkaTopic(fns) != ""); err != nil {
 		return nil, err
 	}
 	if len(fns) == 0 {
@@ -90,10 +92,10 @@ func NewWorker(ctx context.Context, cfg kfn.Config, fns ...kfn.Function) (*Worke
 		}
 	}
 	if cfg.ConsumerGroup != "" && len(fromKafka) > 1 {
-		return nil, configError(settings.ConsumerGroup, "%q is set for a worker that runs %d Kafka functions (%s), and each needs a group of its own: leave it unset (each function's name) or run them in separate processes",
+		return nil, preflight.ConfigErrorOf(settings.ConsumerGroup, "%q is set for a worker that runs %d Kafka functions (%s), and each needs a group of its own: leave it unset (each function's name) or run them in separate processes",
 			cfg.ConsumerGroup, len(fromKafka), strings.Join(fromKafka, ", "))
 	}
-	w := &worker{cfg: cfg, fns: fns, stats: &Stats{}, retries: newRetryLanes()}
+	w := &worker{cfg: cfg, fns: fns, stats: &observe.Stats{}, retries: newRetryLanes()}
 	ok := false
 	defer func() {
 		if !ok {
@@ -114,8 +116,8 @@ func NewWorker(ctx context.Context, cfg kfn.Config, fns ...kfn.Function) (*Worke
 		return nil, err
 	}
 	if !cfg.SkipSetup {
-		if err := runSetup(ctx, w.pool, fns); err != nil {
-			return nil, setupDenied(err)
+		if err := preflight.RunSetup(ctx, w.pool, fns); err != nil {
+			return nil, preflight.SetupDenied(err)
 		}
 	}
 	ok = true
@@ -135,17 +137,7 @@ func (w *worker) connect(ctx context.Context) error {
 		return err
 	}
 	relay := !w.cfg.NoRelay && len(emittedSubjects(w.fns)) > 0
-	bound, err := readBindings(ctx, w.pool, w.fns)
-	if err != nil {
-		return err
-	}
-	if err := bound.relayError(relay); err != nil {
-		return err
-	}
-	if err := checkPrivileges(ctx, w.pool, neededPrivileges(w.fns, relay)); err != nil {
-		return err
-	}
-	if err := bound.unboundError(); err != nil {
+	if err := preflight.CheckRole(ctx, w.pool, w.fns, relay); err != nil {
 		return err
 	}
 	if !kafkaFirst {
@@ -189,7 +181,7 @@ func (w *worker) connectKafka(ctx context.Context) error {
 		return nil
 	}
 	var err error
-	if w.kafka, err = kafkasource.New(w.cfg.KafkaBrokers, kafkaSecurity(w.cfg), w.cfg.Logger); err != nil {
+	if w.kafka, err = kafkasource.New(w.cfg.KafkaBrokers, preflight.KafkaSecurity(w.cfg), w.cfg.Logger); err != nil {
 		return err
 	}
 	metaCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -226,7 +218,7 @@ func (w *worker) consumerGroup(fn kfn.Function) string {
 // connectPostgres opens the pool, checks the schema version and reads the
 // installation id.
 func (w *worker) connectPostgres(ctx context.Context) error {
-	w.health = newPGHealth(w.cfg)
+	w.health = observe.NewPGHealth(w.cfg)
 	size := w.poolSize(ctx)
 	var tooSmall error
 	var err error
@@ -236,12 +228,11 @@ func (w *worker) connectPostgres(ctx context.Context) error {
 		} else {
 			tooSmall = w.poolTooSmall(pgCfg.MaxConns)
 		}
-		limitPostgres(pgCfg, w.cfg, w.health)
-		w.health.connCfg = pgCfg.ConnConfig.Copy()
+		observe.LimitPostgres(pgCfg, w.cfg, w.health)
 	})
 	var urlErr *connect.URLError
 	if errors.As(err, &urlErr) {
-		return configError(settings.DatabaseURL, "cannot parse %s: %v", urlErr.URL, urlErr.Err)
+		return preflight.ConfigErrorOf(settings.DatabaseURL, "cannot parse %s: %v", urlErr.URL, urlErr.Err)
 	}
 	if err != nil {
 		return err
@@ -271,7 +262,7 @@ func (w *worker) connectPostgres(ctx context.Context) error {
 // opens JetStream.
 func (w *worker) connectNATS() error {
 	var err error
-	w.nc, w.js, err = connect.NATSWith(w.cfg.NATSURL, "kfn "+w.cfg.WorkerID, natsSecurity(w.cfg))
+	w.nc, w.js, err = connect.NATSWith(w.cfg.NATSURL, "kfn "+w.cfg.WorkerID, preflight.NATSSecurity(w.cfg))
 	return err
 }
 
@@ -283,7 +274,7 @@ func (w *worker) startTracing(ctx context.Context, service string) error {
 		p, err := tracing.FromEnv(ctx, service, w.cfg.Logger)
 		var envErr *tracing.EnvError
 		if errors.As(err, &envErr) {
-			return &ConfigError{Env: envErr.Var, Msg: fmt.Sprintf("%q: %s", envErr.Value, envErr.Msg)}
+			return &preflight.ConfigError{Env: envErr.Var, Msg: fmt.Sprintf("%q: %s", envErr.Value, envErr.Msg)}
 		}
 		if err != nil {
 			return err
@@ -316,7 +307,7 @@ func (w *worker) close() {
 func (wk *Worker) Close() { wk.w.close() }
 
 // Stats returns the worker's live counters.
-func (wk *Worker) Stats() *Stats { return wk.w.stats }
+func (wk *Worker) Stats() *observe.Stats { return wk.w.stats }
 
 // RelayStats returns the counters of the worker's outbox relay, and false
 // when it runs none.
@@ -333,7 +324,7 @@ func (wk *Worker) Run(ctx context.Context) error {
 	w := wk.w
 	defer w.close()
 	defer w.readersClosing.Wait()
-	defer w.runHealth(ctx)()
+	defer w.health.Start(ctx)()
 	if w.offsets != nil {
 		// Stopped after the lanes, so the last commits are mirrored too.
 		offsetsCtx, stopOffsets := context.WithCancel(context.WithoutCancel(ctx))

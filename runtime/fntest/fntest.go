@@ -34,6 +34,7 @@ import (
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
 )
@@ -88,7 +89,7 @@ type parkedKey struct {
 
 // New returns a Function that applies records to fn.
 func New(fn runtime.Function) *Function {
-	return &Function{fn: fn, RetryAttempts: engine.DefaultRetryAttempts, handled: map[string]bool{}, parked: map[parkedKey]int64{}}
+	return &Function{fn: fn, RetryAttempts: settings.DefaultRetryAttempts, handled: map[string]bool{}, parked: map[parkedKey]int64{}}
 }
 
 // Setup runs the function's Setup in tx, if it has one.

@@ -4,7 +4,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/observe"
 )
 
 // Stats are a worker's live counters, for progress displays and metrics.
@@ -49,10 +49,10 @@ type Stats struct {
 	// letter of their key. They are in DeadLettered too.
 	KeyParked *atomic.Int64
 
-	s *engine.Stats
+	s *observe.Stats
 }
 
-func newStats(s *engine.Stats) *Stats {
+func newStats(s *observe.Stats) *Stats {
 	return &Stats{
 		Applied:                  &s.Applied,
 		Duplicates:               &s.Duplicates,

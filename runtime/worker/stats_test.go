@@ -5,13 +5,13 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/observe"
 )
 
 // TestStatsShowEveryCounterOfTheEngine fails when the engine counts
 // something that Worker.Stats does not show, or shows a copy of it.
 func TestStatsShowEveryCounterOfTheEngine(t *testing.T) {
-	var es engine.Stats
+	var es observe.Stats
 	s := newStats(&es)
 	ev, sv := reflect.ValueOf(&es).Elem(), reflect.ValueOf(s).Elem()
 	counter := reflect.TypeFor[atomic.Int64]()

@@ -32,6 +32,7 @@ import (
 	"os"
 
 	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/process"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
 )
@@ -48,7 +49,7 @@ func Start(fn runtime.Function) { os.Exit(Main(fn, os.Args[1:], os.Stderr)) }
 // With the first argument "migrate" it runs the migrate mode instead of a
 // worker: kfn's schema migrations and fn's Setup, then exit.
 func Main(fn runtime.Function, args []string, stderr io.Writer) int {
-	return engine.Main(fn, args, stderr)
+	return process.Main(fn, args, stderr)
 }
 
 // Worker runs functions: it owns partitions through leases, reads them and

@@ -30,6 +30,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/kafkasource"
+	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
 )
@@ -132,7 +133,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	modes := []mode{
 		{ModeCopy, benchCopy},
 		{ModeExactlyOnce, benchBatched(engine.NewWorker, false)},
-		{ModeAtLeastOnce, benchBatched(engine.NewAtLeastOnceWorker, false)},
+		{ModeAtLeastOnce, benchBatched(newAtLeastOnceWorker, false)},
 		{ModeNaive, benchNaive},
 		{ModePipeline, benchBatched(engine.NewWorker, true)},
 	}
@@ -385,7 +386,7 @@ func benchCopy(ctx context.Context, cfg *Config, consumer string) (round, error)
 	per := (cfg.Records + lanes - 1) / lanes
 	batch := int64(cfg.Worker.BatchSize)
 	if batch <= 0 {
-		batch = int64(engine.DefaultBatchSize)
+		batch = int64(settings.DefaultBatchSize)
 	}
 	c := clock{procs: cfg.Processes}
 	c.begin()

@@ -37,7 +37,7 @@ import (
 // behind the key's other parked records. A record whose key the memory does
 // not hold reaches the handler without a query.
 //
-// Releasing. A blocker's retry that succeeds (retry.go), a discard or a
+// Releasing. A blocker's retry that succeeds (retry_lane.go), a discard or a
 // purge deletes the key's row and marks its key_parked letters for retry in
 // the transaction that deletes the blocking letter. The lane applies marked
 // letters in offset order, one transaction each. A parked letter whose

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
-	"strings"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -17,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/observe"
 	"github.com/kfn-dev/kfn/internal/pgdata"
 	"github.com/kfn-dev/kfn/outbox"
 	kfn "github.com/kfn-dev/kfn/runtime"
@@ -30,16 +30,16 @@ import (
 type applier struct {
 	pool       *pgxpool.Pool
 	cfg        *kfn.Config
-	stats      *Stats
+	stats      *observe.Stats
 	fn         kfn.Function
 	part       inbox.Partition
 	token      int64
 	generation int // re-executions of the lane so far; part of event ids
 	tracker    tracker
 	log        *slog.Logger
-	tracer     trace.Tracer // spans of batches and handler calls (trace.go); nil while tracing is off
+	tracer     trace.Tracer // spans of batches and handler calls (applier_trace.go); nil while tracing is off
 	// held is the lane's view of its partition's parked keys, for a
-	// function with KeyOrder ParkKey (parkkey.go); nil otherwise.
+	// function with KeyOrder ParkKey (applier_parkkey.go); nil otherwise.
 	held *heldKeys
 	// wakeRetries makes the lane look for dead letters to retry before its
 	// next batch; nil when it does not retry.
@@ -90,7 +90,7 @@ func (a *applier) apply(ctx context.Context, recs []kfn.Record) (done int, err e
 	defer func() {
 		if err != nil && !errors.Is(err, inbox.ErrFenced) && ctx.Err() == nil {
 			a.stats.InfraRetries.Add(1) // the lane retries the batch (retryInfra)
-			a.stats.countFn(a.fn.Name, func(c *FunctionCounters) { c.InfraRetries++ })
+			a.stats.CountFn(a.fn.Name, func(c *observe.FunctionCounters) { c.InfraRetries++ })
 		}
 	}()
 	singly := 0       // how many of the next records go one per transaction
@@ -142,13 +142,13 @@ func (a *applier) retryAlone(ctx context.Context, rec kfn.Record, firstErr error
 
 	lastErr, attempt := firstErr, 1
 	for attempt < cfg.RetryAttempts && Retryable(lastErr) {
-		a.log.Warn("handler failed, retrying", "offset", rec.Offset, "attempt", attempt, "err", firstLine(lastErr))
+		a.log.Warn("handler failed, retrying", "offset", rec.Offset, "attempt", attempt, "err", observe.FirstLine(lastErr))
 		if err := sleep(ctx, policy.NextBackOff()); err != nil {
 			return err
 		}
 		attempt++
 		a.stats.Retries.Add(1)
-		a.stats.countFn(a.fn.Name, func(c *FunctionCounters) { c.Retries++ })
+		a.stats.CountFn(a.fn.Name, func(c *observe.FunctionCounters) { c.Retries++ })
 		failure, err := a.commit(ctx, []kfn.Record{rec}, attempt)
 		if err != nil {
 			return err
@@ -170,7 +170,7 @@ func (a *applier) commit(ctx context.Context, recs []kfn.Record, attempt int) (f
 		if failure != nil {
 			status = failure.err
 		}
-		endSpan(span, status)
+		observe.EndSpan(span, status)
 	}()
 	began := time.Now()
 	abandoned, committed := false, false
@@ -182,7 +182,7 @@ func (a *applier) commit(ctx context.Context, recs []kfn.Record, attempt int) (f
 			}
 		}
 	}()
-	ctx = context.WithValue(ctx, roundTripCounterKey{}, &a.stats.BatchRoundTrips)
+	ctx = observe.CountRoundTrips(ctx, &a.stats.BatchRoundTrips)
 	conn, tx, claim, err := a.beginClaim(ctx, recs)
 	if err != nil {
 		return nil, err
@@ -267,9 +267,9 @@ func (a *applier) commit(ctx context.Context, recs []kfn.Record, attempt int) (f
 		deadReasons[i] = d.reason
 	}
 	a.committed(recs[len(recs)-1], len(work)-len(rejected), duplicates, deadReasons...)
-	a.stats.observeCommit(a.fn.Name, len(recs), withoutRejected(work, rejected), began)
+	a.stats.ObserveCommit(a.fn.Name, len(recs), withoutRejected(work, rejected), began)
 	a.stats.TraceContextDropped.Add(int64(emitted.traceDropped))
-	a.stats.countFn(a.fn.Name, func(c *FunctionCounters) { c.TraceContextDropped += int64(emitted.traceDropped) })
+	a.stats.CountFn(a.fn.Name, func(c *observe.FunctionCounters) { c.TraceContextDropped += int64(emitted.traceDropped) })
 	for _, d := range dead {
 		if d.reason != inbox.ReasonKeyParked {
 			a.log.Warn("record dead-lettered", "offset", d.rec.Offset, "reason", d.reason, "bytes", recordSize(d.rec))
@@ -296,7 +296,7 @@ func (a *applier) keysChecked(held map[string]inbox.HeldKey, checked []string, p
 	a.held.drop(free)
 	if len(parked) > 0 {
 		a.stats.KeyParked.Add(int64(len(parked)))
-		a.stats.countFn(a.fn.Name, func(c *FunctionCounters) { c.KeyParked += int64(len(parked)) })
+		a.stats.CountFn(a.fn.Name, func(c *observe.FunctionCounters) { c.KeyParked += int64(len(parked)) })
 		a.log.Warn("records parked behind an earlier dead letter of their key", "reason", inbox.ReasonKeyParked,
 			"count", len(parked), "first_offset", parked[0], "marked_for_retry", len(marked))
 	}
@@ -430,9 +430,9 @@ func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work
 			err = emitter.err
 		}
 		for _, r := range records {
-			endSpan(r, nil)
+			observe.EndSpan(r, nil)
 		}
-		endSpan(span, err)
+		observe.EndSpan(span, err)
 		if err != nil {
 			if len(recs) > 1 {
 				return nil, nil, nil, &handlerFailure{index: unknownCulprit, err: err}
@@ -466,13 +466,13 @@ func (a *applier) runHandlers(ctx context.Context, conn *txConn, tx pgx.Tx, work
 			return a.fn.Handler(ctx, htx, r, newEvents(r, emitter.emit))
 		})
 		if pipelined != nil && pipelined.failed != nil {
-			endSpan(span, pipelined.failed.err)
+			observe.EndSpan(span, pipelined.failed.err)
 			return nil, nil, nil, pipelined.failed // an earlier record's statement, maybe
 		}
 		if err == nil {
 			err = emitter.err
 		}
-		endSpan(span, err)
+		observe.EndSpan(span, err)
 		if err != nil {
 			return nil, nil, nil, &handlerFailure{index: indexIn(r), err: err}
 		}
@@ -539,7 +539,7 @@ func (a *applier) deadLetter(ctx context.Context, rec kfn.Record, cause error, a
 		return fmt.Errorf("commit dead letter %s@%d: %w", a.part, rec.Offset, err)
 	}
 	a.committed(rec, 0, 0, failureReason(cause))
-	a.log.Warn("record dead-lettered", "offset", rec.Offset, "reason", failureReason(cause), "attempts", attempts, "err", firstLine(cause))
+	a.log.Warn("record dead-lettered", "offset", rec.Offset, "reason", failureReason(cause), "attempts", attempts, "err", observe.FirstLine(cause))
 	return nil
 }
 
@@ -604,7 +604,7 @@ func (a *applier) committed(last kfn.Record, applied, duplicates int, deadReason
 	st.Duplicates.Add(int64(duplicates))
 	st.DeadLettered.Add(int64(len(deadReasons)))
 	st.Batches.Add(1)
-	st.countFn(a.fn.Name, func(c *FunctionCounters) {
+	st.CountFn(a.fn.Name, func(c *observe.FunctionCounters) {
 		c.Applied += int64(applied)
 		c.Duplicates += int64(duplicates)
 		c.Batches++
@@ -612,7 +612,7 @@ func (a *applier) committed(last kfn.Record, applied, duplicates int, deadReason
 			c.DeadLettered[reason]++
 		}
 	})
-	st.update(a.fn.Name, a.part.Topic, a.part.Partition, func(p *PartitionStats) {
+	st.Update(a.fn.Name, a.part.Topic, a.part.Partition, func(p *observe.PartitionStats) {
 		p.NextOffset = a.tracker.cursorAfter(last)
 		p.LastCommit = time.Now()
 	})
@@ -658,13 +658,6 @@ func (e *timeoutError) Unwrap() error { return e.err }
 func isHandlerTimeout(err error) bool {
 	var t *timeoutError
 	return errors.As(err, &t) || isStatementTimeout(err)
-}
-
-// firstLine keeps log lines short: a panic's stack goes to the dead letter,
-// not to the log.
-func firstLine(err error) string {
-	line, _, _ := strings.Cut(err.Error(), "\n")
-	return line
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

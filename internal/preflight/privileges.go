@@ -1,4 +1,4 @@
-package engine
+package preflight
 
 import (
 	"context"
@@ -10,6 +10,25 @@ import (
 	"github.com/kfn-dev/kfn/internal/settings"
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
+
+// CheckRole refuses to start a worker whose database role cannot do its
+// work, naming what to change: a role that lacks a right the lanes of fns
+// (and, with relay, the outbox relay) need on kfn's tables, a role that
+// row-level security binds to some functions only while it relays, or one
+// not bound to one of fns.
+func CheckRole(ctx context.Context, pool *pgxpool.Pool, fns []kfn.Function, relay bool) error {
+	bound, err := readBindings(ctx, pool, fns)
+	if err != nil {
+		return err
+	}
+	if err := bound.relayError(relay); err != nil {
+		return err
+	}
+	if err := checkPrivileges(ctx, pool, neededPrivileges(fns, relay)); err != nil {
+		return err
+	}
+	return bound.unboundError()
+}
 
 // privilege is one right a worker's role needs on an object of kfn's
 // schema: a table (SELECT, INSERT, …) or a sequence (USAGE).
@@ -71,6 +90,6 @@ func checkPrivileges(ctx context.Context, pool *pgxpool.Pool, needed []privilege
 	if len(missing) == 0 {
 		return nil
 	}
-	return configError(settings.DatabaseURL, "the role %q lacks privileges a worker needs in kfn's schema (%s): grant the workers' role SELECT, INSERT, UPDATE and DELETE on kfn's tables and USAGE on its sequences (README, \"Running in production\")",
+	return ConfigErrorOf(settings.DatabaseURL, "the role %q lacks privileges a worker needs in kfn's schema (%s): grant the workers' role SELECT, INSERT, UPDATE and DELETE on kfn's tables and USAGE on its sequences (README, \"Running in production\")",
 		role, strings.Join(missing, ", "))
 }

@@ -1,4 +1,4 @@
-package engine
+package preflight
 
 import (
 	"context"
@@ -60,7 +60,7 @@ func (b bindings) relayError(relay bool) error {
 	if !relay || !b.restricted || b.everyFunction || len(b.unbound) > 0 {
 		return nil
 	}
-	return configError(settings.DatabaseURL, "the role %q sees only its own functions' rows, but the outbox relay must read every function's outbox: start the workers with --%s (%s) and run kfn relay as a role bound to every function (docs/production/postgres.md, \"One role per function\")",
+	return ConfigErrorOf(settings.DatabaseURL, "the role %q sees only its own functions' rows, but the outbox relay must read every function's outbox: start the workers with --%s (%s) and run kfn relay as a role bound to every function (docs/production/postgres.md, \"One role per function\")",
 		b.role, settings.NoRelay.Flag, settings.NoRelay.Env)
 }
 
@@ -71,6 +71,6 @@ func (b bindings) unboundError() error {
 	if !b.restricted || len(b.unbound) == 0 {
 		return nil
 	}
-	return configError(settings.DatabaseURL, "the role %q is not bound to function %s in kfn.function_roles, so row-level security hides its rows from it: bind it as the migrator with `kfn migrate grants --apply --function NAME --role %s` (docs/production/postgres.md, \"One role per function\")",
+	return ConfigErrorOf(settings.DatabaseURL, "the role %q is not bound to function %s in kfn.function_roles, so row-level security hides its rows from it: bind it as the migrator with `kfn migrate grants --apply --function NAME --role %s` (docs/production/postgres.md, \"One role per function\")",
 		b.role, strings.Join(b.unbound, ", "), b.role)
 }

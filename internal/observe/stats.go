@@ -1,4 +1,4 @@
-package engine
+package observe
 
 import (
 	"sort"
@@ -51,7 +51,7 @@ type Stats struct {
 	mu         sync.Mutex
 	partitions map[partitionKey]*PartitionStats
 
-	// Per-function counters and histograms (observe.go).
+	// Per-function counters and histograms (stats_observe.go).
 	fs         functionStats
 	histOnce   sync.Once
 	histograms *histograms
@@ -89,7 +89,9 @@ func (p PartitionStats) Lag() int64 {
 	return p.HighWater - p.NextOffset
 }
 
-func (s *Stats) update(fn, topic string, partition int32, f func(*PartitionStats)) {
+// Update applies f to the state of a lane (fn's partition or subject lane
+// of topic), which it creates when the lane has none.
+func (s *Stats) Update(fn, topic string, partition int32, f func(*PartitionStats)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.partitions == nil {
@@ -104,7 +106,8 @@ func (s *Stats) update(fn, topic string, partition int32, f func(*PartitionStats
 	f(p)
 }
 
-func (s *Stats) drop(fn, topic string, partition int32) {
+// Drop forgets a lane the worker no longer owns.
+func (s *Stats) Drop(fn, topic string, partition int32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.partitions, partitionKey{fn, topic, partition})

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/kfn-dev/kfn/internal/observe"
 )
 
 // This file bounds a handler call by --handler-timeout even when the
@@ -71,7 +72,7 @@ func (a *applier) call(ctx context.Context, conn *txConn, handler func(context.C
 	hctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	started := time.Now()
-	defer func() { a.stats.observeHandler(a.fn.Name, time.Since(started)) }()
+	defer func() { a.stats.ObserveHandler(a.fn.Name, time.Since(started)) }()
 	done := make(chan error, 1)
 	go func() {
 		defer func() {
@@ -118,7 +119,7 @@ func (a *applier) abandon(conn *txConn, done <-chan error, started time.Time) {
 	st := a.stats
 	st.AbandonedHandlers.Add(1)
 	st.AbandonedHandlersRunning.Add(1)
-	st.countFn(a.fn.Name, func(c *FunctionCounters) { c.AbandonedHandlers++; c.AbandonedHandlersRunning++ })
+	st.CountFn(a.fn.Name, func(c *observe.FunctionCounters) { c.AbandonedHandlers++; c.AbandonedHandlersRunning++ })
 	a.log.Error("handler overran --handler-timeout and ignored its ctx: abandoning it; its transaction's session is ended, and the handler keeps running until it returns",
 		"handler_timeout", a.cfg.HandlerTimeout, "session_pid", conn.pid, "abandoned_handlers_running", st.AbandonedHandlersRunning.Load())
 
@@ -126,7 +127,7 @@ func (a *applier) abandon(conn *txConn, done <-chan error, started time.Time) {
 	// even if it is inside a long statement; closing the socket makes every
 	// later call of the handler on the transaction fail at once. The pool
 	// forgets the connection, so its slot is free again.
-	endCtx, cancel := context.WithTimeout(context.Background(), roundTripLimit(a.cfg.StatementTimeout))
+	endCtx, cancel := context.WithTimeout(context.Background(), observe.RoundTripLimit(a.cfg.StatementTimeout))
 	defer cancel()
 	if _, err := a.pool.Exec(endCtx, `SELECT pg_terminate_backend($1)`, conn.pid); err != nil {
 		a.log.Warn("could not end the abandoned handler's session; closing its connection (Postgres rolls its transaction back once it notices)", "session_pid", conn.pid, "err", err)
@@ -137,7 +138,7 @@ func (a *applier) abandon(conn *txConn, done <-chan error, started time.Time) {
 	go func() {
 		err := <-done
 		st.AbandonedHandlersRunning.Add(-1)
-		st.countFn(a.fn.Name, func(c *FunctionCounters) { c.AbandonedHandlersRunning-- })
+		st.CountFn(a.fn.Name, func(c *observe.FunctionCounters) { c.AbandonedHandlersRunning-- })
 		hijacked.Close(context.Background()) //nolint:errcheck // its socket is closed already
 		a.log.Warn("abandoned handler returned", "after", time.Since(started).Round(time.Millisecond), "err", err,
 			"abandoned_handlers_running", st.AbandonedHandlersRunning.Load())

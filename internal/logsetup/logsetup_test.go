@@ -1,4 +1,4 @@
-package engine
+package logsetup
 
 import (
 	"bytes"
@@ -13,7 +13,7 @@ import (
 // JSON types.
 func TestLogWritesDurationsAsText(t *testing.T) {
 	var buf bytes.Buffer
-	log := newLogger(&buf, slog.LevelInfo).With("ttl", 5*time.Second)
+	log := New(&buf, slog.LevelInfo).With("ttl", 5*time.Second)
 	log.Info("lease manager starting", "renew_every", 1500*time.Millisecond, "partition", 3,
 		slog.Group("retry", "in", 250*time.Microsecond))
 	var line map[string]any

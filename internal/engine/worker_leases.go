@@ -65,7 +65,7 @@ func TokenFloor(db interface {
 // newPartitionLeases makes the lease manager that decides which of fn's
 // partitions this worker owns.
 func (w *worker) newPartitionLeases(ctx context.Context, fn kfn.Function) (*lease.Manager, error) {
-	mgr, err := lease.NewManager(ctx, w.js, w.leaseConfig(naming.LeaseGroup(w.installation, fn.Name, source(fn)), w.cfg.Logger.With("function", fn.Name)))
+	mgr, err := lease.NewManager(ctx, w.js, w.leaseConfig(naming.LeaseGroup(w.installation, fn.Name, Source(fn)), w.cfg.Logger.With("function", fn.Name)))
 	if err != nil {
 		return nil, fmt.Errorf("function %s: partition leases in NATS at %s: %w", fn.Name, connect.Redact(w.cfg.NATSURL), w.explainNATSState(err))
 	}

@@ -1,4 +1,4 @@
-package engine
+package observe
 
 import (
 	"maps"
@@ -38,7 +38,8 @@ type functionStats struct {
 	fns map[string]*FunctionCounters
 }
 
-func (s *Stats) countFn(fn string, f func(*FunctionCounters)) {
+// CountFn applies f to fn's counters.
+func (s *Stats) CountFn(fn string, f func(*FunctionCounters)) {
 	s.fs.mu.Lock()
 	defer s.fs.mu.Unlock()
 	if s.fs.fns == nil {
@@ -65,10 +66,10 @@ func (s *Stats) Functions() map[string]FunctionCounters {
 	return out
 }
 
-// laneHeld counts a lane of fn as held until the returned function runs.
-func (s *Stats) laneHeld(fn string) (release func()) {
-	s.countFn(fn, func(c *FunctionCounters) { c.Leases++ })
-	return func() { s.countFn(fn, func(c *FunctionCounters) { c.Leases-- }) }
+// LaneHeld counts a lane of fn as held until the returned function runs.
+func (s *Stats) LaneHeld(fn string) (release func()) {
+	s.CountFn(fn, func(c *FunctionCounters) { c.Leases++ })
+	return func() { s.CountFn(fn, func(c *FunctionCounters) { c.Leases-- }) }
 }
 
 // Histogram buckets.
@@ -106,10 +107,10 @@ func (h *histograms) collectors() []prometheus.Collector {
 	return []prometheus.Collector{h.batchSize, h.batchDuration, h.handlerDuration, h.recordAge}
 }
 
-// observeCommit records a committed batch of n records of fn that began at
+// ObserveCommit records a committed batch of n records of fn that began at
 // start, of which applied went through the handler (duplicates are not
 // aged: a redelivery would skew the age).
-func (s *Stats) observeCommit(fn string, n int, applied []kfn.Record, start time.Time) {
+func (s *Stats) ObserveCommit(fn string, n int, applied []kfn.Record, start time.Time) {
 	h := s.hist()
 	now := time.Now()
 	h.batchSize.WithLabelValues(fn).Observe(float64(n))
@@ -135,6 +136,7 @@ func (s *Stats) OnCommit(f func(fn string, records int, took time.Duration)) {
 	s.onCommit.Store(&f)
 }
 
-func (s *Stats) observeHandler(fn string, d time.Duration) {
+// ObserveHandler records one handler call of fn that took d.
+func (s *Stats) ObserveHandler(fn string, d time.Duration) {
 	s.hist().handlerDuration.WithLabelValues(fn).Observe(d.Seconds())
 }

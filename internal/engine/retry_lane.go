@@ -13,6 +13,7 @@ import (
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/naming"
+	"github.com/kfn-dev/kfn/internal/observe"
 	"github.com/kfn-dev/kfn/internal/pglisten"
 	"github.com/kfn-dev/kfn/outbox"
 	kfn "github.com/kfn-dev/kfn/runtime"
@@ -47,7 +48,7 @@ import (
 // marked letters, and those holding parked keys (they read them again); a
 // lane waiting for records stops waiting.
 //
-// Parked keys (KeyOrder ParkKey, parkkey.go): applying a letter that
+// Parked keys (KeyOrder ParkKey, applier_parkkey.go): applying a letter that
 // blocks its key releases the key in the same transaction, marking its
 // key_parked letters for retry; a key_parked letter is not applied while
 // its key is parked behind an earlier letter (it is unmarked, and audited
@@ -318,7 +319,7 @@ func (l *retryLane) tryApply(ctx context.Context, id int64) (letter inbox.RetryL
 	}
 	a.stats.DeadLetterRetriesApplied.Add(1)
 	a.stats.TraceContextDropped.Add(int64(emitted.traceDropped))
-	a.stats.countFn(a.fn.Name, func(c *FunctionCounters) {
+	a.stats.CountFn(a.fn.Name, func(c *observe.FunctionCounters) {
 		c.DeadLetterRetriesApplied++
 		c.TraceContextDropped += int64(emitted.traceDropped)
 	})
@@ -404,9 +405,9 @@ func (l *retryLane) recordFailure(ctx context.Context, letter inbox.RetryLetter,
 	}
 	if recorded {
 		a.stats.DeadLetterRetriesFailed.Add(1)
-		a.stats.countFn(a.fn.Name, func(c *FunctionCounters) { c.DeadLetterRetriesFailed++ })
+		a.stats.CountFn(a.fn.Name, func(c *observe.FunctionCounters) { c.DeadLetterRetriesFailed++ })
 		a.log.Warn("dead letter retried: failed again; the letter stays", "dead_letter_id", letter.ID, "offset", letter.Offset,
-			"attempts", letter.Attempts+1, "err", firstLine(cause))
+			"attempts", letter.Attempts+1, "err", observe.FirstLine(cause))
 	}
 	if blocked {
 		a.log.Warn("parked record failed when its key was released: it parks the key's later records in turn",

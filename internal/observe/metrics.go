@@ -1,4 +1,4 @@
-package engine
+package observe
 
 import (
 	"errors"
@@ -6,17 +6,40 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kfn-dev/kfn/outbox"
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
+
+// Sources are what a worker's metrics are read from, at each scrape.
+type Sources struct {
+	WorkerID   string         // the worker label of every series
+	Functions  []kfn.Function // the worker's functions: their series exist from the start
+	StallAfter time.Duration  // --stall-after (0: the default)
+	Stats      *Stats
+	// Pool is sampled for the outbox backlog; nil: no outbox gauges.
+	Pool *pgxpool.Pool
+	// Ready is the last probe of the services (what /readyz says) and
+	// whether one has run; TopicMissing, by function and topic, whether a
+	// consumed topic is missing.
+	Ready        func() (problems []string, checked bool)
+	TopicMissing func() map[[2]string]bool
+	// Mirror is the Kafka consumer-group mirror's state; nil without Kafka.
+	Mirror func() (refused map[string]bool, failures int64)
+	// Relay is the worker's outbox relay's counters, and false when it runs
+	// none.
+	Relay func() (outbox.RelayStats, bool)
+}
 
 // metricsCollector exposes a worker's Stats (and its relay's) to Prometheus.
 // It reads the live counters at scrape time, so nothing is counted twice.
 type metricsCollector struct {
-	wk *Worker
+	src Sources
 
 	applied, duplicates, deadLettered, retries, batches, fenced *prometheus.Desc
 	lag, cursor, epoch                                          *prometheus.Desc
@@ -32,13 +55,13 @@ type metricsCollector struct {
 	ops *opsMetrics
 }
 
-func newMetricsCollector(wk *Worker) *metricsCollector {
+func newMetricsCollector(src Sources) *metricsCollector {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
-		return prometheus.NewDesc("kfn_"+name, help, labels, prometheus.Labels{"worker": wk.w.cfg.WorkerID})
+		return prometheus.NewDesc("kfn_"+name, help, labels, prometheus.Labels{"worker": src.WorkerID})
 	}
 	part := []string{"function", "source", "partition"}
 	return &metricsCollector{
-		wk:                   wk,
+		src:                  src,
 		applied:              d("records_applied_total", "Records whose handler transaction committed.", "function"),
 		duplicates:           d("records_duplicate_total", "Records skipped because they were handled before.", "function"),
 		deadLettered:         d("records_dead_lettered_total", "Records parked in kfn.dead_letters, per reason (panic, timeout, data_error, permanent, handler_error, oversized).", "function", "reason"),
@@ -62,7 +85,7 @@ func newMetricsCollector(wk *Worker) *metricsCollector {
 		deadLetterRetries:    d("dead_letter_retries_total", "Dead letters marked for retry (kfn dlq retry) that this worker applied (outcome applied) or whose retry failed again (outcome failed: the letter stays).", "function", "outcome"),
 		groupRefused:         d("consumer_group_refused", "1 while the Kafka consumer group offsets are mirrored to (--consumer-group) is another consumer's (members, or offsets kfn did not write): nothing is mirrored there.", "group"),
 		mirrorFailures:       d("offset_mirror_failures_total", "Failed commits of offsets to the Kafka consumer group (best effort, retried at the next flush)."),
-		ops:                  newOpsMetrics(wk.w),
+		ops:                  newOpsMetrics(src),
 		parkedKeys:           d("parked_keys", "Keys whose records are held back in this worker's partitions (KeyOrder ParkKey): parked behind a dead letter until it is retried or discarded, or released with parked records still to retry.", "function"),
 		fenceTerminateDenied: d("fence_terminate_denied_total", "Lane claims refused because a frozen older owner's session held the cursor row and this worker's role may not end it (no pg_signal_backend, another role): the claim waits for the older transaction to end.", "function"),
 		keyParked:            d("records_key_parked_total", "Records dead-lettered with reason key_parked: parked behind an earlier dead letter of their key (KeyOrder ParkKey). Also in kfn_records_dead_lettered_total.", "function"),
@@ -75,14 +98,14 @@ func newMetricsCollector(wk *Worker) *metricsCollector {
 func (c *metricsCollector) Describe(chan<- *prometheus.Desc) {}
 
 func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
-	s := c.wk.Stats()
+	s := c.src.Stats
 	counter := func(d *prometheus.Desc, v float64) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
 	}
 	// Per-function counters (issue 12): every function of the worker has
 	// its series from the start, every dead-letter reason too.
 	fns := s.Functions()
-	for _, fn := range c.wk.w.fns {
+	for _, fn := range c.src.Functions {
 		if _, ok := fns[fn.Name]; !ok {
 			fns[fn.Name] = FunctionCounters{}
 		}
@@ -123,26 +146,26 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.epoch, prometheus.GaugeValue, float64(p.Epoch), labels...)
 		parked[p.Function] += p.ParkedKeys
 	}
-	for _, fn := range c.wk.w.fns {
+	for _, fn := range c.src.Functions {
 		if fn.KeyOrder == kfn.ParkKey {
 			ch <- prometheus.MustNewConstMetric(c.parkedKeys, prometheus.GaugeValue, float64(parked[fn.Name]), fn.Name)
 		}
 	}
-	problems, checked := c.wk.w.ready.state()
+	problems, checked := c.src.Ready()
 	ready := 0.0
 	if checked && len(problems) == 0 {
 		ready = 1
 	}
 	ch <- prometheus.MustNewConstMetric(c.ready, prometheus.GaugeValue, ready)
-	for ft, missing := range c.wk.w.ready.topicMissing() {
+	for ft, missing := range c.src.TopicMissing() {
 		v := 0.0
 		if missing {
 			v = 1
 		}
 		ch <- prometheus.MustNewConstMetric(c.topicMissing, prometheus.GaugeValue, v, ft[0], ft[1])
 	}
-	if c.wk.w.offsets != nil {
-		refused, failures := c.wk.w.offsets.State()
+	if c.src.Mirror != nil {
+		refused, failures := c.src.Mirror()
 		counter(c.mirrorFailures, float64(failures))
 		for group, no := range refused {
 			v := 0.0
@@ -152,7 +175,7 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.groupRefused, prometheus.GaugeValue, v, group)
 		}
 	}
-	if r, ok := c.wk.RelayStats(); ok {
+	if r, ok := c.src.Relay(); ok {
 		counter(c.relayed, float64(r.Published))
 		counter(c.relayDuplicates, float64(r.Duplicates))
 		counter(c.relayFailures, float64(r.Failures))
@@ -161,16 +184,9 @@ func (c *metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// HTTPHandler serves the worker's Prometheus metrics at /metrics, a liveness
-// check at /healthz (the process serves HTTP) and a readiness check at
-// /readyz (Postgres with a compatible schema, NATS JetStream and Kafka
-// answer, and every consumed topic exists; probed every 2 s).
-func (wk *Worker) HTTPHandler() http.Handler {
-	return wk.w.httpHandler(wk.w.serveReadiness)
-}
-
-func (w *worker) httpHandler(readyz http.HandlerFunc) http.Handler {
-	reg, _ := w.registry() // NewWorker returned its error: none here
+// Handler serves reg's metrics at /metrics, a liveness check at /healthz
+// (the process serves HTTP) and readyz at /readyz.
+func Handler(reg *prometheus.Registry, readyz http.HandlerFunc) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/readyz", readyz)
@@ -180,20 +196,20 @@ func (w *worker) httpHandler(readyz http.HandlerFunc) http.Handler {
 	return mux
 }
 
-// registry gathers what /metrics serves: kfn's own collectors, the Go and
+// Registry gathers what /metrics serves: kfn's own collectors, the Go and
 // process collectors, and the collectors of every function's Metrics (the
 // author's own). kfn's histograms and the authors' collectors get the
 // worker label, as kfn's other series have. A function's collector that
 // cannot be registered (a name or labels clashing with another's) is an
 // error naming the function; the registry then serves the rest.
-func (w *worker) registry() (*prometheus.Registry, error) {
+func Registry(src Sources) (*prometheus.Registry, error) {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newMetricsCollector(&Worker{w: w}), prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
-	labelled := prometheus.WrapRegistererWith(prometheus.Labels{"worker": w.cfg.WorkerID}, reg)
+	reg.MustRegister(newMetricsCollector(src), prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	labelled := prometheus.WrapRegistererWith(prometheus.Labels{"worker": src.WorkerID}, reg)
 	// issue 12: the per-function histograms.
-	labelled.MustRegister(w.stats.hist().collectors()...)
+	labelled.MustRegister(src.Stats.hist().collectors()...)
 	var errs []error
-	for _, fn := range w.fns {
+	for _, fn := range src.Functions {
 		for _, c := range fn.Metrics {
 			err := labelled.Register(c)
 			if are := (prometheus.AlreadyRegisteredError{}); errors.As(err, &are) {

@@ -11,12 +11,14 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/observe"
+	"github.com/kfn-dev/kfn/internal/settings"
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
 // BenchmarkRecordTracing measures what tracing costs a record in a lane's
 // path (the parts applier.runHandlers runs per record and per batch), in
-// batches of DefaultBatchSize records that each emit one event: "off" is
+// batches of settings.DefaultBatchSize records that each emit one event: "off" is
 // the default (no tracer: no span, a record's trace context copied to its
 // events as it came), "on" an SDK provider that records every span and
 // exports it in batches. Each runs on records without and with a
@@ -44,7 +46,7 @@ func BenchmarkRecordTracing(b *testing.B) {
 				if p.tp != nil {
 					a.tracer = p.tp.Tracer(tracerName)
 				}
-				recs := make([]kfn.Record, DefaultBatchSize)
+				recs := make([]kfn.Record, settings.DefaultBatchSize)
 				for i := range recs {
 					recs[i] = kfn.Record{Topic: "orders", Offset: int64(i), Key: []byte("ord-1"), Value: []byte(`{}`), Attempt: 1}
 					if withParent {
@@ -61,9 +63,9 @@ func BenchmarkRecordTracing(b *testing.B) {
 					for _, r := range recs {
 						_, span := a.startHandler(ctx, r, em)
 						em.emit(r, ev)
-						endSpan(span, nil)
+						observe.EndSpan(span, nil)
 					}
-					endSpan(batch, nil)
+					observe.EndSpan(batch, nil)
 					n += len(recs)
 				}
 				b.ReportMetric(float64((cpuTime(b)-cpu0).Nanoseconds())/float64(n), "cpu-ns/record")

@@ -1,4 +1,4 @@
-package engine
+package process
 
 import (
 	"context"
@@ -17,6 +17,10 @@ import (
 	"time"
 
 	"github.com/kfn-dev/kfn/internal/buildinfo"
+	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/internal/logsetup"
+	"github.com/kfn-dev/kfn/internal/observe"
+	"github.com/kfn-dev/kfn/internal/preflight"
 	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/internal/tracing"
@@ -37,7 +41,7 @@ func Main(fn kfn.Function, args []string, stderr io.Writer) int {
 		fmt.Fprint(os.Stdout, buildinfo.Read().Text(name))
 		return 0
 	}
-	if len(args) > 0 && args[0] == MigrateCommand {
+	if len(args) > 0 && args[0] == preflight.MigrateCommand {
 		return migrateMain(fn, name, args[1:], os.Stdout, stderr)
 	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
@@ -45,25 +49,25 @@ func Main(fn kfn.Function, args []string, stderr io.Writer) int {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage of %s (every flag can also be set by the environment variable in brackets):\n", name)
 		settings.PrintDefaults(fs)
-		fmt.Fprintf(fs.Output(), "\n%s %s applies kfn's schema migrations and the function's Setup, then exits (-h for its flags).\n", name, MigrateCommand)
+		fmt.Fprintf(fs.Output(), "\n%s %s applies kfn's schema migrations and the function's Setup, then exits (-h for its flags).\n", name, preflight.MigrateCommand)
 		fmt.Fprintf(fs.Output(), "%s --version prints its version, commit and build time.\n", name)
 	}
 	var cfg kfn.Config
 	var logLevel, metricsAddr string
 	b := settings.NewBinder(fs)
-	bindConfig(b, &cfg) // b's errors, the log level's and metrics address's too, are reported by NewWorker
+	preflight.BindConfig(b, &cfg) // b's errors, the log level's and metrics address's too, are reported by NewWorker
 	settings.LogLevel.Bind(b, &logLevel)
 	settings.MetricsAddr.Bind(b, &metricsAddr)
 	describe := fs.Bool("describe", false, "print the function's name, source and emitted subjects as JSON on stdout, and exit (kfn dev reads it)")
-	healthcheck := fs.Bool("healthcheck", false, HealthcheckUsage)
+	healthcheck := fs.Bool("healthcheck", false, observe.HealthcheckUsage)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2 // the flag package has printed the error and the usage
 	}
-	if fs.NArg() > 0 && fs.Arg(0) == MigrateCommand {
-		fmt.Fprintf(stderr, "%s: %s must come first: %s %s --%s …\n", name, MigrateCommand, name, MigrateCommand, settings.DatabaseURL.Flag)
+	if fs.NArg() > 0 && fs.Arg(0) == preflight.MigrateCommand {
+		fmt.Fprintf(stderr, "%s: %s must come first: %s %s --%s …\n", name, preflight.MigrateCommand, name, preflight.MigrateCommand, settings.DatabaseURL.Flag)
 		return 2
 	}
 	if fs.NArg() > 0 {
@@ -78,26 +82,26 @@ func Main(fn kfn.Function, args []string, stderr io.Writer) int {
 		return 0
 	}
 	if *healthcheck {
-		if err := ProbeReady(context.Background(), metricsAddr); err != nil {
+		if err := observe.ProbeReady(context.Background(), metricsAddr); err != nil {
 			fmt.Fprintf(stderr, "%s: %v\n", name, err)
 			return 1
 		}
 		return 0
 	}
 	var level slog.Level
-	_ = level.UnmarshalText([]byte(logLevel))                                     // checked by settings.LogLevel; a rejected value left "info"
-	cfg.Logger = slog.New(tracing.LogHandler(newLogger(stderr, level).Handler())) // a record logged inside a span carries trace_id, span_id
-	slog.SetDefault(cfg.Logger)                                                   // a handler's slog.InfoContext(ctx, …) lines go to the worker's log
+	_ = level.UnmarshalText([]byte(logLevel))                                        // checked by settings.LogLevel; a rejected value left "info"
+	cfg.Logger = slog.New(tracing.LogHandler(logsetup.New(stderr, level).Handler())) // a record logged inside a span carries trace_id, span_id
+	slog.SetDefault(cfg.Logger)                                                      // a handler's slog.InfoContext(ctx, …) lines go to the worker's log
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	w, err := NewWorker(ctx, cfg, fn)
+	w, err := engine.NewWorker(ctx, cfg, fn)
 	if err != nil && ctx.Err() != nil {
 		return 0 // stopped (SIGTERM) while starting: nothing ran, nothing to report
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %s\n", name, strings.ReplaceAll(err.Error(), "\n", "\n  "))
-		var cfgErr *ConfigError
+		var cfgErr *preflight.ConfigError
 		if errors.As(err, &cfgErr) {
 			return 2
 		}
@@ -116,7 +120,7 @@ func Main(fn kfn.Function, args []string, stderr io.Writer) int {
 		go srv.Serve(ln)                         //nolint:errcheck // ends with Shutdown below
 		defer srv.Shutdown(context.Background()) //nolint:errcheck // best effort at exit
 	}
-	cfg.Logger.Info("worker started", "function", fn.Name, "source", source(fn), "worker", w.w.cfg.WorkerID, "schema", schema.Latest())
+	cfg.Logger.Info("worker started", "function", fn.Name, "source", engine.Source(fn), "worker", cfg.WithDefaults().WorkerID, "schema", schema.Latest())
 	// The signal's arrival, logged: the start of the shutdown, which the
 	// next owners' claims are measured from.
 	signalled := make(chan time.Time, 1)
@@ -153,7 +157,7 @@ func Describe(fn kfn.Function) Description {
 	if fn.Subject != "" {
 		d.Stream = fn.Stream
 		if d.Stream == "" {
-			d.Stream = DefaultStream
+			d.Stream = engine.DefaultStream
 		}
 	}
 	return d

@@ -3,14 +3,12 @@ package engine
 import (
 	"context"
 	"strconv"
-	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/kfn-dev/kfn/internal/observe"
 	"github.com/kfn-dev/kfn/outbox"
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
@@ -86,7 +84,7 @@ func (a *applier) startHandler(ctx context.Context, rec kfn.Record, emitter *emi
 		return ctx, nil
 	}
 	var span trace.Span
-	hctx := emitter.traceIn(rec, func(tc recordTrace) context.Context {
+	hctx := emitter.traceIn(rec, func(tc observe.RecordTrace) context.Context {
 		batch := trace.SpanContextFromContext(ctx)
 		parent := outbox.Propagator.Extract(ctx, tc)
 		opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(a.recordAttrs(rec)...)}
@@ -118,7 +116,7 @@ func (a *applier) startBatchHandler(ctx context.Context, work []kfn.Record, emit
 	handler := span.SpanContext()
 	records := make([]trace.Span, 0, len(work))
 	for _, r := range work {
-		emitter.traceIn(r, func(tc recordTrace) context.Context {
+		emitter.traceIn(r, func(tc observe.RecordTrace) context.Context {
 			parent := outbox.Propagator.Extract(hctx, tc)
 			opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(a.recordAttrs(r)...)}
 			if trace.SpanContextFromContext(parent).IsRemote() {
@@ -162,86 +160,4 @@ func (a *applier) recordAttrs(rec kfn.Record) []attribute.KeyValue {
 		kv = append(kv, semconv.MessagingMessageID(rec.EventID))
 	}
 	return kv
-}
-
-// endSpan ends span (nil: none) with err as its status.
-func endSpan(span trace.Span, err error) {
-	if span == nil {
-		return
-	}
-	if err != nil {
-		span.SetStatus(codes.Error, firstLine(err))
-	}
-	span.End()
-}
-
-// recordTrace is the W3C trace context and baggage of a record's headers
-// that kfn accepts, as a carrier for outbox.Propagator: empty fields when
-// absent or invalid.
-type recordTrace struct{ parent, state, baggage string }
-
-var _ propagation.TextMapCarrier = recordTrace{}
-
-func (t recordTrace) Get(key string) string {
-	switch key {
-	case outbox.HeaderTraceParent:
-		return t.parent
-	case outbox.HeaderTraceState:
-		return t.state
-	case outbox.HeaderBaggage:
-		return t.baggage
-	}
-	return ""
-}
-
-func (recordTrace) Set(string, string) {}
-
-func (recordTrace) Keys() []string {
-	return []string{outbox.HeaderTraceParent, outbox.HeaderTraceState, outbox.HeaderBaggage}
-}
-
-// traceOf reads rec's trace context from its headers, whose bytes are
-// whatever its producer sent: a traceparent if there is one valid value of
-// it, with the tracestate if that is valid too; the baggage headers joined
-// if they parse. It reports whether it dropped an invalid one.
-func traceOf(rec kfn.Record) (tc recordTrace, dropped bool) {
-	parents, states := 0, 0
-	var parent, state []byte
-	var bags []string
-	for _, h := range rec.Headers {
-		switch h.Key {
-		case outbox.HeaderTraceParent:
-			parents++
-			if parents == 1 {
-				parent = h.Value
-			} else if string(h.Value) != string(parent) {
-				dropped = true // conflicting traceparents: no trace context
-			}
-		case outbox.HeaderTraceState:
-			states++
-			state = h.Value
-		case outbox.HeaderBaggage:
-			bags = append(bags, string(h.Value))
-		}
-	}
-	switch {
-	case parents == 0:
-	case dropped || !outbox.ValidTraceParent(string(parent)):
-		dropped = true
-	default:
-		tc.parent = string(parent)
-		if states == 1 && outbox.ValidTraceState(string(state)) {
-			tc.state = string(state)
-		} else if states > 0 {
-			dropped = true
-		}
-	}
-	if len(bags) > 0 {
-		if b := strings.Join(bags, ","); outbox.ValidBaggage(b) {
-			tc.baggage = b
-		} else {
-			dropped = true
-		}
-	}
-	return tc, dropped
 }

@@ -1,4 +1,4 @@
-package engine
+package observe
 
 import (
 	"context"
@@ -22,9 +22,9 @@ import (
 // every Postgres round trip has a deadline, the sessions have server-side
 // timeouts, connections use TCP keepalive, and a probe tells the lease
 // managers whether this worker reaches Postgres at all. The timing is in
-// the package documentation ("Timing").
+// package engine's documentation ("Postgres round trips, handler calls and the lease").
 
-// limitPostgres sets up the worker's pool for frozen connections:
+// LimitPostgres sets up the worker's pool for frozen connections:
 //   - every round trip (statement, begin, commit, COPY, batch, prepare,
 //     connect) gets a deadline of roundTripLimit(StatementTimeout), after
 //     which pgx closes the connection: a frozen connection costs one round
@@ -38,9 +38,11 @@ import (
 //   - both ends use TCP keepalive tied to the lease timing, so that a dead
 //     peer is found without waiting for the kernel's defaults (hours).
 //
-// Settings given in the database URL win.
-func limitPostgres(pgCfg *pgxpool.Config, cfg kfn.Config, health *pgHealth) {
-	rt := roundTripLimit(cfg.StatementTimeout)
+// Settings given in the database URL win. health probes with a copy of the
+// connection settings made here.
+func LimitPostgres(pgCfg *pgxpool.Config, cfg kfn.Config, health *PGHealth) {
+	defer func() { health.connCfg = pgCfg.ConnConfig.Copy() }()
+	rt := RoundTripLimit(cfg.StatementTimeout)
 	cc := pgCfg.ConnConfig
 	cc.Tracer = &roundTrips{limit: rt, ok: health.succeeded}
 	if cc.ConnectTimeout == 0 {
@@ -71,9 +73,9 @@ func limitPostgres(pgCfg *pgxpool.Config, cfg kfn.Config, health *pgHealth) {
 	}
 }
 
-// noRoundTripLimit marks a ctx whose Postgres work may take as long as it
+// NoRoundTripLimit marks a ctx whose Postgres work may take as long as it
 // needs (a function's Setup). Its statements run with statement_timeout 0.
-func noRoundTripLimit(ctx context.Context) context.Context {
+func NoRoundTripLimit(ctx context.Context) context.Context {
 	return context.WithValue(ctx, unlimitedKey{}, true)
 }
 
@@ -92,6 +94,17 @@ type roundTrips struct {
 // roundTripCounterKey marks a ctx whose round trips are counted, in the
 // *atomic.Int64 it holds (Stats.BatchRoundTrips).
 type roundTripCounterKey struct{}
+
+// CountRoundTrips returns a ctx whose Postgres round trips are added to n.
+func CountRoundTrips(ctx context.Context, n *atomic.Int64) context.Context {
+	return context.WithValue(ctx, roundTripCounterKey{}, n)
+}
+
+// RoundTripLimit is how long a worker waits for one Postgres round trip
+// before it takes the connection for frozen and closes it: 5/4 of the
+// statement timeout, so that a slow statement is cancelled by the server
+// first and fails as itself, with the connection intact.
+func RoundTripLimit(statementTimeout time.Duration) time.Duration { return statementTimeout * 5 / 4 }
 
 func (r *roundTrips) start(ctx context.Context) context.Context {
 	if n, ok := ctx.Value(roundTripCounterKey{}).(*atomic.Int64); ok {
@@ -155,7 +168,7 @@ func (r *roundTrips) TraceConnectEnd(ctx context.Context, d pgx.TraceConnectEndD
 	r.end(ctx, d.Err)
 }
 
-// pgHealth tells whether this worker reaches Postgres. A probe on a
+// PGHealth tells whether this worker reaches Postgres. A probe on a
 // connection of its own asks the server every LeaseRenew, with a timeout
 // of LeaseRenew; every successful round trip of the pool counts as well.
 // The worker is unhealthy once Postgres has not answered it for
@@ -168,7 +181,7 @@ func (r *roundTrips) TraceConnectEnd(ctx context.Context, d pgx.TraceConnectEndD
 // A worker that was paused (SIGSTOP, a suspended VM) is not unhealthy on
 // waking: only an unanswered probe makes it so. Its leases ran out while it
 // slept, and the watchdog and the fence deal with those.
-type pgHealth struct {
+type PGHealth struct {
 	connCfg *pgx.ConnConfig // for the probe's own connection
 	every   time.Duration
 	timeout time.Duration
@@ -181,10 +194,10 @@ type pgHealth struct {
 	lastOK      time.Time
 }
 
-func newPGHealth(cfg kfn.Config) *pgHealth {
-	return &pgHealth{
+func NewPGHealth(cfg kfn.Config) *PGHealth {
+	return &PGHealth{
 		every:   cfg.LeaseRenew,
-		timeout: min(cfg.LeaseRenew, roundTripLimit(cfg.StatementTimeout)),
+		timeout: min(cfg.LeaseRenew, RoundTripLimit(cfg.StatementTimeout)),
 		window:  lease.Validity(cfg.LeaseTTL) - cfg.LeaseRenew,
 		log:     cfg.Logger,
 		lastOK:  time.Now(),
@@ -192,14 +205,14 @@ func newPGHealth(cfg kfn.Config) *pgHealth {
 }
 
 // succeeded records an answer from Postgres.
-func (h *pgHealth) succeeded() {
+func (h *PGHealth) succeeded() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.failingFrom, h.lastErr, h.lastOK = time.Time{}, nil, time.Now()
 }
 
 // failed records a probe that started at start and got no answer.
-func (h *pgHealth) failed(start time.Time, err error) {
+func (h *PGHealth) failed(start time.Time, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.failingFrom.IsZero() {
@@ -210,7 +223,7 @@ func (h *pgHealth) failed(start time.Time, err error) {
 
 // Healthy is the lease managers' health hook: nil while this worker
 // reaches Postgres.
-func (h *pgHealth) Healthy() error {
+func (h *PGHealth) Healthy() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.failingFrom.IsZero() || time.Since(h.failingFrom) < h.window {
@@ -221,7 +234,7 @@ func (h *pgHealth) Healthy() error {
 }
 
 // run probes until ctx ends.
-func (h *pgHealth) run(ctx context.Context) {
+func (h *PGHealth) run(ctx context.Context) {
 	var conn *pgx.Conn
 	defer func() {
 		if conn != nil {
@@ -265,7 +278,7 @@ func (h *pgHealth) run(ctx context.Context) {
 }
 
 // probe asks the server for one round trip, connecting first if needed.
-func (h *pgHealth) probe(ctx context.Context, conn **pgx.Conn) error {
+func (h *PGHealth) probe(ctx context.Context, conn **pgx.Conn) error {
 	if *conn == nil {
 		c, err := pgx.ConnectConfig(ctx, h.connCfg)
 		if err != nil {
@@ -283,13 +296,13 @@ func (h *pgHealth) probe(ctx context.Context, conn **pgx.Conn) error {
 	return nil
 }
 
-// runHealth starts the probe and returns a function that stops it.
-func (w *worker) runHealth(ctx context.Context) (stop func()) {
+// Start starts the probe and returns a function that stops it.
+func (h *PGHealth) Start(ctx context.Context) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		w.health.run(ctx)
+		h.run(ctx)
 	}()
 	return func() {
 		cancel()

@@ -1,4 +1,4 @@
-package engine
+package observe
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 )
 
@@ -31,7 +32,7 @@ const (
 )
 
 type opsMetrics struct {
-	w                                     *worker
+	src                                   Sources
 	outboxBacklog, outboxAge              *prometheus.Desc
 	stalled, leases, ackLatency, sinceCmt *prometheus.Desc
 
@@ -42,12 +43,12 @@ type opsMetrics struct {
 	oldestAge float64
 }
 
-func newOpsMetrics(w *worker) *opsMetrics {
+func newOpsMetrics(src Sources) *opsMetrics {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
-		return prometheus.NewDesc("kfn_"+name, help, labels, prometheus.Labels{"worker": w.cfg.WorkerID})
+		return prometheus.NewDesc("kfn_"+name, help, labels, prometheus.Labels{"worker": src.WorkerID})
 	}
 	return &opsMetrics{
-		w:             w,
+		src:           src,
 		outboxBacklog: d("outbox_backlog", "Rows in kfn.outbox not yet relayed: counted exactly up to 100000, above that the planner's estimate; sampled at most every 5 s."),
 		outboxAge:     d("outbox_oldest_age_seconds", "Age of the oldest row in kfn.outbox (0 when empty); sampled at most every 5 s."),
 		stalled:       d("lanes_stalled", "Owned lanes with lag > 0 and no commit for longer than --stall-after.", "function"),
@@ -58,9 +59,9 @@ func newOpsMetrics(w *worker) *opsMetrics {
 }
 
 func (o *opsMetrics) collect(ch chan<- prometheus.Metric, s *Stats, fns map[string]FunctionCounters) {
-	stallAfter := o.w.cfg.StallAfter
+	stallAfter := o.src.StallAfter
 	if stallAfter <= 0 {
-		stallAfter = DefaultStallAfter
+		stallAfter = settings.DefaultStallAfter
 	}
 	stalled := map[string]int{}
 	for name := range fns {
@@ -91,7 +92,7 @@ func (o *opsMetrics) collect(ch chan<- prometheus.Metric, s *Stats, fns map[stri
 // at outboxExactCount rows, and the oldest row is found through the primary
 // key (the smallest id is the earliest insert still there).
 func (o *opsMetrics) collectOutbox(ch chan<- prometheus.Metric) {
-	if o.w.pool == nil {
+	if o.src.Pool == nil {
 		return
 	}
 	o.mu.Lock()
@@ -101,7 +102,7 @@ func (o *opsMetrics) collectOutbox(ch chan<- prometheus.Metric) {
 		defer cancel()
 		var exact, estimate int64
 		var age *float64
-		err := o.w.pool.QueryRow(ctx, `
+		err := o.src.Pool.QueryRow(ctx, `
 SELECT (SELECT count(*) FROM (SELECT 1 FROM kfn.outbox LIMIT $1) t),
        (SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'kfn.outbox'::regclass),
        (SELECT extract(epoch FROM clock_timestamp() - created_at)::float8 FROM kfn.outbox ORDER BY id LIMIT 1)`, outboxExactCount).Scan(&exact, &estimate, &age)

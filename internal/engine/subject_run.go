@@ -30,7 +30,7 @@ type subjectRun struct {
 	lane   int
 	lanes  int
 	start  int64      // the lane's cursor when claimed: no event of it below is unhandled
-	retry  *retryLane // dead letters marked for retry (retry.go)
+	retry  *retryLane // dead letters marked for retry (retry_lane.go)
 	// delivered is the consumer sequence of the last event the lane's
 	// consumer delivered to it (0: none yet).
 	delivered uint64
@@ -58,8 +58,8 @@ func (w *worker) runSubject(ctx context.Context, fn kfn.Function, lane int32, to
 	}
 	sr.retry = w.retries.register(sr.applier, stream)
 	defer w.retries.unregister(sr.retry)
-	defer w.stats.drop(fn.Name, fn.Subject, lane)
-	defer w.stats.laneHeld(fn.Name)()
+	defer w.stats.Drop(fn.Name, fn.Subject, lane)
+	defer w.stats.LaneHeld(fn.Name)()
 	w.laneStopped(ctx, sr.applier, sr.run(ctx))
 }
 

@@ -1,16 +1,22 @@
-package engine
+package preflight
 
 import (
 	"errors"
 	"fmt"
 	"time"
 
+	"github.com/kfn-dev/kfn/internal/authorlink"
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/lease"
+	"github.com/kfn-dev/kfn/internal/observe"
 	"github.com/kfn-dev/kfn/internal/settings"
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
+
+// link reaches what package runtime keeps unexported: where a Config was
+// bound, and how its settings bind to flags.
+var link = authorlink.Get[kfn.Config, kfn.KafkaSecurity, kfn.NATSSecurity, kfn.Record, kfn.Event, kfn.Events, kfn.BatchEvents]()
 
 // BindNATSSecurity registers the NATS credential and TLS flags (and their
 // variables) on b, for a worker, the relay and every kfn command that
@@ -19,14 +25,14 @@ func BindNATSSecurity(b *settings.Binder, s *connect.NATSSecurity) {
 	link.BindNATSSecurity(b, (*kfn.NATSSecurity)(s))
 }
 
-// bindConfig binds every setting of c to b (Config.Bind); b's errors are
-// c's, reported by validateConfig.
-func bindConfig(b *settings.Binder, c *kfn.Config) { link.BindConfig(b, c) }
+// BindConfig binds every setting of c to b (Config.Bind); b's errors are
+// c's, reported by ValidateConfig.
+func BindConfig(b *settings.Binder, c *kfn.Config) { link.BindConfig(b, c) }
 
-// kafkaSecurity and natsSecurity are the security settings of cfg as
+// KafkaSecurity and NATSSecurity are the security settings of cfg as
 // the connections take them.
-func kafkaSecurity(cfg kfn.Config) kafkaconn.Security  { return kafkaconn.Security(cfg.KafkaSecurity) }
-func natsSecurity(cfg kfn.Config) connect.NATSSecurity { return connect.NATSSecurity(cfg.NATSSecurity) }
+func KafkaSecurity(cfg kfn.Config) kafkaconn.Security  { return kafkaconn.Security(cfg.KafkaSecurity) }
+func NATSSecurity(cfg kfn.Config) connect.NATSSecurity { return connect.NATSSecurity(cfg.NATSSecurity) }
 
 // Defaults, chosen from the benchmark (`kfn bench`, docs/benchmarks.md).
 // The generated configuration reference (docs/reference/configuration.md)
@@ -63,16 +69,16 @@ func (e *ConfigError) Error() string {
 	return fmt.Sprintf("invalid configuration: --%s (%s): %s", e.Field, e.Env, e.Msg)
 }
 
-// configError is a ConfigError about setting s.
-func configError[T any](s settings.Setting[T], msg string, args ...any) *ConfigError {
+// ConfigErrorOf is a ConfigError about setting s.
+func ConfigErrorOf[T any](s settings.Setting[T], msg string, args ...any) *ConfigError {
 	return &ConfigError{Field: s.Flag, Env: s.Env, Msg: fmt.Sprintf(msg, args...)}
 }
 
-// validateConfig checks every setting of c; Kafka brokers are required only
+// ValidateConfig checks every setting of c; Kafka brokers are required only
 // when a function reads Kafka (needKafka). A value given to Bind that was
 // rejected is reported as given, and not again as missing: its field kept
 // the default.
-func validateConfig(c kfn.Config, needKafka bool) error {
+func ValidateConfig(c kfn.Config, needKafka bool) error {
 	var errs []error
 	add := func(problems []*settings.Error) {
 		for _, e := range problems {
@@ -89,25 +95,25 @@ func validateConfig(c kfn.Config, needKafka bool) error {
 		add(given)
 	}
 	if needKafka && len(c.KafkaBrokers) == 0 && !rejected[settings.KafkaBrokers.Flag] {
-		bad(configError(settings.KafkaBrokers, "no Kafka broker given: set it to host:port[,host:port…]"))
+		bad(ConfigErrorOf(settings.KafkaBrokers, "no Kafka broker given: set it to host:port[,host:port…]"))
 	}
 	add(settings.KafkaBrokers.Problems(c.KafkaBrokers))
 	if needKafka {
-		for _, e := range kafkaSecurity(c).Problems() {
+		for _, e := range KafkaSecurity(c).Problems() {
 			if !rejected[e.Flag] {
 				add([]*settings.Error{e})
 			}
 		}
 	}
 	if c.DatabaseURL == "" && !rejected[settings.DatabaseURL.Flag] {
-		bad(configError(settings.DatabaseURL, "no Postgres URL given: set it to postgres://user@host:port/db"))
+		bad(ConfigErrorOf(settings.DatabaseURL, "no Postgres URL given: set it to postgres://user@host:port/db"))
 	}
 	add(settings.DatabaseURL.Problems(c.DatabaseURL))
 	if c.NATSURL == "" {
-		bad(configError(settings.NATSURL, "no NATS URL given: set it to nats://host:port"))
+		bad(ConfigErrorOf(settings.NATSURL, "no NATS URL given: set it to nats://host:port"))
 	}
 	var badNATS *connect.SettingError
-	if err := natsSecurity(c).Check(); errors.As(err, &badNATS) && !rejected[badNATS.Flag] {
+	if err := NATSSecurity(c).Check(); errors.As(err, &badNATS) && !rejected[badNATS.Flag] {
 		bad(&ConfigError{Field: badNATS.Flag, Env: badNATS.Env, Msg: badNATS.Msg})
 	}
 	add(settings.NATSReplicas.Problems(c.NATSReplicas))
@@ -117,36 +123,30 @@ func validateConfig(c kfn.Config, needKafka bool) error {
 	add(settings.RetryAttempts.Problems(c.RetryAttempts))
 	add(settings.RetryInitial.Problems(c.RetryInitial))
 	if c.RetryInitial > 0 && c.RetryMax < c.RetryInitial {
-		bad(configError(settings.RetryMax, "must be at least --retry-initial (%s)", c.RetryInitial))
+		bad(ConfigErrorOf(settings.RetryMax, "must be at least --retry-initial (%s)", c.RetryInitial))
 	}
 	add(settings.HandlerTimeout.Problems(c.HandlerTimeout))
 	add(settings.StartFrom.Problems(c.StartFrom))
 	add(settings.EventDedup.Problems(c.EventDedup))
 	if c.EventRetention < c.EventDedup {
-		bad(configError(settings.EventRetention, "%s is shorter than --event-dedup (%s)", c.EventRetention, c.EventDedup))
+		bad(ConfigErrorOf(settings.EventRetention, "%s is shorter than --event-dedup (%s)", c.EventRetention, c.EventDedup))
 	}
 	add(settings.InboxRetention.Problems(c.InboxRetention))
 	add(settings.Lanes.Problems(c.Lanes))
 	add(settings.LeaseRenew.Problems(c.LeaseRenew))
 	if c.LeaseRenew > 0 && c.LeaseTTL < 3*c.LeaseRenew {
-		bad(configError(settings.LeaseTTL, "%s must be at least 3 × --lease-renew (%s) so a lease survives a missed renewal", c.LeaseTTL, c.LeaseRenew))
+		bad(ConfigErrorOf(settings.LeaseTTL, "%s must be at least 3 × --lease-renew (%s) so a lease survives a missed renewal", c.LeaseTTL, c.LeaseRenew))
 	}
-	rt := roundTripLimit(c.StatementTimeout)
+	rt := observe.RoundTripLimit(c.StatementTimeout)
 	switch tooShort := settings.StatementTimeout.Problems(c.StatementTimeout); {
 	case len(tooShort) > 0:
 		add(tooShort)
 	case rt > lease.Validity(c.LeaseTTL):
-		bad(configError(settings.StatementTimeout, "%s is too long for --lease-ttl %s: a round trip unanswered for 5/4 of it (%s) is a frozen connection, and the worker must notice one within the %s (0.7 × --lease-ttl) that a lease stays valid without renewal; lower --statement-timeout to at most %s or raise --lease-ttl to at least %s",
+		bad(ConfigErrorOf(settings.StatementTimeout, "%s is too long for --lease-ttl %s: a round trip unanswered for 5/4 of it (%s) is a frozen connection, and the worker must notice one within the %s (0.7 × --lease-ttl) that a lease stays valid without renewal; lower --statement-timeout to at most %s or raise --lease-ttl to at least %s",
 			c.StatementTimeout, c.LeaseTTL, rt, lease.Validity(c.LeaseTTL), lease.Validity(c.LeaseTTL)*4/5, (c.StatementTimeout * 5 / 4 * 10 / 7).Round(time.Millisecond)))
 	case c.HandlerTimeout > 0 && rt > c.HandlerTimeout:
-		bad(configError(settings.HandlerTimeout, "%s is shorter than 5/4 of --statement-timeout (%s): a slow statement in a handler must be cancelled by Postgres (the record's error, retried and then dead-lettered) before the handler's deadline closes the connection (an infrastructure error, retried forever); raise --handler-timeout to at least %s or lower --statement-timeout to at most %s",
+		bad(ConfigErrorOf(settings.HandlerTimeout, "%s is shorter than 5/4 of --statement-timeout (%s): a slow statement in a handler must be cancelled by Postgres (the record's error, retried and then dead-lettered) before the handler's deadline closes the connection (an infrastructure error, retried forever); raise --handler-timeout to at least %s or lower --statement-timeout to at most %s",
 			c.HandlerTimeout, c.StatementTimeout, rt, c.HandlerTimeout*4/5))
 	}
 	return errors.Join(errs...)
 }
-
-// roundTripLimit is how long a worker waits for one Postgres round trip
-// before it takes the connection for frozen and closes it: 5/4 of the
-// statement timeout, so that a slow statement is cancelled by the server
-// first and fails as itself, with the connection intact.
-func roundTripLimit(statementTimeout time.Duration) time.Duration { return statementTimeout * 5 / 4 }

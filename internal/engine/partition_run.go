@@ -12,6 +12,7 @@ import (
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/kafkasource"
+	"github.com/kfn-dev/kfn/internal/observe"
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
@@ -22,7 +23,7 @@ type partitionRun struct {
 	w      *worker
 	cursor *partitionTracker
 	lane   cursorLane // the cursor, or the benchmark's baseline wrapping it
-	retry  *retryLane // dead letters marked for retry (retry.go)
+	retry  *retryLane // dead letters marked for retry (retry_lane.go)
 }
 
 // cursorLane is the tracker of a Kafka partition: it also moves the
@@ -50,7 +51,7 @@ func (w *worker) runPartition(ctx context.Context, fn kfn.Function, partition in
 	pr := &partitionRun{applier: w.newApplier(fn, part, token, lane, log), w: w, cursor: cursor, lane: lane}
 	if fn.KeyOrder == kfn.ParkKey {
 		pr.held = newHeldKeys(func(n int) {
-			w.stats.update(fn.Name, fn.Topic, partition, func(p *PartitionStats) { p.ParkedKeys = n })
+			w.stats.Update(fn.Name, fn.Topic, partition, func(p *observe.PartitionStats) { p.ParkedKeys = n })
 		})
 	}
 	pr.retry = w.retries.register(pr.applier, "")
@@ -58,8 +59,8 @@ func (w *worker) runPartition(ctx context.Context, fn kfn.Function, partition in
 		pr.wakeRetries = pr.retry.signal
 	}
 	defer w.retries.unregister(pr.retry)
-	defer w.stats.drop(fn.Name, fn.Topic, partition)
-	defer w.stats.laneHeld(fn.Name)()
+	defer w.stats.Drop(fn.Name, fn.Topic, partition)
+	defer w.stats.LaneHeld(fn.Name)()
 	w.laneStopped(ctx, pr.applier, pr.run(ctx))
 }
 
@@ -71,7 +72,7 @@ func (w *worker) laneStopped(ctx context.Context, a *applier, err error) {
 	switch {
 	case errors.As(err, &fenced):
 		w.stats.Fenced.Add(1)
-		w.stats.countFn(a.fn.Name, func(c *FunctionCounters) { c.Fenced++ })
+		w.stats.CountFn(a.fn.Name, func(c *observe.FunctionCounters) { c.Fenced++ })
 		a.log.Warn("fenced by a newer owner: dropping it", "old_epoch", a.token, "new_epoch", fenced.Epoch)
 	case err != nil && ctx.Err() == nil:
 		a.log.Error("stopped", "err", err)
@@ -252,7 +253,7 @@ func (pr *partitionRun) claim(ctx context.Context) error {
 			return err
 		}
 	}
-	pr.w.stats.update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *PartitionStats) {
+	pr.w.stats.Update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *observe.PartitionStats) {
 		p.Epoch, p.NextOffset, p.HighWater = pr.token, pr.cursor.next, high
 	})
 	// Mirror the cursor to Kafka's consumer group at once: an earlier owner
@@ -368,7 +369,7 @@ func (pr *partitionRun) passOver(ctx context.Context, to, lagEnd int64) error {
 	}
 	pr.lane.passed(to)
 	pr.log.Debug("cursor moved past offsets without a committed record", "next_offset", pr.cursor.next)
-	pr.w.stats.update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *PartitionStats) {
+	pr.w.stats.Update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *observe.PartitionStats) {
 		p.NextOffset, p.HighWater = pr.cursor.next, max(lagEnd, pr.cursor.next)
 	})
 	return nil
@@ -456,7 +457,7 @@ func (pr *partitionRun) fetch(ctx context.Context, reader *kafkasource.Reader) f
 		passedAfter(rec, after)
 	}
 	lagEnd := reader.LastStable()
-	pr.w.stats.update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *PartitionStats) { p.HighWater = lagEnd })
+	pr.w.stats.Update(pr.fn.Name, pr.part.Topic, pr.part.Partition, func(p *observe.PartitionStats) { p.HighWater = lagEnd })
 	return fetched{batch: batch, afters: afters, lagEnd: lagEnd}
 }
 
@@ -541,7 +542,7 @@ func (w *worker) claimBlocked(fn string, log *slog.Logger, err error) {
 	if !errors.Is(err, inbox.ErrCannotEndOlderOwner) {
 		return
 	}
-	w.stats.countFn(fn, func(c *FunctionCounters) { c.FenceTerminateDenied++ })
+	w.stats.CountFn(fn, func(c *observe.FunctionCounters) { c.FenceTerminateDenied++ })
 	w.terminateDenied.Do(func() {
 		log.Warn("cannot end a frozen older owner's Postgres session: this worker's role may not signal it (another role, and no pg_signal_backend; or the older session is a superuser's), "+
 			"so claims wait for the older transaction to end on its own (counted in kfn_fence_terminate_denied_total); "+
