@@ -1,6 +1,7 @@
 package runtime_test
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -13,6 +14,8 @@ import (
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/internal/faults"
+	"github.com/kfn-dev/kfn/operator/verify"
+	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
@@ -86,11 +89,33 @@ func TestKeyLanesKillOwnerMidCommit(t *testing.T) {
 	if worst := stalls[len(stalls)-1]; worst > stallBound {
 		t.Errorf("a partition stood still %s after its owner was killed, over the liveness bound %s (5×TTL): %v", worst, stallBound, stalls)
 	}
+	// kfn verify under load: the key-lanes have committed records above
+	// the cursors (pending, not violations), and every claim found the
+	// older owners' key-lane commits ended.
+	c.verify("under load")
 
 	hw := c.finishProduction(prod)
 	c.waitCaughtUp(hw, 60*time.Second)
 	stopClean(t, workers...)
 	c.check(hw)
+	c.verify("caught up")
+}
+
+// verify runs kfn verify over the function's effects (one row per applied
+// record) and the event stream, and requires no violation.
+func (c *cluster) verify(when string) {
+	c.t.Helper()
+	rep, err := verify.Run(context.Background(), c.pg.Pool, jetStream(c.t, c.natsURL), verify.Spec{
+		Function: c.fn, Topic: c.topic, KafkaBrokers: c.kafka.Brokers, Examples: 5, UnpublishedAfter: time.Minute,
+		EffectsSQL: `SELECT topic, partition, "offset" FROM ` + effects.Table(c.fn), Stream: runtime.DefaultStream,
+	})
+	if err != nil {
+		c.t.Fatalf("verify %s: %v", when, err)
+	}
+	c.t.Logf("verify %s: ok %v, %d records checked", when, rep.OK, rep.Checked.Records)
+	if !rep.OK {
+		c.t.Errorf("verify %s: violations %+v", when, rep.Violations)
+	}
 }
 
 // killInKeyLaneTransaction is killInTransaction for workers with
