@@ -550,25 +550,31 @@ type cursor struct {
 // cursors reads the function's cursors, indexed by partition.
 func (c *cluster) cursors() map[int]cursor {
 	c.t.Helper()
+	out, err := c.readCursors()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return out
+}
+
+// readCursors is cursors, returning its error (Postgres restarting).
+func (c *cluster) readCursors() (map[int]cursor, error) {
 	rows, err := c.pg.Pool.Query(context.Background(), `
 SELECT partition, owner, epoch, next_offset, updated_at > claimed_at
   FROM kfn.cursors WHERE consumer = $1 AND topic = $2`, c.fn, c.topic)
 	if err != nil {
-		c.t.Fatalf("read cursors: %v", err)
+		return nil, fmt.Errorf("read cursors: %w", err)
 	}
-	defer rows.Close()
 	out := map[int]cursor{}
-	for rows.Next() {
-		var cur cursor
-		if err := rows.Scan(&cur.partition, &cur.owner, &cur.epoch, &cur.next, &cur.committed); err != nil {
-			c.t.Fatalf("read cursors: %v", err)
-		}
+	var cur cursor
+	_, err = pgx.ForEachRow(rows, []any{&cur.partition, &cur.owner, &cur.epoch, &cur.next, &cur.committed}, func() error {
 		out[cur.partition] = cur
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read cursors: %w", err)
 	}
-	if err := rows.Err(); err != nil {
-		c.t.Fatalf("read cursors: %v", err)
-	}
-	return out
+	return out, nil
 }
 
 // ownedBy returns the cursors whose owner is id.
