@@ -13,8 +13,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/inbox"
-	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/internal/devstack"
+	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/internal/faults"
 	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/operator/verify"
