@@ -6,10 +6,15 @@ import (
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/inbox"
@@ -355,4 +360,95 @@ func TestKeyLanesSurvivePostgresRestart(t *testing.T) {
 	stopClean(t, workers...)
 	c.check(hw)
 	c.verify("after the restart")
+}
+
+// TestNATSTriggeredFunctionWithKeyLanesKeepsKeyOrder runs a NATS-triggered
+// function with 16 key-lanes over events of 10 keys, each stored twice in
+// the stream (published again past its duplicate window): every event is
+// applied once, each key's events in stream order (by a per-key sequence
+// number in the value, against the order of the effects' commits), and
+// every event is acked.
+func TestNATSTriggeredFunctionWithKeyLanesKeepsKeyOrder(t *testing.T) {
+	b := setup(t, 1)
+	ctx := context.Background()
+	js := jetStream(t, b.cfg.NATSURL)
+	stream, subject := kfntest.Name(t, "stream"), kfntest.Name(t, "subj")+".created"
+	const window = 200 * time.Millisecond
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject}, Duplicates: window}); err != nil {
+		t.Fatal(err)
+	}
+	const events, keys = 300, 10
+	for round := 0; round < 2; round++ {
+		for i := range events {
+			key := fmt.Sprintf("k%d", i%keys)
+			msg := nats.NewMsg(subject)
+			msg.Header.Set("Nats-Msg-Id", fmt.Sprintf("ev-%03d", i))
+			msg.Header.Set("kfn-key", key)
+			msg.Data = effects.KeyedValue(key, i/keys+1)
+			if _, err := js.PublishMsg(ctx, msg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(2 * window) // past the window: the second round is stored again
+	}
+
+	table := pgx.Identifier{"events_" + b.fn}.Sanitize()
+	fn := runtime.Function{
+		Name: b.fn, Subject: subject, Stream: stream, KeyConcurrency: keyLaneCount,
+		Setup: func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (id bigserial, event_id text, value text, lsn pg_lsn DEFAULT pg_current_wal_insert_lsn())`)
+			return err
+		},
+		Handler: func(ctx context.Context, tx pgx.Tx, rec runtime.Record, _ *runtime.Events) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, value) VALUES ($1, $2)`, rec.EventID, string(rec.Value))
+			return err
+		},
+	}
+	w, stop := b.run(t, fn)
+	cons := func() jetstream.Consumer {
+		c, err := js.Consumer(ctx, stream, b.fn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	waitFor(t, 60*time.Second, "every event handled and acked", func() bool {
+		var n int
+		if err := b.pg.Pool.QueryRow(ctx, `SELECT count(*) FROM kfn.event_inbox WHERE consumer = $1`, b.fn).Scan(&n); err != nil || n != events {
+			return false
+		}
+		ci, err := cons().Info(ctx)
+		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
+	})
+	stop()
+	wantDuplicates(t, w, events, "the inbox skips the second copy of each event")
+
+	rows, err := b.pg.Pool.Query(ctx, `SELECT event_id, value FROM `+table+` ORDER BY lsn, id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen, last := map[string]int{}, map[string]int{}
+	var id, value string
+	_, err = pgx.ForEachRow(rows, []any{&id, &value}, func() error {
+		seen[id]++
+		key, n, _ := strings.Cut(value, "#")
+		seq, _ := strconv.Atoi(n)
+		if seq <= last[key] {
+			t.Errorf("key %s: event %s (#%d) committed after #%d", key, id, seq, last[key])
+		}
+		last[key] = seq
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range events {
+		if n := seen[fmt.Sprintf("ev-%03d", i)]; n != 1 {
+			t.Errorf("event ev-%03d applied %d times, want once", i, n)
+		}
+	}
+	var keyLaneRows int
+	if err := b.pg.Pool.QueryRow(ctx, `SELECT count(*) FROM kfn.key_lanes WHERE consumer = $1 AND next_offset > 0`, b.fn).Scan(&keyLaneRows); err != nil || keyLaneRows < 2 {
+		t.Errorf("%d key-lanes committed (%v); the events' 10 keys should spread over several of the 16", keyLaneRows, err)
+	}
 }
