@@ -452,3 +452,49 @@ func TestNATSTriggeredFunctionWithKeyLanesKeepsKeyOrder(t *testing.T) {
 		t.Errorf("%d key-lanes committed (%v); the events' 10 keys should spread over several of the 16", keyLaneRows, err)
 	}
 }
+
+// TestKeyLanesApplyEveryRecordOnceInKeyOrder runs one worker with 16
+// key-lanes per partition (in this process, so the race detector sees the
+// key-lanes, the dispatcher and the cursor mover) over 2 partitions of
+// records of 40 keys each, with KeyOrder ParkKey: one key's second record
+// fails permanently, which parks that key's later record behind it and
+// nothing else. Every other record is applied once, each key's in order,
+// and the cursors reach the end.
+func TestKeyLanesApplyEveryRecordOnceInKeyOrder(t *testing.T) {
+	b := setup(t, 2)
+	fn := effects.Function(b.fn, b.topic)
+	fn.KeyConcurrency, fn.KeyOrder = keyLaneCount, runtime.ParkKey
+	const perPartition, keys = 600, 40
+	var produced, dead []effects.Produced
+	for p := range 2 {
+		msgs := make([]kafka.Message, perPartition)
+		for i := range msgs {
+			key := fmt.Sprintf("k%d-%d", p, i%keys)
+			msgs[i] = kafka.Message{Partition: p, Key: []byte(key), Value: effects.KeyedValue(key, i/keys+1)}
+			rec := effects.Produced{Partition: int32(p), Offset: int64(i)}
+			if p == 0 && i%keys == 7 && i/keys >= 1 { // key k0-7: its 2nd record fails, and parks its later ones
+				if i/keys == 1 {
+					msgs[i].Value = []byte(effects.Permanent)
+				}
+				dead = append(dead, rec)
+			}
+			produced = append(produced, rec)
+		}
+		b.kafka.Produce(t, b.topic, msgs...)
+	}
+	w, stop := b.run(t, fn)
+	b.waitCaughtUp(t, b.fn)
+	awaitApplied(w, int64(len(produced)-len(dead)))
+	stop()
+	rep, err := effects.Check(context.Background(), b.pg.Pool, b.fn, b.topic, produced, effects.KeyOrder())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("checker: %s", rep)
+	if v := rep.Violations(dead...); len(v) > 0 {
+		t.Errorf("exactly-once or key order violated: %s", strings.Join(v, "; "))
+	}
+	if got := w.Stats().KeyParked.Load(); got != int64(len(dead)-1) {
+		t.Errorf("%d records parked, want %d: the failed key's later records, and no other key's", got, len(dead)-1)
+	}
+}
