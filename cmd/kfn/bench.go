@@ -116,7 +116,7 @@ kfn bench --report-dir ''   # print the report only`,
 				KafkaBrokers: st.Brokers, KafkaSecurity: runtime.KafkaSecurity(st.Kafka), DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
 				BatchSize: worker.BatchSize, BatchWait: worker.BatchWait, Logger: log,
 			},
-			Records: *keyLanesRecords, Lanes: *keyLanes, Wait: 5 * time.Millisecond, Processes: procs,
+			Records: *keyLanesRecords, Lanes: *keyLanes, Wait: 5 * time.Millisecond, Processes: procs, Rounds: *rounds,
 		})
 		if err != nil {
 			return err

@@ -169,14 +169,14 @@ func TestBenchCommandRedactsSecrets(t *testing.T) {
 // records; its size is the benchmark's business, not this test's).
 func TestBenchKeyLanesReportsTheRatio(t *testing.T) {
 	pg, k := kfntest.Postgres(t), kfntest.Kafka(t)
-	code, stdout, stderr := kfn(t, "bench", "--key-lanes-only", "--key-lanes-records", "300", "--report-dir", "",
+	code, stdout, stderr := kfn(t, "bench", "--key-lanes-only", "--key-lanes-records", "300", "--rounds", "1", "--report-dir", "",
 		"--database-url", pg.URL, "--nats-url", kfntest.NATSURL(t), "--kafka-brokers", strings.Join(k.Brokers, ","))
 	if code != 0 {
 		t.Fatalf("kfn bench --key-lanes-only exited %d:\n%s\n%s", code, stdout, stderr)
 	}
 	t.Logf("kfn bench --key-lanes-only:\n%s", stdout)
 	for _, k := range []string{"1", "16"} {
-		line := regexp.MustCompile(`(?m)^  KeyConcurrency ` + k + ` +(\d+) records +([0-9.]+) s +(\d+) msgs/s +([0-9.]+) CPU-s/10k$`).FindStringSubmatch(stdout)
+		line := regexp.MustCompile(`(?m)^  KeyConcurrency ` + k + ` +(\d+) records +([0-9.]+) s +(\d+) msgs/s +([0-9.]+) CPU-s/10k  \(rounds: \d+ msgs/s\)$`).FindStringSubmatch(stdout)
 		if line == nil {
 			t.Errorf("no result line for KeyConcurrency %s:\n%s", k, stdout)
 			continue
@@ -185,7 +185,7 @@ func TestBenchKeyLanesReportsTheRatio(t *testing.T) {
 			t.Errorf("KeyConcurrency %s applied %d records", k, n)
 		}
 	}
-	ratio := regexp.MustCompile(`(?m)^  16 key-lanes / 1: ([0-9.]+)× the rate$`).FindStringSubmatch(stdout)
+	ratio := regexp.MustCompile(`(?m)^  16 key-lanes / 1: ([0-9.]+)× the rate \(medians of 1 interleaved rounds\)$`).FindStringSubmatch(stdout)
 	if ratio == nil {
 		t.Fatalf("no ratio line:\n%s", stdout)
 	}

@@ -1,8 +1,11 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -23,6 +26,10 @@ type KeyLanesConfig struct {
 	Records int64
 	Lanes   int           // the key-lanes of the second run
 	Wait    time.Duration // what the handler waits per record, inside its transaction (pg_sleep)
+	// Rounds runs both this many times, interleaved, and reports each
+	// one's median round, so a noisy neighbour skews neither alone.
+	// Default 1.
+	Rounds int
 	// Processes are those whose CPU time is counted (FindProcesses).
 	Processes []Process
 }
@@ -40,11 +47,16 @@ func (r KeyLanesResult) Ratio() float64 { return r.Many.PerSecond / r.One.PerSec
 
 func (r KeyLanesResult) String() string {
 	line := func(res Result, k int) string {
-		return fmt.Sprintf("  KeyConcurrency %-3d %6d records  %6.2f s  %8.0f msgs/s  %.2f CPU-s/10k\n", k, res.Records, res.Elapsed.Seconds(), res.PerSecond, res.CPUPer10k(""))
+		rounds := make([]string, len(res.Rounds))
+		for i, r := range res.Rounds {
+			rounds[i] = fmt.Sprintf("%.0f", r)
+		}
+		return fmt.Sprintf("  KeyConcurrency %-3d %6d records  %6.2f s  %8.0f msgs/s  %.2f CPU-s/10k  (rounds: %s msgs/s)\n",
+			k, res.Records, res.Elapsed.Seconds(), res.PerSecond, res.CPUPer10k(""), strings.Join(rounds, ", "))
 	}
 	return fmt.Sprintf("key-lanes: one partition, a handler that waits %s per record inside its transaction (pg_sleep), batches of %d records\n", r.Wait, keyLanesBatch) +
 		line(r.One, 1) + line(r.Many, r.Lanes) +
-		fmt.Sprintf("  %d key-lanes / 1: %.1f× the rate\n", r.Lanes, r.Ratio())
+		fmt.Sprintf("  %d key-lanes / 1: %.1f× the rate (medians of %d interleaved rounds)\n", r.Lanes, r.Ratio(), len(r.One.Rounds))
 }
 
 // KeyLanes applies the records of cfg.Topic with a handler that waits
@@ -53,12 +65,33 @@ func (r KeyLanesResult) String() string {
 // from its first commit to its last.
 func KeyLanes(ctx context.Context, cfg KeyLanesConfig) (KeyLanesResult, error) {
 	res := KeyLanesResult{Lanes: cfg.Lanes, Wait: cfg.Wait}
-	var err error
-	if res.One, err = keyLanesRun(ctx, cfg, 1); err != nil {
-		return res, err
+	var ones, manys []Result
+	for range max(1, cfg.Rounds) {
+		one, err := keyLanesRun(ctx, cfg, 1)
+		if err != nil {
+			return res, err
+		}
+		many, err := keyLanesRun(ctx, cfg, cfg.Lanes)
+		if err != nil {
+			return res, err
+		}
+		ones, manys = append(ones, one), append(manys, many)
 	}
-	res.Many, err = keyLanesRun(ctx, cfg, cfg.Lanes)
-	return res, err
+	res.One, res.Many = medianRound(ones), medianRound(manys)
+	return res, nil
+}
+
+// medianRound is the round of median rate, with every round's rate.
+func medianRound(rs []Result) Result {
+	rates := make([]float64, len(rs))
+	for i, r := range rs {
+		rates[i] = r.PerSecond
+	}
+	sorted := slices.Clone(rs)
+	slices.SortFunc(sorted, func(a, b Result) int { return cmp.Compare(a.PerSecond, b.PerSecond) })
+	m := sorted[len(sorted)/2]
+	m.Rounds = rates
+	return m
 }
 
 func keyLanesRun(ctx context.Context, cfg KeyLanesConfig, lanes int) (Result, error) {
