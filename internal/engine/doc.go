@@ -76,10 +76,10 @@
 // # Key-lanes
 //
 // A function with KeyConcurrency K > 1 runs each partition it owns as K
-// key-lanes (keylanes.go). The partition's reader dispatches each record,
-// in offset order, to the key-lane of its key (keyLaneOf: a hash of the
-// key's bytes; a record with no key goes to key-lane 0, so that those
-// keep their order among themselves). A key-lane applies its records in
+// key-lanes (partition_keylanes.go, tracker_keylane.go). The partition's
+// reader dispatches each record, in offset order, to the key-lane of its
+// key (keyLaneOf: a hash of the key's bytes; a record with no key goes to
+// key-lane 0, so that those keep their order among themselves). A key-lane applies its records in
 // offset order through an applier of its own, in transactions that begin
 //
 //	UPDATE kfn.key_lanes SET next_offset = … WHERE … AND lane = $k AND epoch = $T

@@ -15,8 +15,6 @@ import (
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/faults"
 	"github.com/kfn-dev/kfn/internal/observe"
-	"github.com/kfn-dev/kfn/internal/preflight"
-	"github.com/kfn-dev/kfn/internal/settings"
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
@@ -45,77 +43,6 @@ func keyLaneOf(key []byte, lanes int) int {
 	x *= 0xff51afd7ed558ccd
 	x ^= x >> 33
 	return int(x % uint64(lanes))
-}
-
-// keyConcurrency is how many key-lanes each partition (or subject lane) of
-// fn runs: --key-concurrency when set, else the function's KeyConcurrency,
-// else 1.
-func (w *worker) keyConcurrency(fn kfn.Function) int {
-	switch {
-	case w.cfg.KeyConcurrency > 0:
-		return w.cfg.KeyConcurrency
-	case fn.KeyConcurrency > 0:
-		return fn.KeyConcurrency
-	}
-	return 1
-}
-
-// maxKeyConcurrency is the most key-lanes a partition of the worker's
-// functions runs.
-func (w *worker) maxKeyConcurrency() int {
-	k := 1
-	for _, fn := range w.fns {
-		k = max(k, w.keyConcurrency(fn))
-	}
-	return k
-}
-
-// defaultPoolSize is the worker's Postgres pool size when nothing asks for
-// more, and poolReserve the connections a worker with key-lanes keeps
-// besides its key-lanes': cursor moves, retention, retries, the relay.
-const (
-	defaultPoolSize = 16
-	poolReserve     = 4
-)
-
-// poolSize is the size of the worker's Postgres pool when the database URL
-// sets none (pool_max_conns): 16, or, with key-lanes, a connection for
-// each key-lane of every partition (or subject lane) of the functions, as
-// if this worker owned them all, plus poolReserve. A partition count Kafka
-// does not give (the topic does not exist yet) counts as one.
-func (w *worker) poolSize(ctx context.Context) int32 {
-	if w.maxKeyConcurrency() <= 1 {
-		return defaultPoolSize
-	}
-	n := poolReserve
-	for _, fn := range w.fns {
-		lanes := 1
-		switch {
-		case fn.Subject != "":
-			lanes = w.cfg.Lanes
-		case w.kafka != nil:
-			metaCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			if parts, err := w.kafka.Partitions(metaCtx, fn.Topic); err == nil {
-				lanes = max(len(parts), 1)
-			}
-			cancel()
-		}
-		n += lanes * w.keyConcurrency(fn)
-	}
-	return int32(max(n, defaultPoolSize))
-}
-
-// poolTooSmall refuses a pool (pool_max_conns in the database URL) that
-// cannot hold one partition's key-lanes and a cursor move at once: the
-// key-lanes would wait for connections, silently slower than one lane.
-func (w *worker) poolTooSmall(size int32) error {
-	need := int32(w.maxKeyConcurrency() + 2)
-	if w.maxKeyConcurrency() <= 1 || size >= need {
-		return nil
-	}
-	return preflight.ConfigErrorOf(settings.DatabaseURL, "pool_max_conns=%d is too small for %d key-lanes per partition (--key-concurrency / KFN_KEY_CONCURRENCY, or the function's KeyConcurrency): "+
-		"each key-lane commits on a connection of its own, so one partition needs %d (its key-lanes, its cursor's moves and one spare), and every partition this worker owns as many again; "+
-		"raise pool_max_conns to at least %d, or leave it out (the worker then sizes the pool by its partitions)", size, need-2, need, need)
 }
 
 // pendingOffset is a dispatched record that the cursor has not passed yet.
@@ -252,13 +179,6 @@ func (r *keyLaneRun) fail(err error) {
 	r.cancel()
 }
 
-// err returns what stopped the key-lanes, if something did.
-func (r *keyLaneRun) err() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.failed
-}
-
 // dispatch hands batch, read in offset order after the frontier, to the
 // key-lanes of its records' keys. It waits while the window of records not
 // under the cursor is full. afters is fetched.afters.
@@ -385,6 +305,11 @@ func (r *keyLaneRun) moveCursor(ctx, lanes context.Context) error {
 			return nil
 		case <-r.moverUp:
 		}
+		// The key-lanes' commits that come meanwhile go in the same move.
+		if lanes.Err() == nil && sleep(lanes, moveCoalesce) != nil {
+			r.wakeMover() // stopping: the last move, at once
+			continue
+		}
 		r.mu.Lock()
 		from, to := pr.cursor.next, r.target
 		skip := r.paused || to <= from
@@ -442,6 +367,11 @@ func (r *keyLaneRun) moveCursor(ctx, lanes context.Context) error {
 	}
 }
 
+// moveCoalesce is how long the cursor mover waits after a key-lane's
+// commit before it moves the cursor, so that one move covers the commits
+// of several key-lanes.
+const moveCoalesce = 5 * time.Millisecond
+
 // errStoppedUnmoved: the key-lanes stopped and the cursor's last move
 // failed; it is not retried.
 var errStoppedUnmoved = errors.New("the key-lanes stopped before the cursor moved over their last commits")
@@ -482,89 +412,6 @@ func (kl *keyLane) take() []kfn.Record {
 	kl.queue = kl.queue[n:]
 	return recs
 }
-
-// keyLaneTracker fences a key-lane's transactions by its row in
-// kfn.key_lanes under the partition's token, and claims its records in the
-// partition's offset inbox.
-type keyLaneTracker struct {
-	lane *keyLane
-}
-
-func (t *keyLaneTracker) part() inbox.Partition { return t.lane.part }
-
-func (t *keyLaneTracker) fence(ctx context.Context, tx pgx.Tx, rec kfn.Record) error {
-	faults.Lane(faults.BeforeFence, t.part(), t.lane.token)
-	return t.fenced(inbox.FenceKeyLane(ctx, tx, t.part(), t.lane.index, t.lane.token, rec.Offset+1))
-}
-
-func (t *keyLaneTracker) fenced(err error) error {
-	switch {
-	case err == nil:
-		faults.Lane(faults.AfterFence, t.part(), t.lane.token)
-	case errors.Is(err, inbox.ErrFenced):
-		faults.Lane(faults.FenceRefused, t.part(), t.lane.token)
-	}
-	return err
-}
-
-func (t *keyLaneTracker) claim(ctx context.Context, tx pgx.Tx, recs []kfn.Record) ([]kfn.Record, error) {
-	b := &pgx.Batch{}
-	result := t.queueClaim(b, recs)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return nil, err
-	}
-	return result(ctx, tx)
-}
-
-// queueClaim fences the key-lane and claims recs in the inbox in one
-// statement. Offsets below the high-water mark at the claim were handled
-// before.
-func (t *keyLaneTracker) queueClaim(b *pgx.Batch, recs []kfn.Record) func(context.Context, pgx.Tx) ([]kfn.Record, error) {
-	candidates := make([]int64, 0, len(recs))
-	for _, r := range recs {
-		if r.Offset >= t.lane.set.highWater {
-			candidates = append(candidates, r.Offset)
-		}
-	}
-	faults.Lane(faults.BeforeFence, t.part(), t.lane.token)
-	result := inbox.QueueFenceKeyLaneAndClaim(b, t.part(), t.lane.index, t.lane.token, recs[len(recs)-1].Offset+1, candidates)
-	return func(ctx context.Context, tx pgx.Tx) ([]kfn.Record, error) {
-		freshOffsets, err := result(ctx, tx)
-		if err := t.fenced(err); err != nil {
-			return nil, err
-		}
-		return freshRecords(recs, freshOffsets), nil
-	}
-}
-
-// freshRecords returns the records of recs whose offsets are in fresh
-// (ascending), in order.
-func freshRecords(recs []kfn.Record, fresh []int64) []kfn.Record {
-	if len(fresh) == len(recs) { // the usual batch: every record is new
-		return recs
-	}
-	isFresh := make(map[int64]bool, len(fresh))
-	for _, o := range fresh {
-		isFresh[o] = true
-	}
-	out := make([]kfn.Record, 0, len(fresh))
-	for _, r := range recs {
-		if isFresh[r.Offset] {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-func (t *keyLaneTracker) markDeadLettered(ctx context.Context, tx pgx.Tx, rec kfn.Record) error {
-	return inbox.MarkDeadLettered(ctx, tx, t.part(), t.lane.token, rec.Offset)
-}
-
-func (t *keyLaneTracker) committed(last kfn.Record) { t.lane.set.committed(t.lane, last.Offset) }
-
-// cursorAfter is the partition's cursor: a key-lane's commit moves only the
-// cursor's target, and the cursor mover the cursor.
-func (t *keyLaneTracker) cursorAfter(kfn.Record) int64 { return t.lane.set.next() }
 
 // dispatch hands a fetched batch to the key-lanes. A batch with a gap after
 // the frontier may have lost records to Kafka's retention (see skipGap):
