@@ -18,6 +18,7 @@ require (
 require (
 	go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc v1.47.0 // indirect
 	go.opentelemetry.io/otel/exporters/stdout/stdouttrace v1.47.0 // indirect
+	golang.org/x/oauth2 v0.38.0 // indirect
 )
 
 require (

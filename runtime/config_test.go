@@ -323,3 +323,33 @@ func TestMainRejectsAnOTelVariableItCannotFollow(t *testing.T) {
 		t.Errorf("exit %d, stderr %q; want exit 2 naming OTEL_TRACES_EXPORTER", code, out.String())
 	}
 }
+
+// TestMainRejectsAWSMSKIAMWhenItsModuleIsNotImported: a binary built without
+// github.com/kfn-dev/kfn/kafkaauth/mskiam cannot log in with AWS_MSK_IAM,
+// and says at start (exit 2) which module to import. Before the mechanism
+// existed, the value itself was refused.
+func TestMainRejectsAWSMSKIAMWhenItsModuleIsNotImported(t *testing.T) {
+	var out strings.Builder
+	code := worker.Main(effects.Function("fn", "topic"), []string{"--kafka-brokers", "127.0.0.1:1", "--database-url", "postgres://u@127.0.0.1:1/d", "--nats-url", "nats://127.0.0.1:1",
+		"--kafka-tls", "--kafka-sasl-mechanism", "AWS_MSK_IAM"}, &out)
+	first, _, _ := strings.Cut(out.String(), "\n")
+	want := "fn: invalid configuration: --kafka-sasl-mechanism (KFN_KAFKA_SASL_MECHANISM): AWS_MSK_IAM is not built into this binary: its main package must import github.com/kfn-dev/kfn/kafkaauth/mskiam"
+	if code != 2 || !strings.HasPrefix(first, want) {
+		t.Errorf("exit %d, first line %q; want exit 2 and %q", code, first, want)
+	}
+}
+
+// TestMainAcceptsOAuthBearerSettings: OAUTHBEARER, once refused with exit
+// 2, is a mechanism whose settings bind from flags and variables; a token
+// endpoint without its client secret is the one problem reported.
+func TestMainAcceptsOAuthBearerSettings(t *testing.T) {
+	t.Setenv("KFN_KAFKA_OAUTH_CLIENT_ID", "kfn-fn")
+	var out strings.Builder
+	code := worker.Main(effects.Function("fn", "topic"), []string{"--kafka-brokers", "127.0.0.1:1", "--database-url", "postgres://u@127.0.0.1:1/d", "--nats-url", "nats://127.0.0.1:1",
+		"--kafka-tls", "--kafka-sasl-mechanism", "OAUTHBEARER", "--kafka-oauth-token-url", "https://idp.example/token", "--kafka-oauth-scopes", "kafka,read"}, &out)
+	first, _, _ := strings.Cut(out.String(), "\n")
+	want := "fn: invalid configuration: --kafka-oauth-client-secret-file (KFN_KAFKA_OAUTH_CLIENT_SECRET or KFN_KAFKA_OAUTH_CLIENT_SECRET_FILE): --kafka-oauth-token-url needs the client secret of --kafka-oauth-client-id"
+	if code != 2 || first != want+": set KFN_KAFKA_OAUTH_CLIENT_SECRET, or name a file holding it" {
+		t.Errorf("exit %d, stderr %q; want exit 2 and %q", code, out.String(), want)
+	}
+}

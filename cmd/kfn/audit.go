@@ -6,13 +6,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/kfn-dev/kfn/inbox"
-	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/operator"
 )
 
@@ -27,14 +29,16 @@ park (kfn dlq park), discard and purge (kfn dlq discard, kfn dlq purge and
 the workers' --dead-letter-retention), skip_expired (a worker skipping
 offsets Kafka deleted before they were handled), and claim: a worker's
 partition claim, written on every lease claim. Claims would drown the rest,
-so they are shown only with --action claim.`,
+so they are shown only with --action claim. Each database keeps the audit
+log of its functions: with --function-databases and no --function, kfn
+audit reads every database.`,
 		examples: `
 kfn audit --since 24h
 kfn audit --function orders --action reexecute
 kfn audit --actor alice --limit 20 --json
 kfn audit --action claim --function orders --since 10m`,
 	}, stderr)
-	dbURL := bind(fs, settings.DatabaseURL)
+	databases := bindDatabases(fs)
 	function := fs.String("function", "", "only this function (default: all)")
 	action := fs.String("action", "", "only this action: "+strings.Join(operator.AuditActions, ", ")+" (default: all but claim)")
 	actorText := fs.String("actor", "", "only rows whose actor contains this (case-sensitive)")
@@ -45,9 +49,6 @@ kfn audit --action claim --function orders --since 10m`,
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := requiredSetting(settings.DatabaseURL, *dbURL); err != nil {
-		return err
-	}
 	if *limit < 1 {
 		return &usageError{msg: "--limit must be at least 1"}
 	}
@@ -55,17 +56,22 @@ kfn audit --action claim --function orders --since 10m`,
 		return &usageError{msg: err.Error()}
 	}
 	f := operator.AuditFilter{Consumer: *function, Action: *action, ActorContains: *actorText, Limit: *limit + 1, Since: *since, Until: *until}
-	pool, err := connectPostgres(ctx, *dbURL)
+	var entries []inbox.AuditEntry
+	err := databases.eachDatabase(ctx, *function, func(pool *pgxpool.Pool) error {
+		if err := operator.CheckFunction(ctx, pool, *function); err != nil {
+			return err
+		}
+		these, err := operator.AuditLog(ctx, pool, f)
+		entries = append(entries, these...)
+		return err
+	})
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if err := operator.CheckFunction(ctx, pool, *function); err != nil {
-		return err
-	}
-	entries, err := operator.AuditLog(ctx, pool, f)
-	if err != nil {
-		return err
+	// From several databases: the newest of them all, oldest first.
+	slices.SortStableFunc(entries, func(a, b inbox.AuditEntry) int { return a.At.Compare(b.At) })
+	if len(entries) > *limit+1 {
+		entries = entries[len(entries)-*limit-1:]
 	}
 	if len(entries) > *limit {
 		entries = entries[1:] // the oldest of limit+1

@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -13,6 +15,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/settings"
@@ -129,13 +133,10 @@ func runDLQList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // listDeadLetters is kfn dlq list, whose -h prints h.
 func listDeadLetters(ctx context.Context, args []string, h help, stdout, stderr io.Writer) error {
 	fs := newFlags("dlq list", h, stderr)
-	dbURL := bind(fs, settings.DatabaseURL)
+	databases := bindDatabases(fs)
 	filters := addFilterFlags(fs, "reason", 100, "at most this many dead letters")
 	asJSON := fs.Bool("json", false, "print JSON (with every byte, base64) for scripts")
 	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if err := requiredSetting(settings.DatabaseURL, *dbURL); err != nil {
 		return err
 	}
 	f, err := filters.filter("reason", time.Now())
@@ -145,19 +146,33 @@ func listDeadLetters(ctx context.Context, args []string, h help, stdout, stderr 
 	if f.Limit < 1 {
 		return &usageError{msg: "--limit must be at least 1"}
 	}
-	pool, err := connectPostgres(ctx, *dbURL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if err := checkSelection(ctx, pool, f.Consumer, f.Topic, partitionOf(f.Partition)); err != nil {
-		return err
-	}
 	f.Limit++ // one more, to tell whether there are more
-	dead, err := operator.ListDeadLetters(ctx, pool, f)
+	var dead []inbox.DeadLetter
+	var unknown error // a filter that no database knows
+	known := 0
+	err = databases.eachDatabase(ctx, f.Consumer, func(pool *pgxpool.Pool) error {
+		if err := checkSelection(ctx, pool, f.Consumer, f.Topic, partitionOf(f.Partition)); err != nil {
+			var ferr *operator.UnknownFilterError
+			if errors.As(err, &ferr) {
+				unknown = cmp.Or(unknown, err)
+				return nil
+			}
+			return err
+		}
+		known++
+		these, err := operator.ListDeadLetters(ctx, pool, f)
+		dead = append(dead, these...)
+		return err
+	})
+	if err == nil && known == 0 {
+		err = unknown
+	}
 	if err != nil {
 		return err
 	}
+	// From several databases: the oldest of them all.
+	slices.SortStableFunc(dead, func(a, b inbox.DeadLetter) int { return a.DeadAt.Compare(b.DeadAt) })
+	dead = dead[:min(len(dead), f.Limit)]
 	more := len(dead) == f.Limit
 	if more {
 		dead = dead[:f.Limit-1]
@@ -262,7 +277,8 @@ base64. kfn dlq list shows the ids.`,
 kfn dlq show 42
 kfn dlq show 42 --json | jq -r .value | base64 -d > record.bin`,
 	}, stderr)
-	dbURL := bind(fs, settings.DatabaseURL)
+	databases := bindDatabases(fs)
+	function := fs.String("function", "", "the function of the dead letter, whose database holds it (with --function-databases)")
 	asJSON := fs.Bool("json", false, "print JSON (bytes in base64) for scripts")
 	positional, err := parseWithArgs(fs, args)
 	if err != nil {
@@ -275,7 +291,7 @@ kfn dlq show 42 --json | jq -r .value | base64 -d > record.bin`,
 	if err != nil {
 		return err
 	}
-	pool, err := openDatabase(ctx, *dbURL)
+	pool, err := databases.open(ctx, *function)
 	if err != nil {
 		return err
 	}
@@ -422,7 +438,7 @@ kfn dlq discard 41 42 --reason "INC-7: test orders, not to be re-driven"
 kfn dlq discard --function orders --dead-reason permanent --error "decode" --dry-run --reason "bad producer, fixed in v2"
 kfn dlq discard --until 720h --reason "older than 30 days" --json`,
 	}, stderr)
-	dbURL := bind(fs, settings.DatabaseURL)
+	databases := bindDatabases(fs)
 	filters := addFilterFlags(fs, "dead-reason", 0, "at most this many dead letters, the oldest first (default: all that match)")
 	reason := fs.String("reason", "", "why they are discarded, for the audit log (required)")
 	actorName := fs.String("actor", "", "who discards them, for the audit log (default: the OS user, as kfn-dlq-discard:user@host)")
@@ -431,9 +447,6 @@ kfn dlq discard --until 720h --reason "older than 30 days" --json`,
 	asJSON := fs.Bool("json", false, "print JSON for scripts")
 	positional, err := parseWithArgs(fs, args)
 	if err != nil {
-		return err
-	}
-	if err := requiredSetting(settings.DatabaseURL, *dbURL); err != nil {
 		return err
 	}
 	f, err := filters.filter("dead-reason", time.Now())
@@ -447,9 +460,11 @@ kfn dlq discard --until 720h --reason "older than 30 days" --json`,
 		}
 		f.IDs = append(f.IDs, id)
 	}
-	if len(f.IDs) > 0 && (f.Consumer != "" || f.Topic != "" || f.Partition != nil || f.Reason != "" || f.ErrorContains != "" ||
+	// With ids, --function only says whose they are (and so which
+	// database holds them, with --function-databases).
+	if len(f.IDs) > 0 && (f.Topic != "" || f.Partition != nil || f.Reason != "" || f.ErrorContains != "" ||
 		!f.Since.IsZero() || !f.Until.IsZero() || f.Limit > 0 || *all) {
-		return &usageError{msg: "give ids or filters, not both"}
+		return &usageError{msg: "give ids (and their --function) or filters, not both"}
 	}
 	if strings.TrimSpace(*reason) == "" {
 		return &usageError{msg: `--reason is required: say why, for the audit log (--reason "INC-7: …")`}
@@ -464,7 +479,7 @@ kfn dlq discard --until 720h --reason "older than 30 days" --json`,
 	if who == "" {
 		who = actor("dlq-discard")
 	}
-	pool, err := connectPostgres(ctx, *dbURL)
+	pool, err := databases.open(ctx, f.Consumer)
 	if err != nil {
 		return err
 	}
@@ -527,12 +542,14 @@ Deletes every dead letter dead-lettered more than DURATION ago (by the
 database's clock) in one transaction, audited as one row with the count
 (kfn audit --action purge). The records stay handled: nothing re-applies
 them. Workers do the same on their own with --dead-letter-retention
-(KFN_DEAD_LETTER_RETENTION, default 720h, 30 days).`,
+(KFN_DEAD_LETTER_RETENTION, default 720h, 30 days). With
+--function-databases it purges every database, each in its own
+transaction.`,
 		examples: `
 kfn dlq purge --older-than 30d --dry-run
 kfn dlq purge --older-than 168h --reason "INC-9: free space after the flood"`,
 	}, stderr)
-	dbURL := bind(fs, settings.DatabaseURL)
+	databases := bindDatabases(fs)
 	var older agoFlag
 	fs.Var(&older, "older-than", "delete the dead letters older than this `duration`: 90m, 2h, 30d (required)")
 	olderThan := &older.d
@@ -541,9 +558,6 @@ kfn dlq purge --older-than 168h --reason "INC-9: free space after the flood"`,
 	dryRun := fs.Bool("dry-run", false, "count what would be purged; change nothing")
 	asJSON := fs.Bool("json", false, "print JSON for scripts")
 	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if err := requiredSetting(settings.DatabaseURL, *dbURL); err != nil {
 		return err
 	}
 	if !given(fs, "older-than") {
@@ -556,12 +570,12 @@ kfn dlq purge --older-than 168h --reason "INC-9: free space after the flood"`,
 	if who == "" {
 		who = actor("dlq-purge")
 	}
-	pool, err := connectPostgres(ctx, *dbURL)
-	if err != nil {
+	var res operator.PurgeResult
+	err := databases.eachDatabase(ctx, "", func(pool *pgxpool.Pool) error {
+		one, err := operator.PurgeDeadLetters(ctx, pool, operator.PurgeRequest{OlderThan: *olderThan, Actor: who, Reason: *reason, DryRun: *dryRun})
+		res.DryRun, res.Before, res.Count = one.DryRun, one.Before, res.Count+one.Count
 		return err
-	}
-	defer pool.Close()
-	res, err := operator.PurgeDeadLetters(ctx, pool, operator.PurgeRequest{OlderThan: *olderThan, Actor: who, Reason: *reason, DryRun: *dryRun})
+	})
 	if err != nil {
 		return err
 	}
@@ -598,7 +612,7 @@ holds the record's key, value and headers; without, only its coordinates.`,
 kfn dlq park --function orders --topic orders --partition 3 --offset 1187 \
     --reason "INC-42: record crashes the decoder; parked until fixed"`,
 	}, stderr)
-	dbURL := bind(fs, settings.DatabaseURL)
+	databases := bindDatabases(fs)
 	natsURL := bind(fs, settings.NATSURL)
 	natsSec := bindNATSSecurity(fs)
 	brokers := bind(fs, settings.KafkaBrokers)
@@ -613,7 +627,8 @@ kfn dlq park --function orders --topic orders --partition 3 --offset 1187 \
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	for _, err := range []error{requiredSetting(settings.DatabaseURL, *dbURL), requiredSetting(settings.NATSURL, *natsURL)} {
+	dbURL, err := databases.of(*function)
+	for _, err := range []error{err, requiredSetting(settings.NATSURL, *natsURL)} {
 		if err != nil {
 			return err
 		}
@@ -629,7 +644,7 @@ kfn dlq park --function orders --topic orders --partition 3 --offset 1187 \
 	if *offset < 0 {
 		return &usageError{msg: "--offset is required (0 or more)"}
 	}
-	pool, err := connectPostgres(ctx, *dbURL)
+	pool, err := connectPostgres(ctx, dbURL)
 	if err != nil {
 		return err
 	}

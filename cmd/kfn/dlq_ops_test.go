@@ -280,7 +280,7 @@ func TestDLQDiscardDeletesForGoodAudited(t *testing.T) {
 		{[]string{"--function", "fa"}, `--reason is required: say why, for the audit log`},
 		{[]string{"--reason", "cleanup"}, "this would discard every dead letter: give ids or a filter (--function, --dead-reason, --until …), or say --all"},
 		{[]string{"--function", "fa", "--reason", "permanent"}, "--reason is why you discard, for the audit log; to select the dead letters whose reason is permanent, use --dead-reason permanent"},
-		{[]string{fmt.Sprint(id[0]), "--function", "fa", "--reason", "x"}, "give ids or filters, not both"},
+		{[]string{fmt.Sprint(id[0]), "--topic", "ta", "--reason", "x"}, "give ids (and their --function) or filters, not both"},
 		{[]string{"x1", "--reason", "x"}, `"x1" is not a dead letter id`},
 	} {
 		code, _, stderr := kfn(t, append(base, tc.args...)...)

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/kfn-dev/kfn/inbox"
-	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/operator"
 )
 
@@ -44,8 +43,8 @@ kfn dlq retry --id 1187 --reason "INC-42: decoder fixed in v2" --wait
 kfn dlq retry --function orders --topic orders --partition 3 --dead-reason handler_error \
     --reason "INC-42: the price service is back" --wait --json`,
 	}, stderr)
-	dbURL := bind(fs, settings.DatabaseURL)
-	function := fs.String("function", "", "retry the dead letters of this function (required unless --id is given)")
+	databases := bindDatabases(fs)
+	function := fs.String("function", "", "retry the dead letters of this function (required unless --id is given; with --id, it picks the function's database)")
 	topic := fs.String("topic", "", "only those of this topic (or subject)")
 	partition := fs.Int("partition", -1, "only those of this partition (-1: every partition)")
 	deadReason := fs.String("dead-reason", "", "only those dead-lettered with this reason (handler_error, permanent, panic, timeout, data_error, parked, key_parked)")
@@ -58,9 +57,6 @@ kfn dlq retry --function orders --topic orders --partition 3 --dead-reason handl
 	timeout := fs.Duration("timeout", 2*time.Minute, "with --wait: how long to wait")
 	asJSON := fs.Bool("json", false, "print JSON for scripts")
 	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if err := requiredSetting(settings.DatabaseURL, *dbURL); err != nil {
 		return err
 	}
 	if err := required("reason", *reason); err != nil {
@@ -83,7 +79,7 @@ kfn dlq retry --function orders --topic orders --partition 3 --dead-reason handl
 	if who == "" {
 		who = actor("dlq-retry")
 	}
-	pool, err := connectPostgres(ctx, *dbURL)
+	pool, err := databases.open(ctx, *function)
 	if err != nil {
 		return err
 	}

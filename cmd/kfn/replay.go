@@ -55,7 +55,7 @@ kfn replay --function orders --topic orders --partition 2 --from-offset 200 --to
 
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("replay", replayHelp, stderr)
-	dbURL := bind(fs, settings.DatabaseURL)
+	databases := bindDatabases(fs)
 	natsURL := bind(fs, settings.NATSURL)
 	natsSec := bindNATSSecurity(fs)
 	brokersSetting := settings.KafkaBrokers
@@ -80,7 +80,8 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	for _, err := range []error{requiredSetting(settings.DatabaseURL, *dbURL), requiredSetting(settings.NATSURL, *natsURL)} {
+	dbURL, dbErr := databases.of(*function)
+	for _, err := range []error{dbErr, requiredSetting(settings.NATSURL, *natsURL)} {
 		if err != nil {
 			return err
 		}
@@ -134,7 +135,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if len(*brokers) == 0 {
 		return &usageError{msg: fmt.Sprintf("--%s is required (or set %s): the replay is checked against Kafka", settings.KafkaBrokers.Flag, settings.KafkaBrokers.Env)}
 	}
-	pool, err := connectPostgres(ctx, *dbURL)
+	pool, err := connectPostgres(ctx, dbURL)
 	if err != nil {
 		return err
 	}

@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/internal/settings"
@@ -20,13 +22,16 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		usage: []string{"kfn status [--function F] [--json] [--watch D]"},
 		text: `
 Shows every lane of every function (or of one): owner, epoch, lease holder
-(with --nats-url), cursor, high watermark or ack floor, lag, last commit.`,
+(with --nats-url), cursor, high watermark or ack floor, lag, last commit.
+With --function-databases it reads each function's own database, and
+without --function every database in turn.`,
 		examples: `
 kfn status --function orders
 kfn status --json | jq '.[] | select(.lag > 1000)'
-kfn status --watch 2s`,
+kfn status --watch 2s
+kfn status --database-url "$ORDERS_DB" --function-databases "ledger=$LEDGER_DB"`,
 	}, stderr)
-	dbURL := bind(fs, settings.DatabaseURL)
+	databases := bindDatabases(fs)
 	brokers := bind(fs, settings.KafkaBrokers)
 	sec := bindKafkaSecurity(fs)
 	nats := settings.NATSURL
@@ -40,19 +45,28 @@ kfn status --watch 2s`,
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := requiredSetting(settings.DatabaseURL, *dbURL); err != nil {
-		return err
-	}
 	if *watch < 0 || given(fs, "watch") && *watch < 100*time.Millisecond {
 		return &usageError{msg: fmt.Sprintf("--watch %s is too short: 100ms or more", *watch)}
 	}
-	pool, err := connectPostgres(ctx, *dbURL)
+	urls, err := databases.urls(*function)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if err := operator.CheckFunction(ctx, pool, *function); err != nil {
-		return err
+	pools := make([]*pgxpool.Pool, 0, len(urls))
+	defer func() {
+		for _, p := range pools {
+			p.Close()
+		}
+	}()
+	for _, url := range urls {
+		pool, err := connectPostgres(ctx, url)
+		if err != nil {
+			return err
+		}
+		pools = append(pools, pool)
+		if err := operator.CheckFunction(ctx, pool, *function); err != nil {
+			return err
+		}
 	}
 	var js jetstream.JetStream
 	if *natsURL != "" {
@@ -63,10 +77,13 @@ kfn status --watch 2s`,
 		}
 		defer closeNATS()
 	}
-	reader := operator.NewStatusReaderSecure(pool, *brokers, *sec, js, *bucket)
-	defer reader.Close()
+	readers := make([]*operator.StatusReader, len(pools))
+	for i, pool := range pools {
+		readers[i] = operator.NewStatusReaderSecure(pool, *brokers, *sec, js, *bucket)
+		defer readers[i].Close()
+	}
 	if *watch == 0 {
-		return printStatus(ctx, stdout, reader, *function, *asJSON, js != nil, len(*brokers) > 0)
+		return printStatus(ctx, stdout, readers, *function, *asJSON, js != nil, len(*brokers) > 0)
 	}
 	tty := isTerminal(stdout)
 	tick := time.NewTicker(*watch)
@@ -78,7 +95,7 @@ kfn status --watch 2s`,
 		if !*asJSON {
 			fmt.Fprintf(stdout, "kfn status every %s, at %s (Ctrl-C to stop)\n", *watch, time.Now().Format(time.TimeOnly))
 		}
-		if err := printStatus(ctx, stdout, reader, *function, *asJSON, js != nil, len(*brokers) > 0); err != nil {
+		if err := printStatus(ctx, stdout, readers, *function, *asJSON, js != nil, len(*brokers) > 0); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -95,13 +112,19 @@ kfn status --watch 2s`,
 	}
 }
 
-// printStatus reads the status of every lane once and prints it as a
-// table or as JSON. When NATS or Kafka could not be asked it prints what
-// it has, then returns the error.
-func printStatus(ctx context.Context, stdout io.Writer, reader *operator.StatusReader, function string, asJSON, withNATS, withKafka bool) error {
-	parts, statusErr := reader.Read(ctx, function)
-	if parts == nil && statusErr != nil {
-		return statusErr
+// printStatus reads the status of every lane once, from each database,
+// and prints it as a table or as JSON. When NATS or Kafka could not be
+// asked it prints what it has, then returns the error.
+func printStatus(ctx context.Context, stdout io.Writer, readers []*operator.StatusReader, function string, asJSON, withNATS, withKafka bool) error {
+	var parts []operator.PartitionStatus
+	var statusErr error
+	for _, reader := range readers {
+		these, err := reader.Read(ctx, function)
+		if these == nil && err != nil {
+			return err
+		}
+		parts = append(parts, these...)
+		statusErr = errors.Join(statusErr, err)
 	}
 	if asJSON {
 		enc := json.NewEncoder(stdout)

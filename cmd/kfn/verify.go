@@ -42,12 +42,13 @@ per applied event, and the counting shapes count per event key.`,
 kfn verify --function orders --topic orders --effects-sql 'SELECT order_id, revisions FROM orders'
 kfn verify --function orders --topic orders --nats-url nats://localhost:4222 --json | jq .violations
 kfn verify --function ledger --topic orders.accepted --nats-url nats://localhost:4222 \
-  --effects-sql "SELECT event_id FROM ledger_entries WHERE side = 'debit'"`,
+  --effects-sql "SELECT event_id FROM ledger_entries WHERE side = 'debit'"
+kfn verify --function ledger --topic orders.accepted --function-databases "ledger=$LEDGER_DB" …`,
 }
 
 func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("verify", verifyHelp, stderr)
-	dbURL := bind(fs, settings.DatabaseURL)
+	databases := bindDatabases(fs)
 	brokers := bind(fs, settings.KafkaBrokers)
 	sec := bindKafkaSecurity(fs)
 	nats := settings.NATSURL
@@ -65,7 +66,8 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	for _, err := range []error{requiredSetting(settings.DatabaseURL, *dbURL), required("function", *function), required("topic", *topic)} {
+	dbURL, dbErr := databases.of(*function)
+	for _, err := range []error{dbErr, required("function", *function), required("topic", *topic)} {
 		if err != nil {
 			return err
 		}
@@ -86,7 +88,7 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *examples < 1 {
 		return &usageError{msg: "--examples must be 1 or more"}
 	}
-	rep, err := checkFunction(ctx, stderr, *dbURL, *natsURL, natsSec, verify.Spec{
+	rep, err := checkFunction(ctx, stderr, dbURL, *natsURL, natsSec, verify.Spec{
 		Function: *function, Topic: *topic, EffectsSQL: *effectsSQL, UnpublishedAfter: *unpublished, Examples: *examples,
 		KafkaBrokers: *brokers, KafkaSecurity: *sec, Stream: *stream, Progress: stderr,
 	})

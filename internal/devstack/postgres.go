@@ -341,7 +341,7 @@ func (p *Postgres) waitReady(ctx context.Context, proc *Child) error {
 // transactions, checkpoint, exit) and removes the data directory if it was a
 // temporary one. It is safe to call more than once.
 func (p *Postgres) Stop() error {
-	err := p.shutdown()
+	err := p.Shutdown()
 	p.cleanupDirs()
 	return err
 }
@@ -349,20 +349,34 @@ func (p *Postgres) Stop() error {
 // Restart stops the server (fast shutdown) and starts it again on the same
 // port with the same data. Committed data survives; connections are dropped.
 func (p *Postgres) Restart(ctx context.Context) error {
-	if err := p.shutdown(); err != nil {
+	if err := p.Shutdown(); err != nil {
 		return fmt.Errorf("restart postgres: %w", err)
+	}
+	return p.Start(ctx)
+}
+
+// Start starts a server that Shutdown stopped, on the same port with the
+// same data; a running server is left alone.
+func (p *Postgres) Start(ctx context.Context) error {
+	p.mu.Lock()
+	running := p.proc != nil
+	p.mu.Unlock()
+	if running {
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.opts.StartTimeout)
 	defer cancel()
 	if err := p.start(ctx); err != nil {
-		return fmt.Errorf("restart postgres in %s: %w", p.DataDir, err)
+		return fmt.Errorf("start postgres in %s again: %w", p.DataDir, err)
 	}
 	return nil
 }
 
-// shutdown stops the server process: SIGINT (fast), then SIGQUIT (immediate),
-// then SIGKILL, each with a bounded wait.
-func (p *Postgres) shutdown() error {
+// Shutdown stops the server process and keeps its data directory and its
+// port, so that Start can start it again: SIGINT (fast: open transactions
+// roll back, connections are dropped), then SIGQUIT (immediate), then
+// SIGKILL, each with a bounded wait. A stopped server is left alone.
+func (p *Postgres) Shutdown() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	proc := p.proc

@@ -1,10 +1,13 @@
 // Package kafkaconn builds kfn's Kafka connections from the Kafka security
 // settings (TLS and SASL), for the worker, the relay's users and every kfn
 // command alike: one place that reads the CA, the client certificate and the
-// SASL password, and that says in its errors which setting to fix.
+// SASL password, gets and refreshes the OAUTHBEARER tokens (tokens.go),
+// takes a mechanism an opt-in module registered (package kafkaauth:
+// AWS_MSK_IAM), and says in its errors which setting to fix.
 package kafkaconn
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -22,6 +25,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/authorlink"
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/settings"
+	"github.com/kfn-dev/kfn/kafkaauth"
 	"github.com/kfn-dev/kfn/runtime"
 )
 
@@ -39,7 +43,7 @@ type Security struct {
 	KeyFile    string // KFN_KAFKA_KEY
 	ServerName string // KFN_KAFKA_SERVER_NAME: verify the brokers' certificates against this name
 
-	SASLMechanism string // KFN_KAFKA_SASL_MECHANISM: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty: no SASL
+	SASLMechanism string // KFN_KAFKA_SASL_MECHANISM: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER or AWS_MSK_IAM; empty: no SASL
 	SASLUser      string // KFN_KAFKA_SASL_USER
 
 	// SASLPassword is the password itself, for a Go caller; Bind takes it
@@ -47,6 +51,23 @@ type Security struct {
 	// (KFN_KAFKA_SASL_PASSWORD_FILE) names a file holding it instead.
 	SASLPassword     string
 	SASLPasswordFile string
+
+	// OAUTHBEARER: the token comes from the OAuth client-credentials flow
+	// at OAuthTokenURL (with OAuthClientID and its secret) or from the file
+	// OAuthTokenFile, read again whenever it changes.
+	OAuthTokenURL string   // KFN_KAFKA_OAUTH_TOKEN_URL
+	OAuthClientID string   // KFN_KAFKA_OAUTH_CLIENT_ID
+	OAuthScopes   []string // KFN_KAFKA_OAUTH_SCOPES
+
+	// OAuthClientSecret is the client secret itself, for a Go caller; Bind
+	// takes it from KFN_KAFKA_OAUTH_CLIENT_SECRET (never from a flag).
+	// OAuthClientSecretFile (KFN_KAFKA_OAUTH_CLIENT_SECRET_FILE) names a
+	// file holding it instead.
+	OAuthClientSecret     string
+	OAuthClientSecretFile string
+
+	OAuthTokenFile  string   // KFN_KAFKA_OAUTH_TOKEN_FILE: a file holding the token, instead of OAuthTokenURL
+	OAuthExtensions []string // KFN_KAFKA_OAUTH_EXTENSIONS: SASL extensions, key=value
 }
 
 // Bind registers the Kafka security flags (and their variables) on b, and
@@ -78,17 +99,33 @@ func problem[T any](s settings.Setting[T], format string, args ...any) *Error {
 func (s Security) Problems() []*Error {
 	var errs []*Error
 	errs = append(errs, settings.KafkaSASLMechanism.Problems(s.SASLMechanism)...)
-	if s.SASLMechanism == "" {
-		if s.SASLUser != "" || s.SASLPasswordFile != "" {
+	errs = append(errs, settings.KafkaOAuthTokenURL.Problems(s.OAuthTokenURL)...)
+	errs = append(errs, settings.KafkaOAuthExtensions.Problems(s.OAuthExtensions)...)
+	userAndPassword := s.SASLUser != "" || s.SASLPasswordFile != ""
+	switch s.SASLMechanism {
+	case "":
+		if userAndPassword {
 			errs = append(errs, problem(settings.KafkaSASLMechanism, "not set, but a SASL user or password file is given: set it to PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"))
 		}
-	} else {
+	case settings.SASLPlain, settings.SASLScramSHA256, settings.SASLScramSHA512:
 		if s.SASLUser == "" {
 			errs = append(errs, problem(settings.KafkaSASLUser, "--kafka-sasl-mechanism %s needs a user name", s.SASLMechanism))
 		}
 		if _, err := s.password(); err != nil {
 			errs = append(errs, err)
 		}
+	case settings.SASLOAuthBearer:
+		errs = append(errs, s.oauthProblems()...)
+	case settings.SASLAWSMSKIAM:
+		if _, ok := kafkaauth.Lookup(settings.SASLAWSMSKIAM); !ok {
+			errs = append(errs, problem(settings.KafkaSASLMechanism, "AWS_MSK_IAM is not built into this binary: its main package must import github.com/kfn-dev/kfn/kafkaauth/mskiam (see docs/production/kafka.md)"))
+		}
+	}
+	if (s.SASLMechanism == settings.SASLOAuthBearer || s.SASLMechanism == settings.SASLAWSMSKIAM) && userAndPassword {
+		errs = append(errs, problem(settings.KafkaSASLUser, "a SASL user or password file is for PLAIN and SCRAM, not --kafka-sasl-mechanism %s: drop them", s.SASLMechanism))
+	}
+	if s.SASLMechanism != settings.SASLOAuthBearer && s.oauthGiven() {
+		errs = append(errs, problem(settings.KafkaSASLMechanism, "--kafka-oauth-* settings are given, but the mechanism is %q: set it to OAUTHBEARER", s.SASLMechanism))
 	}
 	if s.CertFile != "" && s.KeyFile == "" {
 		errs = append(errs, problem(settings.KafkaKey, "--kafka-cert %s is given without its private key", s.CertFile))
@@ -183,14 +220,25 @@ func (s Security) mechanism() (sasl.Mechanism, error) {
 	if err := s.Check(); err != nil {
 		return nil, err
 	}
+	switch s.SASLMechanism {
+	case settings.SASLOAuthBearer:
+		return s.oauthBearer()
+	case settings.SASLAWSMSKIAM:
+		newMechanism, _ := kafkaauth.Lookup(settings.SASLAWSMSKIAM) // Check found it
+		m, err := newMechanism(context.Background())
+		if err != nil {
+			return nil, problem(settings.KafkaSASLMechanism, "AWS_MSK_IAM: %v", err)
+		}
+		return m, nil
+	}
 	pass, perr := s.password()
 	if perr != nil {
 		return nil, perr
 	}
 	switch s.SASLMechanism {
-	case "PLAIN":
+	case settings.SASLPlain:
 		return plain.Mechanism{Username: s.SASLUser, Password: pass}, nil
-	case "SCRAM-SHA-256":
+	case settings.SASLScramSHA256:
 		return scram.Mechanism(scram.SHA256, s.SASLUser, pass)
 	default: // SCRAM-SHA-512; Check rejects any other
 		return scram.Mechanism(scram.SHA512, s.SASLUser, pass)
@@ -214,6 +262,9 @@ func Kafka(s Security) (*kafka.Transport, *kafka.Dialer, error) {
 	}
 	transport := &kafka.Transport{DialTimeout: DialTimeout, IdleTimeout: 30 * time.Second, MetadataTTL: 5 * time.Second, TLS: tlsCfg, SASL: mech}
 	dialer := &kafka.Dialer{Timeout: DialTimeout, DualStack: true, TLS: tlsCfg, SASLMechanism: mech}
+	if m, ok := mech.(oauthBearer); ok {
+		m.tokens.watch(transport) // new connections after each token refresh
+	}
 	return transport, dialer, nil
 }
 
@@ -252,8 +303,12 @@ func IsSecurity(err error) bool {
 // that names the setting to fix, when it is a refused SASL login or a
 // certificate that does not verify; other errors come back unchanged.
 func Explain(err error, brokers []string, s Security) error {
-	if err == nil || IsSecurity(err) {
-		return err
+	if err == nil {
+		return nil
+	}
+	var se *SecurityError
+	if errors.As(err, &se) {
+		return se // the cause, without what the Kafka client put before it
 	}
 	at := strings.Join(brokers, ",")
 	var unknownCA x509.UnknownAuthorityError
@@ -271,6 +326,11 @@ func Explain(err error, brokers []string, s Security) error {
 		}
 	}
 	switch {
+	case (errors.Is(err, kafka.SASLAuthenticationFailed) || strings.Contains(msg, "SASL Authentication failed")) && s.SASLMechanism == settings.SASLOAuthBearer:
+		return securityError(err, "Kafka at %s refused the OAUTHBEARER token from %s: check that the brokers trust its issuer and audience, and --kafka-oauth-scopes (%s)",
+			at, s.oauthSource(), settings.KafkaOAuthScopes.Env)
+	case (errors.Is(err, kafka.SASLAuthenticationFailed) || strings.Contains(msg, "SASL Authentication failed")) && s.SASLMechanism == settings.SASLAWSMSKIAM:
+		return securityError(err, "Kafka at %s refused the AWS_MSK_IAM login: check the AWS credentials (AWS_PROFILE, AWS_ROLE_ARN, …), AWS_REGION and the role's kafka-cluster:Connect permission", at)
 	case errors.Is(err, kafka.SASLAuthenticationFailed) || strings.Contains(msg, "SASL Authentication failed") || strings.Contains(msg, "Authentication failed during authentication"):
 		return securityError(err, "Kafka at %s refused the SASL credentials of --kafka-sasl-user (%s) %q with --kafka-sasl-mechanism %s: check the user and the password (%s or --kafka-sasl-password-file)",
 			at, settings.KafkaSASLUser.Env, s.SASLUser, s.SASLMechanism, settings.KafkaSASLPasswordEnv)
@@ -315,8 +375,9 @@ func Cause(err error) connect.Cause {
 }
 
 // Env returns s as environment variables (NAME=value) for a child process,
-// the password included only as the file that holds it (a password given
-// in KFN_KAFKA_SASL_PASSWORD reaches a child through its inherited
+// the password and the OAuth client secret included only as the files that
+// hold them (one given in KFN_KAFKA_SASL_PASSWORD or
+// KFN_KAFKA_OAUTH_CLIENT_SECRET reaches a child through its inherited
 // environment).
 func (s Security) Env() []string {
 	var env []string
@@ -335,5 +396,11 @@ func (s Security) Env() []string {
 	add(settings.KafkaSASLMechanism.Env, s.SASLMechanism)
 	add(settings.KafkaSASLUser.Env, s.SASLUser)
 	add(settings.KafkaSASLPasswordFile.Env, s.SASLPasswordFile)
+	add(settings.KafkaOAuthTokenURL.Env, s.OAuthTokenURL)
+	add(settings.KafkaOAuthClientID.Env, s.OAuthClientID)
+	add(settings.KafkaOAuthClientSecretFile.Env, s.OAuthClientSecretFile)
+	add(settings.KafkaOAuthScopes.Env, strings.Join(s.OAuthScopes, ","))
+	add(settings.KafkaOAuthTokenFile.Env, s.OAuthTokenFile)
+	add(settings.KafkaOAuthExtensions.Env, strings.Join(s.OAuthExtensions, ","))
 	return env
 }

@@ -1,8 +1,10 @@
 //go:build kafkasecure
 
 // The tests of this file run kfn against a real Apache Kafka broker whose
-// only listener is SASL_SSL (TLS, SCRAM-SHA-512), which they start with
-// deploy/local/kafka/kafka.sh (KFN_KAFKA_SECURE=1; Java and Maven needed).
+// only listener is SASL_SSL (TLS, with SCRAM-SHA-512 and OAUTHBEARER
+// logins), which they start with deploy/local/kafka/kafka.sh
+// (KFN_KAFKA_SECURE=1 and KFN_KAFKA_OAUTH_JWKS_URL pointing at the test's
+// own token server; Java and Maven needed).
 // They are behind the kafkasecure build tag, so that the default test run
 // does not start a JVM: `go tool task test:kafka-secure` and .ci/run run
 // them.
@@ -40,7 +42,8 @@ import (
 
 func TestMain(m *testing.M) { kfntest.Main(m) }
 
-// secureKafka is a broker with a SASL_SSL listener only.
+// secureKafka is a broker with a SASL_SSL listener only, whose OAUTHBEARER
+// logins are checked against the keys of a tokenServer.
 type secureKafka struct {
 	brokers []string
 	sec     kafkaconn.Security // the CA, user kfn and its password file
@@ -58,8 +61,9 @@ func freePort(t *testing.T) int {
 }
 
 // startSecureKafka starts the broker on free ports in a data dir of the
-// test's, and stops it when the test ends.
-func startSecureKafka(t *testing.T) *secureKafka {
+// test's, taking OAUTHBEARER tokens issued by tokens, and
+// stops it when the test ends.
+func startSecureKafka(t *testing.T, tokens *tokenServer) *secureKafka {
 	t.Helper()
 	script, err := filepath.Abs("../../deploy/local/kafka/kafka.sh")
 	if err != nil {
@@ -68,7 +72,8 @@ func startSecureKafka(t *testing.T) *secureKafka {
 	data := t.TempDir()
 	port, cport := freePort(t), freePort(t)
 	env := append(os.Environ(), "KFN_KAFKA_SECURE=1", "KFN_KAFKA_DATA="+data,
-		"KFN_KAFKA_PORT="+strconv.Itoa(port), "KFN_KAFKA_CONTROLLER_PORT="+strconv.Itoa(cport))
+		"KFN_KAFKA_PORT="+strconv.Itoa(port), "KFN_KAFKA_CONTROLLER_PORT="+strconv.Itoa(cport),
+		"KFN_KAFKA_OAUTH_JWKS_URL="+tokens.JWKSURL(), "KFN_KAFKA_OAUTH_ISSUER="+tokens.URL, "KFN_KAFKA_OAUTH_AUDIENCE="+tokenAudience)
 	run := func(arg string) ([]byte, error) {
 		cmd := exec.Command("bash", script, arg)
 		cmd.Env = env
@@ -83,7 +88,7 @@ func startSecureKafka(t *testing.T) *secureKafka {
 	if out, err := run("up"); err != nil {
 		t.Fatalf("kafka.sh up (KFN_KAFKA_SECURE=1): %v\n%s", err, out)
 	}
-	t.Logf("secure Kafka (SASL_SSL, SCRAM-SHA-512) up on 127.0.0.1:%d in %s", port, time.Since(start).Round(time.Millisecond))
+	t.Logf("secure Kafka (SASL_SSL, SCRAM-SHA-512 and OAUTHBEARER) up on 127.0.0.1:%d in %s", port, time.Since(start).Round(time.Millisecond))
 	tlsDir := filepath.Join(data, "tls")
 	return &secureKafka{
 		brokers: []string{fmt.Sprintf("127.0.0.1:%d", port)},
@@ -151,7 +156,8 @@ func otherCA(t *testing.T) string {
 }
 
 func TestWorkerOverSASLSSL(t *testing.T) {
-	k := startSecureKafka(t)
+	tokens := newTokenServer(t)
+	k := startSecureKafka(t, tokens)
 	kfn := kfntest.BuildBinary(t, "github.com/kfn-dev/kfn/cmd/kfn")
 	pg := kfntest.Postgres(t)
 	natsURL := kfntest.NATSURL(t)
@@ -276,6 +282,8 @@ func TestWorkerOverSASLSSL(t *testing.T) {
 			t.Errorf("kfn topic list with another CA: %v", err)
 		}
 	})
+
+	t.Run("OAUTHBEARER", func(t *testing.T) { testOAuthBearer(t, k, tokens, kfn, pg, natsURL) })
 
 	t.Run("a client without TLS is told to set it", func(t *testing.T) {
 		_, err := worker.New(context.Background(), config(kafkaconn.Security{}), effects.Function(kfntest.Name(t, "sec"), "orders"))

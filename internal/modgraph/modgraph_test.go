@@ -106,3 +106,31 @@ func TestUserModuleDoesNotInheritToolDependencies(t *testing.T) {
 			len(inherited), strings.Join(inherited, "\n  "))
 	}
 }
+
+// TestRuntimeBuildsNoAWSSDKPackage lists every package that kfn's runtime
+// packages and the kafkaauth hook build (go list -deps, outside the
+// workspace) and fails if one is the AWS SDK's: AWS_MSK_IAM's signing
+// lives in the module kafkaauth/mskiam, which a user's main opts into.
+func TestRuntimeBuildsNoAWSSDKPackage(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", "list", "-deps", "github.com/kfn-dev/kfn/runtime/...", "github.com/kfn-dev/kfn/kafkaauth")
+	cmd.Env = append(os.Environ(), "GOWORK=off")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v\n%s", err, stderr.Bytes())
+	}
+	deps := strings.Split(strings.TrimSpace(string(out)), "\n")
+	var aws []string
+	for _, p := range deps {
+		if strings.HasPrefix(p, "github.com/aws/") || strings.Contains(p, "aws_msk_iam") {
+			aws = append(aws, p)
+		}
+	}
+	t.Logf("runtime/... and kafkaauth build %d packages", len(deps))
+	if len(aws) > 0 {
+		t.Errorf("they build %d AWS packages (AWS_MSK_IAM belongs in the module kafkaauth/mskiam):\n  %s", len(aws), strings.Join(aws, "\n  "))
+	}
+}

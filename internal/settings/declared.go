@@ -41,6 +41,21 @@ const (
 // so that the password never shows in a process list.
 const KafkaSASLPasswordEnv = "KFN_KAFKA_SASL_PASSWORD"
 
+// KafkaOAuthClientSecretEnv holds the OAuth client secret of the
+// OAUTHBEARER client-credentials flow. It has no flag either.
+const KafkaOAuthClientSecretEnv = "KFN_KAFKA_OAUTH_CLIENT_SECRET"
+
+// The SASL mechanisms of --kafka-sasl-mechanism. AWS_MSK_IAM is built into
+// a binary only when its main imports the opt-in module
+// github.com/kfn-dev/kfn/kafkaauth/mskiam (internal/kafkaconn says so).
+const (
+	SASLPlain       = "PLAIN"
+	SASLScramSHA256 = "SCRAM-SHA-256"
+	SASLScramSHA512 = "SCRAM-SHA-512"
+	SASLOAuthBearer = "OAUTHBEARER"
+	SASLAWSMSKIAM   = "AWS_MSK_IAM"
+)
+
 // The OpenTelemetry variables (the specification's names, no flags) that
 // decide whether a worker or kfn relay exports traces; internal/tracing
 // reads them, and Variables says what each does. The OpenTelemetry SDK
@@ -61,6 +76,11 @@ var (
 	DatabaseURL = Setting[string]{
 		Flag: "database-url", Env: "DATABASE_URL", OldEnv: "KFN_DATABASE_URL",
 		Usage: "Postgres connection URL or keyword/value string", Check: postgresURL, Secret: true,
+	}
+	FunctionDatabases = Setting[[]string]{
+		Flag: "function-databases", Env: "KFN_FUNCTION_DATABASES",
+		Usage: "the functions on a database of their own, as FUNCTION=URL,…: kfn's operator commands use a function's own database for it and --database-url for the others",
+		Check: functionDatabases, Secret: true,
 	}
 	NATSURL = Setting[string]{
 		Flag: "nats-url", Env: "KFN_NATS_URL",
@@ -137,13 +157,13 @@ var (
 	}
 	KafkaSASLMechanism = Setting[string]{
 		Flag: "kafka-sasl-mechanism", Env: "KFN_KAFKA_SASL_MECHANISM",
-		Usage: "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512: authenticate to Kafka with --kafka-sasl-user and " + KafkaSASLPasswordEnv,
+		Usage: "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (with --kafka-sasl-user and " + KafkaSASLPasswordEnv + "), OAUTHBEARER (with --kafka-oauth-token-url or --kafka-oauth-token-file) or AWS_MSK_IAM (a binary that imports github.com/kfn-dev/kfn/kafkaauth/mskiam)",
 		Check: func(s string) error {
 			switch s {
-			case "", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512":
+			case "", SASLPlain, SASLScramSHA256, SASLScramSHA512, SASLOAuthBearer, SASLAWSMSKIAM:
 				return nil
 			}
-			return fmt.Errorf("%q is not a SASL mechanism: use PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", s)
+			return fmt.Errorf("%q is not a SASL mechanism: use PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER or AWS_MSK_IAM", s)
 		},
 	}
 	KafkaSASLUser = Setting[string]{
@@ -153,6 +173,49 @@ var (
 	KafkaSASLPasswordFile = Setting[string]{
 		Flag: "kafka-sasl-password-file", Env: "KFN_KAFKA_SASL_PASSWORD_FILE",
 		Usage: "file holding the SASL password for Kafka (or set " + KafkaSASLPasswordEnv + "; never a flag)",
+	}
+	KafkaOAuthTokenURL = Setting[string]{
+		Flag: "kafka-oauth-token-url", Env: "KFN_KAFKA_OAUTH_TOKEN_URL",
+		Usage: "OAUTHBEARER: the OAuth/OIDC token endpoint kfn gets its Kafka tokens from (client-credentials flow, with --kafka-oauth-client-id and " + KafkaOAuthClientSecretEnv + ")",
+		Check: func(s string) error {
+			if s == "" {
+				return nil
+			}
+			u, err := url.Parse(s)
+			if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+				return fmt.Errorf("%q is not an http(s) URL", s)
+			}
+			return nil
+		},
+	}
+	KafkaOAuthClientID = Setting[string]{
+		Flag: "kafka-oauth-client-id", Env: "KFN_KAFKA_OAUTH_CLIENT_ID",
+		Usage: "OAUTHBEARER: the OAuth client id of the client-credentials flow",
+	}
+	KafkaOAuthClientSecretFile = Setting[string]{
+		Flag: "kafka-oauth-client-secret-file", Env: "KFN_KAFKA_OAUTH_CLIENT_SECRET_FILE",
+		Usage: "OAUTHBEARER: file holding the OAuth client secret (or set " + KafkaOAuthClientSecretEnv + "; never a flag)",
+	}
+	KafkaOAuthScopes = Setting[[]string]{
+		Flag: "kafka-oauth-scopes", Env: "KFN_KAFKA_OAUTH_SCOPES",
+		Usage: "OAUTHBEARER: scopes asked for in the client-credentials flow, comma-separated",
+	}
+	KafkaOAuthTokenFile = Setting[string]{
+		Flag: "kafka-oauth-token-file", Env: "KFN_KAFKA_OAUTH_TOKEN_FILE",
+		Usage: "OAUTHBEARER: file holding the token itself (a JWT another process keeps fresh), read again whenever it changes; instead of --kafka-oauth-token-url",
+	}
+	KafkaOAuthExtensions = Setting[[]string]{
+		Flag: "kafka-oauth-extensions", Env: "KFN_KAFKA_OAUTH_EXTENSIONS",
+		Usage: "OAUTHBEARER: SASL extensions sent with the token, key=value, comma-separated (Confluent Cloud: logicalCluster=lkc-…,identityPoolId=pool-…)",
+		Check: func(kvs []string) error {
+			for _, kv := range kvs {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok || !oauthExtensionKey(k) || !oauthExtensionValue(v) {
+					return fmt.Errorf("%q is not key=value with a key of letters only, other than auth, and a value of printable ASCII (RFC 7628)", kv)
+				}
+			}
+			return nil
+		},
 	}
 )
 
@@ -357,6 +420,31 @@ func postgresURL(s string) error {
 	return nil
 }
 
+// functionDatabases checks each FUNCTION=URL of --function-databases: a
+// function named once, with a Postgres URL.
+func functionDatabases(list []string) error {
+	var errs []error
+	seen := map[string]bool{}
+	for _, item := range list {
+		function, url, ok := strings.Cut(item, "=")
+		function = strings.TrimSpace(function)
+		switch {
+		case !ok || function == "" || strings.TrimSpace(url) == "":
+			errs = append(errs, fmt.Errorf("%q is not FUNCTION=URL", connect.Redact(item)))
+		case seen[function]:
+			errs = append(errs, fmt.Errorf("function %s is given twice", function))
+		default:
+			seen[function] = true
+			if err := postgresURL(strings.TrimSpace(url)); err != nil {
+				errs = append(errs, fmt.Errorf("function %s: %w", function, err))
+			} else if strings.Contains(url, "=") && !strings.Contains(url, "://") {
+				errs = append(errs, fmt.Errorf("function %s: give a postgres:// URL (a keyword/value string cannot be told from the list's = and ,)", function))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // hostPorts checks each broker: one error per broker that is not host:port.
 func hostPorts(brokers []string) error {
 	var errs []error
@@ -379,4 +467,33 @@ const DefaultStallAfter = 60 * time.Second
 var StallAfter = Setting[time.Duration]{
 	Flag: "stall-after", Env: "KFN_STALL_AFTER", Default: DefaultStallAfter,
 	Usage: "a lane with lag and no commit for longer counts as stalled (kfn_lanes_stalled)",
+}
+
+// oauthExtensionKey reports whether k may name an OAUTHBEARER SASL
+// extension: letters only (RFC 7628's key), and not "auth", the token's.
+func oauthExtensionKey(k string) bool {
+	if k == "" || k == "auth" {
+		return false
+	}
+	for _, r := range k {
+		if (r < 'a' || r > 'z') && (r < 'A' || r > 'Z') {
+			return false
+		}
+	}
+	return true
+}
+
+// oauthExtensionValue reports whether v may be an OAUTHBEARER SASL
+// extension's value: not empty, printable ASCII, spaces and tabs (RFC
+// 7628's value, as Kafka checks it).
+func oauthExtensionValue(v string) bool {
+	if v == "" {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; (c < 0x21 || c > 0x7e) && c != ' ' && c != '\t' {
+			return false
+		}
+	}
+	return true
 }

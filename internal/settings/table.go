@@ -6,12 +6,14 @@ package settings
 // when a declared setting is missing from it.
 var Table = []Group{
 	{Name: "Connections", Settings: []Described{
-		DatabaseURL, NATSURL, NATSCreds, NATSTokenFile, NATSNKey, NATSCA, NATSCert, NATSKey,
+		DatabaseURL, FunctionDatabases, NATSURL, NATSCreds, NATSTokenFile, NATSNKey, NATSCA, NATSCert, NATSKey,
 		NATSReplicas, NATSProvisioned, KafkaBrokers, LeaseBucket, EventStream,
 	}},
 	{Name: "Kafka security", Settings: []Described{
 		KafkaTLS, KafkaCA, KafkaCert, KafkaKey, KafkaServerName,
 		KafkaSASLMechanism, KafkaSASLUser, KafkaSASLPasswordFile,
+		KafkaOAuthTokenURL, KafkaOAuthClientID, KafkaOAuthClientSecretFile, KafkaOAuthScopes,
+		KafkaOAuthTokenFile, KafkaOAuthExtensions,
 	}},
 	{Name: "Workers", Settings: []Described{
 		WorkerID, BatchSize, BatchWait, MaxRecordBytes, RetryAttempts, RetryInitial, RetryMax,
@@ -25,6 +27,7 @@ var Table = []Group{
 // Variables are the environment variables kfn reads that have no flag.
 var Variables = []Variable{
 	{KafkaSASLPasswordEnv, "the SASL password for Kafka, wherever the Kafka security settings apply; never a flag, so that it does not show in a process list (or name a file with --kafka-sasl-password-file)"},
+	{KafkaOAuthClientSecretEnv, "the OAuth client secret of --kafka-oauth-client-id (OAUTHBEARER); never a flag (or name a file with --kafka-oauth-client-secret-file)"},
 	{OTelSDKDisabledEnv, `"true": a worker or kfn relay exports no traces`},
 	{OTelTracesExporterEnv, `"otlp" turns the export of traces on, "console" writes them on stdout, "none" turns it off`},
 	{OTelEndpointEnv, "the OTLP base URL of the collector traces are exported to (http://host:4318 for http/protobuf, http://host:4317 for grpc); setting it turns the export on"},

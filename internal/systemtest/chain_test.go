@@ -12,6 +12,7 @@ import (
 
 	"github.com/kfn-dev/kfn/functions/ledger"
 	"github.com/kfn-dev/kfn/functions/orders"
+	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
 // TestOrderChainIsExactlyOnceWhileWorkersOfBothStagesAreKilled runs the
@@ -157,7 +158,7 @@ func TestOrderChainIsExactlyOnceWhileWorkersOfBothStagesAreKilled(t *testing.T) 
 func (c *chain) laneOwner() string {
 	c.t.Helper()
 	var owner string
-	err := c.pg.Pool.QueryRow(context.Background(),
+	err := c.ledgerPG.Pool.QueryRow(context.Background(),
 		`SELECT owner FROM kfn.cursors WHERE consumer = $1 AND topic = $2`, ledger.Name, orders.AcceptedSubject).Scan(&owner)
 	if err != nil {
 		return "" // not claimed yet
@@ -211,7 +212,7 @@ func (c *chain) requireLedgerBalances(produced []orders.Order) {
 		want[accountCurrency{ledger.ReceivableAccount(o.Customer), o.Currency}] += o.AmountCents
 		want[accountCurrency{ledger.RevenueAccount, o.Currency}] -= o.AmountCents
 	}
-	rows, err := c.pg.Pool.Query(ctx, `
+	rows, err := c.ledgerPG.Pool.Query(ctx, `
 SELECT account, currency, sum(CASE side WHEN 'debit' THEN amount_cents ELSE -amount_cents END)::bigint
   FROM ledger_entries GROUP BY account, currency`)
 	if err != nil {
@@ -242,7 +243,7 @@ SELECT account, currency, sum(CASE side WHEN 'debit' THEN amount_cents ELSE -amo
 	}
 
 	var revenue, orderedSum int64
-	if err := c.pg.Pool.QueryRow(ctx, `SELECT coalesce(sum(amount_cents), 0)::bigint FROM ledger_entries WHERE account = $1 AND side = 'credit'`, ledger.RevenueAccount).Scan(&revenue); err != nil {
+	if err := c.ledgerPG.Pool.QueryRow(ctx, `SELECT coalesce(sum(amount_cents), 0)::bigint FROM ledger_entries WHERE account = $1 AND side = 'credit'`, ledger.RevenueAccount).Scan(&revenue); err != nil {
 		c.t.Fatal(err)
 	}
 	for _, o := range produced {
@@ -254,7 +255,7 @@ SELECT account, currency, sum(CASE side WHEN 'debit' THEN amount_cents ELSE -amo
 
 	var badOrders int64
 	var example string
-	err = c.pg.Pool.QueryRow(ctx, `
+	err = c.ledgerPG.Pool.QueryRow(ctx, `
 SELECT count(*), coalesce(min(order_id), '') FROM (
   SELECT order_id FROM ledger_entries GROUP BY order_id
   HAVING count(*) != 2 OR count(*) FILTER (WHERE side = 'debit') != 1 OR count(DISTINCT event_id) != 1
@@ -265,10 +266,10 @@ SELECT count(*), coalesce(min(order_id), '') FROM (
 	if badOrders != 0 {
 		c.t.Errorf("%d orders do not have exactly one balanced debit/credit pair from one event (e.g. %s)", badOrders, example)
 	}
-	if n := c.count(`SELECT count(DISTINCT order_id) FROM ledger_entries`); n != int64(len(produced)) {
+	if n := c.countIn(c.ledgerPG, `SELECT count(DISTINCT order_id) FROM ledger_entries`); n != int64(len(produced)) {
 		c.t.Errorf("the ledger booked %d orders, want %d", n, len(produced))
 	}
-	if n := c.count(`SELECT count(*) FROM kfn.event_inbox WHERE consumer = $1 AND outcome = 'applied'`, ledger.Name); n != int64(len(produced)) {
+	if n := c.countIn(c.ledgerPG, `SELECT count(*) FROM kfn.event_inbox WHERE consumer = $1 AND outcome = 'applied'`, ledger.Name); n != int64(len(produced)) {
 		c.t.Errorf("the ledger's event inbox has %d applied events, want %d", n, len(produced))
 	}
 }
@@ -277,19 +278,29 @@ SELECT count(*), coalesce(min(order_id), '') FROM (
 // every produced order is valid.
 func (c *chain) requireNoDeadLetters() {
 	c.t.Helper()
-	rows, err := c.pg.Pool.Query(context.Background(), `SELECT consumer, topic, "offset", reason, error FROM kfn.dead_letters ORDER BY id LIMIT 5`)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var consumer, topic, reason, msg string
-		var offset int64
-		if err := rows.Scan(&consumer, &topic, &offset, &reason, &msg); err != nil {
+	for _, pg := range c.databases() {
+		rows, err := pg.Pool.Query(context.Background(), `SELECT consumer, topic, "offset", reason, error FROM kfn.dead_letters ORDER BY id LIMIT 5`)
+		if err != nil {
 			c.t.Fatal(err)
 		}
-		c.t.Errorf("dead letter of %s from %s@%d: %s: %s", consumer, topic, offset, reason, msg)
+		for rows.Next() {
+			var consumer, topic, reason, msg string
+			var offset int64
+			if err := rows.Scan(&consumer, &topic, &offset, &reason, &msg); err != nil {
+				c.t.Fatal(err)
+			}
+			c.t.Errorf("dead letter of %s from %s@%d: %s: %s", consumer, topic, offset, reason, msg)
+		}
+		rows.Close()
 	}
+}
+
+// databases lists the chain's databases, each once.
+func (c *chain) databases() []*kfntest.PG {
+	if c.ledgerPG == c.pg {
+		return []*kfntest.PG{c.pg}
+	}
+	return []*kfntest.PG{c.pg, c.ledgerPG}
 }
 
 // requireEventsOnce checks that subject holds one event per produced order

@@ -35,11 +35,13 @@ const (
 )
 
 // chain is the whole production topology of one test: the orders topic of
-// its own, a nats-server process of its own, one database shared by both
-// functions, and the worker processes it started.
+// its own, a nats-server process of its own, the functions' databases (one
+// shared by both, unless the test gives the ledger its own), and the
+// worker processes it started.
 type chain struct {
 	t          *testing.T
-	pg         *kfntest.PG
+	pg         *kfntest.PG // the orders function's database
+	ledgerPG   *kfntest.PG // the ledger's: pg, or a database of its own
 	kafka      *kfntest.KafkaCluster
 	nats       *kfntest.NATSServer
 	topic      string
@@ -49,7 +51,15 @@ type chain struct {
 
 func newChain(t *testing.T, partitions int) *chain {
 	t.Helper()
-	c := &chain{t: t, pg: kfntest.Postgres(t), kafka: kfntest.Kafka(t), nats: kfntest.NATSProcess(t), partitions: partitions}
+	pg := kfntest.Postgres(t)
+	return newChainOn(t, partitions, pg, pg)
+}
+
+// newChainOn is newChain with the orders function on database ordersPG and
+// the ledger on ledgerPG.
+func newChainOn(t *testing.T, partitions int, ordersPG, ledgerPG *kfntest.PG) *chain {
+	t.Helper()
+	c := &chain{t: t, pg: ordersPG, ledgerPG: ledgerPG, kafka: kfntest.Kafka(t), nats: kfntest.NATSProcess(t), partitions: partitions}
 	c.topic = c.kafka.CreateTopic(t, partitions)
 	// Build both binaries before anything is timed.
 	kfntest.BuildBinary(t, ordersPkg)
@@ -69,9 +79,13 @@ func (c *chain) start(pkg, name string, extra ...string) *worker {
 	c.t.Helper()
 	c.seq++
 	id := name + "-" + strconv.Itoa(c.seq)
+	db := c.pg
+	if pkg == ledgerPkg {
+		db = c.ledgerPG
+	}
 	cmd := exec.Command(kfntest.BuildBinary(c.t, pkg))
 	cmd.Env = append(os.Environ(),
-		"DATABASE_URL="+c.pg.URL,
+		"DATABASE_URL="+db.URL,
 		"KFN_KAFKA_BROKERS="+strings.Join(c.kafka.Brokers, ","),
 		"KFN_NATS_URL="+c.nats.URL,
 		"KFN_WORKER_ID="+id,
@@ -169,28 +183,40 @@ func (c *chain) requireEntriesAtMost(got, want int64) {
 	}
 }
 
-// count runs a count query.
+// count runs a count query in the orders function's database.
 func (c *chain) count(query string, args ...any) int64 {
 	c.t.Helper()
+	return c.countIn(c.pg, query, args...)
+}
+
+// countIn runs a count query in database pg.
+func (c *chain) countIn(pg *kfntest.PG, query string, args ...any) int64 {
+	c.t.Helper()
 	var n int64
-	if err := c.pg.Pool.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
+	if err := pg.Pool.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
 		c.t.Fatalf("%s: %v", query, err)
 	}
 	return n
 }
 
 // tableCount counts a table's rows, and 0 while it does not exist yet
-// (a function creates its table when its first worker starts).
+// (a function creates its table when its first worker starts): the
+// ledger's table in the ledger's database, any other in the orders
+// function's.
 func (c *chain) tableCount(table string) int64 {
 	c.t.Helper()
+	pg := c.pg
+	if table == "ledger_entries" {
+		pg = c.ledgerPG
+	}
 	var exists bool
-	if err := c.pg.Pool.QueryRow(context.Background(), `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&exists); err != nil {
+	if err := pg.Pool.QueryRow(context.Background(), `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&exists); err != nil {
 		c.t.Fatalf("look up table %s: %v", table, err)
 	}
 	if !exists {
 		return 0
 	}
-	return c.count(`SELECT count(*) FROM ` + table)
+	return c.countIn(pg, `SELECT count(*) FROM `+table)
 }
 
 // jetStream connects to the chain's NATS server; the connection closes

@@ -154,6 +154,7 @@ func databaseName(t testing.TB) string {
 type sharedPG struct {
 	url     *url.URL
 	display string // host:port, without credentials
+	version string // server_version
 	admin   *pgxpool.Pool
 }
 
@@ -194,27 +195,40 @@ func startPGServer() (*sharedPG, error) {
 		logger.Debug("throwaway postgres started", "url", cluster.URL, "took", time.Since(start))
 		raw = cluster.URL
 	}
+	srv, err := connectServer(ctx, raw)
+	if err != nil {
+		if fromEnv {
+			err = fmt.Errorf("%s: %w", EnvDatabaseURL, err)
+		}
+		return nil, err
+	}
+	onShutdown(srv.admin.Close)
+	if fromEnv {
+		announce("Postgres from %s: %s, server version %s", EnvDatabaseURL, srv.display, srv.version)
+	}
+	return srv, nil
+}
+
+// connectServer connects an admin pool to the server raw names; the caller
+// closes it.
+func connectServer(ctx context.Context, raw string) (*sharedPG, error) {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		return nil, fmt.Errorf("%s must be a URL like postgres://user:pass@host:5432/postgres?sslmode=disable, got %q", EnvDatabaseURL, redact(raw))
+		return nil, fmt.Errorf("the server must be a URL like postgres://user:pass@host:5432/postgres?sslmode=disable, got %q", redact(raw))
 	}
 	cfg, err := pgxpool.ParseConfig(raw)
 	if err != nil {
-		return nil, fmt.Errorf("parse %s: %w", EnvDatabaseURL, err)
+		return nil, fmt.Errorf("parse %s: %w", redact(raw), err)
 	}
 	cfg.MaxConns = 4
 	admin, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %w", redact(raw), err)
 	}
-	onShutdown(admin.Close)
-	var version string
-	if err := admin.QueryRow(ctx, "SHOW server_version").Scan(&version); err != nil {
-		return nil, fmt.Errorf("connect to Postgres at %s: %w", redact(raw), err)
-	}
 	srv := &sharedPG{url: u, display: u.Host, admin: admin}
-	if fromEnv {
-		announce("Postgres from %s: %s, server version %s", EnvDatabaseURL, u.Host, version)
+	if err := admin.QueryRow(ctx, "SHOW server_version").Scan(&srv.version); err != nil {
+		admin.Close()
+		return nil, fmt.Errorf("connect to Postgres at %s: %w", redact(raw), err)
 	}
 	return srv, nil
 }

@@ -21,6 +21,16 @@
 # trust) and creates the SCRAM users kfn (password in tls/kfn.password) and
 # admin (the broker's own). Give it a data dir of its own: the mode is fixed
 # when the storage is formatted.
+#
+# KFN_KAFKA_OAUTH_JWKS_URL=URL (with KFN_KAFKA_SECURE=1) also enables
+# OAUTHBEARER on that listener: the broker validates the tokens' RS256
+# signatures with the keys that URL serves (a JWKS; http, https or file),
+# wants the issuer KFN_KAFKA_OAUTH_ISSUER (required) and the audience
+# KFN_KAFKA_OAUTH_AUDIENCE (default kafka), and closes
+# an OAUTHBEARER connection at its first request after its token expired
+# (connections.max.reauth.ms), as a production broker that enforces token
+# expiry does. Kafka 4 fetches only allowed URLs: kafka.sh allows this one
+# (org.apache.kafka.sasl.oauthbearer.allowed.urls).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
@@ -58,10 +68,15 @@ JAVA="${JAVA_HOME:+$JAVA_HOME/bin/}java"
 JARS="$CACHE/jars"
 STAMP="$CACHE/jars.sha256"
 SECURE="${KFN_KAFKA_SECURE:-}"
+OAUTH_JWKS="${KFN_KAFKA_OAUTH_JWKS_URL:-}"
+OAUTH_AUDIENCE="${KFN_KAFKA_OAUTH_AUDIENCE:-kafka}"
+OAUTH_ISSUER="${KFN_KAFKA_OAUTH_ISSUER:-}"
+[[ -n "$OAUTH_ISSUER" || -z "$OAUTH_JWKS" ]] || die "KFN_KAFKA_OAUTH_JWKS_URL needs KFN_KAFKA_OAUTH_ISSUER: the issuer (iss) of the tokens the broker takes"
 TLSDIR="$DATA/tls"
 CLIENT_PROPS="$DATA/client.properties"
 CLUSTER_ID_FILE="$DATA/cluster.id"
 [[ -z "$SECURE" || -z "$CLUSTER" ]] || die "KFN_KAFKA_SECURE=1 is for one node only; unset KFN_KAFKA_NODES or KFN_KAFKA_SECURE"
+[[ -z "$OAUTH_JWKS" || -n "$SECURE" ]] || die "KFN_KAFKA_OAUTH_JWKS_URL needs KFN_KAFKA_SECURE=1 (OAUTHBEARER is enabled on the SASL_SSL listener)"
 
 # Node i's client and controller ports: KFN_KAFKA_PORTS and
 # KFN_KAFKA_CONTROLLER_PORTS (comma-separated, one per node), else node i
@@ -291,6 +306,23 @@ ssl.truststore.location=$TLSDIR/ca.pem
 ssl.client.auth=none
 EOF
 	fi
+	if [[ -n "$OAUTH_JWKS" ]]; then
+		cat >>"$PROPS" <<EOF
+
+# KFN_KAFKA_OAUTH_JWKS_URL: OAUTHBEARER too, with tokens (JWTs) validated
+# against the keys of that URL. The OAUTHBEARER sessions end with their
+# token: a connection that has not logged in again by then is closed at
+# its next request (connections.max.reauth.ms caps a session at an hour).
+sasl.enabled.mechanisms=SCRAM-SHA-512,OAUTHBEARER
+listener.name.sasl_ssl.oauthbearer.sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required ;
+listener.name.sasl_ssl.oauthbearer.sasl.server.callback.handler.class=org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler
+listener.name.sasl_ssl.oauthbearer.connections.max.reauth.ms=3600000
+sasl.oauthbearer.jwks.endpoint.url=$OAUTH_JWKS
+sasl.oauthbearer.expected.audience=$OAUTH_AUDIENCE
+sasl.oauthbearer.expected.issuer=$OAUTH_ISSUER
+sasl.oauthbearer.clock.skew.seconds=1
+EOF
+	fi
 }
 
 # cluster_id prints the cluster's id, made once per data dir: every node of
@@ -375,6 +407,7 @@ jvm_args() {
 		-Dlog4j2.configurationFile="$HERE/log4j2.properties"
 		-Dkafka.logs.dir="$NODE_DIR"
 		${jvm[@]+"${jvm[@]}"}
+		${OAUTH_JWKS:+"-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls=$OAUTH_JWKS"}
 		-cp "$JARS/*" kafka.Kafka "$PROPS")
 }
 

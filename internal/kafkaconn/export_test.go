@@ -1,0 +1,11 @@
+package kafkaconn
+
+// CachedToken returns the token that the process's token source for s's
+// OAUTHBEARER settings holds now, without reading or fetching one.
+func CachedToken(s Security) string {
+	secret, _ := s.clientSecret()
+	src := tokenFor(s, secret)
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	return src.token
+}
