@@ -33,9 +33,12 @@ CREATE TABLE kfn.key_lanes (
     PRIMARY KEY (consumer, topic, partition, lane)
 );
 
--- It runs as the role of the statement that wrote the epoch (a worker's or
--- the operator's), which row-level security holds to its functions' rows.
-CREATE FUNCTION kfn.fence_key_lanes() RETURNS trigger LANGUAGE plpgsql AS $$
+-- It runs as the owner of kfn's tables (SECURITY DEFINER), so that a role
+-- granted its rights before this table existed (by an older kfn migrate
+-- grants) can still claim: it only writes the key-lane rows of the cursor
+-- row the role just wrote, which row-level security let it write.
+CREATE FUNCTION kfn.fence_key_lanes() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     UPDATE kfn.key_lanes SET epoch = NEW.epoch
      WHERE consumer = NEW.consumer AND topic = NEW.topic AND partition = NEW.partition AND epoch < NEW.epoch;
