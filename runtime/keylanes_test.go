@@ -22,6 +22,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/internal/faults"
 	"github.com/kfn-dev/kfn/internal/schema"
+	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/operator/verify"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
@@ -496,5 +497,89 @@ func TestKeyLanesApplyEveryRecordOnceInKeyOrder(t *testing.T) {
 	}
 	if got := w.Stats().KeyParked.Load(); got != int64(len(dead)-1) {
 		t.Errorf("%d records parked, want %d: the failed key's later records, and no other key's", got, len(dead)-1)
+	}
+}
+
+// TestKeyLanesReplayIsIdempotentAndReexecutionApplies runs 16 key-lanes
+// through kfn replay while the worker runs: an idempotent replay from
+// offset 0 (the replay's claim fences the key-lanes; the worker takes the
+// partition again) applies nothing twice, and a re-execution of [100, 200)
+// applies exactly those once more, each key's in order; kfn verify
+// accepts both.
+func TestKeyLanesReplayIsIdempotentAndReexecutionApplies(t *testing.T) {
+	b := setup(t, 1)
+	ctx := context.Background()
+	fn := effects.Function(b.fn, b.topic)
+	fn.KeyConcurrency = keyLaneCount
+	const n, keys = 400, 20
+	msgs := make([]kafka.Message, n)
+	for i := range msgs {
+		key := fmt.Sprintf("k%d", i%keys)
+		msgs[i] = kafka.Message{Partition: 0, Key: []byte(key), Value: effects.KeyedValue(key, i/keys+1)}
+	}
+	b.kafka.Produce(t, b.topic, msgs...)
+	_, stop := b.run(t, fn)
+	defer stop()
+	b.waitCaughtUp(t, b.fn)
+	effectsPer := func() map[int]int { // effects per offset count → how many offsets have it
+		rows, err := b.pg.Pool.Query(ctx, `SELECT count(*) FROM `+effects.Table(b.fn)+` GROUP BY "offset"`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[int]int{}
+		var c int
+		if _, err := pgx.ForEachRow(rows, []any{&c}, func() error { out[c]++; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	replay := func(opts inbox.ReplayOptions, from int64) {
+		t.Helper()
+		opts.Actor, opts.Reason = "test", "key-lanes"
+		if _, err := operator.Replay(ctx, b.pg.Pool, jetStream(t, b.cfg.NATSURL), operator.ReplaySpec{
+			Function: b.fn, Topic: b.topic, Partitions: []int32{0}, From: from, LeaseBucket: b.cfg.LeaseBucket, ReplayOptions: opts,
+		}); err != nil {
+			t.Fatalf("replay %+v from %d: %v", opts, from, err)
+		}
+	}
+
+	replay(inbox.ReplayOptions{}, 0)
+	b.waitCaughtUp(t, b.fn)
+	time.Sleep(500 * time.Millisecond) // a record applied again would show by now
+	if got := effectsPer(); !maps.Equal(got, map[int]int{1: n}) {
+		t.Errorf("after an idempotent replay from 0: offsets by effect count %v, want all %d once", got, n)
+	}
+
+	replay(inbox.ReplayOptions{To: 200, Reexecute: true}, 100)
+	waitFor(t, 30*time.Second, "the re-executed records applied again", func() bool {
+		return maps.Equal(effectsPer(), map[int]int{1: n - 100, 2: 100})
+	})
+	b.waitCaughtUp(t, b.fn)
+	rows, err := b.pg.Pool.Query(ctx, `SELECT convert_from(value, 'UTF8') FROM `+effects.Table(b.fn)+` WHERE "offset" BETWEEN 100 AND 199 ORDER BY lsn, id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every key's effects in commit order: its first apply in order, then
+	// its re-executed records in order again.
+	seqs := map[string][]int{}
+	var v string
+	if _, err := pgx.ForEachRow(rows, []any{&v}, func() error {
+		key, num, _ := strings.Cut(v, "#")
+		s, _ := strconv.Atoi(num)
+		seqs[key] = append(seqs[key], s)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for key, s := range seqs {
+		half := len(s) / 2
+		if len(s) != 10 || !slices.IsSorted(s[:half]) || !slices.IsSorted(s[half:]) || !slices.Equal(s[:half], s[half:]) {
+			t.Errorf("key %s: sequence numbers of offsets 100–199 in commit order %v; want its 5 records in order, then again in order", key, s)
+		}
+	}
+	rep, err := verify.Run(ctx, b.pg.Pool, nil, verify.Spec{Function: b.fn, Topic: b.topic, KafkaBrokers: b.kafka.Brokers, Examples: 5, UnpublishedAfter: time.Hour,
+		EffectsSQL: `SELECT topic, partition, "offset" FROM ` + effects.Table(b.fn)})
+	if err != nil || !rep.OK {
+		t.Errorf("verify after the replays: %v, violations %+v", err, rep)
 	}
 }
