@@ -26,6 +26,7 @@ import (
 	"github.com/kfn-dev/kfn/operator/verify"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
+	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // The key-lane fault tests: effects-worker processes run each partition as
@@ -581,5 +582,35 @@ func TestKeyLanesReplayIsIdempotentAndReexecutionApplies(t *testing.T) {
 		EffectsSQL: `SELECT topic, partition, "offset" FROM ` + effects.Table(b.fn)})
 	if err != nil || !rep.OK {
 		t.Errorf("verify after the replays: %v, violations %+v", err, rep)
+	}
+}
+
+// A worker refuses, at start, a Postgres pool too small for its key-lanes
+// (pool_max_conns in the database URL below K + 2: they would wait for
+// connections, silently slower than one lane), and a key-lane count out
+// of range, naming the setting.
+func TestKeyLanesRefuseAPoolTooSmallAndABadCount(t *testing.T) {
+	b := setup(t, 1)
+	fn := effects.Function(b.fn, b.topic)
+	fn.KeyConcurrency = keyLaneCount
+	cfg := b.cfg
+	sep := "?"
+	if strings.Contains(cfg.DatabaseURL, "?") {
+		sep = "&"
+	}
+	cfg.DatabaseURL += sep + "pool_max_conns=8"
+	_, err := worker.New(context.Background(), cfg, fn)
+	want := "pool_max_conns=8 is too small for 16 key-lanes per partition"
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "--database-url") {
+		t.Errorf("worker.New with pool_max_conns=8 and 16 key-lanes = %v; want an error naming --database-url that says %q", err, want)
+	}
+	cfg = b.cfg
+	cfg.KeyConcurrency = 1000
+	if _, err := worker.New(context.Background(), cfg, fn); err == nil || !strings.Contains(err.Error(), "--key-concurrency (KFN_KEY_CONCURRENCY)") {
+		t.Errorf("worker.New with --key-concurrency 1000 = %v; want an error naming --key-concurrency", err)
+	}
+	fn.KeyConcurrency = -1
+	if _, err := worker.New(context.Background(), b.cfg, fn); err == nil || !strings.Contains(err.Error(), "KeyConcurrency -1 is out of range") {
+		t.Errorf("worker.New with a function's KeyConcurrency -1 = %v; want it refused", err)
 	}
 }

@@ -127,7 +127,21 @@ func (w *walk) run(ctx context.Context, pool *pgxpool.Pool, snapshot string, par
 	w.nextRow()
 	for _, s := range states {
 		w.orphansBefore(ctx, nil, s.id, math.MinInt64)
-		err := w.klog.Scan(ctx, w.spec.Topic, s.id, s.first, s.checkTo, func(o int64, key []byte) error {
+		// A partition run as key-lanes is read up to Kafka's high
+		// watermark: the records above the cursor that a key-lane
+		// committed are checked like those below it (their effects count
+		// for their keys), and the others are pending.
+		scanTo := s.checkTo
+		if s.keyLanes {
+			scanTo = max(s.checkTo, s.high)
+		}
+		err := w.klog.Scan(ctx, w.spec.Topic, s.id, s.first, scanTo, func(o int64, key []byte) error {
+			if o >= s.checkTo {
+				w.orphansBefore(ctx, s, s.id, o)
+				if !w.rowOK || w.row.p != s.id || w.row.o != o {
+					return w.rowErr // above the cursor and not handled yet: pending
+				}
+			}
 			w.record(ctx, s, o, key)
 			return w.rowErr
 		})
