@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/kfn-dev/kfn/internal/repeatlog"
 )
 
 // Relay forwards committed outbox rows to a JetStream stream and deletes each
@@ -42,6 +43,7 @@ import (
 type Relay struct {
 	cfg      RelayConfig
 	log      *slog.Logger
+	repeats  *repeatlog.Log // retried failures of its shards and loops, logged once per step
 	wake     [Shards]chan struct{}
 	counters relayCounters
 
@@ -62,7 +64,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, log: cfg.Logger.With("component", "outbox-relay", "stream", cfg.Stream)}
+	r := &Relay{cfg: cfg, log: cfg.Logger.With("component", "outbox-relay", "stream", cfg.Stream), repeats: repeatlog.New()}
 	for i := range r.wake {
 		r.wake[i] = make(chan struct{}, 1)
 	}
@@ -165,11 +167,12 @@ func (r *Relay) takeAckRouter(ctx context.Context) *ackRouter {
 			break
 		}
 		delay := retry.NextBackOff()
-		r.log.Warn("cannot take stream acks yet; retrying", "err", err, "retry_in", delay)
+		r.repeats.Failed(ctx, r.log, slog.LevelWarn, acksNotTaken, "err", err, "retry_in", delay)
 		if !sleepCtx(ctx, delay) {
 			return nil
 		}
 	}
+	r.repeats.Over(ctx, r.log, acksNotTaken)
 	r.acksUsers++
 	return r.acks
 }
@@ -207,6 +210,7 @@ func (r *Relay) streamReady(ctx context.Context) ([]string, error) {
 	for {
 		subjects, err := r.ensureStream(ctx)
 		if err == nil {
+			r.repeats.Over(ctx, r.log, streamNotAvailable)
 			r.streamSubjects = subjects
 			return subjects, nil
 		}
@@ -216,7 +220,7 @@ func (r *Relay) streamReady(ctx context.Context) ([]string, error) {
 			return nil, err
 		}
 		delay := retry.NextBackOff()
-		r.log.Warn("outbox stream not available yet; retrying", "err", err, "retry_in", delay)
+		r.repeats.Failed(ctx, r.log, slog.LevelWarn, streamNotAvailable, "err", err, "retry_in", delay)
 		if !sleepCtx(ctx, delay) {
 			return nil, ctx.Err()
 		}
@@ -279,3 +283,15 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 		return false
 	}
 }
+
+// The kinds of the relay's retried failures, logged through its repeats
+// (package repeatlog): once per step of its schedule, however many shards
+// fail alike, with their count.
+const (
+	acksNotTaken        = "cannot take stream acks yet; retrying"
+	streamNotAvailable  = "outbox stream not available yet; retrying"
+	readFailed          = "outbox read failed; retrying"
+	publishFailed       = "outbox publish failed; pausing the shard"
+	deleteWhileStopping = "could not delete relayed outbox rows while stopping; they will be republished and deduplicated"
+	listenLost          = "outbox LISTEN connection lost; polling until it is back"
+)

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"log/slog"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -32,6 +33,7 @@ func (r *Relay) listen(ctx context.Context) {
 		Backoff: r.newBackoff(),
 		Notify:  r.wakeShards,
 		Listening: func() {
+			r.repeats.Over(ctx, r.log, listenLost)
 			r.counters.listening.Store(true)
 			// Rows may have committed while nobody listened.
 			r.wakeAll()
@@ -39,7 +41,7 @@ func (r *Relay) listen(ctx context.Context) {
 		Lost: func(err error, retryIn time.Duration) {
 			r.counters.listening.Store(false)
 			r.wakeAll() // idle shards switch to polling every PollInterval
-			r.log.Warn("outbox LISTEN connection lost; polling until it is back", "err", err, "retry_in", retryIn)
+			r.repeats.Failed(ctx, r.log, slog.LevelWarn, listenLost, "err", err, "retry_in", retryIn)
 		},
 	})
 }

@@ -52,6 +52,10 @@ type shardLoop struct {
 	// failed Postgres queries.
 	publishRetry *backoff.ExponentialBackOff
 	dbRetry      *backoff.ExponentialBackOff
+	// readFailing and publishFailing say that the shard's last read, or
+	// publish, failed: its next success ends the run of failures in the
+	// relay's repeats.
+	readFailing, publishFailing bool
 	timer        *time.Timer
 	// lingerFor is the last wait between two reads (see linger); 0 after
 	// an empty read.
@@ -133,9 +137,14 @@ func (l *shardLoop) run(ctx context.Context) {
 				break
 			}
 			delay := l.dbRetry.NextBackOff()
-			l.log.Warn("outbox read failed; retrying", "err", err, "retry_in", delay)
+			l.r.repeats.Failed(ctx, l.log, slog.LevelWarn, readFailed, "err", err, "retry_in", delay)
+			l.readFailing = true
 			sleepCtx(ctx, delay)
 			continue
+		}
+		if l.readFailing {
+			l.readFailing = false
+			l.r.repeats.Over(ctx, l.log, readFailed)
 		}
 		l.dbRetry.Reset()
 		acked = nil
@@ -244,7 +253,8 @@ func (l *shardLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 		if pausedUntil.IsZero() {
 			delay := l.publishRetry.NextBackOff()
 			pausedUntil = time.Now().Add(delay)
-			l.log.Warn("outbox publish failed; pausing the shard", "err", err, "event_id", rows[row].EventID, "retry_in", delay)
+			l.r.repeats.Failed(ctx, l.log, slog.LevelWarn, publishFailed, "err", err, "event_id", rows[row].EventID, "retry_in", delay)
+			l.publishFailing = true
 		}
 	}
 
@@ -328,6 +338,10 @@ func (l *shardLoop) publishBatch(ctx context.Context, rows []relayRow) []int64 {
 			b.acked = append(b.acked, row.ID)
 			endPublish(f.span, f.duplicate, nil)
 			l.publishRetry.Reset()
+			if l.publishFailing {
+				l.publishFailing = false
+				l.r.repeats.Over(ctx, l.log, publishFailed)
+			}
 			l.r.counters.acked(f.duplicate, row.CreatedAt, now)
 			if cfg.AfterAck != nil {
 				cfg.AfterAck(row.EventID, now)
@@ -453,7 +467,7 @@ func (l *shardLoop) deleteWhileStopping(ctx context.Context, ids []int64) {
 	lastCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	if err := deleteRelayed(lastCtx, l.r.cfg.Pool, ids); err != nil {
-		l.log.Warn("could not delete relayed outbox rows while stopping; they will be republished and deduplicated", "err", err, "rows", len(ids))
+		l.r.repeats.Failed(ctx, l.log, slog.LevelWarn, deleteWhileStopping, "err", err, "rows", len(ids))
 	}
 }
 

@@ -26,6 +26,7 @@ type Config struct {
 	WorkerID       string        // KFN_WORKER_ID: unique per process; default host-pid
 	BatchSize      int           // KFN_BATCH_SIZE: max records per transaction
 	BatchWait      time.Duration // KFN_BATCH_WAIT: max time to wait to fill a batch; negative: no wait (the flag's 0)
+	BatchMaxBytes  int           // KFN_BATCH_MAX_BYTES: max bytes (keys, values, headers) of a batch's records, reached by its last one
 	MaxRecordBytes int           // KFN_MAX_RECORD_BYTES: larger records (key, value and headers) are dead-lettered as oversized
 	RetryAttempts  int           // KFN_RETRY_ATTEMPTS: handler tries per record before it is dead-lettered
 	RetryInitial   time.Duration // KFN_RETRY_INITIAL: first backoff between handler tries
@@ -108,6 +109,7 @@ func (c Config) WithDefaults() Config {
 	}
 	setDefault(&c.BatchSize, settings.DefaultBatchSize)
 	setDefault(&c.BatchWait, settings.DefaultBatchWait)
+	setDefault(&c.BatchMaxBytes, settings.DefaultBatchMaxBytes)
 	setDefault(&c.MaxRecordBytes, settings.DefaultMaxRecordBytes)
 	setDefault(&c.RetryAttempts, settings.DefaultRetryAttempts)
 	setDefault(&c.RetryInitial, settings.DefaultRetryInitial)
@@ -158,6 +160,7 @@ func (c *Config) bind(b *settings.Binder) {
 	settings.NATSProvisioned.Bind(b, &c.NATSProvisioned)
 	settings.WorkerID.Bind(b, &c.WorkerID)
 	settings.BatchSize.Bind(b, &c.BatchSize)
+	settings.BatchMaxBytes.Bind(b, &c.BatchMaxBytes)
 	settings.BatchWait.Bind(b, &c.BatchWait)
 	settings.MaxRecordBytes.Bind(b, &c.MaxRecordBytes)
 	settings.RetryAttempts.Bind(b, &c.RetryAttempts)

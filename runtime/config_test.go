@@ -11,6 +11,7 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/internal/preflight"
+	"github.com/kfn-dev/kfn/internal/process"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/worker"
@@ -172,7 +173,7 @@ func TestMainMigrateModeRejectsBadInvocations(t *testing.T) {
 	}{
 		{[]string{"migrate"}, "fn migrate: --database-url is required (or set DATABASE_URL)"},
 		{[]string{"migrate", "--database-url", "postgres://x@127.0.0.1:1/d", "stray"}, `fn migrate: unexpected argument "stray"`},
-		{[]string{"migrate", "--batch-size", "5"}, "flag provided but not defined: -batch-size"},
+		{[]string{"migrate", "--batch-size", "5"}, "fn migrate: unknown flag --batch-size (see fn migrate -h)"},
 		{[]string{"migrate", "--database-url", "mysql://x@h/d"}, "fn migrate: invalid configuration: --database-url (DATABASE_URL):"},
 		{[]string{"--database-url", "postgres://x@127.0.0.1:1/d", "migrate"}, "fn: migrate must come first: fn migrate --database-url …"},
 	} {
@@ -181,9 +182,9 @@ func TestMainMigrateModeRejectsBadInvocations(t *testing.T) {
 			t.Errorf("Main(%q) = %d, stderr %q; want 2 and %q", tc.args, code, stderr.String(), tc.want)
 		}
 	}
-	var help strings.Builder
-	if code := worker.Main(fn, []string{"migrate", "-h"}, &help); code != 0 || !strings.Contains(help.String(), "-database-url") || strings.Contains(help.String(), "-batch-size") {
-		t.Errorf("migrate -h: exit %d, %q; want only --database-url listed", code, help.String())
+	var help, stderr strings.Builder
+	if code := process.Main(fn, []string{"migrate", "-h"}, &help, &stderr); code != 0 || !strings.Contains(help.String(), "-database-url") || strings.Contains(help.String(), "-batch-size") || stderr.Len() > 0 {
+		t.Errorf("migrate -h: exit %d, stdout %q, stderr %q; want only --database-url listed, on stdout", code, help.String(), stderr.String())
 	}
 }
 
@@ -265,9 +266,9 @@ func TestEnvironmentBooleansParseLikeParseBool(t *testing.T) {
 // A function binary's -h lists every flag with its variable, and each
 // default once.
 func TestMainHelpShowsEachDefaultOnce(t *testing.T) {
-	var out strings.Builder
-	if code := worker.Main(effects.Function("fn", "topic"), []string{"-h"}, &out); code != 0 {
-		t.Fatalf("-h: exit %d", code)
+	var out, stderr strings.Builder
+	if code := process.Main(effects.Function("fn", "topic"), []string{"-h"}, &out, &stderr); code != 0 || stderr.Len() > 0 {
+		t.Fatalf("-h: exit %d, stderr %q; want 0 and the help on stdout", code, stderr.String())
 	}
 	help := out.String()
 	for _, line := range strings.Split(help, "\n") {

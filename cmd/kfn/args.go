@@ -4,9 +4,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"regexp"
-	"strings"
-	"time"
+
+	"github.com/kfn-dev/kfn/internal/settings"
 )
 
 // parsePositional parses args like parse, but also takes positional
@@ -39,46 +38,6 @@ func parsePositional(fs *flagSet, args []string, min, max int, what string) ([]s
 	return positional, nil
 }
 
-// flagErrorLine is the flag package's error as kfn says it, on one line:
-// "invalid value "x" for flag -limit: parse error" becomes
-// `--limit "x": not a valid value (parse error)`, and "flag provided but
-// not defined: -x" becomes "unknown flag --x".
-func flagErrorLine(fs *flag.FlagSet, err error) string {
-	msg := strings.ReplaceAll(err.Error(), "\n", "; ")
-	if m := invalidFlagValue.FindStringSubmatch(msg); m != nil {
-		reason := m[3]
-		if f := fs.Lookup(m[2]); f != nil && (reason == "parse error" || reason == "value out of range") {
-			reason = "not " + wantedValue(f.Value)
-		}
-		return fmt.Sprintf("--%s %s: %s", m[2], m[1], reason)
-	}
-	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
-		return "unknown flag --" + name
-	}
-	return msg
-}
-
-// wantedValue says what value a flag of the flag package's types takes.
-func wantedValue(v flag.Value) string {
-	g, ok := v.(flag.Getter)
-	if !ok {
-		return "a valid value"
-	}
-	switch g.Get().(type) {
-	case bool:
-		return "true or false"
-	case int, int64:
-		return "an integer"
-	case uint, uint64:
-		return "an integer of 0 or more"
-	case float64:
-		return "a number"
-	case time.Duration:
-		return "a duration (90s, 5m, 2h)"
-	}
-	return "a valid value"
-}
-
-// invalidFlagValue matches the flag package's error for a value its flag
-// refuses (a boolean flag's says "invalid boolean value").
-var invalidFlagValue = regexp.MustCompile(`^invalid (?:boolean )?value ("(?:[^"\\]|\\.)*") for (?:flag )?-(\S+): (.*)$`)
+// flagErrorLine is the flag package's error as kfn says it, on one line
+// (settings.FlagErrorLine, which the function binaries share).
+func flagErrorLine(fs *flag.FlagSet, err error) string { return settings.FlagErrorLine(fs, err) }

@@ -18,6 +18,7 @@ import (
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/observe"
 	"github.com/kfn-dev/kfn/internal/pgdata"
+	"github.com/kfn-dev/kfn/internal/repeatlog"
 	"github.com/kfn-dev/kfn/outbox"
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
@@ -37,7 +38,8 @@ type applier struct {
 	generation int // re-executions of the lane so far; part of event ids
 	tracker    tracker
 	log        *slog.Logger
-	tracer     trace.Tracer // spans of batches and handler calls (applier_trace.go); nil while tracing is off
+	repeats    *repeatlog.Log // the worker's: retried failures, logged once per step (retryInfra)
+	tracer     trace.Tracer   // spans of batches and handler calls (applier_trace.go); nil while tracing is off
 	// held is the lane's view of its partition's parked keys, for a
 	// function with KeyOrder ParkKey (applier_parkkey.go); nil otherwise.
 	held *heldKeys
@@ -61,7 +63,7 @@ type batchAtStop struct {
 // newApplier returns the applier of one lane of fn, committing through
 // tracker with the worker's pool, settings and counters.
 func (w *worker) newApplier(fn kfn.Function, part inbox.Partition, token int64, tracker tracker, log *slog.Logger) *applier {
-	return &applier{pool: w.pool, cfg: &w.cfg, stats: w.stats, fn: fn, part: part, token: token, tracker: tracker, log: log, tracer: w.tracer}
+	return &applier{pool: w.pool, cfg: &w.cfg, stats: w.stats, fn: fn, part: part, token: token, tracker: tracker, log: log, repeats: w.repeats, tracer: w.tracer}
 }
 
 // handlerFailure is a record whose handler failed; the transaction it ran in

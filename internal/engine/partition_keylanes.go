@@ -318,7 +318,7 @@ func (r *keyLaneRun) moveCursor(ctx, lanes context.Context) error {
 			r.cond.Broadcast()
 			continue
 		}
-		err := retryInfra(ctx, pr.log, "move the cursor over the key-lanes' commits", func(ctx context.Context) error {
+		err := retryInfra(ctx, pr.repeats, pr.log, "move the cursor over the key-lanes' commits", func(ctx context.Context) error {
 			err := pr.w.withTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 				faults.Lane(faults.BeforeFence, pr.part, pr.token)
 				return inbox.Advance(ctx, tx, pr.part, pr.token, from, to)
@@ -384,7 +384,7 @@ func (kl *keyLane) run(ctx context.Context) error {
 		if recs == nil {
 			return nil
 		}
-		err := retryInfra(ctx, kl.log, "apply batch", func(ctx context.Context) error {
+		err := retryInfra(ctx, kl.repeats, kl.log, "apply batch", func(ctx context.Context) error {
 			done, err := kl.apply(ctx, recs)
 			recs = recs[done:]
 			return err
@@ -427,7 +427,7 @@ func (pr *partitionRun) dispatch(ctx context.Context, keys *keyLaneRun, f fetche
 	after := func(r kfn.Record) int64 { return max(r.Offset+1, f.afters[r.Offset]) }
 	if gapped(batch, frontier, after) {
 		var first int64
-		err := retryInfra(ctx, pr.log, "check for expired records", func(ctx context.Context) error {
+		err := retryInfra(ctx, pr.repeats, pr.log, "check for expired records", func(ctx context.Context) error {
 			var err error
 			first, _, err = pr.w.kafka.OffsetRange(ctx, pr.part.Topic, pr.part.Partition)
 			return err

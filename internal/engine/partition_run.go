@@ -13,6 +13,7 @@ import (
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/kafkasource"
 	"github.com/kfn-dev/kfn/internal/observe"
+	"github.com/kfn-dev/kfn/internal/repeatlog"
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
@@ -85,7 +86,7 @@ func (w *worker) laneStopped(ctx context.Context, a *applier, err error) {
 
 func (pr *partitionRun) run(ctx context.Context) error {
 	began := time.Now()
-	if err := retryInfra(ctx, pr.log, "claim partition", pr.claim); err != nil {
+	if err := retryInfra(ctx, pr.repeats, pr.log, "claim partition", pr.claim); err != nil {
 		return err
 	}
 	pr.log.Debug("partition claimed", "next_offset", pr.cursor.next, "took", time.Since(began))
@@ -123,7 +124,7 @@ func (pr *partitionRun) read(ctx context.Context, keys *keyLaneRun) error {
 		}
 	}()
 
-	outage := newKafkaOutage(pr.log)
+	outage := newKafkaOutage(pr.log, pr.repeats)
 	for {
 		if err := pr.applyRetries(ctx, keys); err != nil {
 			return err
@@ -200,7 +201,7 @@ func (pr *partitionRun) applyBatch(ctx context.Context, batch []kfn.Record, afte
 	pr.cursor.afters = afters
 	for ; len(batch) > 0; batch = uncommitted(batch, pr.cursor.next) {
 		cut := len(batch)
-		err := retryInfra(ctx, pr.log, "check for expired records", func(ctx context.Context) error {
+		err := retryInfra(ctx, pr.repeats, pr.log, "check for expired records", func(ctx context.Context) error {
 			var err error
 			cut, err = pr.skipGap(ctx, batch)
 			return err
@@ -213,7 +214,7 @@ func (pr *partitionRun) applyBatch(ctx context.Context, batch []kfn.Record, afte
 		if len(part) == 0 {
 			continue
 		}
-		err = retryInfra(ctx, pr.log, "apply batch", func(ctx context.Context) error {
+		err = retryInfra(ctx, pr.repeats, pr.log, "apply batch", func(ctx context.Context) error {
 			done, err := pr.apply(ctx, part)
 			part = uncommitted(part[done:], pr.cursor.next)
 			return err
@@ -356,7 +357,7 @@ func (pr *partitionRun) passOver(ctx context.Context, to, lagEnd int64) error {
 	if to <= pr.cursor.next {
 		return nil
 	}
-	err := retryInfra(ctx, pr.log, "move the cursor past transaction markers", func(ctx context.Context) error {
+	err := retryInfra(ctx, pr.repeats, pr.log, "move the cursor past transaction markers", func(ctx context.Context) error {
 		if to <= pr.cursor.next { // a commit whose reply was lost got there
 			return nil
 		}
@@ -396,7 +397,9 @@ func (pr *partitionRun) prefetch(ctx context.Context, reader *kafkasource.Reader
 }
 
 // fetch blocks for the first record, then gathers more until the batch is
-// full or BatchWait has passed since the first one. Offsets the reader
+// full (BatchSize records, or records of BatchMaxBytes: the last one takes
+// it there, so a batch holds at most BatchMaxBytes plus one record) or
+// BatchWait has passed since the first one. Offsets the reader
 // passes without a record (kafkasource.ErrPassedOnly) go to the batch's last record,
 // whose commit then moves the cursor past them; before the first record,
 // the lane waits BatchWait for one, and returns without a batch, how far
@@ -438,10 +441,11 @@ func (pr *partitionRun) fetch(ctx context.Context, reader *kafkasource.Reader) f
 	}
 	batch = append(batch, rec)
 	passedAfter(rec, after)
+	bytes := recordSize(rec)
 	// One deadline for the rest of the batch, not a timer per record.
 	fctx, cancel := context.WithDeadline(ctx, time.Now().Add(pr.w.cfg.BatchWait))
 	defer cancel()
-	for len(batch) < max {
+	for len(batch) < max && bytes < pr.w.cfg.BatchMaxBytes {
 		rec, after, err := reader.NextRecord(fctx)
 		if errors.Is(err, kafkasource.ErrPassedOnly) {
 			passedAfter(batch[len(batch)-1], reader.Passed())
@@ -454,6 +458,7 @@ func (pr *partitionRun) fetch(ctx context.Context, reader *kafkasource.Reader) f
 			break // deadline: the batch is as full as it gets
 		}
 		batch = append(batch, rec)
+		bytes += recordSize(rec)
 		passedAfter(rec, after)
 	}
 	lagEnd := reader.LastStable()
@@ -472,15 +477,21 @@ func uncommitted(batch []kfn.Record, next int64) []kfn.Record {
 
 // kafkaOutage is a lane waiting for Kafka: capped exponential backoff
 // (100 ms to 1 s, so that reading resumes within about a second of the
-// broker's return), logged once when it starts and once when it ends.
+// broker's return). Its failures go to the worker's repeats, so that the
+// lanes of a worker waiting for one broker log one line per step of its
+// schedule, and one when Kafka answers again.
 type kafkaOutage struct {
-	log   *slog.Logger
-	bo    *backoff.ExponentialBackOff
-	since time.Time // zero when Kafka answers
+	log     *slog.Logger
+	repeats *repeatlog.Log
+	bo      *backoff.ExponentialBackOff
+	since   time.Time // zero when Kafka answers
 }
 
-func newKafkaOutage(log *slog.Logger) *kafkaOutage {
-	return &kafkaOutage{log: log, bo: backoff.NewExponentialBackOff(
+// kafkaUnreadable is the kind of a lane's failure to read from Kafka.
+const kafkaUnreadable = "cannot read from Kafka: waiting, keeping the partition"
+
+func newKafkaOutage(log *slog.Logger, repeats *repeatlog.Log) *kafkaOutage {
+	return &kafkaOutage{log: log, repeats: repeats, bo: backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(100*time.Millisecond),
 		backoff.WithMaxInterval(time.Second),
 		backoff.WithMaxElapsedTime(0),
@@ -492,44 +503,53 @@ func (o *kafkaOutage) wait(ctx context.Context, err error) error {
 	if o.since.IsZero() {
 		o.since = time.Now()
 		o.bo.Reset()
-		o.log.Warn("cannot read from Kafka: waiting, keeping the partition", "err", err)
-	} else {
-		o.log.Debug("cannot read from Kafka", "for", time.Since(o.since).Round(time.Millisecond), "err", err)
 	}
+	o.repeats.Failed(ctx, o.log, slog.LevelWarn, kafkaUnreadable, "err", err)
 	return sleep(ctx, o.bo.NextBackOff())
 }
 
 // over notes that Kafka answered.
 func (o *kafkaOutage) over() {
 	if !o.since.IsZero() {
-		o.log.Info("reading from Kafka again", "after", time.Since(o.since).Round(time.Millisecond))
+		o.repeats.Over(context.Background(), o.log, kafkaUnreadable)
+		o.log.Debug("reading from Kafka again", "after", time.Since(o.since).Round(time.Millisecond))
 		o.since = time.Time{}
 	}
 }
 
 // retryInfra retries op on infrastructure errors (Postgres or Kafka
 // unreachable) with capped exponential backoff, forever, until ctx ends. A
-// fencing error is final and returned at once.
-func retryInfra(ctx context.Context, log *slog.Logger, what string, op func(context.Context) error) error {
+// fencing error is final and returned at once. The failures are logged
+// through repeats, shared by the worker's lanes: once per step of its
+// schedule with their count, however many lanes retry, and once when op
+// succeeds again after them.
+func retryInfra(ctx context.Context, repeats *repeatlog.Log, log *slog.Logger, what string, op func(context.Context) error) error {
 	policy := backoff.NewExponentialBackOff()
 	policy.InitialInterval = 100 * time.Millisecond
 	// A lane resumes within 1.5 s (the cap, randomized by ±50%) of the
 	// service's return: under the lease TTL of the fault tests (2 s).
 	policy.MaxInterval = time.Second
 	policy.MaxElapsedTime = 0
-	return backoff.RetryNotify(func() error {
+	msg := what + " failed, retrying"
+	failed := false
+	err := backoff.RetryNotify(func() error {
 		err := op(ctx)
 		if errors.Is(err, inbox.ErrFenced) || ctx.Err() != nil {
 			return backoff.Permanent(err)
 		}
 		return err
 	}, backoff.WithContext(policy, ctx), func(err error, wait time.Duration) {
-		level := slog.LevelWarn
 		if errors.Is(err, inbox.ErrCannotEndOlderOwner) {
-			level = slog.LevelDebug // claimBlocked has said it once, and counts it
+			log.Debug(msg, "err", err, "retry_in", wait) // claimBlocked has said it once, and counts it
+			return
 		}
-		log.Log(ctx, level, what+" failed, retrying", "err", err, "retry_in", wait)
+		failed = true
+		repeats.Failed(ctx, log, slog.LevelWarn, msg, "err", err, "retry_in", wait)
 	})
+	if failed && err == nil {
+		repeats.Over(ctx, log, msg)
+	}
+	return err
 }
 
 // claimBlocked counts a claim of fn's lane refused because an older

@@ -177,7 +177,7 @@ func (l *retryLane) applyPending(ctx context.Context) error {
 	if l == nil || !l.pending.Swap(false) {
 		return nil
 	}
-	return retryInfra(ctx, l.a.log, "retry dead letters", func(ctx context.Context) error {
+	return retryInfra(ctx, l.a.repeats, l.a.log, "retry dead letters", func(ctx context.Context) error {
 		ids, err := inbox.PendingRetries(ctx, l.a.pool, l.a.part, retryChunk)
 		if err != nil {
 			return err

@@ -25,7 +25,7 @@ import (
 func (sr *subjectRun) applyBatch(ctx context.Context, recs []kfn.Record) error {
 	k := sr.w.keyConcurrency(sr.fn)
 	if k <= 1 {
-		return retryInfra(ctx, sr.log, "apply batch", func(ctx context.Context) error {
+		return retryInfra(ctx, sr.repeats, sr.log, "apply batch", func(ctx context.Context) error {
 			done, err := sr.apply(ctx, recs)
 			recs = recs[done:]
 			return err
@@ -56,7 +56,7 @@ func (sr *subjectRun) applyBatch(ctx context.Context, recs []kfn.Record) error {
 			continue
 		}
 		wg.Go(func() {
-			errs[i] = retryInfra(lanesCtx, sr.keyLanes[i].log, "apply batch", func(ctx context.Context) error {
+			errs[i] = retryInfra(lanesCtx, sr.repeats, sr.keyLanes[i].log, "apply batch", func(ctx context.Context) error {
 				done, err := sr.keyLanes[i].apply(ctx, part)
 				part = part[done:]
 				return err
@@ -72,7 +72,7 @@ func (sr *subjectRun) applyBatch(ctx context.Context, recs []kfn.Record) error {
 	}
 	// Every key-lane committed its events: the lane's cursor moves past
 	// the batch.
-	return retryInfra(ctx, sr.log, "move the lane's cursor past the batch", func(ctx context.Context) error {
+	return retryInfra(ctx, sr.repeats, sr.log, "move the lane's cursor past the batch", func(ctx context.Context) error {
 		return sr.w.withTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 			return inbox.Fence(ctx, tx, sr.part, sr.token, last)
 		})

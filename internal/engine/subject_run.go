@@ -68,7 +68,7 @@ func (w *worker) runSubject(ctx context.Context, fn kfn.Function, lane int32, to
 
 func (sr *subjectRun) run(ctx context.Context) error {
 	var cons jetstream.Consumer
-	err := retryInfra(ctx, sr.log, "claim subject", func(ctx context.Context) error {
+	err := retryInfra(ctx, sr.repeats, sr.log, "claim subject", func(ctx context.Context) error {
 		cur, err := inbox.ClaimLane(ctx, sr.w.pool, sr.part, sr.lanes, sr.token, sr.w.cfg.WorkerID, sr.w.startedAt, sr.w.keyConcurrency(sr.fn), sr.w.cfg.LeaseRenew)
 		var stale *inbox.LaneCountError
 		if errors.As(err, &stale) {
@@ -126,7 +126,7 @@ func (sr *subjectRun) run(ctx context.Context) error {
 			sr.log.Warn("an event the lane's consumer delivered never reached the lane (lost in flight when a NATS server went away); the lane's consumer starts again after its last ack",
 				"delivered", sr.delivered)
 			msgs.Stop()
-			if err := retryInfra(ctx, sr.log, "restart subject consumer", func(ctx context.Context) error {
+			if err := retryInfra(ctx, sr.repeats, sr.log, "restart subject consumer", func(ctx context.Context) error {
 				cons, err = sr.newTermConsumer(ctx)
 				return err
 			}); err != nil {
@@ -255,7 +255,8 @@ func (sr *subjectRun) cursorFitsStream(ctx context.Context, start uint64) bool {
 }
 
 // fetch blocks for the first event, then gathers more until the batch is full
-// or BatchWait has passed since the first one. It ends the batch before a
+// (BatchSize events, or events of BatchMaxBytes, the last one taking it
+// there) or BatchWait has passed since the first one. It ends the batch before a
 // delivery that follows a lost one, with errDeliveryLost.
 func (sr *subjectRun) fetch(ctx context.Context, msgs jetstream.MessagesContext) ([]jetstream.Msg, error) {
 	wctx, stop := sr.retry.waitContext(ctx)
@@ -274,8 +275,9 @@ func (sr *subjectRun) fetch(ctx context.Context, msgs jetstream.MessagesContext)
 		return nil, errDeliveryLost
 	}
 	batch := []jetstream.Msg{first}
+	bytes := msgSize(first)
 	deadline := time.Now().Add(sr.w.cfg.BatchWait)
-	for len(batch) < sr.w.cfg.BatchSize {
+	for len(batch) < sr.w.cfg.BatchSize && bytes < sr.w.cfg.BatchMaxBytes {
 		wait := time.Until(deadline)
 		if wait <= 0 {
 			break
@@ -293,8 +295,21 @@ func (sr *subjectRun) fetch(ctx context.Context, msgs jetstream.MessagesContext)
 			return batch, errDeliveryLost
 		}
 		batch = append(batch, m)
+		bytes += msgSize(m)
 	}
 	return batch, nil
+}
+
+// msgSize is an event's bytes as a batch counts them: its data and headers
+// (recordSize of its record, without building it).
+func msgSize(m jetstream.Msg) int {
+	n := len(m.Data())
+	for k, vs := range m.Headers() {
+		for _, v := range vs {
+			n += len(k) + len(v)
+		}
+	}
+	return n
 }
 
 // eventRecord turns a JetStream message into a Record. An event without a

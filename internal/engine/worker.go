@@ -21,6 +21,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/naming"
 	"github.com/kfn-dev/kfn/internal/observe"
 	"github.com/kfn-dev/kfn/internal/preflight"
+	"github.com/kfn-dev/kfn/internal/repeatlog"
 	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/internal/tracing"
@@ -54,6 +55,9 @@ type worker struct {
 	tracer       trace.Tracer      // nil while tracing is off
 	ready        readiness         // the last probe of the services, for /readyz
 	health       *observe.PGHealth // whether this worker reaches Postgres; the lease managers' Healthy hook
+	// repeats logs the failures its parts retry (lanes, probes), each kind
+	// once per step of its schedule with a count (package repeatlog).
+	repeats *repeatlog.Log
 
 	// retries are the running lanes, woken for dead letters marked for
 	// retry (retry_lane.go).
@@ -95,7 +99,7 @@ func NewWorker(ctx context.Context, cfg kfn.Config, fns ...kfn.Function) (*Worke
 		return nil, preflight.ConfigErrorOf(settings.ConsumerGroup, "%q is set for a worker that runs %d Kafka functions (%s), and each needs a group of its own: leave it unset (each function's name) or run them in separate processes",
 			cfg.ConsumerGroup, len(fromKafka), strings.Join(fromKafka, ", "))
 	}
-	w := &worker{cfg: cfg, fns: fns, stats: &observe.Stats{}, retries: newRetryLanes()}
+	w := &worker{cfg: cfg, fns: fns, stats: &observe.Stats{}, retries: newRetryLanes(), repeats: repeatlog.New()}
 	ok := false
 	defer func() {
 		if !ok {
@@ -155,6 +159,7 @@ func (w *worker) connect(ctx context.Context) error {
 			return err
 		}
 	}
+	w.checkMemory(ctx)
 	subjects := emittedSubjects(w.fns)
 	switch {
 	case len(subjects) == 0:
@@ -191,6 +196,7 @@ func (w *worker) connectKafka(ctx context.Context) error {
 	} else if err != nil && !errors.Is(err, kafkasource.ErrTopicMissing) {
 		return fmt.Errorf("cannot reach Kafka at %s (check --kafka-brokers / KFN_KAFKA_BROKERS): %w", strings.Join(w.cfg.KafkaBrokers, ","), err)
 	}
+	w.kafka.FetchBytes, w.kafka.BatchRecords = fetchBytes(w.cfg), w.cfg.BatchSize
 	w.offsets = kafkasource.NewGroupMirror(w.kafka, w.cfg.Logger)
 	return nil
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/kfn-dev/kfn/inbox"
@@ -40,18 +41,30 @@ func (w *worker) purgeInboxes(ctx context.Context) {
 		}
 		switch {
 		case err != nil && ctx.Err() == nil:
-			w.cfg.Logger.Warn("purge inbox failed; will retry", "err", err)
-		case records > 0:
+			w.repeats.Failed(ctx, w.cfg.Logger, slog.LevelWarn, purgeInboxFailed, "err", err)
+		case err == nil:
+			w.repeats.Over(ctx, w.cfg.Logger, purgeInboxFailed)
+		}
+		if records > 0 {
 			w.cfg.Logger.Debug("purged inbox rows", "rows", records, "retention", w.cfg.InboxRetention)
 		}
 		if keep := w.cfg.DeadLetterRetention; keep > 0 && time.Since(deadLettersPurged) >= min(time.Hour, keep/4) {
 			deadLettersPurged = time.Now() // at most hourly: each purge that deletes writes an audit row
 			_, n, err := inbox.PurgeDeadLetters(ctx, w.pool, keep, w.cfg.WorkerID, "--dead-letter-retention "+keep.String())
 			if err != nil && ctx.Err() == nil {
-				w.cfg.Logger.Warn("purge dead letters failed; will retry", "err", err)
-			} else if n > 0 {
+				w.repeats.Failed(ctx, w.cfg.Logger, slog.LevelWarn, purgeDeadLettersFailed, "err", err)
+			} else if err == nil {
+				w.repeats.Over(ctx, w.cfg.Logger, purgeDeadLettersFailed)
+			}
+			if n > 0 {
 				w.cfg.Logger.Info("purged dead letters", "rows", n, "retention", keep)
 			}
 		}
 	}
 }
+
+// The kinds of the purges' failures, logged through the worker's repeats.
+const (
+	purgeInboxFailed       = "purge inbox failed; will retry"
+	purgeDeadLettersFailed = "purge dead letters failed; will retry"
+)

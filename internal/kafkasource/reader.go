@@ -49,6 +49,7 @@ type Reader struct {
 	topic     string
 	partition int32
 	next      int64            // the offset the next fetch asks for
+	fetchSize int32            // the bytes the next fetch asks for (sizeFetch)
 	buffered  []kfn.Record     // fetched, not yet handed on
 	end       int64            // where the cursor goes after the last buffered record (responseEnd)
 	spare     []kfn.Record     // the last response's records, all handed on: the next one's room
@@ -73,12 +74,58 @@ var ErrPassedOnly = errors.New("the reader passed offsets that hold no committed
 // fetchMaxWait is how long the leader holds a fetch for records to arrive.
 const fetchMaxWait = 250 * time.Millisecond
 
-// fetchMaxBytes bounds one fetch response, which the reader decodes whole:
+// MaxFetchBytes bounds one fetch response, which the reader decodes whole:
 // 1 MiB, the Java consumer's max.partition.fetch.bytes, holds thousands of
 // small records and keeps a lagging worker's memory at about that much
 // per partition it reads (the leader still returns a first batch that is
-// larger, so no record is too big to read).
-const fetchMaxBytes = 1 << 20
+// larger, so no record is too big to read). Source.FetchBytes lowers it.
+const MaxFetchBytes = 1 << 20
+
+// A lane reads ahead no more than its batches need. A fetch response is
+// decoded whole, and a decoded record costs about three times its bytes on
+// the wire for small records (its Record, its key and value copied out):
+// 1 MiB of 80-byte records is 10,000 records, 20 batches of 500 ahead of
+// the lane, about 2.6 MB per lane. So a reader's first fetch asks for
+// minFetchBytes, and after each response it sizes the next fetch to about
+// two batches of records of the size it saw (batchAhead ×
+// Source.BatchRecords records), between minFetchBytes and the bound
+// (Source.FetchBytes, MaxFetchBytes at most). A leader returns a first
+// record batch larger than that whole, so no record is too big to read.
+const (
+	batchAhead    = 2
+	minFetchBytes = 64 << 10
+	// recordFraming is what a record costs on the wire besides its key,
+	// value and headers (its length, attributes, offset and time deltas):
+	// about 10 bytes, rounded up.
+	recordFraming = 16
+)
+
+// sizeFetch is the bytes the next fetch asks for after a response that
+// held recs: batchAhead batches of records like recs, within the bounds.
+// Without records or a batch size it asks for the bound.
+func (k *Source) sizeFetch(recs []kfn.Record) int32 {
+	bound := k.fetchBytes()
+	if len(recs) == 0 || k.BatchRecords <= 0 {
+		return bound
+	}
+	total := 0
+	for _, rec := range recs {
+		total += len(rec.Key) + len(rec.Value) + recordFraming
+		for _, h := range rec.Headers {
+			total += len(h.Key) + len(h.Value)
+		}
+	}
+	want := int64(total) / int64(len(recs)) * int64(batchAhead*k.BatchRecords)
+	return int32(min(max(want, minFetchBytes), int64(bound)))
+}
+
+// fetchBytes is the bound of a fetch of k's readers.
+func (k *Source) fetchBytes() int32 {
+	if k.FetchBytes <= 0 || k.FetchBytes > MaxFetchBytes {
+		return MaxFetchBytes
+	}
+	return int32(k.FetchBytes)
+}
 
 // fetchTimeout bounds one fetch round trip: the leader's wait plus the
 // time to answer, after which the connection is taken to be dead.
@@ -109,7 +156,7 @@ func (k *Source) Reader(topic string, partition int32, offset int64) (*Reader, e
 	stopped, stop := context.WithCancel(context.Background())
 	return &Reader{
 		source: k, transport: transport, topic: topic, partition: partition,
-		next: offset, stop: stop, stopped: stopped, passed: offset, laneAt: offset,
+		next: offset, fetchSize: min(minFetchBytes, k.fetchBytes()), stop: stop, stopped: stopped, passed: offset, laneAt: offset,
 	}, nil
 }
 
@@ -174,7 +221,11 @@ func (r *Reader) fetchResponse(ctx context.Context) (fetchedPart, error) {
 	if r.inFlight == nil {
 		done := make(chan fetchedPart, 1)
 		r.inFlight = done
-		go func(from int64, room []kfn.Record) { done <- r.fetch(from, room) }(r.next, r.spare[:0])
+		// The spare room's records were all handed on: the lane holds
+		// those it still needs, so the room lets go of them, or it would
+		// keep a whole response's values alive for another round.
+		clear(r.spare)
+		go func(from int64, size int32, room []kfn.Record) { done <- r.fetch(from, size, room) }(r.next, r.fetchSize, r.spare[:0])
 	}
 	select {
 	case <-ctx.Done():
@@ -193,6 +244,12 @@ func (r *Reader) fetchResponse(ctx context.Context) (fetchedPart, error) {
 			r.passed = max(r.passed, min(got.next, got.lastStable))
 		}
 		r.next, r.spare, r.lastStable = got.next, got.recs, got.lastStable
+		r.fetchSize = r.source.sizeFetch(got.recs)
+		if cap(r.spare) > 2*len(r.spare)+64 {
+			// A room much larger than what now arrives (the fetches got
+			// smaller) would hold its size for good: let it go.
+			r.spare = nil
+		}
 		return got, nil
 	}
 }
@@ -211,14 +268,14 @@ func (r *Reader) Close() error {
 
 // fetch asks the partition's leader for the records from offset from, and
 // appends them to room.
-func (r *Reader) fetch(from int64, room []kfn.Record) fetchedPart {
+func (r *Reader) fetch(from int64, size int32, room []kfn.Record) fetchedPart {
 	ctx, cancel := context.WithTimeout(r.stopped, fetchTimeout)
 	defer cancel()
 	res, err := r.transport.RoundTrip(ctx, kafka.TCP(r.source.brokers...), &fetchapi.Request{
 		ReplicaID:      -1,
 		MaxWaitTime:    int32(fetchMaxWait / time.Millisecond),
 		MinBytes:       1,
-		MaxBytes:       fetchMaxBytes,
+		MaxBytes:       size,
 		IsolationLevel: readCommitted,
 		SessionID:      -1,
 		SessionEpoch:   -1,
@@ -226,7 +283,7 @@ func (r *Reader) fetch(from int64, room []kfn.Record) fetchedPart {
 			Topic: r.topic,
 			Partitions: []fetchapi.RequestPartition{{
 				Partition: r.partition, CurrentLeaderEpoch: -1, FetchOffset: from,
-				LogStartOffset: -1, PartitionMaxBytes: fetchMaxBytes,
+				LogStartOffset: -1, PartitionMaxBytes: size,
 			}},
 		}},
 	})

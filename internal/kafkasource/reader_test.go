@@ -156,25 +156,9 @@ func TestCommittedRecordsOfAnEmptyResponse(t *testing.T) {
 //	go test -run '^$' -bench BenchmarkPartitionReaders -benchmem ./internal/engine/
 func BenchmarkPartitionReaders(b *testing.B) {
 	const records = 20000
-	broker, err := devstack.StartKafka(devstack.KafkaOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer broker.Stop()
-	source, err := New(broker.Brokers, kafkaconn.Security{}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer source.Close()
+	source, brokers := onePartitionTopic(b, "bench")
 	ctx := context.Background()
-	created, err := source.client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: "bench", NumPartitions: 1, ReplicationFactor: 1}}})
-	if err == nil {
-		err = created.Errors["bench"]
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(broker.Brokers...), kgo.DefaultProduceTopic("bench"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic("bench"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -218,7 +202,7 @@ func BenchmarkPartitionReaders(b *testing.B) {
 	})
 	b.Run("kafka.Reader", func(b *testing.B) {
 		for b.Loop() {
-			r := kafka.NewReader(kafka.ReaderConfig{Brokers: broker.Brokers, Dialer: source.dialer, Topic: "bench",
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Dialer: source.dialer, Topic: "bench",
 				MinBytes: 1, MaxBytes: 16 << 20, MaxWait: 250 * time.Millisecond, QueueCapacity: 1000, ReadLagInterval: -1})
 			if err := r.SetOffset(0); err != nil {
 				b.Fatal(err)
@@ -231,4 +215,29 @@ func BenchmarkPartitionReaders(b *testing.B) {
 		}
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*records), "ns/record")
 	})
+}
+
+// onePartitionTopic starts an embedded broker with a topic of one
+// partition, and returns a Source of it and the broker's addresses; both
+// end with tb.
+func onePartitionTopic(tb testing.TB, topic string) (*Source, []string) {
+	tb.Helper()
+	broker, err := devstack.StartKafka(devstack.KafkaOptions{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(broker.Stop)
+	source, err := New(broker.Brokers, kafkaconn.Security{}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(source.Close)
+	created, err := source.client.CreateTopics(context.Background(), &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}}})
+	if err == nil {
+		err = created.Errors[topic]
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return source, broker.Brokers
 }

@@ -23,6 +23,16 @@ type Source struct {
 	transport *kafka.Transport
 	dialer    *kafka.Dialer // the readers'
 	log       *slog.Logger
+
+	// FetchBytes bounds a fetch response of its readers (Reader), which
+	// a reader holds twice at most, as it arrives and as its records;
+	// zero or more than MaxFetchBytes is MaxFetchBytes. Set it before the
+	// first Reader.
+	FetchBytes int
+	// BatchRecords is how many records a lane takes in a batch: a reader
+	// fetches about two batches ahead (sizeFetch). Zero: it fetches up to
+	// FetchBytes.
+	BatchRecords int
 }
 
 // New connects with security's TLS and SASL (plain TCP when zero).

@@ -119,7 +119,7 @@ renew:
 			// An unhealthy member renews nothing: the work is stopped, and
 			// the lease is released as soon as it returns, while still valid.
 			if !unhealthy {
-				log.Warn("member unhealthy: not renewing; stopping work", "err", herr)
+				r.m.repeats.Failed(ctx, log, slog.LevelWarn, "member unhealthy: not renewing; stopping work", "err", herr)
 				unhealthy = true
 			}
 			cancel(fmt.Errorf("member unhealthy: %w", herr))
@@ -138,7 +138,7 @@ renew:
 			}
 			mu.Unlock()
 			if failing {
-				log.Info("lease renewal recovered")
+				r.m.repeats.Over(ctx, log, renewalFailing)
 				failing = false
 			}
 			if hook := r.m.onRenewed; hook != nil {
@@ -157,11 +157,7 @@ renew:
 			<-workDone
 			break renew
 		default:
-			if !failing {
-				log.Warn("lease renewal failing; retrying until validity runs out", "valid_for", time.Until(l.ValidUntil()), "err", err)
-			} else {
-				log.Debug("lease renewal failing", "err", err)
-			}
+			r.m.repeats.Failed(ctx, log, slog.LevelWarn, renewalFailing, "valid_for", time.Until(l.ValidUntil()), "err", err)
 			failing = true
 			next.Reset(cfg.RenewEvery / 2)
 		}
@@ -216,3 +212,8 @@ func minTime(a, b time.Time) time.Time {
 	}
 	return b
 }
+
+// renewalFailing is the kind of a failed renewal in the manager's repeats:
+// the leases of a manager that cannot reach NATS say so once per step of
+// its schedule, not once per lease and renewal.
+const renewalFailing = "lease renewal failing; retrying until validity runs out"

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/kfn-dev/kfn/internal/repeatlog"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -31,6 +32,7 @@ type Manager struct {
 	cfg     Config
 	store   *Store
 	log     *slog.Logger
+	repeats *repeatlog.Log // its retried failures, logged once per step (package repeatlog)
 	running atomic.Bool
 
 	// onRenewed, if set (by tests), is called after each successful renewal
@@ -59,9 +61,10 @@ func NewManager(ctx context.Context, js jetstream.JetStream, cfg Config) (*Manag
 		return nil, fmt.Errorf("new lease manager for %s: %w", cfg.Group, err)
 	}
 	return &Manager{
-		cfg:   cfg,
-		store: store,
-		log:   cfg.Logger.With("group", cfg.Group, "member", cfg.MemberID),
+		cfg:     cfg,
+		store:   store,
+		log:     cfg.Logger.With("group", cfg.Group, "member", cfg.MemberID),
+		repeats: repeatlog.New(),
 	}, nil
 }
 
@@ -543,7 +546,7 @@ func (r *run) reconcile(ctx context.Context) {
 			continue // the acquire below settles it
 		}
 		if err := r.reclaim(ctx, item); err != nil {
-			r.backOff("delete an abandoned lease failed", item, err)
+			r.backOff("delete an abandoned lease failed; backing off", item, err)
 			return
 		}
 	}
@@ -594,6 +597,7 @@ func (r *run) take(ctx context.Context, items ...string) bool {
 		switch {
 		case err == nil:
 			r.acquireBO.Reset()
+			r.m.repeats.Over(ctx, r.log, acquireFailed)
 			r.startClaim(ctx, l, took)
 		case errors.Is(err, ErrHeld):
 			r.acquireBO.Reset()
@@ -606,7 +610,7 @@ func (r *run) take(ctx context.Context, items ...string) bool {
 			r.log.Info("not acquiring until the leases of the lost bucket have run out", "until", time.Until(r.nextAcquire).Round(time.Millisecond))
 			ok = false
 		default:
-			r.backOff("acquire failed", item, err)
+			r.backOff(acquireFailed, item, err)
 			ok = false
 		}
 	}
@@ -617,7 +621,7 @@ func (r *run) backOff(msg, item string, err error) {
 	wait := r.acquireBO.NextBackOff()
 	r.nextAcquire = time.Now().Add(wait)
 	r.wakeAt(r.nextAcquire)
-	r.log.Warn(msg+"; backing off", "item", item, "retry_in", wait, "err", err)
+	r.m.repeats.Failed(context.Background(), r.log, slog.LevelWarn, msg, "item", item, "retry_in", wait, "err", err)
 }
 
 // wakeAt makes the loop reconcile at t (as well as every RenewEvery).
@@ -706,11 +710,9 @@ func (r *run) keepMembership(ctx context.Context) {
 		}
 		if err != nil {
 			if !failing {
-				r.log.Warn("membership heartbeat failing", "err", err)
 				failingSince = time.Now()
-			} else {
-				r.log.Debug("membership heartbeat failing", "err", err)
 			}
+			r.m.repeats.Failed(ctx, r.log, slog.LevelWarn, heartbeatFailing, "err", err)
 			failing = true
 			// A write to a deleted bucket fails like one to an unreachable
 			// server (nats.go retries "no responders" until the deadline),
@@ -728,7 +730,8 @@ func (r *run) keepMembership(ctx context.Context) {
 			continue
 		}
 		if failing {
-			r.log.Info("membership heartbeat recovered", "after", time.Since(failingSince))
+			r.m.repeats.Over(ctx, r.log, heartbeatFailing)
+			r.log.Debug("membership heartbeat recovered", "after", time.Since(failingSince))
 			failing = false
 		}
 		rctx, cancel := context.WithTimeout(ctx, r.cfg.RenewEvery)
@@ -862,9 +865,10 @@ func (r *run) pollItems(ctx context.Context) {
 		}
 		t.Reset(r.cfg.PollItemsEvery)
 		if err != nil {
-			r.log.Warn("list items failed; keeping the previous list", "err", err)
+			r.m.repeats.Failed(ctx, r.log, slog.LevelWarn, listItemsFailed, "err", err)
 			continue
 		}
+		r.m.repeats.Over(ctx, r.log, listItemsFailed)
 		list = slices.Clone(list)
 		slices.Sort(list)
 		list = slices.Compact(list)
@@ -881,3 +885,10 @@ func newInstanceID() string {
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
+
+// The kinds of a manager's retried failures in its repeats.
+const (
+	acquireFailed    = "acquire failed; backing off"
+	heartbeatFailing = "membership heartbeat failing"
+	listItemsFailed  = "list items failed; keeping the previous list"
+)

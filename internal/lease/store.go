@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kfn-dev/kfn/internal/repeatlog"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -24,6 +25,8 @@ type Store struct {
 	cfg StoreConfig
 	log *slog.Logger
 	now func() time.Time // time.Now; a test moves it
+	// repeats logs its retried failures once per step (package repeatlog).
+	repeats *repeatlog.Log
 
 	// maxSeen is the largest revision this Store has written or read. When
 	// the bucket is lost, it is the best knowledge of how far the lost
@@ -64,13 +67,13 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, cfg StoreConfig) (*S
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	s := &Store{js: js, cfg: cfg, log: cfg.Logger.With("bucket", cfg.Bucket), now: time.Now}
+	s := &Store{js: js, cfg: cfg, log: cfg.Logger.With("bucket", cfg.Bucket), now: time.Now, repeats: repeatlog.New()}
 	kv, err := s.openBucket(ctx)
 	for settled := time.Now().Add(openSettle); unanswered(err) && time.Now().Before(settled); {
 		// A JetStream cluster that has just started (or lost a node)
 		// answers no request about streams until its meta leader is
 		// elected: seconds. Workers started with it wait, not exit.
-		s.log.Warn("JetStream did not answer about the lease bucket in time; retrying", "err", err)
+		s.repeats.Failed(ctx, s.log, slog.LevelWarn, "JetStream did not answer about the lease bucket in time; retrying", "err", err)
 		select {
 		case <-ctx.Done():
 			return nil, err
@@ -388,7 +391,7 @@ func (s *Store) recreateIfMissing(ctx context.Context) (bool, error) {
 	// The KeyValue handle only names the bucket, so the existing s.kv keeps
 	// working against the new stream.
 	if _, err = s.openBucket(ctx); err != nil {
-		s.log.Warn("could not create the lost lease bucket again; will retry", "err", err)
+		s.repeats.Failed(ctx, s.log, slog.LevelWarn, "could not create the lost lease bucket again; will retry", "err", err)
 	}
 	return true, err
 }
@@ -413,7 +416,7 @@ func OpenExisting(ctx context.Context, js jetstream.JetStream, bucket string, lo
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("lease bucket %s: %w", bucket, err)
 	}
-	s := &Store{js: js, kv: kv, cfg: cfg, log: cfg.Logger.With("bucket", bucket), now: time.Now}
+	s := &Store{js: js, kv: kv, cfg: cfg, log: cfg.Logger.With("bucket", bucket), now: time.Now, repeats: repeatlog.New()}
 	s.noteBucket(st)
 	return s, nil
 }

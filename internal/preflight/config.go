@@ -41,6 +41,7 @@ const (
 	DefaultBatchSize      = settings.DefaultBatchSize
 	DefaultBatchWait      = settings.DefaultBatchWait
 	DefaultMaxRecordBytes = settings.DefaultMaxRecordBytes
+	DefaultBatchMaxBytes  = settings.DefaultBatchMaxBytes
 	DefaultRetryAttempts  = settings.DefaultRetryAttempts
 	DefaultRetryInitial   = settings.DefaultRetryInitial
 	DefaultRetryMax       = settings.DefaultRetryMax
@@ -119,6 +120,7 @@ func ValidateConfig(c kfn.Config, needKafka bool) error {
 	add(settings.NATSReplicas.Problems(c.NATSReplicas))
 	// BatchWait: any value goes, a negative one is no wait.
 	add(settings.BatchSize.Problems(c.BatchSize))
+	add(settings.BatchMaxBytes.Problems(c.BatchMaxBytes))
 	add(settings.MaxRecordBytes.Problems(c.MaxRecordBytes))
 	add(settings.RetryAttempts.Problems(c.RetryAttempts))
 	add(settings.RetryInitial.Problems(c.RetryInitial))

@@ -20,8 +20,9 @@ import (
 // as the role that owns the schema (the migrator), once per deployment,
 // and start the workers with --skip-setup under a role with DML rights only.
 func migrateMain(fn kfn.Function, name string, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet(name+" "+preflight.MigrateCommand, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	cmd := name + " " + preflight.MigrateCommand
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	fs.SetOutput(stdout) // -h: the usage is what was asked for
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: %s %s --database-url URL\n\n"+
 			"Applies kfn's schema migrations and the function's Setup, then exits; safe to run again.\n"+
@@ -32,22 +33,19 @@ func migrateMain(fn kfn.Function, name string, args []string, stdout, stderr io.
 	b := settings.NewBinder(fs)
 	var dbURL string
 	settings.DatabaseURL.Bind(b, &dbURL)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := parseArgs(fs, args, cmd, stderr); !ok {
+		return code
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "%s %s: unexpected argument %q (see -h)\n", name, preflight.MigrateCommand, fs.Arg(0))
+		fmt.Fprintf(stderr, "%s: unexpected argument %q (see %s -h)\n", cmd, fs.Arg(0), cmd)
 		return 2
 	}
-	for _, e := range b.Errors() {
-		fmt.Fprintf(stderr, "%s %s: %v\n", name, preflight.MigrateCommand, e)
+	if errs := b.Errors(); len(errs) > 0 {
+		fmt.Fprintf(stderr, "%s: %s (see %s -h)\n", cmd, settingsLine(errs), cmd)
 		return 2
 	}
 	if dbURL == "" {
-		fmt.Fprintf(stderr, "%s %s: --%s is required (or set %s)\n", name, preflight.MigrateCommand, settings.DatabaseURL.Flag, settings.DatabaseURL.Env)
+		fmt.Fprintf(stderr, "%s: --%s is required (or set %s) (see %s -h)\n", cmd, settings.DatabaseURL.Flag, settings.DatabaseURL.Env, cmd)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)

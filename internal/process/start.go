@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -28,24 +27,26 @@ import (
 )
 
 // Main runs fn as a process (runtime/worker's Start and Main): it parses
-// args, writes errors and logs to stderr, and returns the process exit
-// code.
+// args, writes what was asked for (-h, --version, --describe) to stdout
+// and errors and logs to stderr, and returns the process exit code: 0, 2
+// for a usage or configuration error (one line naming the flag and the
+// value, and where help is), 1 when a service cannot be used.
 // With the first argument "migrate" it runs the migrate mode instead of a
 // worker: kfn's schema migrations and fn's Setup, then exit.
-func Main(fn kfn.Function, args []string, stderr io.Writer) int {
+func Main(fn kfn.Function, args []string, stdout, stderr io.Writer) int {
 	name := fn.Name
 	if name == "" {
 		name = "kfn-function"
 	}
 	if buildinfo.Requested(args) { // --version, also after migrate
-		fmt.Fprint(os.Stdout, buildinfo.Read().Text(name))
+		fmt.Fprint(stdout, buildinfo.Read().Text(name))
 		return 0
 	}
 	if len(args) > 0 && args[0] == preflight.MigrateCommand {
-		return migrateMain(fn, name, args[1:], os.Stdout, stderr)
+		return migrateMain(fn, name, args[1:], stdout, stderr)
 	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(stdout) // -h: the usage is what was asked for
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage of %s (every flag can also be set by the environment variable in brackets):\n", name)
 		settings.PrintDefaults(fs)
@@ -60,22 +61,23 @@ func Main(fn kfn.Function, args []string, stderr io.Writer) int {
 	settings.MetricsAddr.Bind(b, &metricsAddr)
 	describe := fs.Bool("describe", false, "print the function's name, source and emitted subjects as JSON on stdout, and exit (kfn dev reads it)")
 	healthcheck := fs.Bool("healthcheck", false, observe.HealthcheckUsage)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2 // the flag package has printed the error and the usage
+	if code, ok := parseArgs(fs, args, name, stderr); !ok {
+		return code
 	}
 	if fs.NArg() > 0 && fs.Arg(0) == preflight.MigrateCommand {
-		fmt.Fprintf(stderr, "%s: %s must come first: %s %s --%s …\n", name, preflight.MigrateCommand, name, preflight.MigrateCommand, settings.DatabaseURL.Flag)
+		fmt.Fprintf(stderr, "%s: %s must come first: %s %s --%s … (see %s -h)\n", name, preflight.MigrateCommand, name, preflight.MigrateCommand, settings.DatabaseURL.Flag, name)
 		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "%s: unexpected argument %q (all settings are --flags; see -h)\n", name, fs.Arg(0))
+		fmt.Fprintf(stderr, "%s: unexpected argument %q: every setting is a --flag (see %s -h)\n", name, fs.Arg(0), name)
+		return 2
+	}
+	if errs := b.Errors(); len(errs) > 0 {
+		fmt.Fprintf(stderr, "%s: %s (see %s -h)\n", name, settingsLine(errs), name)
 		return 2
 	}
 	if *describe {
-		if err := json.NewEncoder(os.Stdout).Encode(Describe(fn)); err != nil {
+		if err := json.NewEncoder(stdout).Encode(Describe(fn)); err != nil {
 			fmt.Fprintf(stderr, "%s: %v\n", name, err)
 			return 1
 		}
@@ -92,6 +94,7 @@ func Main(fn kfn.Function, args []string, stderr io.Writer) int {
 	_ = level.UnmarshalText([]byte(logLevel))                                        // checked by settings.LogLevel; a rejected value left "info"
 	cfg.Logger = slog.New(tracing.LogHandler(logsetup.New(stderr, level).Handler())) // a record logged inside a span carries trace_id, span_id
 	slog.SetDefault(cfg.Logger)                                                      // a handler's slog.InfoContext(ctx, …) lines go to the worker's log
+	setMemoryLimit(cfg.Logger)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -139,6 +142,31 @@ func Main(fn kfn.Function, args []string, stderr io.Writer) int {
 	}
 	cfg.Logger.Info("worker stopped cleanly", stopped...)
 	return 0
+}
+
+// parseArgs parses a function binary's args (cmd names it in messages):
+// on -h it prints the usage to the flag set's output and returns 0, on a
+// bad flag or value one line on stderr and 2; ok says go on.
+func parseArgs(fs *flag.FlagSet, args []string, cmd string, stderr io.Writer) (code int, ok bool) {
+	err := settings.QuietParse(fs, args)
+	switch {
+	case err == nil:
+		return 0, true
+	case errors.Is(err, flag.ErrHelp):
+		fs.Usage()
+		return 0, false
+	}
+	fmt.Fprintf(stderr, "%s: %s (see %s -h)\n", cmd, settings.FlagErrorLine(fs, err), cmd)
+	return 2, false
+}
+
+// settingsLine is the given values that cannot be used, on one line.
+func settingsLine(errs []*settings.Error) string {
+	parts := make([]string, len(errs))
+	for i, e := range errs {
+		parts[i] = e.Error()
+	}
+	return strings.Join(parts, "; ")
 }
 
 // Description is what a function binary's --describe prints: enough for a

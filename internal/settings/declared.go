@@ -21,6 +21,7 @@ const (
 	DefaultBatchSize      = 500
 	DefaultBatchWait      = 20 * time.Millisecond
 	DefaultMaxRecordBytes = 512 << 10
+	DefaultBatchMaxBytes  = 8 << 20
 	DefaultRetryAttempts  = 5
 	DefaultRetryInitial   = 100 * time.Millisecond
 	DefaultRetryMax       = 5 * time.Second
@@ -239,6 +240,11 @@ var (
 			return nil
 		},
 		ZeroAs: -1, // runtime.Config's BatchWait: zero is the default, negative is no wait
+	}
+	BatchMaxBytes = Setting[int]{
+		Flag: "batch-max-bytes", Env: "KFN_BATCH_MAX_BYTES", Default: DefaultBatchMaxBytes,
+		Usage: "a batch takes records until their bytes (keys, values and headers) reach this, as well as --batch-size records; it bounds a lane's memory (a batch applied, the next one read, a fetch of at most 1 MiB)",
+		Check: positive[int],
 	}
 	MaxRecordBytes = Setting[int]{
 		Flag: "max-record-bytes", Env: "KFN_MAX_RECORD_BYTES", Default: DefaultMaxRecordBytes,

@@ -16,7 +16,7 @@ var Table = []Group{
 		KafkaOAuthTokenFile, KafkaOAuthExtensions,
 	}},
 	{Name: "Workers", Settings: []Described{
-		WorkerID, BatchSize, BatchWait, MaxRecordBytes, RetryAttempts, RetryInitial, RetryMax,
+		WorkerID, BatchSize, BatchMaxBytes, BatchWait, MaxRecordBytes, RetryAttempts, RetryInitial, RetryMax,
 		HandlerTimeout, StatementTimeout, StartFrom, ConsumerGroup, LeaseTTL, LeaseRenew, Lanes, KeyConcurrency,
 		NoRelay, SkipSetup, EventDedup, EventRetention, InboxRetention, DeadLetterRetention,
 		LogLevel, MetricsAddr, StallAfter,

@@ -31,6 +31,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/kfn-dev/kfn/internal/connect"
+	"github.com/kfn-dev/kfn/internal/repeatlog"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 )
@@ -156,8 +157,11 @@ func FromEnv(ctx context.Context, service string, log *slog.Logger) (*Provider, 
 	sdk := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exporter), sdktrace.WithResource(res))
 	otel.SetTracerProvider(sdk)
 	otel.SetTextMapPropagator(outbox.Propagator)
+	// A collector out of reach fails every export: logged once per step
+	// of repeatlog's schedule, with the count.
+	exportFailures := repeatlog.New()
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
-		log.Warn("OpenTelemetry: trace export failed", "err", err)
+		exportFailures.Failed(context.Background(), log, slog.LevelWarn, "OpenTelemetry: trace export failed", "err", err)
 	}))
 	if exp == ExporterConsole {
 		log.Info("writing traces on stdout", "exporter", exp, "service", serviceName(res, service))

@@ -19,8 +19,12 @@ import (
 //     connects no new client to the server, but it closes nothing either:
 //     every socket stays open, as on a network path that silently stalls. On
 //     Thaw it delivers what it held back and carries on.
+//   - Down/Up: a proxy that is down closes every connection and refuses new
+//     ones (nothing listens on its port), as a stopped Postgres server does;
+//     Up listens on the same port again.
 type PGProxy struct {
-	ln     net.Listener
+	ln     net.Listener // nil while down
+	addr   string
 	target string
 
 	armed   atomic.Int32 // how many more commits to cut off
@@ -47,15 +51,49 @@ func PostgresProxy(t testing.TB, target string) *PGProxy {
 	if err != nil {
 		t.Fatalf("kfntest: listen for a Postgres proxy: %v", err)
 	}
-	p := &PGProxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
+	p := &PGProxy{ln: ln, addr: ln.Addr().String(), target: target, conns: map[net.Conn]bool{}}
 	p.wg.Add(1)
-	go p.accept()
+	go p.accept(ln)
 	t.Cleanup(p.close)
 	return p
 }
 
 // Addr is the proxy's host:port, to put in a database URL.
-func (p *PGProxy) Addr() string { return p.ln.Addr().String() }
+func (p *PGProxy) Addr() string { return p.addr }
+
+// Down closes every connection through the proxy and stops listening, so
+// that a client's connects are refused until Up: Postgres stopped, as its
+// clients see it.
+func (p *PGProxy) Down() {
+	p.mu.Lock()
+	ln := p.ln
+	p.ln = nil
+	for c := range p.conns {
+		c.Close()
+	}
+	p.conns = map[net.Conn]bool{}
+	p.mu.Unlock()
+	if ln != nil {
+		ln.Close()
+	}
+}
+
+// Up listens on the proxy's port again after Down.
+func (p *PGProxy) Up() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		return nil
+	}
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		return err
+	}
+	p.ln = ln
+	p.wg.Add(1)
+	go p.accept(ln)
+	return nil
+}
 
 // CutCommits arms the proxy to cut off the replies of the next n COMMITs.
 func (p *PGProxy) CutCommits(n int) { p.armed.Store(int32(n)) }
@@ -94,26 +132,26 @@ func (p *PGProxy) pass() {
 
 func (p *PGProxy) close() {
 	p.Thaw()
-	p.ln.Close()
-	p.mu.Lock()
-	for c := range p.conns {
-		c.Close()
-	}
-	p.mu.Unlock()
+	p.Down()
 	p.wg.Wait()
 }
 
-// track registers c to be closed by close.
+// track registers c to be closed by Down (and close); while the proxy is
+// down, it closes c at once.
 func (p *PGProxy) track(c net.Conn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.ln == nil {
+		c.Close()
+		return
+	}
 	p.conns[c] = true
 }
 
-func (p *PGProxy) accept() {
+func (p *PGProxy) accept(ln net.Listener) {
 	defer p.wg.Done()
 	for {
-		client, err := p.ln.Accept()
+		client, err := ln.Accept()
 		if err != nil {
 			return
 		}

@@ -45,11 +45,13 @@ import (
 func Start(fn runtime.Function) { os.Exit(Main(fn, os.Args[1:], os.Stderr)) }
 
 // Main is Start without the exit, for tests and wrappers: it parses args,
-// writes errors and logs to stderr, and returns the process's exit code.
+// writes what was asked for (-h, --version, --describe) to stdout, errors
+// and logs to stderr, and returns the process's exit code: a bad flag or
+// value is one line naming it, and exit 2.
 // With the first argument "migrate" it runs the migrate mode instead of a
 // worker: kfn's schema migrations and fn's Setup, then exit.
 func Main(fn runtime.Function, args []string, stderr io.Writer) int {
-	return process.Main(fn, args, stderr)
+	return process.Main(fn, args, os.Stdout, stderr)
 }
 
 // Worker runs functions: it owns partitions through leases, reads them and

@@ -6,8 +6,8 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/kfn-dev/kfn/internal/process"
 	"github.com/kfn-dev/kfn/runtime"
-	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // page is one -h page of kfn, read back into the sections cmd/kfn's help
@@ -191,9 +191,9 @@ func functionFlags() (map[string][]flagDoc, error) {
 		"FUNCTION":         {"-h"},
 		"FUNCTION migrate": {"migrate", "-h"},
 	} {
-		var help bytes.Buffer
-		if code := worker.Main(runtime.Function{Name: "function"}, args, &help); code != 0 {
-			return nil, fmt.Errorf("a function binary's %v: exit %d\n%s", args, code, help.String())
+		var help, stderr bytes.Buffer
+		if code := process.Main(runtime.Function{Name: "function"}, args, &help, &stderr); code != 0 {
+			return nil, fmt.Errorf("a function binary's %v: exit %d\n%s", args, code, stderr.String())
 		}
 		out[name] = parseFlags(strings.Split(help.String(), "\n"))
 	}
