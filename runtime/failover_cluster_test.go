@@ -257,16 +257,23 @@ SELECT count(*) FROM pg_stat_activity a
 // test if none was caught within limit.
 func (c *cluster) killInTransaction(ps []*proc, limit time.Duration) (int, time.Time) {
 	c.t.Helper()
+	return c.killInTransactionOn(ps, "kfn.cursors", limit)
+}
+
+// killInTransactionOn is killInTransaction for a transaction that wrote
+// table (kfn.key_lanes: a key-lane's, past its fence).
+func (c *cluster) killInTransactionOn(ps []*proc, table string, limit time.Duration) (int, time.Time) {
+	c.t.Helper()
 	deadline := time.Now().Add(limit)
 	for time.Now().Before(deadline) {
 		for _, i := range rand.Perm(len(ps)) {
-			if frozen, ok := c.freezeInTransaction(ps[i], "kfn.cursors", 2*time.Second); ok {
+			if frozen, ok := c.freezeInTransaction(ps[i], table, 2*time.Second); ok {
 				ps[i].Kill()
 				return i, frozen
 			}
 		}
 	}
-	c.t.Fatalf("caught none of %v inside a fenced transaction within %s", ids(ps), limit)
+	c.t.Fatalf("caught none of %v inside a fenced transaction (one that wrote %s) within %s", ids(ps), table, limit)
 	return 0, time.Time{}
 }
 

@@ -71,7 +71,7 @@ func TestKeyLanesKillOwnerMidCommit(t *testing.T) {
 	for i := range kills {
 		time.Sleep(randomDuration(300*time.Millisecond, 1500*time.Millisecond))
 		requireAlive(t, workers...)
-		vi, killed := c.killInKeyLaneTransaction(workers, 30*time.Second)
+		vi, killed := c.killInTransactionOn(workers, "kfn.key_lanes", 30*time.Second)
 		victim := workers[vi]
 		before := ownedBy(c.cursors(), victim.id)
 		var stall time.Duration
@@ -126,25 +126,6 @@ func (c *cluster) verify(when string) {
 	if !rep.OK {
 		c.t.Errorf("verify %s: violations %+v", when, rep.Violations)
 	}
-}
-
-// killInKeyLaneTransaction is killInTransaction for workers with
-// key-lanes: it SIGKILLs one of ps while it is inside a key-lane's
-// transaction that has passed its fence (it holds a kfn.key_lanes row's
-// lock), and returns the victim's index and when it was frozen.
-func (c *cluster) killInKeyLaneTransaction(ps []*proc, limit time.Duration) (int, time.Time) {
-	c.t.Helper()
-	deadline := time.Now().Add(limit)
-	for time.Now().Before(deadline) {
-		for _, i := range rand.Perm(len(ps)) {
-			if frozen, ok := c.freezeInTransaction(ps[i], "kfn.key_lanes", 2*time.Second); ok {
-				ps[i].Kill()
-				return i, frozen
-			}
-		}
-	}
-	c.t.Fatalf("caught none of %v inside a key-lane's fenced transaction within %s", ids(ps), limit)
-	return 0, time.Time{}
 }
 
 // An owner is frozen (SIGSTOP) past its lease TTL while one of its
