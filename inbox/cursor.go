@@ -79,7 +79,8 @@ RETURNING next_offset, high_water, generation, epoch, owner`
 // can be retried (a token names one ownership term, never two owners).
 //
 // Every successful claim writes a "claim" row to kfn.audit_log in the same
-// transaction (see auditClaim): the partition's epoch history, which inbox
+// transaction (see auditClaim), and gives the partition its lane id in
+// kfn.lanes, which keys its inbox rows, if it has none yet: the partition's epoch history, which inbox
 // retention never deletes. db is a pool, a connection or a transaction;
 // outside a transaction the claim runs in one of its own, so that the claim
 // and its audit row commit together or not at all.
@@ -110,6 +111,11 @@ func claimPartition(ctx context.Context, tx pgx.Tx, p Partition, token int64, ow
 		return Cursor{}, fmt.Errorf("claim partition %s with token %d: %w", p, token, err)
 	}
 	if err := auditClaim(ctx, tx, p, token, owner, c); err != nil {
+		return Cursor{}, err
+	}
+	// The batches' inbox claims (fenceAndClaimSQL) find the partition's
+	// lane; it is added once, by its first claim.
+	if err := AddLane(ctx, tx, p); err != nil {
 		return Cursor{}, err
 	}
 	return c, nil
@@ -175,7 +181,8 @@ func advanceRefused(ctx context.Context, tx pgx.Tx, p Partition, token, from, to
 }
 
 // fenceAndClaimSQL is advanceSQL and claimSQL in one statement: the inbox
-// rows are inserted only if the fenced cursor update changed its row.
+// rows are inserted only if the fenced cursor update changed its row, under
+// the partition's lane id, which its claim (ClaimPartition) added.
 //
 // The claimed offsets are at or above the high-water mark, where the inbox
 // normally holds no row: only a bounded re-execution writes rows there
@@ -194,18 +201,20 @@ WITH fence AS (
      SET next_offset = $6, high_water = greatest(high_water, $6), updated_at = now()
    WHERE consumer = $1 AND topic = $2 AND partition = $3 AND epoch = $4 AND next_offset = $5
   RETURNING 1
+), lane AS (
+  SELECT id FROM kfn.lanes WHERE consumer = $1 AND topic = $2 AND partition = $3
 ), taken AS (
   SELECT NOT $8::boolean OR EXISTS (
     SELECT FROM kfn.inbox
-     WHERE consumer = $1 AND topic = $2 AND partition = $3
+     WHERE lane = (SELECT id FROM lane)
        AND "offset" BETWEEN (SELECT min(o) FROM unnest($7::bigint[]) AS o) AND (SELECT max(o) FROM unnest($7::bigint[]) AS o)) AS held
 ), plain AS (
-  INSERT INTO kfn.inbox (consumer, topic, partition, "offset", epoch, outcome)
-  SELECT $1, $2, $3, o, $4, 'applied' FROM unnest($7::bigint[]) AS o
+  INSERT INTO kfn.inbox (lane, "offset", epoch)
+  SELECT (SELECT id FROM lane), o, $4 FROM unnest($7::bigint[]) AS o
    WHERE EXISTS (SELECT FROM fence) AND NOT (SELECT held FROM taken)
 ), claim AS (
-  INSERT INTO kfn.inbox (consumer, topic, partition, "offset", epoch, outcome)
-  SELECT $1, $2, $3, o, $4, 'applied' FROM unnest($7::bigint[]) AS o
+  INSERT INTO kfn.inbox (lane, "offset", epoch)
+  SELECT (SELECT id FROM lane), o, $4 FROM unnest($7::bigint[]) AS o
    WHERE EXISTS (SELECT FROM fence) AND (SELECT held FROM taken)
   ON CONFLICT DO NOTHING
   RETURNING "offset"

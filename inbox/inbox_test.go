@@ -173,7 +173,7 @@ func TestQueueFenceAndClaimClaimsOnlyBehindTheFence(t *testing.T) {
 		t.Errorf("same token, cursor elsewhere: err = %v, want a CursorMovedError at 5", err)
 	}
 	var claimed int
-	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM kfn.inbox WHERE consumer = $1`, part.Consumer).Scan(&claimed); err != nil || claimed != 5 {
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM kfn.inbox JOIN kfn.lanes ON id = lane WHERE consumer = $1`, part.Consumer).Scan(&claimed); err != nil || claimed != 5 {
 		t.Errorf("%d inbox rows (%v); want 5: refused batches claim nothing", claimed, err)
 	}
 	cur, err := inbox.ReadCursor(ctx, db.Pool, part)
@@ -262,10 +262,10 @@ func TestPurgeGoesInOffsetOrderAndStopsAtTheFirstYoungRow(t *testing.T) {
 		}
 	}
 	exec(`UPDATE kfn.inbox SET processed_at = now() - interval '2 hours'`)
-	exec(`UPDATE kfn.inbox SET processed_at = now() WHERE partition = $1 AND "offset" = 150`, part.Partition)
+	exec(`UPDATE kfn.inbox SET processed_at = now() WHERE lane IN (SELECT id FROM kfn.lanes WHERE partition = $1) AND "offset" = 150`, part.Partition)
 	left := func(p inbox.Partition) (n, lowest int64) {
 		t.Helper()
-		err := db.Pool.QueryRow(ctx, `SELECT count(*), coalesce(min("offset"), -1) FROM kfn.inbox WHERE partition = $1`, p.Partition).Scan(&n, &lowest)
+		err := db.Pool.QueryRow(ctx, `SELECT count(*), coalesce(min("offset"), -1) FROM kfn.inbox JOIN kfn.lanes ON id = lane WHERE partition = $1`, p.Partition).Scan(&n, &lowest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -283,7 +283,7 @@ func TestPurgeGoesInOffsetOrderAndStopsAtTheFirstYoungRow(t *testing.T) {
 		t.Errorf("%s keeps %d rows, want 0", other, n)
 	}
 
-	exec(`UPDATE kfn.inbox SET processed_at = now() - interval '2 hours' WHERE partition = $1 AND "offset" = 150`, part.Partition)
+	exec(`UPDATE kfn.inbox SET processed_at = now() - interval '2 hours' WHERE lane IN (SELECT id FROM kfn.lanes WHERE partition = $1) AND "offset" = 150`, part.Partition)
 	if n, err := inbox.Purge(ctx, db.Pool, time.Hour, 64); err != nil || n != 150 {
 		t.Fatalf("once the row at 150 is old: purged %d, %v; want the 150 rows left", n, err)
 	}

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Key-lanes (migration 0012_key_lanes). A function with KeyConcurrency
+// Key-lanes (migration 0013_key_lanes). A function with KeyConcurrency
 // K > 1 splits each partition (or subject lane) it owns over K key-lanes by
 // key hash, and each key-lane commits in transactions of its own. Such a
 // transaction is fenced by its key-lane's row in kfn.key_lanes, under the
@@ -93,9 +93,11 @@ WITH fence AS (
   UPDATE kfn.key_lanes SET next_offset = greatest(next_offset, $6), updated_at = now()
    WHERE consumer = $1 AND topic = $2 AND partition = $3 AND lane = $4 AND epoch = $5
   RETURNING 1
+), lane AS (
+  SELECT id FROM kfn.lanes WHERE consumer = $1 AND topic = $2 AND partition = $3
 ), claim AS (
-  INSERT INTO kfn.inbox (consumer, topic, partition, "offset", epoch, outcome)
-  SELECT $1, $2, $3, o, $5, 'applied' FROM unnest($7::bigint[]) AS o
+  INSERT INTO kfn.inbox (lane, "offset", epoch)
+  SELECT (SELECT id FROM lane), o, $5 FROM unnest($7::bigint[]) AS o
    WHERE EXISTS (SELECT FROM fence)
   ON CONFLICT DO NOTHING
   RETURNING "offset"

@@ -138,7 +138,7 @@ func PlanReplay(ctx context.Context, db Querier, r ReplayRequest, cur Cursor) (R
 	plan.Handled = plan.Offsets
 	err := db.QueryRow(ctx, `
 SELECT count(*) FILTER (WHERE outcome = 'applied'), count(*) FILTER (WHERE outcome = 'dead_lettered')
-  FROM kfn.inbox WHERE consumer = $1 AND topic = $2 AND partition = $3 AND "offset" >= $4 AND "offset" < $5`,
+  FROM kfn.inbox WHERE lane = `+laneSQL+` AND "offset" >= $4 AND "offset" < $5`,
 		p.Consumer, p.Topic, p.Partition, plan.From, plan.To).Scan(&plan.InboxApplied, &plan.InboxDeadLettered)
 	if err != nil {
 		return plan, fmt.Errorf("count the inbox rows of %s in [%d, %d): %w", p, plan.From, plan.To, err)
@@ -156,7 +156,7 @@ SELECT count(*) FILTER (WHERE outcome = 'applied'), count(*) FILTER (WHERE outco
 	}
 	if plan.Skipped > 0 {
 		var rows int64
-		err := db.QueryRow(ctx, `SELECT count(*) FROM kfn.inbox WHERE consumer = $1 AND topic = $2 AND partition = $3 AND "offset" >= $4 AND "offset" < $5`,
+		err := db.QueryRow(ctx, `SELECT count(*) FROM kfn.inbox WHERE lane = `+laneSQL+` AND "offset" >= $4 AND "offset" < $5`,
 			p.Consumer, p.Topic, p.Partition, plan.To, cur.HighWater).Scan(&rows)
 		if err != nil {
 			return plan, fmt.Errorf("count the inbox rows of %s in [%d, %d): %w", p, plan.To, cur.HighWater, err)
@@ -190,7 +190,7 @@ func checkInboxKept(ctx context.Context, db Querier, r ReplayRequest, plan Repla
 		return nil // Kafka no longer holds any of it: nothing there to re-execute, nothing to know
 	}
 	var oldest *int64
-	err := db.QueryRow(ctx, `SELECT min("offset") FROM kfn.inbox WHERE consumer = $1 AND topic = $2 AND partition = $3`,
+	err := db.QueryRow(ctx, `SELECT min("offset") FROM kfn.inbox WHERE lane = `+laneSQL,
 		p.Consumer, p.Topic, p.Partition).Scan(&oldest)
 	if err != nil {
 		return fmt.Errorf("read the oldest inbox row of %s: %w", p, err)
@@ -277,11 +277,11 @@ func Replay(ctx context.Context, tx pgx.Tx, r ReplayRequest) (ReplayResult, erro
 			// Offsets below the high-water mark were all handled; one that
 			// lost its inbox row (retention) must keep being skipped once
 			// the high-water mark drops to From.
-			tag, err := tx.Exec(ctx, `
-INSERT INTO kfn.inbox (consumer, topic, partition, "offset", epoch, outcome)
-SELECT $1, $2, $3, o, $4, CASE WHEN EXISTS (SELECT 1 FROM kfn.dead_letters d
+			tag, err := tx.Exec(ctx, withLane+`
+INSERT INTO kfn.inbox (lane, "offset", epoch, outcome)
+SELECT (SELECT id FROM lane), o, $4, CASE WHEN EXISTS (SELECT 1 FROM kfn.dead_letters d
                                              WHERE d.consumer = $1 AND d.topic = $2 AND d.partition = $3 AND d."offset" = o)
-                               THEN 'dead_lettered' ELSE 'applied' END
+                               THEN 'dead_lettered'::kfn.outcome ELSE 'applied' END
   FROM generate_series($5::bigint, $6::bigint - 1) AS o
 ON CONFLICT DO NOTHING`, p.Consumer, p.Topic, p.Partition, r.Token, plan.To, res.Previous.HighWater)
 			if err != nil {
@@ -289,7 +289,7 @@ ON CONFLICT DO NOTHING`, p.Consumer, p.Topic, p.Partition, r.Token, plan.To, res
 			}
 			res.InboxRestored = tag.RowsAffected()
 		}
-		tag, err := tx.Exec(ctx, `DELETE FROM kfn.inbox WHERE consumer = $1 AND topic = $2 AND partition = $3 AND "offset" >= $4 AND "offset" < $5`,
+		tag, err := tx.Exec(ctx, `DELETE FROM kfn.inbox WHERE lane = `+laneSQL+` AND "offset" >= $4 AND "offset" < $5`,
 			p.Consumer, p.Topic, p.Partition, plan.From, plan.To)
 		if err != nil {
 			return ReplayResult{}, fmt.Errorf("release inbox rows of %s in [%d, %d): %w", p, plan.From, plan.To, err)

@@ -52,7 +52,7 @@ func replayIn(t *testing.T, db *kfntest.PG, r inbox.ReplayRequest) (inbox.Replay
 
 func inboxOffsets(t *testing.T, db *kfntest.PG, lo, hi int64) map[int64]string {
 	t.Helper()
-	rows, err := db.Pool.Query(context.Background(), `SELECT "offset", outcome FROM kfn.inbox WHERE consumer = $1 AND topic = $2 AND partition = $3
+	rows, err := db.Pool.Query(context.Background(), `SELECT "offset", outcome FROM kfn.inbox JOIN kfn.lanes ON id = lane WHERE consumer = $1 AND topic = $2 AND partition = $3
    AND "offset" >= $4 AND "offset" < $5`, part.Consumer, part.Topic, part.Partition, lo, hi)
 	if err != nil {
 		t.Fatal(err)

@@ -331,9 +331,9 @@ RETURNING "offset", record_key, value, header_keys, header_values, value_size, v
 // retention purged it. It returns ErrAlreadyApplied when the row says
 // applied already.
 func MarkRetryApplied(ctx context.Context, tx pgx.Tx, p Partition, token, offset int64) error {
-	tag, err := tx.Exec(ctx, `
-INSERT INTO kfn.inbox AS i (consumer, topic, partition, "offset", epoch, outcome) VALUES ($1, $2, $3, $4, $5, 'applied')
-ON CONFLICT (consumer, topic, partition, "offset") DO UPDATE SET outcome = 'applied', epoch = EXCLUDED.epoch, processed_at = now()
+	tag, err := tx.Exec(ctx, withLane+`
+INSERT INTO kfn.inbox AS i (lane, "offset", epoch, outcome) VALUES ((SELECT id FROM lane), $4, $5, 'applied')
+ON CONFLICT (lane, "offset") DO UPDATE SET outcome = 'applied', epoch = EXCLUDED.epoch, processed_at = now()
  WHERE i.outcome = 'dead_lettered'`, p.Consumer, p.Topic, p.Partition, offset, token)
 	if err != nil {
 		return fmt.Errorf("mark %s@%d applied in the inbox: %w", p, offset, err)

@@ -151,7 +151,7 @@ func TestRetryMarksLettersAndTakesEachOnce(t *testing.T) {
 		t.Errorf("second take = %v, %v; want nothing to take", found, err)
 	}
 	var outcome string
-	if err := db.Pool.QueryRow(ctx, `SELECT outcome FROM kfn.inbox WHERE consumer = $1 AND topic = $2 AND partition = $3 AND "offset" = 3`,
+	if err := db.Pool.QueryRow(ctx, `SELECT outcome FROM kfn.inbox JOIN kfn.lanes ON id = lane WHERE consumer = $1 AND topic = $2 AND partition = $3 AND "offset" = 3`,
 		part.Consumer, part.Topic, part.Partition).Scan(&outcome); err != nil || outcome != "applied" {
 		t.Errorf("inbox outcome of offset 3 = %q, %v; want applied", outcome, err)
 	}

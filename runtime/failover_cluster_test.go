@@ -940,7 +940,10 @@ VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8::pg_lsn)`, s.topic, e.p, e.o, fmt.Appe
 				return err
 			}
 			if s.inbox {
-				_, err := tx.Exec(ctx, `INSERT INTO kfn.inbox (consumer, topic, partition, "offset", epoch) VALUES ($1, $2, $3, $4, $5)`, s.fn, s.topic, e.p, e.o, e.token)
+				err := inbox.AddLane(ctx, tx, inbox.Partition{Consumer: s.fn, Topic: s.topic, Partition: e.p})
+				if err == nil {
+					_, err = tx.Exec(ctx, `INSERT INTO kfn.inbox (lane, "offset", epoch) SELECT id, $4, $5 FROM kfn.lanes WHERE consumer = $1 AND topic = $2 AND partition = $3`, s.fn, s.topic, e.p, e.o, e.token)
+				}
 				if err != nil {
 					return err
 				}

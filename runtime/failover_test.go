@@ -318,7 +318,7 @@ func (c *cluster) inboxRowsWithEpochs(tokens []int64) int {
 	c.t.Helper()
 	var n int
 	err := c.pg.Pool.QueryRow(context.Background(),
-		`SELECT count(*) FROM kfn.inbox WHERE consumer = $1 AND topic = $2 AND epoch = ANY($3)`, c.fn, c.topic, tokens).Scan(&n)
+		`SELECT count(*) FROM kfn.inbox JOIN kfn.lanes ON id = lane WHERE consumer = $1 AND topic = $2 AND epoch = ANY($3)`, c.fn, c.topic, tokens).Scan(&n)
 	if err != nil {
 		c.t.Fatalf("count inbox rows: %v", err)
 	}

@@ -54,7 +54,7 @@ func TestInboxRetentionPurgesRowsButDedupStays(t *testing.T) {
 	b.waitCaughtUp(t, b.fn)
 	waitFor(t, 20*time.Second, "the inbox rows to be purged", func() bool {
 		var n int
-		err := b.pg.Pool.QueryRow(context.Background(), `SELECT count(*) FROM kfn.inbox WHERE consumer = $1`, b.fn).Scan(&n)
+		err := b.pg.Pool.QueryRow(context.Background(), `SELECT count(*) FROM kfn.inbox JOIN kfn.lanes ON id = lane WHERE consumer = $1`, b.fn).Scan(&n)
 		return err == nil && n == 0
 	})
 	stop()

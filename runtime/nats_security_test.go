@@ -79,7 +79,7 @@ func TestWorkerWithNATSCredsAndTLSProcessesAndIsRefusedWithout(t *testing.T) {
 		t.Errorf("exactly-once violated (of %d records): %s", rep.Expected, strings.Join(v, "; "))
 	}
 	var inbox int
-	if err := b.pg.Pool.QueryRow(context.Background(), `SELECT count(*) FROM kfn.inbox WHERE consumer = $1`, b.fn).Scan(&inbox); err != nil {
+	if err := b.pg.Pool.QueryRow(context.Background(), `SELECT count(*) FROM kfn.inbox JOIN kfn.lanes ON id = lane WHERE consumer = $1`, b.fn).Scan(&inbox); err != nil {
 		t.Fatal(err)
 	}
 	if inbox != len(produced) {

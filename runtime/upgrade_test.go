@@ -123,7 +123,7 @@ func (c *cluster) checkInboxHoldsEachRecordOnce(hw map[int]int64) {
 	for p, end := range hw {
 		var rows, lo, hi int64
 		err := c.pg.Pool.QueryRow(context.Background(), `SELECT count(*), coalesce(min("offset"), -1), coalesce(max("offset"), -1)
-		                                                   FROM kfn.inbox WHERE consumer = $1 AND topic = $2 AND partition = $3`,
+		                                                   FROM kfn.inbox JOIN kfn.lanes ON id = lane WHERE consumer = $1 AND topic = $2 AND partition = $3`,
 			c.fn, c.topic, p).Scan(&rows, &lo, &hi)
 		if err != nil {
 			c.t.Fatal(err)

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -8,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
@@ -45,7 +49,7 @@ func TestBenchRunsEveryModeAndCountsCPUByProcess(t *testing.T) {
 			postgres = i
 		}
 	}
-	for _, mode := range []string{"copy limit", "exactly-once", "at-least-once", "naive", "pipeline", "chain"} {
+	for _, mode := range []string{"copy limit", "wal limit", "exactly-once", "at-least-once", "naive", "pipeline", "chain"} {
 		line := regexp.MustCompile(`(?m)^` + mode + `  .*$`).FindString(stdout)
 		f := strings.Fields(strings.TrimPrefix(line, mode))
 		if len(f) < 4 || postgres < 0 || len(f) <= postgres-1 {
@@ -63,7 +67,7 @@ func TestBenchRunsEveryModeAndCountsCPUByProcess(t *testing.T) {
 			t.Errorf("%s: %d records, %.2f CPU-s/10k in all, %.2f in Postgres; want them positive:\n%s", mode, records, total, pgCPU, line)
 		}
 	}
-	for _, mode := range []string{"copy limit", "exactly-once", "at-least-once", "naive", "pipeline", "chain"} {
+	for _, mode := range []string{"copy limit", "wal limit", "exactly-once", "at-least-once", "naive", "pipeline", "chain"} {
 		// MODE COMMIT-P50 COMMIT-P99 TRANSACTIONS PEAK-RSS POSTGRES-MEMORY
 		line := regexp.MustCompile(`(?m)^` + mode + `  +(\S+) +(\S+) +(\d+) +(\d+) MiB +(\d+) MiB$`).FindStringSubmatch(stdout)
 		if line == nil {
@@ -79,7 +83,12 @@ func TestBenchRunsEveryModeAndCountsCPUByProcess(t *testing.T) {
 			t.Errorf("%s: commit p50 %q p99 %q over %d transactions, peak RSS %d MiB, Postgres %d MiB; want 0 < p50 <= p99, and the rest positive", mode, line[1], line[2], txs, rss, pgMem)
 		}
 	}
-	for _, want := range []string{`exactly-once / copy limit += [\d.]+`, `exactly-once / at-least-once = [\d.]+`, `exactly-once / naive += [\d.]+×`,
+	for _, want := range []string{`exactly-once / copy limit += [\d.]+.*\(the swept ceiling, reached with batch \d+ × \d+ connections\)`,
+		`exactly-once / at-least-once = [\d.]+.*\(goal >= 0\.90, with the compact inbox key\)`,
+		`wal limit / copy limit += [\d.]+.*reached with batch \d+ × \d+ connections\)`,
+		// Batch sizes 500 to 5,000, and 1 to twice the 2 partitions' connections.
+		`(?m)^copy limit: best of the sweep, batch \d+ × \d+ connections \(its median round's msgs/s by batch×connections: 500×1 \d+, 500×2 \d+, 500×4 \d+, 1000×1 \d+, .*, 5000×4 \d+\)$`,
+		`(?m)^wal limit: best of the sweep, batch \d+ × \d+ connections \(.*5000×4 \d+\)$`, `exactly-once / naive += [\d.]+×`,
 		`pipeline CPU = [\d.]+ CPU-s/10k`,
 		`relay share of the worker's CPU: [\d.]+%`,
 		`(?m)^relay +300 +[\d.]+ +\d+$`, `(?m)^naive relay +\d+ +[\d.]+ +\d+$`, `relay / naive relay = [\d.]+×`,
@@ -194,5 +203,102 @@ func TestBenchKeyLanesReportsTheRatio(t *testing.T) {
 	}
 	if strings.Contains(stdout, "exactly-once") {
 		t.Errorf("--key-lanes-only ran the other modes too:\n%s", stdout)
+	}
+}
+
+// TestBenchWritesOnlyIntoADatabaseOfItsOwn points kfn bench, twice in a
+// row, at a database that already holds a table named orders with rows of
+// its own (the orders function's table name: kfn bench used to write its
+// orders there and failed on the second run with a duplicate key), then
+// interrupts a third run. The rows stay as they were, kfn's schema is
+// never created there, and no database of the benchmark's is left: the
+// runs drop theirs at the end, the interrupted one too, and a scratch
+// database a killed run left behind is dropped by the next run.
+func TestBenchWritesOnlyIntoADatabaseOfItsOwn(t *testing.T) {
+	pg, k := kfntest.PostgresEmpty(t), kfntest.Kafka(t)
+	ctx := context.Background()
+	for _, sql := range []string{
+		`CREATE TABLE orders (order_id text PRIMARY KEY, customer text NOT NULL, amount_cents bigint NOT NULL, currency text NOT NULL)`,
+		`INSERT INTO orders VALUES ('order-0', 'a user''s own', 1, 'EUR'), ('order-1', 'a user''s own', 2, 'EUR'), ('mine', 'x', 3, 'USD')`,
+		// What a run killed by SIGKILL leaves.
+		`CREATE DATABASE kfn_bench_killedrun`,
+		`COMMENT ON DATABASE kfn_bench_killedrun IS '` + scratchComment + `'`,
+	} {
+		if _, err := pg.Pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	state := func() string {
+		t.Helper()
+		var s string
+		err := pg.Pool.QueryRow(ctx, `SELECT (SELECT string_agg(format('%s %s %s %s', order_id, customer, amount_cents, currency), ', ' ORDER BY order_id) FROM orders)
+		  || ' | tables: ' || (SELECT string_agg(schemaname || '.' || tablename, ' ' ORDER BY 1) FROM pg_tables WHERE schemaname NOT IN ('pg_catalog', 'information_schema'))`).Scan(&s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	scratch := func() []string {
+		t.Helper()
+		rows, err := pg.Pool.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE 'kfn\_bench\_%' ORDER BY 1`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return names
+	}
+	before := state()
+	const want = "mine x 3 USD, order-0 a user's own 1 EUR, order-1 a user's own 2 EUR | tables: public.orders"
+	if before != want {
+		t.Fatalf("the database before kfn bench: %s", before)
+	}
+	args := []string{"bench", "--records", "400", "--naive-records", "2", "--rounds", "1", "--partitions", "2", "--batch-size", "100",
+		"--relay-events", "100", "--relay-duration", "200ms", "--report-dir", "",
+		"--database-url", pg.URL, "--nats-url", kfntest.NATSURL(t), "--kafka-brokers", strings.Join(k.Brokers, ",")}
+	for run := 1; run <= 2; run++ {
+		code, stdout, stderr := kfn(t, args...)
+		if code != 0 {
+			t.Fatalf("kfn bench, run %d, exited %d:\n%s\n%s", run, code, stdout, stderr)
+		}
+		if run == 1 && !strings.Contains(stdout, "dropped 1 scratch database(s) an interrupted kfn bench left behind: kfn_bench_killedrun") {
+			t.Errorf("run 1 did not say it dropped the database a killed run left:\n%s", stdout)
+		}
+		if !regexp.MustCompile(`(?m)^database  kfn_bench_[0-9a-f]{12} on that server, the benchmark's own`).MatchString(stdout) {
+			t.Errorf("run %d does not name its own database:\n%s", run, stdout)
+		}
+		if got := state(); got != before {
+			t.Errorf("after run %d the database holds %s; before %s", run, got, before)
+		}
+		if left := scratch(); len(left) > 0 {
+			t.Errorf("after run %d these benchmark databases are left: %v", run, left)
+		}
+	}
+
+	// An interrupted run (SIGINT cancels kfn's context) drops its database too.
+	runCtx, interrupt := context.WithCancel(ctx)
+	exited := make(chan int, 1)
+	go func() {
+		var out, errOut bytes.Buffer
+		exited <- run(runCtx, append(append(args[:2:2], "20000"), args[3:]...), &out, &errOut)
+	}()
+	waitFor(t, "the interrupted run's database", func() bool { return len(scratch()) == 1 })
+	time.Sleep(time.Second)
+	interrupt()
+	select {
+	case code := <-exited:
+		if code == 0 {
+			t.Errorf("the interrupted kfn bench exited 0")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("kfn bench did not stop within a minute of its interruption")
+	}
+	if left := scratch(); len(left) > 0 {
+		t.Errorf("after an interrupted run these benchmark databases are left: %v", left)
+	}
+	if got := state(); got != before {
+		t.Errorf("after the interrupted run the database holds %s; before %s", got, before)
 	}
 }

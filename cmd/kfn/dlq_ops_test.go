@@ -520,7 +520,7 @@ func TestDLQDiscardedRecordIsNotAppliedAgain(t *testing.T) {
 	if n := countRows(t, db, `SELECT count(*) FROM kfn.dead_letters WHERE consumer = $1`, fn.Name); n != 0 || w.Stats().DeadLettered.Load() != 1 {
 		t.Errorf("after the replay: %d dead letters, %d dead-lettered in all; want the discarded record not dead-lettered again", n, w.Stats().DeadLettered.Load())
 	}
-	if n := countRows(t, db, `SELECT count(*) FROM kfn.inbox WHERE consumer = $1 AND "offset" = 1 AND outcome = 'dead_lettered'`, fn.Name); n != 1 {
+	if n := countRows(t, db, `SELECT count(*) FROM kfn.inbox JOIN kfn.lanes ON id = lane WHERE consumer = $1 AND "offset" = 1 AND outcome = 'dead_lettered'`, fn.Name); n != 1 {
 		t.Errorf("inbox row of the discarded record: %d dead_lettered rows, want 1", n)
 	}
 	if n := countRows(t, db, `SELECT coalesce(sum(revisions), 0) FROM orders`); n != 4 || w.Stats().Applied.Load() != 4 {

@@ -280,7 +280,8 @@ func TestEachFunctionRunsUnderItsOwnRole(t *testing.T) {
 	// role's attempts.
 	stopRelay()
 	seed := `
-INSERT INTO kfn.inbox (consumer, topic, partition, "offset", epoch) VALUES ('ledger', 'seed', 0, 0, 1);
+INSERT INTO kfn.lanes (consumer, topic, partition) VALUES ('ledger', 'seed', 0);
+INSERT INTO kfn.inbox (lane, "offset", epoch) SELECT id, 0, 1 FROM kfn.lanes WHERE consumer = 'ledger' AND topic = 'seed';
 INSERT INTO kfn.dead_letters (consumer, topic, partition, "offset", reason, error, attempts) VALUES ('ledger', 'seed', 0, 0, 'permanent', 'seeded', 1);
 INSERT INTO kfn.parked_keys (consumer, topic, partition, record_key, blocking_offset) VALUES ('ledger', 'seed', 0, 'k', 0);
 INSERT INTO kfn.outbox (event_id, subject, event_type, event_key, shard, data, source, source_topic, source_partition, source_offset)
@@ -288,12 +289,20 @@ INSERT INTO kfn.outbox (event_id, subject, event_type, event_key, shard, data, s
 	if _, err := pg.admin.Exec(ctx, seed); err != nil {
 		t.Fatal(err)
 	}
-	ledgerRows := map[string]string{
-		"kfn.cursors": "consumer", "kfn.inbox": "consumer", "kfn.event_inbox": "consumer", "kfn.dead_letters": "consumer",
-		"kfn.parked_keys": "consumer", "kfn.audit_log": "consumer", "kfn.outbox": "source",
+	// The ledger's rows of each table: an inbox row by its lane's id, which
+	// the orders role could know (the ids are small integers) although it
+	// cannot read the ledger's lanes.
+	var ledgerLane int
+	if err := pg.admin.QueryRow(ctx, `SELECT id FROM kfn.lanes WHERE consumer = 'ledger' AND topic = 'seed'`).Scan(&ledgerLane); err != nil {
+		t.Fatal(err)
 	}
-	for table, col := range ledgerRows {
-		if c := count(`SELECT count(*) FROM ` + table + ` WHERE ` + col + ` = 'ledger'`); c == 0 {
+	ledgerRows := map[string]string{
+		"kfn.cursors": "consumer = 'ledger'", "kfn.lanes": "consumer = 'ledger'", "kfn.inbox": fmt.Sprintf("lane = %d", ledgerLane),
+		"kfn.event_inbox": "consumer = 'ledger'", "kfn.dead_letters": "consumer = 'ledger'",
+		"kfn.parked_keys": "consumer = 'ledger'", "kfn.audit_log": "consumer = 'ledger'", "kfn.outbox": "source = 'ledger'",
+	}
+	for table, where := range ledgerRows {
+		if c := count(`SELECT count(*) FROM ` + table + ` WHERE ` + where); c == 0 {
 			t.Fatalf("%s has no row of the ledger to try the orders role on", table)
 		}
 	}
@@ -321,14 +330,17 @@ INSERT INTO kfn.outbox (event_id, subject, event_type, event_key, shard, data, s
 		t.Fatal(err)
 	}
 	refusals := []refusal{}
-	for _, table := range []string{"kfn.cursors", "kfn.inbox", "kfn.event_inbox", "kfn.dead_letters", "kfn.parked_keys", "kfn.audit_log", "kfn.outbox"} {
-		col := ledgerRows[table]
-		refusals = append(refusals, refusal{"read", table, `SELECT 1 FROM ` + table + ` WHERE ` + col + ` = 'ledger'`, ""})
+	for _, table := range []string{"kfn.cursors", "kfn.lanes", "kfn.inbox", "kfn.event_inbox", "kfn.dead_letters", "kfn.parked_keys", "kfn.audit_log", "kfn.outbox"} {
+		refusals = append(refusals, refusal{"read", table, `SELECT 1 FROM ` + table + ` WHERE ` + ledgerRows[table], ""})
 	}
 	for _, table := range []string{"kfn.cursors", "kfn.inbox", "kfn.event_inbox", "kfn.dead_letters", "kfn.parked_keys"} {
+		set := "consumer = consumer"
+		if table == "kfn.inbox" {
+			set = "epoch = epoch"
+		}
 		refusals = append(refusals,
-			refusal{"update", table, `UPDATE ` + table + ` SET consumer = consumer WHERE consumer = 'ledger'`, ""},
-			refusal{"delete", table, `DELETE FROM ` + table + ` WHERE consumer = 'ledger'`, ""})
+			refusal{"update", table, `UPDATE ` + table + ` SET ` + set + ` WHERE ` + ledgerRows[table], ""},
+			refusal{"delete", table, `DELETE FROM ` + table + ` WHERE ` + ledgerRows[table], ""})
 	}
 	refusals = append(refusals,
 		refusal{"update", "kfn.cursors", `UPDATE kfn.cursors SET epoch = epoch + 1000, next_offset = 0 WHERE consumer = 'ledger'`, ""},
@@ -338,7 +350,8 @@ INSERT INTO kfn.outbox (event_id, subject, event_type, event_key, shard, data, s
 		refusal{"delete", "kfn.outbox", `DELETE FROM kfn.outbox WHERE source = 'ledger'`, "42501"},
 		refusal{"truncate", "kfn.inbox", `TRUNCATE kfn.inbox`, "42501"},
 		refusal{"insert", "kfn.cursors", `INSERT INTO kfn.cursors (consumer, topic, partition, next_offset, high_water, epoch, owner) VALUES ('ledger', 'x', 9, 0, 0, 1, 'o')`, "42501"},
-		refusal{"insert", "kfn.inbox", `INSERT INTO kfn.inbox (consumer, topic, partition, "offset", epoch) VALUES ('ledger', 'seed', 0, 99, 1)`, "42501"},
+		refusal{"insert", "kfn.lanes", `INSERT INTO kfn.lanes (consumer, topic, partition) VALUES ('ledger', 'seed', 1)`, "42501"},
+		refusal{"insert", "kfn.inbox", fmt.Sprintf(`INSERT INTO kfn.inbox (lane, "offset", epoch) VALUES (%d, 99, 1)`, ledgerLane), "42501"},
 		refusal{"insert", "kfn.event_inbox", `INSERT INTO kfn.event_inbox (consumer, event_id, subject, stream_seq, epoch) VALUES ('ledger', 'e', 's', 1, 1)`, "42501"},
 		refusal{"insert", "kfn.dead_letters", `INSERT INTO kfn.dead_letters (consumer, topic, partition, "offset", reason, error, attempts) VALUES ('ledger', 'seed', 0, 99, 'permanent', 'x', 1)`, "42501"},
 		refusal{"insert", "kfn.parked_keys", `INSERT INTO kfn.parked_keys (consumer, topic, partition, record_key, blocking_offset) VALUES ('ledger', 'seed', 0, 'k2', 1)`, "42501"},
@@ -385,7 +398,7 @@ INSERT INTO kfn.outbox (event_id, subject, event_type, event_key, shard, data, s
 	}
 	// The orders role still sees its own rows.
 	var own int
-	if err := asOrders.QueryRow(ctx, `SELECT count(*) FROM kfn.inbox WHERE consumer = 'orders'`).Scan(&own); err != nil || own != n+2 {
+	if err := asOrders.QueryRow(ctx, `SELECT count(*) FROM kfn.inbox JOIN kfn.lanes ON id = lane WHERE consumer = 'orders'`).Scan(&own); err != nil || own != n+2 {
 		t.Errorf("the orders role sees %d of its own inbox rows (%v), want %d", own, err, n+2)
 	}
 
@@ -397,7 +410,7 @@ INSERT INTO kfn.outbox (event_id, subject, event_type, event_key, shard, data, s
 
 	// Retention under the orders role purges the orders' inbox rows and
 	// dead letters, and none of the ledger's.
-	ledgerBefore := count(`SELECT (SELECT count(*) FROM kfn.inbox WHERE consumer = 'ledger') * 1000000 + (SELECT count(*) FROM kfn.event_inbox WHERE consumer = 'ledger') * 1000 + (SELECT count(*) FROM kfn.dead_letters WHERE consumer = 'ledger')`)
+	ledgerBefore := count(`SELECT (SELECT count(*) FROM kfn.inbox JOIN kfn.lanes ON id = lane WHERE consumer = 'ledger') * 1000000 + (SELECT count(*) FROM kfn.event_inbox WHERE consumer = 'ledger') * 1000 + (SELECT count(*) FROM kfn.dead_letters WHERE consumer = 'ledger')`)
 	purger := base
 	purger.DatabaseURL, purger.WorkerID, purger.NoRelay = ordersURL, "orders-retention", true
 	purger.InboxRetention, purger.DeadLetterRetention = time.Second, time.Second
@@ -407,9 +420,9 @@ INSERT INTO kfn.outbox (event_id, subject, event_type, event_key, shard, data, s
 	}
 	kfntest.Background(t, "orders retention worker", wk.Run)
 	waitFor(t, "retention (as kfn_fn_orders) to purge the orders' inbox rows and dead letters", func() bool {
-		return count(`SELECT count(*) FROM kfn.inbox WHERE consumer = 'orders'`) == 0 && count(`SELECT count(*) FROM kfn.dead_letters WHERE consumer = 'orders'`) == 0
+		return count(`SELECT count(*) FROM kfn.inbox JOIN kfn.lanes ON id = lane WHERE consumer = 'orders'`) == 0 && count(`SELECT count(*) FROM kfn.dead_letters WHERE consumer = 'orders'`) == 0
 	})
-	if after := count(`SELECT (SELECT count(*) FROM kfn.inbox WHERE consumer = 'ledger') * 1000000 + (SELECT count(*) FROM kfn.event_inbox WHERE consumer = 'ledger') * 1000 + (SELECT count(*) FROM kfn.dead_letters WHERE consumer = 'ledger')`); after != ledgerBefore {
+	if after := count(`SELECT (SELECT count(*) FROM kfn.inbox JOIN kfn.lanes ON id = lane WHERE consumer = 'ledger') * 1000000 + (SELECT count(*) FROM kfn.event_inbox WHERE consumer = 'ledger') * 1000 + (SELECT count(*) FROM kfn.dead_letters WHERE consumer = 'ledger')`); after != ledgerBefore {
 		t.Errorf("the ledger's inbox, event inbox and dead letters went from %d to %d (inbox×10⁶ + events×10³ + letters) under the orders role's retention", ledgerBefore, after)
 	}
 }
@@ -453,6 +466,7 @@ func TestMigrateGrantsPrintsTheSQLForOneFunction(t *testing.T) {
 	for _, want := range []string{
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON kfn.cursors, kfn.inbox, kfn.event_inbox, kfn.dead_letters, kfn.parked_keys, kfn.subject_lanes, kfn.key_lanes TO "kfn_fn_orders";`,
 		`GRANT SELECT, INSERT ON kfn.outbox, kfn.audit_log TO "kfn_fn_orders";`,
+		`GRANT SELECT, INSERT ON kfn.lanes TO "kfn_fn_orders";`,
 		`INSERT INTO kfn.function_roles (role_name, consumer) VALUES ('kfn_fn_orders', 'orders') ON CONFLICT DO NOTHING;`,
 		`-- The tables of orders: kfn cannot list what its Setup creates.`,
 	} {

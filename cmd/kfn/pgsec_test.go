@@ -334,7 +334,7 @@ func TestReadmeRolesRunKfnWithLeastPrivilege(t *testing.T) {
 	}
 	reader := cfg
 	reader.DatabaseURL, reader.SkipSetup = pg.url("kfn_reader", "r-secret", "localhost", pg.caFile), true
-	const lacks = `invalid configuration: --database-url (DATABASE_URL): the role "kfn_reader" lacks privileges a worker needs in kfn's schema (INSERT on kfn.cursors, UPDATE on kfn.cursors, INSERT on kfn.dead_letters, USAGE on kfn.dead_letters_id_seq,`
+	const lacks = `invalid configuration: --database-url (DATABASE_URL): the role "kfn_reader" lacks privileges a worker needs in kfn's schema (INSERT on kfn.cursors, UPDATE on kfn.cursors, INSERT on kfn.lanes, INSERT on kfn.dead_letters, USAGE on kfn.dead_letters_id_seq,`
 	if _, err := worker.New(ctx, reader, fn); err == nil || !strings.Contains(err.Error(), lacks) || !strings.Contains(err.Error(), "DELETE on kfn.outbox") {
 		t.Errorf("a worker as a role that may only read kfn's tables: %v; want %q … DELETE on kfn.outbox", err, lacks)
 	} else {
@@ -354,7 +354,7 @@ func TestReadmeRolesRunKfnWithLeastPrivilege(t *testing.T) {
 		return pg.admin.QueryRow(ctx, `SELECT next_offset FROM kfn.cursors WHERE consumer = $1`, fn.Name).Scan(&next) == nil && next == n+1
 	})
 	var rows, inbox, dead int
-	if err := pg.admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM kfn.inbox WHERE consumer = $1), (SELECT count(*) FROM kfn.dead_letters WHERE consumer = $1)`, fn.Name).Scan(&rows, &inbox, &dead); err != nil {
+	if err := pg.admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM kfn.inbox JOIN kfn.lanes ON id = lane WHERE consumer = $1), (SELECT count(*) FROM kfn.dead_letters WHERE consumer = $1)`, fn.Name).Scan(&rows, &inbox, &dead); err != nil {
 		t.Fatal(err)
 	}
 	if rows != n || inbox != n+1 || dead != 1 {

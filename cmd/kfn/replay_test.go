@@ -371,7 +371,7 @@ func TestReplayRefusesBadArgumentsBeforeTakingALease(t *testing.T) {
 	r.stop()
 	ctx := context.Background()
 	// Retention purged the inbox rows of partition 1 below 2.
-	if _, err := r.db.Pool.Exec(ctx, `DELETE FROM kfn.inbox WHERE consumer = $1 AND partition = 1 AND "offset" < 2`, r.name); err != nil {
+	if _, err := r.db.Pool.Exec(ctx, `DELETE FROM kfn.inbox WHERE lane IN (SELECT id FROM kfn.lanes WHERE consumer = $1 AND partition = 1) AND "offset" < 2`, r.name); err != nil {
 		t.Fatal(err)
 	}
 	audit := func() int {

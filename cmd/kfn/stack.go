@@ -48,29 +48,46 @@ func addServiceFlags(fs *flagSet) serviceFlags {
 // start starts the stack and migrates its database. The caller stops the
 // stack and closes the pool.
 func (f serviceFlags) start(ctx context.Context, out io.Writer, log *slog.Logger) (*stack, *pgxpool.Pool, error) {
+	st, err := f.startServices(ctx, out, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := migrated(ctx, st)
+	return st, pool, err
+}
+
+// startServices starts the stack without touching its database. The
+// caller stops the stack.
+func (f serviceFlags) startServices(ctx context.Context, out io.Writer, log *slog.Logger) (*stack, error) {
 	if len(*f.brokers) > 0 {
 		if err := f.kafka.Check(); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 	}
 	st, err := startStack(ctx, *f.databaseURL, *f.natsURL, *f.brokers, out, log)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if len(*f.brokers) > 0 {
 		st.Kafka = *f.kafka
 	}
+	return st, nil
+}
+
+// migrated connects to the stack's database and migrates it; on an error
+// it stops the stack.
+func migrated(ctx context.Context, st *stack) (*pgxpool.Pool, error) {
 	pool, err := connectPostgres(ctx, st.DatabaseURL)
 	if err != nil {
 		st.stop()
-		return nil, nil, err
+		return nil, err
 	}
 	if _, err := schema.Migrate(ctx, pool); err != nil {
 		pool.Close()
 		st.stop()
-		return nil, nil, err
+		return nil, err
 	}
-	return st, pool, nil
+	return pool, nil
 }
 
 // startStack starts whatever the given URLs leave out. out receives one line

@@ -165,6 +165,6 @@ SELECT $1::text, $2::integer, $3::bigint, $4::bytea, $5::bytea, $6::integer,
   LEFT JOIN kfn.cursors c ON c.consumer = $7::text AND c.topic = $1::text AND c.partition = $2::integer
   LEFT JOIN kfn.key_lanes k ON k.consumer = $7::text AND k.topic = $1::text AND k.partition = $2::integer
                            AND k.xmin = pg_current_xact_id()::xid
-  LEFT JOIN kfn.inbox i ON i.consumer = $7::text AND i.topic = $1::text AND i.partition = $2::integer AND i."offset" = $3::bigint
-                       AND i.xmin = pg_current_xact_id()::xid`
+  LEFT JOIN kfn.lanes l ON l.consumer = $7::text AND l.topic = $1::text AND l.partition = $2::integer
+  LEFT JOIN kfn.inbox i ON i.lane = l.id AND i."offset" = $3::bigint AND i.xmin = pg_current_xact_id()::xid`
 }

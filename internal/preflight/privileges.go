@@ -45,6 +45,7 @@ type privilege struct {
 func neededPrivileges(fns []kfn.Function, relay bool) []privilege {
 	ps := []privilege{
 		{"kfn.cursors", "table", "SELECT"}, {"kfn.cursors", "table", "INSERT"}, {"kfn.cursors", "table", "UPDATE"},
+		{"kfn.lanes", "table", "SELECT"}, {"kfn.lanes", "table", "INSERT"}, // a claim adds its partition's lane
 		{"kfn.dead_letters", "table", "SELECT"}, {"kfn.dead_letters", "table", "INSERT"},
 		{"kfn.dead_letters_id_seq", "sequence", "USAGE"},
 		{"kfn.outbox", "table", "INSERT"}, {"kfn.outbox_id_seq", "sequence", "USAGE"},
@@ -58,6 +59,7 @@ func neededPrivileges(fns []kfn.Function, relay bool) []privilege {
 			inboxes["kfn.inbox"] = true
 		}
 	}
+
 	for _, table := range []string{"kfn.inbox", "kfn.event_inbox"} {
 		if inboxes[table] {
 			ps = append(ps, privilege{table, "table", "SELECT"}, privilege{table, "table", "INSERT"})

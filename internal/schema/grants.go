@@ -36,6 +36,8 @@ func FunctionGrants(role, function string, tables []string) []string {
 		// Appended to only: the relay deletes outbox rows, and no worker
 		// rewrites the audit log.
 		"GRANT SELECT, INSERT ON kfn.outbox, kfn.audit_log TO " + r,
+		// A worker adds its partitions' lanes, which key the inbox.
+		"GRANT SELECT, INSERT ON kfn.lanes TO " + r,
 		"GRANT USAGE ON SEQUENCE kfn.outbox_id_seq, kfn.dead_letters_id_seq, kfn.audit_log_id_seq TO " + r,
 	}
 	if function == AllFunctions { // it may run the relay: it reads and deletes every function's outbox rows

@@ -60,7 +60,7 @@ func TestWorkerInAMemoryLimitedContainerAppliesLargeRecordsOnce(t *testing.T) {
 	t.Logf("produced %d orders of %d bytes each on %d partitions (%d MB)", n, memoryRecordBytes, memoryPartitions, n*memoryRecordBytes/1_000_000)
 
 	name := pm.prefix + "-memory"
-	pm.cmd("run", "-d", "--name", name, "--runtime", "runc", "--network", "host",
+	pm.Run("run", "-d", "--name", name, "--network", "host",
 		"--memory", strconv.Itoa(memoryLimit), "--memory-swap", strconv.Itoa(memoryLimit), // no swap: the limit is the limit
 		"-e", "DATABASE_URL="+c.pg.URL,
 		"-e", "KFN_KAFKA_BROKERS="+strings.Join(c.kafka.Brokers, ","),
@@ -72,19 +72,19 @@ func TestWorkerInAMemoryLimitedContainerAppliesLargeRecordsOnce(t *testing.T) {
 		containerImage+":dev")
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("last log lines of container %s:\n%s", name, pm.logs(name, 40))
+			t.Logf("last log lines of container %s:\n%s", name, pm.Logs(name, 40))
 		}
-		_ = pm.command("rm", "-f", "-t", "0", name).Run()
+		_ = pm.Command("rm", "-f", "-t", "0", name).Run()
 	})
 	peakFile := pm.memoryPeakFile(name)
-	pid := pm.cmd("inspect", "--format", "{{.State.Pid}}", name)
+	pid := pm.Run("inspect", "--format", "{{.State.Pid}}", name)
 	started := time.Now()
 
 	waitUntil(t, 3*time.Minute, "every order applied", func() (bool, string) {
 		// runc on cgroup v1 may not report an OOM kill as such: a
 		// container that stopped (exit code 137, SIGKILL) was killed.
-		if state := pm.cmd("inspect", "--format", "{{.State.Status}} {{.State.OOMKilled}} {{.State.ExitCode}}", name); !strings.HasPrefix(state, "running false") {
-			t.Fatalf("container %s is %q (status, OOM-killed, exit code), want it running:\n%s", name, state, pm.logs(name, 30))
+		if state := pm.Run("inspect", "--format", "{{.State.Status}} {{.State.OOMKilled}} {{.State.ExitCode}}", name); !strings.HasPrefix(state, "running false") {
+			t.Fatalf("container %s is %q (status, OOM-killed, exit code), want it running:\n%s", name, state, pm.Logs(name, 30))
 		}
 		got := c.tableCount("orders")
 		return got == int64(n), fmt.Sprintf("%d of %d orders applied", got, n)
@@ -94,11 +94,11 @@ func TestWorkerInAMemoryLimitedContainerAppliesLargeRecordsOnce(t *testing.T) {
 
 	peak := readBytesFile(t, peakFile)
 	rss := peakRSS(t, pid)
-	state := pm.cmd("inspect", "--format", "{{.State.Status}} {{.State.OOMKilled}} {{.RestartCount}}", name)
+	state := pm.Run("inspect", "--format", "{{.State.Status}} {{.State.OOMKilled}} {{.RestartCount}}", name)
 	if state != "running false 0" {
 		t.Errorf("container %s: status, OOM-killed, restarts = %q; want running, not OOM-killed, never restarted", name, state)
 	}
-	logs := pm.logs(name, 1000)
+	logs := pm.Logs(name, 1000)
 	limitLine := logLine(logs, "memory limit set from the container's")
 	if limitLine == nil || limitLine["go_memory_limit"] != "230 MiB" || limitLine["container_limit"] != "256 MiB" {
 		t.Errorf("the worker's memory limit line: %v; want go_memory_limit 230 MiB (90%%) of container_limit 256 MiB", limitLine)
@@ -110,9 +110,9 @@ func TestWorkerInAMemoryLimitedContainerAppliesLargeRecordsOnce(t *testing.T) {
 		memoryLimit>>20, n, memoryRecordBytes/1000, memoryPartitions, took.Round(time.Second), float64(peak)/(1<<20), float64(rss)/(1<<20))
 	t.Log(line)
 	fmt.Println(line)
-	pm.cmd("stop", "-t", "30", name)
-	if code := pm.exitCode(name); code != 0 {
-		t.Errorf("%s exited with code %d after podman stop, want 0\n%s", name, code, pm.logs(name, 30))
+	pm.Run("stop", "-t", "30", name)
+	if code := pm.ExitCode(name); code != 0 {
+		t.Errorf("%s exited with code %d after podman stop, want 0\n%s", name, code, pm.Logs(name, 30))
 	}
 }
 
@@ -133,7 +133,7 @@ func paddedOrder(t *testing.T, i int) []byte {
 // (v1), under the cgroup path podman reports.
 func (pm *podman) memoryPeakFile(name string) string {
 	pm.t.Helper()
-	path := pm.cmd("inspect", "--format", "{{.State.CgroupPath}}", name)
+	path := pm.Run("inspect", "--format", "{{.State.CgroupPath}}", name)
 	for _, f := range []string{
 		filepath.Join("/sys/fs/cgroup", path, "memory.peak"),
 		filepath.Join("/sys/fs/cgroup/memory", path, "memory.max_usage_in_bytes"),

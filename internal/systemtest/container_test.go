@@ -19,6 +19,7 @@ import (
 
 	"github.com/kfn-dev/kfn/functions/orders"
 	"github.com/kfn-dev/kfn/internal/effects"
+	"github.com/kfn-dev/kfn/internal/podmantest"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
@@ -71,7 +72,7 @@ func TestContainersKilledAndStoppedUnderLoad(t *testing.T) {
 	t.Logf("%s in: 3 containers own the partitions, balanced", time.Since(start).Round(time.Millisecond))
 
 	killed, stopped, last := names[0], names[1], names[2]
-	pm.cmd("kill", killed)
+	pm.Run("kill", killed)
 	killedAt := time.Now()
 	c.waitOwners(names[1:], 60*time.Second)
 	t.Logf("podman kill %s: its partitions were taken over after %s (lease TTL 5s)", killed, time.Since(killedAt).Round(time.Millisecond))
@@ -86,7 +87,7 @@ func TestContainersKilledAndStoppedUnderLoad(t *testing.T) {
 	stopCalled := time.Now()
 	stopDone := make(chan []byte, 1)
 	go func() {
-		out, _ := pm.command("stop", "-t", strconv.Itoa(int(containerStopTimeout/time.Second)), stopped).CombinedOutput()
+		out, _ := pm.Command("stop", "-t", strconv.Itoa(int(containerStopTimeout/time.Second)), stopped).CombinedOutput()
 		stopDone <- out
 	}()
 	var claims map[int]time.Time
@@ -106,10 +107,10 @@ func TestContainersKilledAndStoppedUnderLoad(t *testing.T) {
 		t.Fatalf("podman stop %s did not return", stopped)
 	}
 	exited := time.Since(stopCalled)
-	if code := pm.exitCode(stopped); code != 0 {
-		t.Errorf("%s exited with code %d after podman stop (SIGTERM, SIGKILL after %s), want 0; podman stop: %s\n%s", stopped, code, containerStopTimeout, out, pm.logs(stopped, 30))
+	if code := pm.ExitCode(stopped); code != 0 {
+		t.Errorf("%s exited with code %d after podman stop (SIGTERM, SIGKILL after %s), want 0; podman stop: %s\n%s", stopped, code, containerStopTimeout, out, pm.Logs(stopped, 30))
 	}
-	signalled := pm.signalledAt(stopped)
+	signalled := pm.SignalledAt(stopped)
 	var lastClaim time.Time
 	for p := range before {
 		if claims[p].After(lastClaim) {
@@ -139,60 +140,28 @@ func TestContainersKilledAndStoppedUnderLoad(t *testing.T) {
 		t.Fatalf("kfn produce: %v\n%s", err, producer.LogTail(10))
 	}
 	c.requireAppliedOnce(containerOrders, 60*time.Second)
-	pm.cmd("stop", "-t", strconv.Itoa(int(containerStopTimeout/time.Second)), last)
-	if code := pm.exitCode(last); code != 0 {
-		t.Errorf("%s exited with code %d after podman stop, want 0\n%s", last, code, pm.logs(last, 30))
+	pm.Run("stop", "-t", strconv.Itoa(int(containerStopTimeout/time.Second)), last)
+	if code := pm.ExitCode(last); code != 0 {
+		t.Errorf("%s exited with code %d after podman stop, want 0\n%s", last, code, pm.Logs(last, 30))
 	}
 }
 
-// podman runs the podman CLI with the host's container settings.
+// podman runs podman for the test; its containers are named with prefix.
 type podman struct {
+	*podmantest.Podman
 	t      *testing.T
-	root   string // the repository, for deploy/
 	prefix string // of this test's container names
 }
 
-// newPodman finds podman and the repository, and points podman at
-// deploy/containers.conf unless CONTAINERS_CONF says otherwise.
 func newPodman(t *testing.T) *podman {
 	t.Helper()
-	if _, err := exec.LookPath("podman"); err != nil {
-		t.Fatalf("the container test needs podman: %v", err)
-	}
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if os.Getenv("CONTAINERS_CONF") == "" {
-		t.Setenv("CONTAINERS_CONF", filepath.Join(root, "deploy", "containers.conf"))
-	}
-	return &podman{t: t, root: root, prefix: fmt.Sprintf("kfn-orders-%d", os.Getpid())}
-}
-
-func (pm *podman) command(args ...string) *exec.Cmd {
-	return exec.Command("podman", args...)
-}
-
-// cmd runs podman and fails the test if it fails; it returns the output.
-func (pm *podman) cmd(args ...string) string {
-	pm.t.Helper()
-	out, err := pm.command(args...).CombinedOutput()
-	if err != nil {
-		pm.t.Fatalf("podman %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return strings.TrimSpace(string(out))
+	return &podman{Podman: podmantest.New(t, "../.."), t: t, prefix: fmt.Sprintf("kfn-orders-%d", os.Getpid())}
 }
 
 // buildImage builds the orders image with deploy/image.sh.
 func (pm *podman) buildImage() {
 	pm.t.Helper()
-	start := time.Now()
-	cmd := exec.Command("bash", filepath.Join(pm.root, "deploy", "image.sh"), filepath.Join(pm.root, "functions", "orders", "cmd", "orders"), containerImage)
-	cmd.Dir = pm.root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		pm.t.Fatalf("deploy/image.sh: %v\n%s", err, out)
-	}
-	pm.t.Logf("built image %s in %s", containerImage, time.Since(start).Round(time.Millisecond))
+	pm.BuildImage(filepath.Join(pm.Root, "functions", "orders", "cmd", "orders"), containerImage)
 }
 
 // run starts container n of the orders image on the host network against
@@ -201,7 +170,7 @@ func (pm *podman) buildImage() {
 func (pm *podman) run(c *chain, n int) string {
 	pm.t.Helper()
 	name := fmt.Sprintf("%s-%d", pm.prefix, n)
-	pm.cmd("run", "-d", "--name", name, "--runtime", "runc", "--network", "host",
+	pm.Run("run", "-d", "--name", name, "--network", "host",
 		"-e", "DATABASE_URL="+c.pg.URL,
 		"-e", "KFN_KAFKA_BROKERS="+strings.Join(c.kafka.Brokers, ","),
 		"-e", "KFN_NATS_URL="+c.nats.URL,
@@ -212,55 +181,11 @@ func (pm *podman) run(c *chain, n int) string {
 		containerImage+":dev")
 	pm.t.Cleanup(func() {
 		if pm.t.Failed() {
-			pm.t.Logf("last log lines of container %s:\n%s", name, pm.logs(name, 40))
+			pm.t.Logf("last log lines of container %s:\n%s", name, pm.Logs(name, 40))
 		}
-		_ = pm.command("rm", "-f", "-t", "0", name).Run()
+		_ = pm.Command("rm", "-f", "-t", "0", name).Run()
 	})
 	return name
-}
-
-// exitCode is a stopped container's exit code.
-func (pm *podman) exitCode(name string) int {
-	pm.t.Helper()
-	code, err := strconv.Atoi(pm.cmd("inspect", "--format", "{{.State.ExitCode}}", name))
-	if err != nil {
-		pm.t.Fatalf("podman inspect %s: exit code: %v", name, err)
-	}
-	return code
-}
-
-// logs returns the last n lines a container wrote.
-func (pm *podman) logs(name string, n int) string {
-	out, err := pm.command("logs", "--tail", strconv.Itoa(n), name).CombinedOutput()
-	if err != nil {
-		return fmt.Sprintf("(podman logs %s: %v: %s)", name, err, out)
-	}
-	return string(out)
-}
-
-// signalledAt reads when the worker in container name received its stop
-// signal: the time of its "stopping:" log line.
-func (pm *podman) signalledAt(name string) time.Time {
-	pm.t.Helper()
-	out, err := pm.command("logs", name).CombinedOutput()
-	if err != nil {
-		pm.t.Fatalf("podman logs %s: %v", name, err)
-	}
-	for line := range bytes.Lines(out) {
-		var e struct {
-			Time  time.Time `json:"time"`
-			Msg   string    `json:"msg"`
-			Cause string    `json:"cause"`
-		}
-		if json.Unmarshal(line, &e) == nil && strings.HasPrefix(e.Msg, "stopping:") {
-			if e.Cause != "terminated signal received" {
-				pm.t.Errorf("%s stopped for %q, want SIGTERM", name, e.Cause)
-			}
-			return e.Time
-		}
-	}
-	pm.t.Fatalf("container %s logged no \"stopping:\" line:\n%s", name, pm.logs(name, 30))
-	return time.Time{}
 }
 
 // Log lines of a handoff's phases (engine and package lease): the
@@ -275,7 +200,7 @@ var (
 // time in milliseconds after from, one per line.
 func (pm *podman) phases(name string, from, until time.Time, msgs []string) string {
 	pm.t.Helper()
-	out, err := pm.command("logs", name).CombinedOutput()
+	out, err := pm.Command("logs", name).CombinedOutput()
 	if err != nil {
 		return fmt.Sprintf("(podman logs %s: %v)\n", name, err)
 	}
@@ -399,7 +324,7 @@ func (c *chain) requireAppliedOnce(n int, limit time.Duration) {
 	})
 	rows := c.count(`SELECT count(*) FROM orders`)
 	revisions := c.count(`SELECT coalesce(sum(revisions), 0) FROM orders`)
-	inboxRows := c.count(`SELECT count(*) FROM kfn.inbox WHERE consumer = 'orders' AND topic = $1`, c.topic)
+	inboxRows := c.count(`SELECT count(*) FROM kfn.inbox JOIN kfn.lanes ON id = lane WHERE consumer = 'orders' AND topic = $1`, c.topic)
 	dead := c.count(`SELECT count(*) FROM kfn.dead_letters WHERE consumer = 'orders'`)
 	lost, duplicated := int64(n)-rows, revisions-rows
 	c.t.Logf("produced %d orders: %d rows (lost %d), %d applies (duplicated %d), %d inbox rows, %d dead letters", n, rows, lost, revisions, duplicated, inboxRows, dead)

@@ -56,7 +56,8 @@ func seed(tb testing.TB, n int) *seeded {
  SELECT 'big', $1, p, ($2 - p + 3) / 4, ($2 - p + 3) / 4, 1, 'seed' FROM generate_series(0, 3) AS p`,
 		`INSERT INTO kfn.audit_log (actor, action, consumer, topic, partition, details)
  SELECT 'seed', 'claim', 'big', $1, p, '{"epoch": 1, "next_offset": 0, "high_water": 0}' FROM generate_series(0, 3) AS p WHERE $2::int > 0`,
-		`INSERT INTO kfn.inbox (consumer, topic, partition, "offset", epoch) SELECT 'big', $1, i % 4, i / 4, 1 FROM generate_series(0, $2 - 1) AS i`,
+		`INSERT INTO kfn.lanes (consumer, topic, partition) SELECT 'big', $1, p FROM generate_series(0, 3) AS p WHERE $2::int >= 0`,
+		`INSERT INTO kfn.inbox (lane, "offset", epoch) SELECT l.id, i / 4, 1 FROM generate_series(0, $2 - 1) AS i JOIN kfn.lanes l ON l.consumer = 'big' AND l.topic = $1 AND l.partition = i % 4`,
 		`CREATE TABLE effects AS SELECT $1::text AS source_topic, i % 4 AS source_partition, (i / 4)::bigint AS source_offset FROM generate_series(0, $2 - 1) AS i`,
 		`CREATE TABLE counts AS SELECT 'k' || i % 1000 AS key, count(*) AS revisions FROM generate_series(0, $2 - 1) AS i WHERE $1::text <> '' GROUP BY 1`,
 	} {

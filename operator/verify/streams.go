@@ -16,8 +16,13 @@ import (
 // only the effects query's rows are sorted (by its own columns, so that an
 // index on them spares the sort), in memory up to effectsWorkMem.
 const (
-	inboxSQL = `SELECT partition, "offset", epoch, outcome = 'dead_lettered' FROM kfn.inbox
- WHERE consumer = $1 AND topic = $2 ORDER BY partition, "offset"`
+	// The inbox is keyed by lane (one per partition) and offset: the lanes
+	// in partition order, and each lane's rows in its key's order, which a
+	// nested loop keeps (an ORDER BY over both would sort a whole
+	// partition). The stream checks that order as it reads (inboxOrdered).
+	inboxSQL = `SELECT l.partition, i."offset", i.epoch, i.outcome = 'dead_lettered'
+  FROM (SELECT id, partition FROM kfn.lanes WHERE consumer = $1 AND topic = $2 ORDER BY partition) l
+ CROSS JOIN LATERAL (SELECT "offset", epoch, outcome FROM kfn.inbox WHERE lane = l.id ORDER BY "offset") i`
 	deadLettersSQL = `SELECT DISTINCT partition, "offset" FROM kfn.dead_letters
  WHERE consumer = $1 AND topic = $2 ORDER BY partition, "offset"`
 	effectsSQL = `SELECT source_partition::int, source_offset::bigint FROM (%s) AS effects(source_topic, source_partition, source_offset)
@@ -62,9 +67,12 @@ type stream struct {
 	rows pgx.Rows
 	scan []any // after the position
 	byID bool  // the position is an event id (else a partition and offset)
-	pos  position
-	ok   bool
-	err  error
+	// increasing: each row's position must be after the one before (a
+	// query whose order the SQL does not state; see inboxSQL).
+	increasing bool
+	pos        position
+	ok         bool
+	err        error
 }
 
 // query is one stream's query: its settings (SET LOCAL statements), its
@@ -75,6 +83,9 @@ type query struct {
 	args     []any
 	scan     []any
 	byID     bool
+	// increasing: the rows come in strictly increasing positions (checked
+	// as they are read).
+	increasing bool
 }
 
 // openStream begins a read-only transaction on a connection of its own
@@ -84,7 +95,7 @@ func openStream(ctx context.Context, pool *pgxpool.Pool, snapshot, name string, 
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
-	s := &stream{name: name, conn: conn, scan: q.scan, byID: q.byID}
+	s := &stream{name: name, conn: conn, scan: q.scan, byID: q.byID, increasing: q.increasing}
 	if s.tx, err = conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}); err == nil {
 		_, err = s.tx.Exec(ctx, `SET TRANSACTION SNAPSHOT '`+snapshot+`'`)
 	}
@@ -112,12 +123,17 @@ func (s *stream) next() {
 		}
 		return
 	}
+	before, first := s.pos, !s.ok
 	at := []any{&s.pos.p, &s.pos.o}
 	if s.byID {
 		at = []any{&s.pos.id}
 	}
 	if err := s.rows.Scan(append(at, s.scan...)...); err != nil {
 		s.ok, s.err = false, fmt.Errorf("read %s: %w", s.name, err)
+		return
+	}
+	if s.increasing && !first && !before.less(s.pos) {
+		s.ok, s.err = false, fmt.Errorf("read %s: its rows came out of order (%s after %s)", s.name, s.pos, before)
 		return
 	}
 	s.ok = true
@@ -150,7 +166,7 @@ func openRecords(ctx context.Context, pool *pgxpool.Pool, snapshot string, spec 
 	r := &records{}
 	var err error
 	args := []any{spec.Function, spec.Topic}
-	if r.inbox, err = openStream(ctx, pool, snapshot, "the inbox", query{sql: inboxSQL, args: args, scan: []any{&r.epoch, &r.ibDead}}); err != nil {
+	if r.inbox, err = openStream(ctx, pool, snapshot, "the inbox", query{sql: inboxSQL, args: args, scan: []any{&r.epoch, &r.ibDead}, increasing: true}); err != nil {
 		return nil, fmt.Errorf("read the inbox of %s: %w", spec.Function, err)
 	}
 	if r.dead, err = openStream(ctx, pool, snapshot, "the dead letters", query{sql: deadLettersSQL, args: args}); err != nil {

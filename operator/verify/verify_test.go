@@ -385,7 +385,7 @@ VALUES ('stuck-1', $1, $1, 'k1', 0, '', $2, $3, 0, 2, now() - interval '2 minute
 		}
 		d.kafka.Produce(t, d.topic, kafka.Message{Partition: 0, Key: []byte("k9"), Value: []byte("late")})
 		o := old.NextOffset
-		d.exec(t, `INSERT INTO kfn.inbox (consumer, topic, partition, "offset", epoch) VALUES ($1, $2, 0, $3, $4)`, function, d.topic, o, old.Epoch)
+		d.exec(t, `INSERT INTO kfn.inbox (lane, "offset", epoch) SELECT id, $3, $4 FROM kfn.lanes WHERE consumer = $1 AND topic = $2 AND partition = 0`, function, d.topic, o, old.Epoch)
 		d.exec(t, `INSERT INTO effects VALUES ($1, 0, $2)`, d.topic, o)
 		d.exec(t, `UPDATE kfn.cursors SET next_offset = $3, high_water = $3 WHERE consumer = $1 AND topic = $2 AND partition = 0`, function, d.topic, o+1)
 		if bad := only(d.check(t, d.spec), "fenced_but_committed", 1,

@@ -3,7 +3,10 @@
 // (the same batching without the inbox claim and the fenced cursor), with
 // the naive consumer most projects start with, with the relay to JetStream
 // (the full pipeline) and through a chain of two functions, against the
-// limit of the machine: Postgres ingesting the same rows with COPY. It
+// limit of the machine: Postgres ingesting the same rows with COPY, at the
+// batch size and connection count that ingest fastest (limit.go), and the
+// same with the events emitted to the WAL rather than copied into the
+// outbox. It
 // reports each mode's throughput, its CPU time per record over every
 // process involved (cpu.go), its commit latency (latency.go) and its
 // memory (memory.go), and describes the machine (machine.go). It also
@@ -19,6 +22,7 @@ import (
 	"io"
 	"os"
 	"runtime/pprof"
+	"slices"
 	"sort"
 	"sync/atomic"
 	"time"
@@ -30,7 +34,6 @@ import (
 	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/kafkasource"
-	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
 )
@@ -38,6 +41,7 @@ import (
 // Modes, in the order they run in each round.
 const (
 	ModeCopy        = "copy limit"
+	ModeWALLimit    = "wal limit"
 	ModeExactlyOnce = "exactly-once"
 	ModeAtLeastOnce = "at-least-once"
 	ModeNaive       = "naive"
@@ -58,8 +62,14 @@ type Config struct {
 	Next runtime.Function
 	// Limit writes the rows of records [first, first+n) for the copy
 	// limit, with COPY, inside tx: the business rows, the inbox rows and
-	// the outbox rows the exactly-once path writes for them.
-	Limit func(ctx context.Context, tx pgx.Tx, consumer string, first, n int64) error
+	// the outbox rows the exactly-once path writes for them. The copy
+	// limit sweeps its batch size and connections (limit.go).
+	Limit Writer
+	// WALLimit, when set, writes the same records as the WAL outbox mode
+	// would: the business and inbox rows with COPY, and each event with
+	// pg_logical_emit_message(true, …) instead of an outbox row. The wal
+	// limit sweeps it as the copy limit is swept.
+	WALLimit Writer
 	// Reset clears the business tables and the event stream between modes,
 	// so every mode does the same writes.
 	Reset func(ctx context.Context, tx pgx.Tx) error
@@ -94,6 +104,10 @@ type Result struct {
 	// its end (0: unknown, or not on this machine). See memory.go.
 	PeakRSS        int64
 	PostgresMemory int64
+	// For a limit: the setting of its median round's best rate, and every
+	// setting that round tried (limit.go).
+	Setting LimitSetting
+	Sweep   []SweepPoint
 }
 
 // CPUPer10k is the CPU time of process name (every process if empty) per
@@ -114,6 +128,8 @@ type round struct {
 	commit   Latency
 	peakRSS  int64
 	postgres int64
+	setting  LimitSetting // a limit's best setting
+	sweep    []SweepPoint // a limit's every setting
 }
 
 type mode struct {
@@ -131,7 +147,8 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		return nil, fmt.Errorf("bench: naive records %d must be in 2..%d", cfg.NaiveRecords, cfg.Records)
 	}
 	modes := []mode{
-		{ModeCopy, benchCopy},
+		{ModeCopy, benchLimit(func(cfg *Config) Writer { return cfg.Limit })},
+		{ModeWALLimit, benchLimit(func(cfg *Config) Writer { return cfg.WALLimit })},
 		{ModeExactlyOnce, benchBatched(engine.NewWorker, false)},
 		{ModeAtLeastOnce, benchBatched(newAtLeastOnceWorker, false)},
 		{ModeNaive, benchNaive},
@@ -140,9 +157,9 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	if cfg.Next.Name != "" {
 		modes = append(modes, mode{ModeChain, benchChain})
 	}
-	if cfg.Limit == nil {
-		modes = modes[1:]
-	}
+	modes = slices.DeleteFunc(modes, func(m mode) bool {
+		return m.name == ModeCopy && cfg.Limit == nil || m.name == ModeWALLimit && cfg.WALLimit == nil
+	})
 	rounds := make([][]round, len(modes))
 	for r := 0; r < max(1, cfg.Rounds); r++ {
 		for i, m := range modes {
@@ -182,7 +199,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		})
 		m := sorted[len(sorted)/2]
 		results[i] = Result{Mode: modes[i].name, Records: m.records, Elapsed: m.elapsed, PerSecond: float64(m.records) / m.elapsed.Seconds(), CPU: m.cpu, Rounds: rates,
-			Commit: m.commit, PeakRSS: m.peakRSS, PostgresMemory: m.postgres}
+			Commit: m.commit, PeakRSS: m.peakRSS, PostgresMemory: m.postgres, Setting: m.setting, Sweep: m.sweep}
 	}
 	return results, nil
 }
@@ -192,6 +209,8 @@ func shortName(mode string) string {
 	switch mode {
 	case ModeCopy:
 		return "copy"
+	case ModeWALLimit:
+		return "wal"
 	case ModeExactlyOnce:
 		return "eo"
 	case ModeAtLeastOnce:
@@ -371,48 +390,6 @@ func runUntil(ctx context.Context, cfg *Config, wk *engine.Worker, done func() (
 		case <-time.After(time.Millisecond):
 		}
 	}
-}
-
-// benchCopy is the limit: Postgres ingesting the rows the exactly-once path
-// writes (cfg.Limit) with COPY, in transactions of the same size, over as
-// many connections as the topic has partitions.
-func benchCopy(ctx context.Context, cfg *Config, consumer string) (round, error) {
-	pool, err := pgxpool.New(ctx, cfg.Worker.DatabaseURL)
-	if err != nil {
-		return round{}, err
-	}
-	defer pool.Close()
-	lanes := int64(max(1, cfg.Partitions))
-	per := (cfg.Records + lanes - 1) / lanes
-	batch := int64(cfg.Worker.BatchSize)
-	if batch <= 0 {
-		batch = int64(settings.DefaultBatchSize)
-	}
-	c := clock{procs: cfg.Processes}
-	c.begin()
-	errs := make(chan error, lanes)
-	for lane := int64(0); lane < lanes; lane++ {
-		go func(first, last int64) {
-			for i := first; i < last; i += batch {
-				n := min(batch, last-i)
-				err := c.commits.timed(int(n), func() error {
-					return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return cfg.Limit(ctx, tx, consumer, i, n) })
-				})
-				if err != nil {
-					errs <- err
-					return
-				}
-				cfg.done.Add(n)
-			}
-			errs <- nil
-		}(lane*per, min(cfg.Records, (lane+1)*per))
-	}
-	for range lanes {
-		if err := <-errs; err != nil {
-			return round{}, err
-		}
-	}
-	return c.end(cfg.Records), nil
 }
 
 // benchNaive is the baseline most consumers start with: a consumer group
