@@ -1,12 +1,8 @@
-// Package outbox owns the transactional outbox: the events a function emits
-// inside its business transaction, their deterministic ids and relay shards,
-// and the relay that forwards committed rows to NATS JetStream.
 package outbox
 
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -94,17 +90,7 @@ func EventID(consumer, sourceID string, index int) string {
 	sum := h.Sum(nil)[:16]
 	sum[6] = sum[6]&0x0f | 0x80 // version 8
 	sum[8] = sum[8]&0x3f | 0x80 // RFC 4122 variant
-	var buf [36]byte
-	hex.Encode(buf[0:8], sum[0:4])
-	buf[8] = '-'
-	hex.Encode(buf[9:13], sum[4:6])
-	buf[13] = '-'
-	hex.Encode(buf[14:18], sum[6:8])
-	buf[18] = '-'
-	hex.Encode(buf[19:23], sum[8:10])
-	buf[23] = '-'
-	hex.Encode(buf[24:], sum[10:16])
-	return string(buf[:])
+	return formatUUID(sum)
 }
 
 // ShardOf returns the relay shard of an event key: a hash of its bytes,

@@ -92,6 +92,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		defer wg.Done()
 		r.Listen(ctx)
 	}()
+	if r.readsSlot(ctx) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pprof.Do(ctx, profileLabels, r.runSlot)
+		}()
+	}
 	if r.cfg.Scheduler != nil {
 		return r.runScheduled(ctx)
 	}
@@ -111,6 +118,21 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// readsSlot reports whether Run reads the WAL outbox's slot: in wal mode,
+// and in table mode when the WAL outbox is set up (events written before
+// a switch back to table may be waiting in it).
+func (r *Relay) readsSlot(ctx context.Context) bool {
+	if r.cfg.Mode == ModeWAL {
+		return true
+	}
+	state, err := ReadWALState(ctx, r.cfg.Pool)
+	if err != nil {
+		r.log.Warn("cannot tell whether the WAL outbox is set up; not reading its slot", "err", err)
+		return false
+	}
+	return state.SetUp
 }
 
 // runScheduled works the shards the scheduler hands out.

@@ -30,8 +30,8 @@ type ackRouter struct {
 	// publish sends a message; tests replace it (RelayConfig.publish).
 	publish func(*nats.Conn, *nats.Msg) error
 	prefix  string
-	seq     atomic.Uint64 // the last reply sequence handed out, over all shards
-	inbox   [Shards]ackInbox
+	seq     atomic.Uint64        // the last reply sequence handed out, over all shards
+	inbox   [Shards + 1]ackInbox // per shard, then the WAL slot reader's (walInbox)
 	sub     *nats.Subscription
 	status  chan nats.Status
 }
@@ -130,7 +130,7 @@ func (a *ackRouter) parseReply(subject string) (int, uint64, bool) {
 		return 0, 0, false
 	}
 	shard, err := strconv.Atoi(rest[:dot])
-	if err != nil || shard < 0 || shard >= Shards {
+	if err != nil || shard < 0 || shard > walInbox {
 		return 0, 0, false
 	}
 	seq, err := strconv.ParseUint(rest[dot+1:], 10, 64)

@@ -52,14 +52,17 @@ func TestParsePubAck(t *testing.T) {
 	}
 }
 
-// Reply subjects carry the shard and the sequence; anything else is not an
-// ack of the relay's.
+// Reply subjects carry the shard (or the WAL slot reader's inbox, after
+// the shards') and the sequence; anything else is not an ack of the relay's.
 func TestAckRouterParsesReplySubjects(t *testing.T) {
 	a := &ackRouter{prefix: "_INBOX.abc."}
 	if shard, seq, ok := a.parseReply("_INBOX.abc.31.9001"); !ok || shard != 31 || seq != 9001 {
 		t.Errorf("parseReply = %d, %d, %v; want 31, 9001, true", shard, seq, ok)
 	}
-	for _, bad := range []string{"_INBOX.abc.32.1", "_INBOX.abc.-1.1", "_INBOX.abc.3", "_INBOX.abc.3.x", "_INBOX.xyz.3.1", "_INBOX.abc."} {
+	if shard, _, ok := a.parseReply("_INBOX.abc.32.1"); !ok || shard != walInbox {
+		t.Errorf("parseReply of the WAL reader's reply = %d, %v; want %d, true", shard, ok, walInbox)
+	}
+	for _, bad := range []string{"_INBOX.abc.33.1", "_INBOX.abc.-1.1", "_INBOX.abc.3", "_INBOX.abc.3.x", "_INBOX.xyz.3.1", "_INBOX.abc."} {
 		if _, _, ok := a.parseReply(bad); ok {
 			t.Errorf("parseReply(%q) accepted it", bad)
 		}

@@ -96,6 +96,26 @@ type RelayConfig struct {
 	// leases). When nil, Run works all shards.
 	Scheduler ShardScheduler
 
+	// Mode is where the functions write their events (--outbox). With
+	// ModeWAL the relay reads the WAL outbox's replication slot (one reader
+	// per slot, chosen by SlotLease) besides the table's shards, which may
+	// still hold events written before a switch to wal. With ModeTable it
+	// reads the slot too when the WAL outbox is set up, so that events
+	// written before a switch back to table are relayed. Default ModeTable.
+	Mode Mode
+	// SlotLease, when set, decides when this process reads the slot, and
+	// gives the fencing token that keeps an earlier reader off it. When
+	// nil, the relay reads the slot all the time, unfenced: one relay only.
+	SlotLease SlotLease
+	// WorkerID names this relay in kfn.wal_outbox (the slot's reader).
+	WorkerID string
+	// MaxPending bounds the events read from the slot and not yet acked;
+	// the relay stops reading while it has that many. Default 10000.
+	MaxPending int
+	// StatusInterval is how often the slot reader confirms its position to
+	// Postgres and reports its backlog in kfn.wal_outbox. Default 1s.
+	StatusInterval time.Duration
+
 	// AfterAck, when set, is called by a shard loop for every event the
 	// stream acked, with when the ack came (kfn bench measures commit → ack
 	// latency with it). It runs on the shard's loop: it must not block.
@@ -155,6 +175,15 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 	if c.ParkFor == 0 {
 		c.ParkFor = 30 * time.Second
 	}
+	if c.Mode == "" {
+		c.Mode = ModeTable
+	}
+	if c.MaxPending == 0 {
+		c.MaxPending = 10000
+	}
+	if c.StatusInterval == 0 {
+		c.StatusInterval = time.Second
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -204,6 +233,12 @@ func (c RelayConfig) validate() error {
 		return bad("MaxAttempts", "is %d: it must be at least 1", c.MaxAttempts)
 	case c.ParkFor <= 0:
 		return bad("ParkFor", "is %v: it must be positive", c.ParkFor)
+	case c.Mode != ModeTable && c.Mode != ModeWAL:
+		return bad("Mode", "is %q: use ModeTable or ModeWAL", c.Mode)
+	case c.MaxPending < 1:
+		return bad("MaxPending", "is %d: allow at least one pending event", c.MaxPending)
+	case c.StatusInterval <= 0:
+		return bad("StatusInterval", "is %v: it must be positive", c.StatusInterval)
 	}
 	for i, s := range c.Subjects {
 		if err := CheckSubjectPattern(s); err != nil {

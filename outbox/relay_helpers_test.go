@@ -29,6 +29,7 @@ type relayFixture struct {
 	stream  string
 	subject string // events are published on subject + ".<kind>"
 	offset  int64  // source offsets handed out so far
+	mode    Mode   // where tryInsert writes: the table (zero value) or the WAL
 	mu      sync.Mutex
 }
 
@@ -130,7 +131,7 @@ func (f *relayFixture) insert(rows []Row) {
 
 func (f *relayFixture) tryInsert(rows []Row) error {
 	ctx := context.Background()
-	err := pgx.BeginFunc(ctx, f.db.Pool, func(tx pgx.Tx) error { return Insert(ctx, tx, rows) })
+	err := pgx.BeginFunc(ctx, f.db.Pool, func(tx pgx.Tx) error { return Write(ctx, tx, f.mode, rows) })
 	if err != nil {
 		return fmt.Errorf("insert outbox rows: %w", err)
 	}

@@ -29,6 +29,8 @@ type RelayStats struct {
 	Listening bool
 	// AckLatency is the distribution of LastLatency over every ack.
 	AckLatency LatencyHistogram
+	// WAL is the WAL outbox slot reader's state (see RelayConfig.Mode).
+	WAL WALStats
 }
 
 // AckLatencyBuckets are the upper bounds, in seconds, of the relay's
@@ -78,7 +80,13 @@ type relayCounters struct {
 	lastAckAt    atomic.Int64 // unix nanoseconds
 	activeShards atomic.Int64
 	listening    atomic.Bool
-	ackLatency   latencyHistogram
+	// The WAL slot reader's: whether it holds the slot, found it lost, and
+	// its backlog (events, and the oldest one's emit time in unix ns).
+	slotHeld   atomic.Bool
+	slotLost   atomic.Bool
+	walPending atomic.Int64
+	walOldest  atomic.Int64
+	ackLatency latencyHistogram
 }
 
 func (c *relayCounters) acked(duplicate bool, createdAt, now time.Time) {
@@ -104,6 +112,10 @@ func (r *Relay) Stats() RelayStats {
 		ActiveShards: int(c.activeShards.Load()),
 		Listening:    c.listening.Load(),
 		AckLatency:   c.ackLatency.snapshot(),
+		WAL:          WALStats{Reading: c.slotHeld.Load(), Pending: c.walPending.Load(), SlotLost: c.slotLost.Load()},
+	}
+	if at := c.walOldest.Load(); at != 0 {
+		s.WAL.OldestPending = time.Unix(0, at)
 	}
 	if at := c.lastAckAt.Load(); at != 0 {
 		s.LastPublishedAt = time.Unix(0, at)

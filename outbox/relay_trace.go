@@ -26,7 +26,13 @@ const MessagingSystemNATS = "nats"
 // and replaces the message's trace context with the span's. It returns
 // nil when the relay records no spans.
 func (l *shardLoop) startPublish(row *relayRow, msg *nats.Msg) trace.Span {
-	tracer := l.r.cfg.Tracer
+	return l.r.startPublish(row, msg, attribute.Int("kfn.shard", l.shard))
+}
+
+// startPublish starts the span of row's message (see shardLoop.startPublish)
+// with the reader's own attribute (its shard, or the WAL slot).
+func (r *Relay) startPublish(row *relayRow, msg *nats.Msg, reader attribute.KeyValue) trace.Span {
+	tracer := r.cfg.Tracer
 	if tracer == nil {
 		return nil
 	}
@@ -37,8 +43,8 @@ func (l *shardLoop) startPublish(row *relayRow, msg *nats.Msg) trace.Span {
 		semconv.MessagingOperationName(opSend),
 		semconv.MessagingDestinationName(row.Subject),
 		semconv.MessagingMessageID(row.EventID),
-		attribute.String("kfn.stream", l.r.cfg.Stream),
-		attribute.Int("kfn.shard", l.shard),
+		attribute.String("kfn.stream", r.cfg.Stream),
+		reader,
 	))
 	Propagator.Inject(ctx, natsHeaderCarrier(msg.Header))
 	return span

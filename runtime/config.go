@@ -53,6 +53,7 @@ type Config struct {
 	NoRelay        bool          // KFN_NO_RELAY (true/false, 1/0): do not run the outbox relay in this process (run `kfn relay` instead)
 	SkipSetup      bool          // KFN_SKIP_SETUP: do not run the functions' Setup at start (run the binary's migrate mode as the schema owner instead)
 	EventStream    string        // KFN_EVENT_STREAM: the JetStream stream outbox events are relayed to
+	Outbox         string        // KFN_OUTBOX: table (default) or wal, where a function's transaction writes its events (docs/production/wal-outbox.md)
 	EventDedup     time.Duration // KFN_EVENT_DEDUP: the stream's duplicate window, when the relay creates it
 	EventRetention time.Duration // KFN_EVENT_RETENTION: the event stream's max age, when the relay creates it
 	InboxRetention time.Duration // KFN_INBOX_RETENTION: inbox rows older than this are purged (dedup of Kafka records stays permanent)
@@ -123,6 +124,7 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.NATSReplicas, settings.DefaultNATSReplicas)
 	setDefault(&c.Lanes, settings.Lanes.Default)
 	setDefault(&c.EventStream, DefaultStream)
+	setDefault(&c.Outbox, settings.Outbox.Default)
 	setDefault(&c.EventDedup, settings.DefaultEventDedup)
 	setDefault(&c.InboxRetention, settings.DefaultInboxRetention)
 	setDefault(&c.StallAfter, settings.DefaultStallAfter)
@@ -178,6 +180,7 @@ func (c *Config) bind(b *settings.Binder) {
 	settings.NoRelay.Bind(b, &c.NoRelay)
 	settings.SkipSetup.Bind(b, &c.SkipSetup)
 	settings.EventStream.Bind(b, &c.EventStream)
+	settings.Outbox.Bind(b, &c.Outbox)
 	settings.EventDedup.Bind(b, &c.EventDedup)
 	settings.InboxRetention.Bind(b, &c.InboxRetention)
 	settings.EventRetention.Bind(b, &c.EventRetention)

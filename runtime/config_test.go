@@ -14,6 +14,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/process"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/runtime"
+	"github.com/kfn-dev/kfn/runtime/kfntest"
 	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
@@ -46,6 +47,7 @@ func TestBadConfigurationNamesTheField(t *testing.T) {
 		{"NATS CA file unreadable", func(c *runtime.Config) { c.NATSSecurity.CAFile = "/nonexistent/ca.pem" }, "--nats-ca (KFN_NATS_CA)", "cannot read the CA file"},
 		{"NATS cert without key", func(c *runtime.Config) { c.NATSSecurity.CertFile = "/etc/hostname" }, "--nats-key (KFN_NATS_KEY)", "without its private key"},
 		{"NATS creds and token", func(c *runtime.Config) { c.NATSSecurity.Creds, c.NATSSecurity.TokenFile = "a.creds", "token" }, "--nats-token-file (KFN_NATS_TOKEN_FILE)", "give only one of"},
+		{"unknown outbox mode", func(c *runtime.Config) { c.Outbox = "disk" }, "--outbox (KFN_OUTBOX)", "use table or wal"},
 		{"handler timeout below a round trip", func(c *runtime.Config) { c.HandlerTimeout = time.Second; c.StatementTimeout = time.Second }, "--handler-timeout", "lower --statement-timeout to at most 800ms"},
 	}
 	for _, tc := range cases {
@@ -322,6 +324,18 @@ func TestMainRejectsAnOTelVariableItCannotFollow(t *testing.T) {
 	code := worker.Main(effects.Function("fn", "topic"), []string{"--kafka-brokers", "127.0.0.1:1", "--database-url", "postgres://u@127.0.0.1:1/d", "--nats-url", "nats://127.0.0.1:1"}, &out)
 	if code != 2 || !strings.Contains(out.String(), `invalid configuration: OTEL_TRACES_EXPORTER: "zipkin": kfn exports traces with "otlp" or "console"`) {
 		t.Errorf("exit %d, stderr %q; want exit 2 naming OTEL_TRACES_EXPORTER", code, out.String())
+	}
+}
+
+// TestAWorkerInWALModeRefusesToStartWithoutTheSlot starts a worker whose
+// function emits, with --outbox wal, on a database whose WAL outbox is not
+// set up: it refuses, naming the setting and the command that sets it up.
+func TestAWorkerInWALModeRefusesToStartWithoutTheSlot(t *testing.T) {
+	db := kfntest.Postgres(t)
+	cfg := runtime.Config{KafkaBrokers: kfntest.Kafka(t).Brokers, DatabaseURL: db.URL, NATSURL: kfntest.NATSURL(t), Outbox: "wal"}
+	_, err := worker.New(context.Background(), cfg, effects.Function(kfntest.Name(t, "fn"), "topic"))
+	if err == nil || !strings.Contains(err.Error(), "--outbox wal (KFN_OUTBOX)") || !strings.Contains(err.Error(), "kfn migrate --outbox wal") {
+		t.Fatalf("worker.New with --outbox wal and no slot: %v", err)
 	}
 }
 

@@ -26,7 +26,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	fs := newFlags("migrate", help{
 		usage: []string{
-			"kfn migrate --database-url URL [--nats --nats-url URL --subjects S[,S…]]",
+			"kfn migrate --database-url URL [--outbox wal] [--nats --nats-url URL --subjects S[,S…]]",
 			"kfn migrate grants --function NAME --role ROLE [--tables T[,T…]] [--apply]",
 		},
 		commands: migrateCommands,
@@ -37,6 +37,12 @@ an older one, or a newer one whose migrations break them (a migration is
 additive or says which older workers it breaks); the output names the oldest
 worker version that runs against the result.
 
+With --outbox wal it also sets up the WAL outbox: it checks that Postgres
+has wal_level=logical and creates the publication and the logical
+replication slot the relay reads (it needs the REPLICATION attribute, and
+says so when it lacks it). A slot that was lost is created again, and the
+output says how to recover the events lost with it.
+
 With --nats it also creates, once and with --nats-replicas, the JetStream
 state the workers use: the lease bucket and the event stream capturing
 --subjects (an existing stream gets the subjects it lacks). Run it with a
@@ -45,6 +51,7 @@ then need no such right.`,
 		examples: `
 kfn migrate --database-url postgres://kfn@db:5432/kfn
 DATABASE_URL=postgres://kfn@db:5432/kfn kfn migrate
+kfn migrate --outbox wal --database-url postgres://kfn@db:5432/kfn
 kfn migrate --nats --nats-url nats://nats:4222 --nats-creds admin.creds --nats-replicas 3 --subjects 'orders.>,payments.>'`,
 	}, stderr)
 	dbURL := bind(fs, settings.DatabaseURL)
@@ -52,6 +59,7 @@ kfn migrate --nats --nats-url nats://nats:4222 --nats-creds admin.creds --nats-r
 	var cfg runtime.Config
 	bindNATSState(fs.settings, &cfg)
 	subjects := bind(fs, settings.RelaySubjects)
+	outboxMode := bind(fs, settings.Outbox)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -73,6 +81,11 @@ kfn migrate --nats --nats-url nats://nats:4222 --nats-creds admin.creds --nats-r
 		return err
 	}
 	fmt.Fprintln(stdout, schema.Outcome(applied))
+	if outbox.Mode(*outboxMode) == outbox.ModeWAL {
+		if err := setUpWAL(ctx, pool, stdout); err != nil {
+			return err
+		}
+	}
 	if !*withNATS {
 		return nil
 	}
@@ -129,4 +142,31 @@ func connectPostgres(ctx context.Context, dbURL string) (*pgxpool.Pool, error) {
 		return nil, &usageError{msg: urlErr.Error()}
 	}
 	return pool, err
+}
+
+// setUpWAL sets up the WAL outbox (outbox.SetUpWAL) and says what it did;
+// a slot made again after a loss comes with the way to recover.
+func setUpWAL(ctx context.Context, pool *pgxpool.Pool, stdout io.Writer) error {
+	setup, err := outbox.SetUpWAL(ctx, pool)
+	if err != nil {
+		return fmt.Errorf("set up the WAL outbox: %w", err)
+	}
+	made := func(created bool) string {
+		if created {
+			return "created"
+		}
+		return "present"
+	}
+	fmt.Fprintf(stdout, "kfn: WAL outbox: replication slot %s %s, publication %s %s\n",
+		setup.Slot, made(setup.CreatedSlot), setup.Publication, made(setup.CreatedPublication))
+	if setup.Recreated {
+		since := "an unknown time (no reader ever confirmed it)"
+		if !setup.LostSince.IsZero() {
+			since = setup.LostSince.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(stdout, "kfn: WARNING: the slot had been lost: events emitted after its last confirmation, %s, and not relayed before it went are lost. "+
+			"Recover them by replaying the functions that emit from that time with their event ids kept (kfn replay --function F --topic T --from-time %s --reexecute --keep-event-ids): "+
+			"the stream and the downstream inboxes drop the events they already have (docs/production/wal-outbox.md, \"Slot loss\").\n", since, since)
+	}
+	return nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/operator"
+	"github.com/kfn-dev/kfn/outbox"
 )
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -83,7 +84,7 @@ kfn status --database-url "$ORDERS_DB" --function-databases "ledger=$LEDGER_DB"`
 		defer readers[i].Close()
 	}
 	if *watch == 0 {
-		return printStatus(ctx, stdout, readers, *function, *asJSON, js != nil, len(*brokers) > 0)
+		return printStatus(ctx, stdout, pools, readers, *function, *asJSON, js != nil, len(*brokers) > 0)
 	}
 	tty := isTerminal(stdout)
 	tick := time.NewTicker(*watch)
@@ -95,7 +96,7 @@ kfn status --database-url "$ORDERS_DB" --function-databases "ledger=$LEDGER_DB"`
 		if !*asJSON {
 			fmt.Fprintf(stdout, "kfn status every %s, at %s (Ctrl-C to stop)\n", *watch, time.Now().Format(time.TimeOnly))
 		}
-		if err := printStatus(ctx, stdout, readers, *function, *asJSON, js != nil, len(*brokers) > 0); err != nil {
+		if err := printStatus(ctx, stdout, pools, readers, *function, *asJSON, js != nil, len(*brokers) > 0); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -113,9 +114,10 @@ kfn status --database-url "$ORDERS_DB" --function-databases "ledger=$LEDGER_DB"`
 }
 
 // printStatus reads the status of every lane once, from each database,
-// and prints it as a table or as JSON. When NATS or Kafka could not be
+// and prints it as a table or as JSON, with each database's WAL outbox
+// slot when it has one. When NATS or Kafka could not be
 // asked it prints what it has, then returns the error.
-func printStatus(ctx context.Context, stdout io.Writer, readers []*operator.StatusReader, function string, asJSON, withNATS, withKafka bool) error {
+func printStatus(ctx context.Context, stdout io.Writer, pools []*pgxpool.Pool, readers []*operator.StatusReader, function string, asJSON, withNATS, withKafka bool) error {
 	var parts []operator.PartitionStatus
 	var statusErr error
 	for _, reader := range readers {
@@ -191,7 +193,41 @@ func printStatus(ctx context.Context, stdout io.Writer, readers []*operator.Stat
 			fmt.Fprintf(stdout, "note: %s/%s/%d: %s\n", p.Function, p.Topic, p.Partition, p.Problem)
 		}
 	}
+	for _, pool := range pools {
+		if wal, err := outbox.ReadWALState(ctx, pool); err != nil {
+			statusErr = errors.Join(statusErr, err)
+		} else if wal.SetUp {
+			fmt.Fprintln(stdout, walStatusLine(wal, time.Now()))
+		}
+	}
 	return statusErr
+}
+
+// walStatusLine says what the WAL outbox's slot holds back and who reads
+// it, or that it is lost.
+func walStatusLine(w outbox.WALState, now time.Time) string {
+	if w.Lost() {
+		return fmt.Sprintf("WAL outbox: slot %s is LOST (found gone %s): events emitted and not relayed before are lost, and workers with --outbox wal cannot commit; run `kfn migrate --outbox wal` and see docs/production/wal-outbox.md#slot-loss",
+			w.Slot, ago(w.LostAt, now))
+	}
+	reader := "no relay reads it"
+	if w.ActivePID != 0 {
+		reader = fmt.Sprintf("read by %s (token %d, walsender pid %d)", w.Reader, w.FenceToken, w.ActivePID)
+	}
+	oldest := "none"
+	if w.Pending > 0 && !w.OldestPending.IsZero() {
+		oldest = "emitted " + ago(w.OldestPending, now)
+	}
+	return fmt.Sprintf("WAL outbox: slot %s %s; holds %d bytes of WAL; %d events read and not yet acked (oldest %s); last report %s",
+		w.Slot, reader, w.LagBytes, w.Pending, oldest, ago(w.ReportedAt, now))
+}
+
+// ago is how long before now t was, or "never" for the zero time.
+func ago(t, now time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+	return now.Sub(t).Round(time.Millisecond).String() + " ago"
 }
 
 func unknownIfNegative(n int64) string {

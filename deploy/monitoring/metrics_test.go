@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kfn-dev/kfn/internal/engine"
+	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 	"github.com/kfn-dev/kfn/runtime/worker"
@@ -242,6 +243,11 @@ func scrapeRunningWorker(t *testing.T) map[string]dto.MetricType {
 	t.Helper()
 	ctx := context.Background()
 	pg, kc := kfntest.Postgres(t), kfntest.Kafka(t)
+	// The WAL outbox set up, so that its slot's gauges are exported too
+	// (the relay reads the slot while it is set up, whatever the mode).
+	if _, err := outbox.SetUpWAL(ctx, pg.Pool); err != nil {
+		t.Fatalf("set up the WAL outbox: %v", err)
+	}
 	topic := kc.CreateTopic(t, 2)
 	name := kfntest.Name(t, "fn")
 	subject := name + ".done"

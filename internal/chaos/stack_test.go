@@ -21,6 +21,7 @@ import (
 	"github.com/kfn-dev/kfn/functions/orders"
 	"github.com/kfn-dev/kfn/internal/devstack"
 	"github.com/kfn-dev/kfn/internal/schema"
+	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
@@ -96,6 +97,11 @@ func newStack(t *testing.T) *stack {
 	if _, err := schema.Migrate(ctx, s.pool); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
+	if *outboxMode == string(outbox.ModeWAL) {
+		if _, err := outbox.SetUpWAL(ctx, s.pool); err != nil {
+			t.Fatalf("set up the WAL outbox: %v", err)
+		}
+	}
 	u, err := url.Parse(pg.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -127,6 +133,7 @@ func (s *stack) env(id, dbURL string) []string {
 		"KFN_LEASE_TTL="+leaseTTL.String(),
 		"KFN_LEASE_RENEW="+leaseRenew.String(),
 		"KFN_LOG_LEVEL=info",
+		"KFN_OUTBOX="+*outboxMode,
 	)
 }
 

@@ -48,11 +48,16 @@ type PostgresOptions struct {
 
 // defaultPostgresSettings are the server settings of every throwaway cluster.
 // fsync and synchronous_commit keep their defaults on purpose: the fault tests
-// rely on a committed transaction surviving a restart.
+// rely on a committed transaction surviving a restart. wal_level=logical lets
+// the WAL outbox (--outbox wal) decode its messages: every test database may
+// have a slot of its own, hence the room for slots and walsenders.
 var defaultPostgresSettings = map[string]string{
-	"max_connections": "300",
-	"shared_buffers":  "128MB",
-	"lc_messages":     "C",
+	"max_connections":       "300",
+	"shared_buffers":        "128MB",
+	"lc_messages":           "C",
+	"wal_level":             "logical",
+	"max_replication_slots": "100",
+	"max_wal_senders":       "100",
 }
 
 // Postgres is a running throwaway PostgreSQL cluster.

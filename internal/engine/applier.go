@@ -253,7 +253,7 @@ func (a *applier) commit(ctx context.Context, recs []kfn.Record, attempt int) (f
 	// lease lost): otherwise a commit that lands would be counted nowhere.
 	// The wait stays bounded by the round-trip limit, and the fence makes a
 	// late commit safe: it was serialised in Postgres.
-	if what, err := commitWithOutbox(context.WithoutCancel(ctx), tx, rows); err != nil {
+	if what, err := commitWithOutbox(context.WithoutCancel(ctx), tx, outboxMode(a.cfg), rows); err != nil {
 		if failure := recordsFault(recs, what, err); failure != nil { // a data error in the outbox rows, a deferred constraint the records' writes broke
 			return failure, nil
 		}

@@ -53,20 +53,20 @@ func (a *applier) beginClaim(ctx context.Context, recs []kfn.Record) (*txConn, p
 	return conn, tx, claim, nil
 }
 
-// commitWithOutbox writes rows to the outbox and commits tx, in one round
+// commitWithOutbox writes rows to the outbox (as mode says) and commits tx, in one round
 // trip. It returns what failed ("write the outbox rows" or "commit") with
 // the error; after an error the transaction may still be open, for the
 // caller to roll back. A COMMIT that Postgres answers with ROLLBACK (the
 // transaction had failed) is pgx.ErrTxCommitRollback, as with tx.Commit.
-func commitWithOutbox(ctx context.Context, tx pgx.Tx, rows []outbox.Row) (string, error) {
+func commitWithOutbox(ctx context.Context, tx pgx.Tx, mode outbox.Mode, rows []outbox.Row) (string, error) {
 	b := &pgx.Batch{}
-	outbox.QueueInsert(b, rows)
+	outbox.QueueWrite(b, mode, rows)
 	b.Queue("COMMIT")
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
 	if len(rows) > 0 {
 		if _, err := br.Exec(); err != nil {
-			return "write the outbox rows", fmt.Errorf("insert %d outbox rows: %w", len(rows), err)
+			return "write the outbox rows", fmt.Errorf("write %d outbox events (%s): %w", len(rows), mode, err)
 		}
 	}
 	tag, err := br.Exec()
@@ -80,4 +80,11 @@ func commitWithOutbox(ctx context.Context, tx pgx.Tx, rows []outbox.Row) (string
 		return "commit", err
 	}
 	return "", nil
+}
+
+// outboxMode is where cfg's functions write their events (--outbox); the
+// setting's check has accepted it.
+func outboxMode(cfg *kfn.Config) outbox.Mode {
+	mode, _ := outbox.ParseMode(cfg.Outbox)
+	return mode
 }

@@ -293,7 +293,7 @@ func (l *retryLane) tryApply(ctx context.Context, id int64) (letter inbox.RetryL
 		}
 		return letter, nil, failure.err, nil
 	}
-	if err := outbox.Insert(ctx, tx, rows); err != nil {
+	if err := outbox.Write(ctx, tx, outboxMode(a.cfg), rows); err != nil {
 		if failure := recordsFault(recs, "write the outbox rows", err); failure != nil {
 			return letter, nil, failure.err, nil
 		}

@@ -144,6 +144,11 @@ func (w *worker) connect(ctx context.Context) error {
 	if err := preflight.CheckRole(ctx, w.pool, w.fns, relay); err != nil {
 		return err
 	}
+	if outboxMode(&w.cfg) == outbox.ModeWAL && len(emittedSubjects(w.fns)) > 0 {
+		if err := outbox.CheckWAL(ctx, w.pool); err != nil {
+			return fmt.Errorf("--%s wal (%s): %w", settings.Outbox.Flag, settings.Outbox.Env, err)
+		}
+	}
 	if !kafkaFirst {
 		if err := w.connectKafka(ctx); err != nil {
 			return err

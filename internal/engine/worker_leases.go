@@ -47,7 +47,7 @@ func (w *worker) leaseConfig(group string, log *slog.Logger) lease.Config {
 }
 
 // TokenFloor returns the lease store's TokenFloor hook: the largest fencing
-// token stored in Postgres. A lease bucket created (again) starts its tokens
+// token stored in Postgres (the lanes' epochs and the WAL slot's fence). A lease bucket created (again) starts its tokens
 // above it, so that the claims that follow are not refused as stale (see
 // package lease, "Bucket lost").
 func TokenFloor(db interface {
@@ -55,8 +55,8 @@ func TokenFloor(db interface {
 }) func(context.Context) (uint64, error) {
 	return func(ctx context.Context) (uint64, error) {
 		var epoch int64
-		if err := db.QueryRow(ctx, `SELECT coalesce(max(epoch), 0) FROM kfn.cursors`).Scan(&epoch); err != nil {
-			return 0, fmt.Errorf("read the largest epoch of kfn.cursors: %w", err)
+		if err := db.QueryRow(ctx, `SELECT greatest((SELECT coalesce(max(epoch), 0) FROM kfn.cursors), (SELECT coalesce(max(fence_token), 0) FROM kfn.wal_outbox))`).Scan(&epoch); err != nil {
+			return 0, fmt.Errorf("read the largest epoch of kfn.cursors and fence of kfn.wal_outbox: %w", err)
 		}
 		return uint64(max(epoch, 0)), nil
 	}

@@ -63,11 +63,43 @@ func (w *worker) newRelay(ctx context.Context, subjects []string) (*outbox.Relay
 	if err != nil {
 		return nil, fmt.Errorf("relay shard leases: %w", w.explainNATSState(err))
 	}
+	slotLog := w.cfg.Logger.With("component", "outbox-relay", "reader", "wal-slot")
+	slot, err := lease.NewManager(ctx, w.js, w.leaseConfig(naming.WALRelayLeaseGroup(w.installation), slotLog))
+	if err != nil {
+		return nil, fmt.Errorf("WAL outbox slot lease: %w", w.explainNATSState(err))
+	}
 	return outbox.NewRelay(outbox.RelayConfig{
 		Pool: w.pool, JetStream: w.js, Stream: w.cfg.EventStream, Subjects: streamSubjects,
 		Duplicates: w.cfg.EventDedup, MaxAge: w.cfg.EventRetention, Replicas: w.cfg.NATSReplicas, Logger: w.cfg.Logger,
 		Scheduler: LeasedShards(shards, w.cfg.Logger.With("component", "outbox-relay")),
 		Tracer:    w.tracer,
+		Mode:      outboxMode(&w.cfg), SlotLease: LeasedSlot(slot, slotLog), WorkerID: w.cfg.WorkerID,
+	})
+}
+
+// leasedSlot hands this process the WAL outbox's slot while it holds the
+// one lease of the installation's WAL relay group: of all the workers and
+// kfn relay processes, one reads the slot at a time, and the lease's token
+// fences the reader it replaces (see outbox.SlotLease).
+type leasedSlot struct {
+	leases *lease.Manager
+	log    *slog.Logger
+}
+
+// LeasedSlot is the WAL slot lease of kfn's workers: leases is a lease
+// manager of the installation's WAL relay group.
+func LeasedSlot(leases *lease.Manager, log *slog.Logger) outbox.SlotLease {
+	return leasedSlot{leases: leases, log: log}
+}
+
+// walSlotItem is the one item of the WAL relay lease group.
+const walSlotItem = "slot"
+
+func (s leasedSlot) Run(ctx context.Context, work func(ctx context.Context, token uint64)) error {
+	items := func(context.Context) ([]string, error) { return []string{walSlotItem}, nil }
+	return s.leases.Run(ctx, items, func(ctx context.Context, c lease.Claim) {
+		s.log.Debug("WAL outbox slot leased", "token", c.Token)
+		work(ctx, c.Token)
 	})
 }
 

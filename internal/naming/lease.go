@@ -20,6 +20,10 @@ func LeaseGroup(installation, function, source string) string {
 // competes for the same shards, so each shard has one relay at a time.
 func RelayLeaseGroup(installation string) string { return installation + "/outbox-relay" }
 
+// WALRelayLeaseGroup is the lease group of the WAL outbox's slot reader
+// of an installation: one item, so that one relay reads the slot at a time.
+func WALRelayLeaseGroup(installation string) string { return installation + "/wal-relay" }
+
 // LeaseItem is the item of a lane's lease in its group: the partition (a
 // Kafka partition, or a NATS lane's number).
 func LeaseItem(partition int32) string { return strconv.Itoa(int(partition)) }

@@ -29,18 +29,23 @@ const (
 	// it, the backlog is the planner's estimate (pg_class.reltuples) if that
 	// is larger.
 	outboxExactCount = 100_000
+	// walReaderSilent is how long the WAL slot's reader may go without a
+	// report before the slot counts as unread.
+	walReaderSilent = 30 * time.Second
 )
 
 type opsMetrics struct {
 	src                                   Sources
 	outboxBacklog, outboxAge              *prometheus.Desc
 	stalled, leases, ackLatency, sinceCmt *prometheus.Desc
+	walHeld, walPending, walAge, walLost  *prometheus.Desc
 
 	mu        sync.Mutex
 	sampledAt time.Time
 	sampled   bool
 	backlog   float64
 	oldestAge float64
+	wal       outbox.WALState // sampled with the backlog; zero when not set up
 }
 
 func newOpsMetrics(src Sources) *opsMetrics {
@@ -55,6 +60,10 @@ func newOpsMetrics(src Sources) *opsMetrics {
 		leases:        d("leases_held", "Lanes (partitions or subjects) this worker holds a lease on.", "function"),
 		sinceCmt:      d("partition_seconds_since_commit", "Seconds since the lane's last commit (or its claim, before the first).", "function", "source", "partition"),
 		ackLatency:    d("outbox_ack_latency_seconds", "Time from an outbox event's commit (its created_at) to the stream's ack."),
+		walHeld:       d("wal_slot_held_bytes", "WAL the WAL outbox's replication slot holds back: from its confirmed position to the server's current one (only when the WAL outbox is set up); sampled at most every 5 s."),
+		walPending:    d("wal_slot_pending_events", "Events the slot's reader has read and the stream has not acked yet, as the reader last reported (events not read yet are not counted)."),
+		walAge:        d("wal_slot_oldest_pending_age_seconds", "Age of the oldest event the slot's reader has read and not relayed (0 when none), as it last reported; while no reader has reported for 30 s and the slot holds WAL, the time since its last confirmed position."),
+		walLost:       d("wal_slot_lost", "1 when the WAL outbox's replication slot is gone or lost its WAL: events are lost and workers in wal mode cannot commit (docs/production/wal-outbox.md, Slot loss)."),
 	}
 }
 
@@ -117,11 +126,32 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM kfn.outbox LIMIT $1) t),
 			if age != nil {
 				o.oldestAge = max(*age, 0)
 			}
+			if wal, err := outbox.ReadWALState(ctx, o.src.Pool); err == nil {
+				o.wal = wal
+			}
 		}
 	}
 	if o.sampled { // the last good sample stays while Postgres does not answer
 		ch <- prometheus.MustNewConstMetric(o.outboxBacklog, prometheus.GaugeValue, o.backlog)
 		ch <- prometheus.MustNewConstMetric(o.outboxAge, prometheus.GaugeValue, o.oldestAge)
+	}
+	if w := o.wal; w.SetUp {
+		lost, age := 0.0, 0.0
+		if w.Lost() {
+			lost = 1
+		}
+		switch {
+		case w.Pending > 0 && !w.OldestPending.IsZero():
+			age = max(time.Since(w.OldestPending).Seconds(), 0)
+		case w.LagBytes > 0 && !w.ConfirmedAt.IsZero() && time.Since(w.ReportedAt) > walReaderSilent:
+			// No reader reports: whatever waits was emitted after the last
+			// position it confirmed.
+			age = max(time.Since(w.ConfirmedAt).Seconds(), 0)
+		}
+		ch <- prometheus.MustNewConstMetric(o.walHeld, prometheus.GaugeValue, float64(w.LagBytes))
+		ch <- prometheus.MustNewConstMetric(o.walPending, prometheus.GaugeValue, float64(w.Pending))
+		ch <- prometheus.MustNewConstMetric(o.walAge, prometheus.GaugeValue, age)
+		ch <- prometheus.MustNewConstMetric(o.walLost, prometheus.GaugeValue, lost)
 	}
 }
 

@@ -130,6 +130,7 @@ func ValidateConfig(c kfn.Config, needKafka bool) error {
 	add(settings.HandlerTimeout.Problems(c.HandlerTimeout))
 	add(settings.StartFrom.Problems(c.StartFrom))
 	add(settings.EventDedup.Problems(c.EventDedup))
+	add(settings.Outbox.Problems(c.Outbox))
 	if c.EventRetention < c.EventDedup {
 		bad(ConfigErrorOf(settings.EventRetention, "%s is shorter than --event-dedup (%s)", c.EventRetention, c.EventDedup))
 	}

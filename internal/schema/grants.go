@@ -22,7 +22,8 @@ const AllFunctions = "*"
 // end with a comment asking for them. The workers of a role so bound run
 // without the outbox relay (--no-relay): the relay reads every function's
 // rows, so it runs as `kfn relay` under a role bound to AllFunctions,
-// which also gets DELETE on kfn.outbox.
+// which also gets DELETE on kfn.outbox and UPDATE on kfn.wal_outbox (the
+// WAL slot reader's fence; reading the slot also needs REPLICATION).
 //
 // They are run, in one transaction, by the owner of kfn's tables (the
 // migrator): only it may write kfn.function_roles. role must exist.
@@ -40,8 +41,8 @@ func FunctionGrants(role, function string, tables []string) []string {
 		"GRANT SELECT, INSERT ON kfn.lanes TO " + r,
 		"GRANT USAGE ON SEQUENCE kfn.outbox_id_seq, kfn.dead_letters_id_seq, kfn.audit_log_id_seq TO " + r,
 	}
-	if function == AllFunctions { // it may run the relay: it reads and deletes every function's outbox rows
-		out = append(out, "GRANT DELETE ON kfn.outbox TO "+r)
+	if function == AllFunctions { // it may run the relay: it reads and deletes every function's outbox rows, and reads the WAL outbox's slot (its fence and reports)
+		out = append(out, "GRANT DELETE ON kfn.outbox TO "+r, "GRANT UPDATE ON kfn.wal_outbox TO "+r)
 	}
 	out = append(out,
 		fmt.Sprintf("INSERT INTO kfn.function_roles (role_name, consumer) VALUES (%s, %s) ON CONFLICT DO NOTHING", literal(role), literal(function)))

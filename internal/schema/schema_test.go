@@ -67,8 +67,10 @@ func TestMigration5MovesRecordDataToBytes(t *testing.T) {
 
 	applied, err := schema.Migrate(ctx, db.Pool)
 	var want []int // 5 and every later version
-	for v := 5; v <= schema.Latest(); v++ {
-		want = append(want, v)
+	for _, m := range schema.Migrations() {
+		if m.Version >= 5 {
+			want = append(want, m.Version)
+		}
 	}
 	if err != nil || !slices.Equal(applied, want) {
 		t.Fatalf("Migrate = %v, %v; want %v applied", applied, err, want)

@@ -127,6 +127,11 @@ var (
 		Flag: "lease-bucket", Env: "KFN_LEASE_BUCKET", Default: lease.DefaultBucket,
 		Usage: "NATS KV bucket of the workers' leases; all workers of a function share it", Check: notEmpty,
 	}
+	Outbox = Setting[string]{
+		Flag: "outbox", Env: "KFN_OUTBOX", Default: string(outbox.ModeTable),
+		Usage: "where a function's transaction writes its events: table (kfn.outbox rows) or wal (logical decoding messages, read by the relay from a replication slot; needs wal_level=logical and `kfn migrate --outbox wal`)",
+		Check: func(s string) error { _, err := outbox.ParseMode(s); return err },
+	}
 	EventStream = Setting[string]{
 		Flag: "event-stream", Env: "KFN_EVENT_STREAM", Default: DefaultEventStream,
 		Usage: "JetStream stream the outbox events are relayed to", Check: notEmpty,

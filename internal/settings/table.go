@@ -7,7 +7,7 @@ package settings
 var Table = []Group{
 	{Name: "Connections", Settings: []Described{
 		DatabaseURL, FunctionDatabases, NATSURL, NATSCreds, NATSTokenFile, NATSNKey, NATSCA, NATSCert, NATSKey,
-		NATSReplicas, NATSProvisioned, KafkaBrokers, LeaseBucket, EventStream,
+		NATSReplicas, NATSProvisioned, KafkaBrokers, LeaseBucket, EventStream, Outbox,
 	}},
 	{Name: "Kafka security", Settings: []Described{
 		KafkaTLS, KafkaCA, KafkaCert, KafkaKey, KafkaServerName,

@@ -138,6 +138,14 @@ func dropDatabase(srv *sharedPG, pg *PG) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	// A logical replication slot (the WAL outbox's) keeps its database from
+	// being dropped: end its reader and drop it first.
+	if _, err := srv.admin.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`, pg.Database); err != nil {
+		return fmt.Errorf("end the replication of database %s: %w", pg.Database, err)
+	}
+	if err := dropSlots(ctx, srv.admin, pg.Database); err != nil {
+		return err
+	}
 	if _, err := srv.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{pg.Database}.Sanitize()+" WITH (FORCE)"); err != nil {
 		return fmt.Errorf("drop database %s: %w", pg.Database, err)
 	}
@@ -240,4 +248,19 @@ func redact(raw string) string {
 		return "(unparseable URL)"
 	}
 	return u.Redacted()
+}
+
+// dropSlots drops the replication slots of database, waiting (briefly) for
+// the walsenders just terminated to let go of them.
+func dropSlots(ctx context.Context, admin *pgxpool.Pool, database string) error {
+	for {
+		_, err := admin.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1`, database)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil || !strings.Contains(err.Error(), "is active") {
+			return fmt.Errorf("drop the replication slots of database %s: %w", database, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
