@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Key-lanes (migration 0013_key_lanes). A function with KeyConcurrency
+// Key-lanes (migration 0014_key_lanes). A function with KeyConcurrency
 // K > 1 splits each partition (or subject lane) it owns over K key-lanes by
 // key hash, and each key-lane commits in transactions of its own. Such a
 // transaction is fenced by its key-lane's row in kfn.key_lanes, under the
