@@ -17,6 +17,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/lease"
 	"github.com/kfn-dev/kfn/internal/naming"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 // Lane kinds of PartitionStatus.Kind.
@@ -131,12 +132,12 @@ type StatusReader struct {
 
 // NewStatusReader makes a StatusReader; brokers and js may be empty.
 func NewStatusReader(pool *pgxpool.Pool, brokers []string, js jetstream.JetStream, leaseBucket string) *StatusReader {
-	return NewStatusReaderSecure(pool, brokers, kafkaconn.Security{}, js, leaseBucket)
+	return NewStatusReaderSecure(pool, brokers, runtime.KafkaSecurity{}, js, leaseBucket)
 }
 
 // NewStatusReaderSecure is NewStatusReader connecting to Kafka with
 // security's TLS and SASL.
-func NewStatusReaderSecure(pool *pgxpool.Pool, brokers []string, security kafkaconn.Security, js jetstream.JetStream, leaseBucket string) *StatusReader {
+func NewStatusReaderSecure(pool *pgxpool.Pool, brokers []string, security runtime.KafkaSecurity, js jetstream.JetStream, leaseBucket string) *StatusReader {
 	if leaseBucket == "" {
 		leaseBucket = lease.DefaultBucket
 	}
@@ -336,12 +337,12 @@ func findSubjectLane(ctx context.Context, js jetstream.JetStream, consumer, subj
 // one transport that Close releases.
 type kafkaClient struct {
 	brokers   []string
-	security  kafkaconn.Security
+	security  runtime.KafkaSecurity
 	client    *kafka.Client
 	transport *kafka.Transport
 }
 
-func newKafkaClient(brokers []string, security kafkaconn.Security) (*kafkaClient, error) {
+func newKafkaClient(brokers []string, security runtime.KafkaSecurity) (*kafkaClient, error) {
 	t, _, err := kafkaconn.Kafka(security)
 	if err != nil {
 		return nil, err

@@ -21,8 +21,8 @@ import (
 	"github.com/kfn-dev/kfn/cmd/kfn/internal/bench"
 	"github.com/kfn-dev/kfn/functions/ledger"
 	"github.com/kfn-dev/kfn/functions/orders"
-	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/internal/redact"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
@@ -190,7 +190,7 @@ kfn bench --report-dir ''   # print the report only`,
 	limitRows := newOrderRows(topic, *partitions)
 	cfg := bench.Config{
 		Worker: runtime.Config{
-			KafkaBrokers: st.Brokers, KafkaSecurity: runtime.KafkaSecurity(st.Kafka), DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
+			KafkaBrokers: st.Brokers, KafkaSecurity: st.Kafka, DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
 			BatchSize: worker.BatchSize, BatchWait: worker.BatchWait, Logger: log,
 		},
 		Function: fn, Next: ledger.Function(), Partitions: *partitions,
@@ -310,7 +310,7 @@ func processList(procs []bench.Process) string {
 func benchRelay(ctx context.Context, st *stack, cfg bench.RelayConfig) (bench.RelayResult, error) {
 	pgCfg, err := pgxpool.ParseConfig(st.DatabaseURL)
 	if err != nil {
-		return bench.RelayResult{}, &usageError{msg: fmt.Sprintf("--database-url: %v", connect.Scrub(err.Error(), st.DatabaseURL))}
+		return bench.RelayResult{}, &usageError{msg: fmt.Sprintf("--database-url: %v", redact.Scrub(err.Error(), st.DatabaseURL))}
 	}
 	if pgCfg.ConnConfig.RuntimeParams["application_name"] == "" {
 		pgCfg.ConnConfig.RuntimeParams["application_name"] = "kfn bench relay"
@@ -318,7 +318,7 @@ func benchRelay(ctx context.Context, st *stack, cfg bench.RelayConfig) (bench.Re
 	pgCfg.MaxConns = outbox.Shards + 8 // a connection per shard loop, the LISTEN connection and the load
 	pool, err := pgxpool.NewWithConfig(ctx, pgCfg)
 	if err != nil {
-		return bench.RelayResult{}, fmt.Errorf("relay benchmark: connect to Postgres: %s", connect.Scrub(err.Error(), st.DatabaseURL))
+		return bench.RelayResult{}, fmt.Errorf("relay benchmark: connect to Postgres: %s", redact.Scrub(err.Error(), st.DatabaseURL))
 	}
 	defer pool.Close()
 	js, closeNATS, err := connectJetStream(st.NATSURL, "kfn bench relay")
@@ -349,7 +349,7 @@ func printRelayBench(w io.Writer, r bench.RelayResult) {
 		r.CommitP50.Round(10*time.Microsecond), r.CommitP99.Round(10*time.Microsecond), r.VisibleP50.Round(10*time.Microsecond), r.VisibleP99.Round(10*time.Microsecond))
 }
 
-func produceOrders(ctx context.Context, brokers []string, sec kafkaconn.Security, topic string, n int64) error {
+func produceOrders(ctx context.Context, brokers []string, sec runtime.KafkaSecurity, topic string, n int64) error {
 	transport, _, err := kafkaconn.Kafka(sec)
 	if err != nil {
 		return err

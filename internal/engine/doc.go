@@ -7,7 +7,7 @@
 // move and the outbox rows the handler emitted; it runs the dead-letter
 // retries, inbox retention and the outbox relay's shards. The files are
 // named after the type whose methods they hold: worker*.go (the worker:
-// connections, leases, lanes, readiness, retries, retention, metrics and
+// connections, leases, lanes, readiness, retries, retention, memory, metrics and
 // the relay), partition_run.go and subject_run.go (one lane each),
 // applier*.go (one batch transaction: the handler call, parked keys, spans,
 // the claim and the commit), tracker*.go (fencing and the inbox),

@@ -43,29 +43,6 @@ type subjectRun struct {
 // covers a batch with its retries; a redelivery is skipped by the inbox.
 const ackWait = 2 * time.Minute
 
-// runSubject owns one lane of fn's subject until ctx ends or a newer owner
-// fences it.
-func (w *worker) runSubject(ctx context.Context, fn kfn.Function, lane int32, token int64) {
-	part := inbox.Partition{Consumer: fn.Name, Topic: fn.Subject, Partition: lane}
-	stream := fn.Stream
-	if stream == "" {
-		stream = DefaultStream
-	}
-	log := w.cfg.Logger.With("function", fn.Name, "subject", fn.Subject, "stream", stream, "lane", lane, "lanes", w.cfg.Lanes, "epoch", token)
-	sr := &subjectRun{
-		applier: w.newApplier(fn, part, token, &subjectTracker{consumer: fn.Name, part: part, token: token}, log),
-		w:       w,
-		stream:  stream,
-		lane:    int(lane),
-		lanes:   w.cfg.Lanes,
-	}
-	sr.retry = w.retries.register(sr.applier, stream)
-	defer w.retries.unregister(sr.retry)
-	defer w.stats.Drop(fn.Name, fn.Subject, lane)
-	defer w.stats.LaneHeld(fn.Name)()
-	w.laneStopped(ctx, sr.applier, sr.run(ctx))
-}
-
 func (sr *subjectRun) run(ctx context.Context) error {
 	var cons jetstream.Consumer
 	err := retryInfra(ctx, sr.repeats, sr.log, "claim subject", func(ctx context.Context) error {

@@ -191,7 +191,7 @@ func (w *worker) connectKafka(ctx context.Context) error {
 		return nil
 	}
 	var err error
-	if w.kafka, err = kafkasource.New(w.cfg.KafkaBrokers, preflight.KafkaSecurity(w.cfg), w.cfg.Logger); err != nil {
+	if w.kafka, err = kafkasource.New(w.cfg.KafkaBrokers, w.cfg.KafkaSecurity, w.cfg.Logger); err != nil {
 		return err
 	}
 	metaCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -273,7 +273,7 @@ func (w *worker) connectPostgres(ctx context.Context) error {
 // opens JetStream.
 func (w *worker) connectNATS() error {
 	var err error
-	w.nc, w.js, err = connect.NATSWith(w.cfg.NATSURL, "kfn "+w.cfg.WorkerID, preflight.NATSSecurity(w.cfg))
+	w.nc, w.js, err = connect.NATSWith(w.cfg.NATSURL, "kfn "+w.cfg.WorkerID, w.cfg.NATSSecurity)
 	return err
 }
 
@@ -328,6 +328,15 @@ func (wk *Worker) RelayStats() (outbox.RelayStats, bool) {
 	}
 	return wk.w.relay.Stats(), true
 }
+
+// AtLeastOnceBaseline turns this worker, before its Run, into kfn bench's
+// at-least-once baseline: its partition lanes claim nothing in the inbox
+// and fence nothing, and their cursors move in memory (and to Kafka's
+// group offsets) only, with the same batching and transactions, so that
+// the benchmark measures what exactly-once costs. It exists for that
+// benchmark alone and is never a production mode: runtime/worker, which
+// keeps its engine.Worker unexported, offers no way to it.
+func (wk *Worker) AtLeastOnceBaseline() { wk.w.partitionTracker = atLeastOnce }
 
 // Run processes records until ctx ends, then finishes in-flight batches,
 // releases its partitions, closes its connections and returns.

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/lease"
+	"github.com/kfn-dev/kfn/internal/redact"
 	"github.com/kfn-dev/kfn/outbox"
 )
 
@@ -423,10 +423,10 @@ func postgresURL(s string) error {
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return fmt.Errorf("%q does not parse as a URL: %s", connect.Redact(s), connect.Scrub(err.Error(), s))
+		return fmt.Errorf("%q does not parse as a URL: %s", redact.Redact(s), redact.Scrub(err.Error(), s))
 	}
 	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
-		return fmt.Errorf("%q is not a postgres:// URL (nor a keyword/value string: host=… dbname=…)", connect.Redact(s))
+		return fmt.Errorf("%q is not a postgres:// URL (nor a keyword/value string: host=… dbname=…)", redact.Redact(s))
 	}
 	return nil
 }
@@ -441,7 +441,7 @@ func functionDatabases(list []string) error {
 		function = strings.TrimSpace(function)
 		switch {
 		case !ok || function == "" || strings.TrimSpace(url) == "":
-			errs = append(errs, fmt.Errorf("%q is not FUNCTION=URL", connect.Redact(item)))
+			errs = append(errs, fmt.Errorf("%q is not FUNCTION=URL", redact.Redact(item)))
 		case seen[function]:
 			errs = append(errs, fmt.Errorf("function %s is given twice", function))
 		default:

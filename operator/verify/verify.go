@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/kafkasource"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 // Spec says what to verify and how.
@@ -32,7 +32,7 @@ type Spec struct {
 	Examples int
 	// KafkaBrokers and KafkaSecurity reach the source topic.
 	KafkaBrokers  []string
-	KafkaSecurity kafkaconn.Security
+	KafkaSecurity runtime.KafkaSecurity
 	// Stream is the event stream the relay publishes to, read when Run is
 	// given a JetStream.
 	Stream string
