@@ -136,7 +136,7 @@ kfn bench --report-dir ''   # print the report only`,
 		procs := bench.FindProcesses(map[string][]string{"postgres": postgresAddr(st.DatabaseURL), "nats-server": hostPorts(st.NATSURL), "kafka": st.Brokers})
 		res, err := benchKeyLanes(ctx, st, stderr, bench.KeyLanesConfig{
 			Worker: runtime.Config{
-				KafkaBrokers: st.Brokers, KafkaSecurity: runtime.KafkaSecurity(st.Kafka), DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
+				KafkaBrokers: st.Brokers, KafkaSecurity: st.Kafka, DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
 				BatchSize: worker.BatchSize, BatchWait: worker.BatchWait, Logger: log,
 			},
 			Records: *keyLanesRecords, Lanes: *keyLanes, Wait: 5 * time.Millisecond, Processes: procs, Rounds: *rounds,
