@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/lease"
 	"github.com/kfn-dev/kfn/internal/naming"
@@ -53,8 +54,57 @@ type PartitionStatus struct {
 	Pending    *int64 `json:"pending,omitempty"`     // events matching the subject not delivered yet
 	AckPending *int64 `json:"ack_pending,omitempty"` // events delivered and not acked yet
 	AckFloor   *int64 `json:"ack_floor,omitempty"`   // stream sequence below which every event is acked
+	// KeyLanes is the lane's key-lanes (KeyConcurrency > 1), by index:
+	// each one's progress, the offset (or stream sequence) after the last
+	// record it committed. A key-lane commits its records in order, so the
+	// record at the cursor, which the cursor waits on, is one of those of
+	// the key-lanes listed in WaitsOn: those not past the cursor. Ahead is
+	// how far the furthest key-lane got past the cursor (0: none did).
+	KeyLanes []inbox.KeyLane `json:"key_lanes,omitempty"`
+	WaitsOn  []int           `json:"waits_on,omitempty"`
+	Ahead    int64           `json:"ahead,omitempty"`
 	// Problem says why a part of this lane's status is unknown.
 	Problem string `json:"problem,omitempty"`
+}
+
+// readKeyLanes adds each lane's key-lanes to out.
+func (r *StatusReader) readKeyLanes(ctx context.Context, out []PartitionStatus, function string) error {
+	rows, err := r.pool.Query(ctx, `
+SELECT consumer, topic, partition, lane, lanes, epoch, next_offset, updated_at FROM kfn.key_lanes
+ WHERE consumer = $1 OR $1 = '' ORDER BY consumer, topic, partition, lane`, function)
+	if err != nil {
+		return fmt.Errorf("read key-lanes: %w", err)
+	}
+	type lane struct {
+		function, topic string
+		partition       int32
+	}
+	byLane := map[lane][]inbox.KeyLane{}
+	var l lane
+	var k inbox.KeyLane
+	_, err = pgx.ForEachRow(rows, []any{&l.function, &l.topic, &l.partition, &k.Lane, &k.Lanes, &k.Epoch, &k.NextOffset, &k.UpdatedAt}, func() error {
+		byLane[l] = append(byLane[l], k)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read key-lanes: %w", err)
+	}
+	for i := range out {
+		p := &out[i]
+		p.KeyLanes = byLane[lane{p.Function, p.Topic, p.Partition}]
+		for _, k := range p.KeyLanes {
+			p.Ahead = max(p.Ahead, k.NextOffset-p.Cursor)
+		}
+		if p.Ahead == 0 {
+			continue // every record the key-lanes committed is under the cursor: it waits on none
+		}
+		for _, k := range p.KeyLanes {
+			if k.NextOffset <= p.Cursor {
+				p.WaitsOn = append(p.WaitsOn, k.Lane)
+			}
+		}
+	}
+	return nil
 }
 
 // Status reads every cursor (of one function, or all when function is empty)
@@ -133,6 +183,9 @@ SELECT c.consumer, c.topic, c.partition, c.owner, c.epoch, c.next_offset, c.high
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read cursors: %w", err)
+	}
+	if err := r.readKeyLanes(ctx, out, function); err != nil {
+		return nil, err
 	}
 	var errs []error
 	if r.js != nil {

@@ -70,8 +70,14 @@ kfn bench --report-dir ''   # print the report only`,
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (the worker) during the first exactly-once round to this file")
 	progressEvery := fs.Duration("progress-every", 10*time.Second, "while a mode runs, print how far it has come this often (stderr)")
 	reportDir := fs.String("report-dir", "testdata/bench", "write the report (what stdout shows) to <start time>-<machine class>.txt in this directory; '' writes none")
+	keyLanes := fs.Int("key-lanes", 16, "the key-lanes benchmark: a handler waiting 5 ms per record on one partition, as one lane and as this many key-lanes (KeyConcurrency); 0 skips it")
+	keyLanesRecords := fs.Int64("key-lanes-records", 2000, "records applied by each run of the key-lanes benchmark")
+	keyLanesOnly := fs.Bool("key-lanes-only", false, "run the key-lanes benchmark only")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *keyLanes < 0 || *keyLanes > settings.MaxKeyConcurrency || *keyLanes == 1 || (*keyLanesOnly && *keyLanes == 0) || *keyLanesRecords < 2 {
+		return &usageError{msg: fmt.Sprintf("--key-lanes %d must be in 2..%d (or 0 to skip the key-lanes benchmark, without --key-lanes-only), and --key-lanes-records at least 2", *keyLanes, settings.MaxKeyConcurrency)}
 	}
 	if *rounds < 1 || *rounds > 20 {
 		return &usageError{msg: fmt.Sprintf("--rounds %d is out of range 1..20", *rounds)}
@@ -122,6 +128,31 @@ kfn bench --report-dir ''   # print the report only`,
 	pool, err := migrated(ctx, st)
 	if err != nil {
 		return err
+	}
+	keyLanesBench := func() error {
+		if *keyLanes == 0 {
+			return nil
+		}
+		procs := bench.FindProcesses(map[string][]string{"postgres": postgresAddr(st.DatabaseURL), "nats-server": hostPorts(st.NATSURL), "kafka": st.Brokers})
+		res, err := benchKeyLanes(ctx, st, stderr, bench.KeyLanesConfig{
+			Worker: runtime.Config{
+				KafkaBrokers: st.Brokers, KafkaSecurity: st.Kafka, DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
+				BatchSize: worker.BatchSize, BatchWait: worker.BatchWait, Logger: log,
+			},
+			Records: *keyLanesRecords, Lanes: *keyLanes, Wait: 5 * time.Millisecond, Processes: procs, Rounds: *rounds,
+		})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "\n%s", res)
+		return nil
+	}
+	if *keyLanesOnly {
+		pool.Close()
+		if err := keyLanesBench(); err != nil {
+			return err
+		}
+		return report.write(out)
 	}
 	// The business tables, before the copy limit writes into them.
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -205,7 +236,25 @@ kfn bench --report-dir ''   # print the report only`,
 		return err
 	}
 	printRelayBench(stdout, relay)
+	if err := keyLanesBench(); err != nil {
+		return err
+	}
 	return report.write(out)
+}
+
+// benchKeyLanes runs bench.KeyLanes on a topic of one partition holding
+// cfg.Records orders (each its own key), deleted at the end.
+func benchKeyLanes(ctx context.Context, st *stack, progress io.Writer, cfg bench.KeyLanesConfig) (bench.KeyLanesResult, error) {
+	cfg.Topic = fmt.Sprintf("kfn-bench-keylanes-%d", time.Now().UnixNano())
+	if err := ensureTopic(ctx, st.Brokers, st.Kafka, cfg.Topic, 1); err != nil {
+		return bench.KeyLanesResult{}, err
+	}
+	defer deleteBenchTopic(st, cfg.Topic, progress)
+	if err := produceOrders(ctx, st.Brokers, st.Kafka, cfg.Topic, cfg.Records); err != nil {
+		return bench.KeyLanesResult{}, err
+	}
+	fmt.Fprintf(progress, "key-lanes: %d records on one partition, as one lane, then as %d key-lanes\n", cfg.Records, cfg.Lanes)
+	return bench.KeyLanes(ctx, cfg)
 }
 
 // deleteBenchTopic deletes the benchmark's topic, on a context of its own

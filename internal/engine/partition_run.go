@@ -43,6 +43,21 @@ func (pr *partitionRun) run(ctx context.Context) error {
 		return err
 	}
 	pr.log.Debug("partition claimed", "next_offset", pr.cursor.next, "took", time.Since(began))
+	if k := pr.w.keyConcurrency(pr.fn); k > 1 {
+		keys := pr.newKeyLaneRun(k)
+		lanesCtx, wait := keys.start(ctx)
+		err := pr.read(lanesCtx, keys)
+		if kerr := wait(); kerr != nil {
+			return kerr // a key-lane fenced, say: the reader only saw its context end
+		}
+		return err
+	}
+	return pr.read(ctx, nil)
+}
+
+// read reads the partition from its cursor and applies its records: batch
+// by batch, or, with keys, through the partition's key-lanes.
+func (pr *partitionRun) read(ctx context.Context, keys *keyLaneRun) error {
 	reader, err := pr.w.kafka.Reader(pr.part.Topic, pr.part.Partition, pr.cursor.next)
 	if err != nil {
 		return err
@@ -64,11 +79,11 @@ func (pr *partitionRun) run(ctx context.Context) error {
 
 	outage := newKafkaOutage(pr.log, pr.repeats)
 	for {
-		if err := pr.retry.applyPending(ctx); err != nil {
+		if err := pr.applyRetries(ctx, keys); err != nil {
 			return err
 		}
 		if next == nil {
-			reader.NoteCursor(pr.cursor.next)
+			reader.NoteCursor(keys.cursor(pr))
 			next = pr.prefetch(prefetchCtx, reader)
 		}
 		f := <-next
@@ -88,6 +103,12 @@ func (pr *partitionRun) run(ctx context.Context) error {
 			if err := outage.wait(ctx, err); err != nil {
 				return err
 			}
+			// With key-lanes, the new reader starts past every dispatched
+			// record.
+			if err := keys.drain(ctx); err != nil {
+				return err
+			}
+			keys.drained()
 			reader.Close()
 			if reader, err = pr.w.kafka.Reader(pr.part.Topic, pr.part.Partition, pr.cursor.next); err != nil {
 				return err
@@ -96,7 +117,19 @@ func (pr *partitionRun) run(ctx context.Context) error {
 		}
 		outage.over()
 		if len(batch) == 0 {
-			if err := pr.passOver(ctx, f.passed, f.lagEnd); err != nil {
+			if err := keys.drain(ctx); err != nil {
+				return err
+			}
+			err := pr.passOver(ctx, f.passed, f.lagEnd)
+			keys.drained()
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		if keys != nil {
+			next = pr.prefetch(prefetchCtx, reader)
+			if err := pr.dispatch(ctx, keys, f); err != nil {
 				return err
 			}
 			continue
@@ -106,36 +139,44 @@ func (pr *partitionRun) run(ctx context.Context) error {
 		if batch = uncommitted(batch, pr.cursor.next); len(batch) == 0 {
 			continue
 		}
-		pr.cursor.afters = f.afters
 		next = pr.prefetch(prefetchCtx, reader)
-		// The records read before an expiry are applied before it is
-		// skipped: the batch goes in one or more parts, each checked at
-		// the cursor its predecessor left.
-		for ; len(batch) > 0; batch = uncommitted(batch, pr.cursor.next) {
-			cut := len(batch)
-			err = retryInfra(ctx, pr.repeats, pr.log, "check for expired records", func(ctx context.Context) error {
-				var err error
-				cut, err = pr.skipGap(ctx, batch)
-				return err
-			})
-			if err != nil {
-				return err
-			}
-			part := batch[:cut]
-			batch = batch[cut:]
-			if len(part) == 0 {
-				continue
-			}
-			err = retryInfra(ctx, pr.repeats, pr.log, "apply batch", func(ctx context.Context) error {
-				done, err := pr.apply(ctx, part)
-				part = uncommitted(part[done:], pr.cursor.next)
-				return err
-			})
-			if err != nil {
-				return err
-			}
+		if err := pr.applyBatch(ctx, batch, f.afters); err != nil {
+			return err
 		}
 	}
+}
+
+// applyBatch applies a batch read at the cursor, one or more transactions
+// at a time. The records read before an expiry are applied before it is
+// skipped: the batch goes in one or more parts, each checked at the cursor
+// its predecessor left.
+func (pr *partitionRun) applyBatch(ctx context.Context, batch []kfn.Record, afters map[int64]int64) error {
+	pr.cursor.afters = afters
+	for ; len(batch) > 0; batch = uncommitted(batch, pr.cursor.next) {
+		cut := len(batch)
+		err := retryInfra(ctx, pr.repeats, pr.log, "check for expired records", func(ctx context.Context) error {
+			var err error
+			cut, err = pr.skipGap(ctx, batch)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		part := batch[:cut]
+		batch = batch[cut:]
+		if len(part) == 0 {
+			continue
+		}
+		err = retryInfra(ctx, pr.repeats, pr.log, "apply batch", func(ctx context.Context) error {
+			done, err := pr.apply(ctx, part)
+			part = uncommitted(part[done:], pr.cursor.next)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // claim records the token in Postgres and loads the cursor. A partition
@@ -149,7 +190,7 @@ func (pr *partitionRun) claim(ctx context.Context) error {
 	if pr.w.cfg.StartFrom == "latest" {
 		start = high
 	}
-	cur, err := inbox.TakeOver(ctx, pr.w.pool, pr.part, pr.token, pr.w.cfg.WorkerID, start, pr.w.cfg.LeaseRenew)
+	cur, err := inbox.TakeOver(ctx, pr.w.pool, pr.part, pr.token, pr.w.cfg.WorkerID, start, pr.w.keyConcurrency(pr.fn), pr.w.cfg.LeaseRenew)
 	if err != nil {
 		pr.w.claimBlocked(pr.fn.Name, pr.log, err)
 		return err

@@ -122,6 +122,7 @@ func ValidateConfig(c kfn.Config, needKafka bool) error {
 	}
 	add(settings.InboxRetention.Problems(c.InboxRetention))
 	add(settings.Lanes.Problems(c.Lanes))
+	add(settings.KeyConcurrency.Problems(c.KeyConcurrency))
 	add(settings.LeaseRenew.Problems(c.LeaseRenew))
 	if c.LeaseRenew > 0 && c.LeaseTTL < 3*c.LeaseRenew {
 		bad(ConfigErrorOf(settings.LeaseTTL, "%s must be at least 3 × --lease-renew (%s) so a lease survives a missed renewal", c.LeaseTTL, c.LeaseRenew))

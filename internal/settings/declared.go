@@ -33,6 +33,7 @@ const (
 	DefaultEventRetention = outbox.DefaultStreamMaxAge
 	DefaultInboxRetention = 7 * 24 * time.Hour
 	DefaultNATSReplicas   = 1
+	MaxKeyConcurrency     = 256
 
 	DefaultDeadLetterRetention = 30 * 24 * time.Hour
 )
@@ -307,6 +308,11 @@ var (
 		Flag: "lanes", Env: "KFN_LANES", Default: 1,
 		Usage: "lanes a NATS-triggered function's events are spread over by key hash, each with its own lease; the newest-started worker's count wins (README: Lanes)",
 		Check: between(1, 256),
+	}
+	KeyConcurrency = Setting[int]{
+		Flag: "key-concurrency", Env: "KFN_KEY_CONCURRENCY",
+		Usage: "key-lanes per partition (or subject lane): records are split over them by key hash and committed side by side, in order per key; each needs a Postgres connection; 0: the function's KeyConcurrency, 1 unless it sets one (docs/scaling.md)",
+		Check: between(0, MaxKeyConcurrency),
 	}
 	NoRelay = Setting[bool]{
 		Flag: "no-relay", Env: "KFN_NO_RELAY",
