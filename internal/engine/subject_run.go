@@ -128,8 +128,8 @@ var errDeliveryLost = errors.New("a delivery of the lane's consumer was lost")
 // pull request lost with a NATS node, or sent before a new consumer's
 // leader was ready, then costs 2 s, not the 30 s default's. (At 5 s such a
 // lane stood still 5-6 s after a NATS node kill in the chaos run, the
-// largest part of the chain's recovery.) An idle lane costs one pull
-// request and one heartbeat a second.
+// largest part of the chain's recovery.) An idle lane costs a pull
+// request every 2 s and a heartbeat every second.
 const pullExpiry = 2 * time.Second
 
 // natsCallTimeout bounds each JetStream API call a lane makes to set up its
