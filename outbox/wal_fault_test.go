@@ -16,12 +16,11 @@ import (
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
-// TestWALRelaySurvivesNATSRestartUnderLoad emits events in WAL mode while
-// NATS (a server process) is stopped and started again: every event lands
-// once, in per-key order (each key's events carry their sequence number),
-// and the relay catches up after the restart.
-func TestWALRelaySurvivesNATSRestartUnderLoad(t *testing.T) {
-	t.Parallel()
+// startWALRelayOnNATSProcess starts a WAL-mode relay, its config changed
+// by tune, on a NATS server process of the test's own (a fault test stops
+// and starts it).
+func startWALRelayOnNATSProcess(t *testing.T, tune func(*RelayConfig)) (*kfntest.NATSServer, *relayFixture, *Relay, func()) {
+	t.Helper()
 	nats := kfntest.NATSProcess(t)
 	f := newRelayFixture(t, nats.URL)
 	if _, err := SetUpWAL(context.Background(), f.db.Pool); err != nil {
@@ -29,8 +28,18 @@ func TestWALRelaySurvivesNATSRestartUnderLoad(t *testing.T) {
 	}
 	f.mode = ModeWAL
 	cfg := f.walConfig()
-	cfg.AckTimeout = time.Second
+	tune(&cfg)
 	relay, stop := f.startRelay(cfg)
+	return nats, f, relay, stop
+}
+
+// TestWALRelaySurvivesNATSRestartUnderLoad emits events in WAL mode while
+// NATS (a server process) is stopped and started again: every event lands
+// once, in per-key order (each key's events carry their sequence number),
+// and the relay catches up after the restart.
+func TestWALRelaySurvivesNATSRestartUnderLoad(t *testing.T) {
+	t.Parallel()
+	nats, f, relay, stop := startWALRelayOnNATSProcess(t, func(cfg *RelayConfig) { cfg.AckTimeout = time.Second })
 	defer stop()
 
 	p := startProducer(f, keyNames("k", 50), 120, 25*time.Millisecond)
@@ -65,15 +74,7 @@ func TestWALRelaySurvivesNATSRestartUnderLoad(t *testing.T) {
 // within 5 s, not after the pauses their failures earned.
 func TestWALRelaySendsTheEventsAnOutageHeldOnceTheStreamAcksAgain(t *testing.T) {
 	t.Parallel()
-	nats := kfntest.NATSProcess(t)
-	f := newRelayFixture(t, nats.URL)
-	if _, err := SetUpWAL(context.Background(), f.db.Pool); err != nil {
-		t.Fatal(err)
-	}
-	f.mode = ModeWAL
-	cfg := f.walConfig()
-	cfg.RetryMax = 20 * time.Second
-	relay, stop := f.startRelay(cfg)
+	nats, f, relay, stop := startWALRelayOnNATSProcess(t, func(cfg *RelayConfig) { cfg.RetryMax = 20 * time.Second })
 	defer stop()
 
 	before := f.newRows(keyNames("before", 5), 1)
