@@ -178,7 +178,9 @@ func TestBenchCommandRedactsSecrets(t *testing.T) {
 // interrupts a third run. The rows stay as they were, kfn's schema is
 // never created there, and no database of the benchmark's is left: the
 // runs drop theirs at the end, the interrupted one too, and a scratch
-// database a killed run left behind is dropped by the next run.
+// database a killed run left behind is dropped by the next run. Nor is a
+// replication slot left (the WAL outbox's, which the pipeline (wal) mode
+// reads): a slot left behind would hold the server's WAL forever.
 func TestBenchWritesOnlyIntoADatabaseOfItsOwn(t *testing.T) {
 	pg, k := kfntest.PostgresEmpty(t), kfntest.Kafka(t)
 	ctx := context.Background()
@@ -192,6 +194,26 @@ func TestBenchWritesOnlyIntoADatabaseOfItsOwn(t *testing.T) {
 		if _, err := pg.Pool.Exec(ctx, sql); err != nil {
 			t.Fatalf("%s: %v", sql, err)
 		}
+	}
+	killedRun, err := pgx.Connect(ctx, withDatabase(pg.URL, "kfn_bench_killedrun"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := killedRun.Exec(ctx, `SELECT pg_create_logical_replication_slot('kfn_bench_killedrun_slot', 'pgoutput')`); err != nil {
+		t.Fatal(err)
+	}
+	killedRun.Close(ctx)
+	slots := func() []string {
+		t.Helper()
+		rows, err := pg.Pool.Query(ctx, `SELECT slot_name || ' in ' || coalesce(database, '-') FROM pg_replication_slots ORDER BY 1`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return names
 	}
 	state := func() string {
 		t.Helper()
@@ -240,6 +262,12 @@ func TestBenchWritesOnlyIntoADatabaseOfItsOwn(t *testing.T) {
 		if left := scratch(); len(left) > 0 {
 			t.Errorf("after run %d these benchmark databases are left: %v", run, left)
 		}
+		if left := slots(); len(left) > 0 {
+			t.Errorf("after run %d these replication slots are left: %v", run, left)
+		}
+		if !regexp.MustCompile(`(?m)^pipeline \(wal\)\s+\d+`).MatchString(stdout) {
+			t.Errorf("run %d did not measure the pipeline with the WAL outbox:\n%s", run, stdout)
+		}
 	}
 
 	// An interrupted run (SIGINT cancels kfn's context) drops its database too.
@@ -249,7 +277,7 @@ func TestBenchWritesOnlyIntoADatabaseOfItsOwn(t *testing.T) {
 		var out, errOut bytes.Buffer
 		exited <- run(runCtx, append(append(args[:2:2], "20000"), args[3:]...), &out, &errOut)
 	}()
-	waitFor(t, "the interrupted run's database", func() bool { return len(scratch()) == 1 })
+	waitFor(t, "the interrupted run's database and its WAL outbox slot", func() bool { return len(scratch()) == 1 && len(slots()) == 1 })
 	time.Sleep(time.Second)
 	interrupt()
 	select {
@@ -262,6 +290,9 @@ func TestBenchWritesOnlyIntoADatabaseOfItsOwn(t *testing.T) {
 	}
 	if left := scratch(); len(left) > 0 {
 		t.Errorf("after an interrupted run these benchmark databases are left: %v", left)
+	}
+	if left := slots(); len(left) > 0 {
+		t.Errorf("after an interrupted run these replication slots are left: %v", left)
 	}
 	if got := state(); got != before {
 		t.Errorf("after the interrupted run the database holds %s; before %s", got, before)
