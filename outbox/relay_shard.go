@@ -56,7 +56,7 @@ type shardLoop struct {
 	// publish, failed: its next success ends the run of failures in the
 	// relay's repeats.
 	readFailing, publishFailing bool
-	timer        *time.Timer
+	timer                       *time.Timer
 	// lingerFor is the last wait between two reads (see linger); 0 after
 	// an empty read.
 	lingerFor time.Duration
