@@ -37,8 +37,9 @@ limit (COPY of the rows exactly-once writes, swept over batch sizes 500 to
 5,000 and 1 to 2× --partitions connections: the best is the ceiling), the
 same with the events emitted to the WAL (pg_logical_emit_message: the WAL
 outbox mode's ceiling), exactly-once, at-least-once, a naive consumer, the
-full pipeline (with the relay to JetStream) and the chain orders → ledger,
-and the relay against a naive relay, on a throwaway stack (or the services
+full pipeline (with the relay to JetStream) with the table outbox and, on a
+server with wal_level=logical, with the WAL outbox (pipeline (wal)), the
+chain orders → ledger, and the relay against a naive relay, on a throwaway stack (or the services
 the flags name); prints msgs/s, CPU-seconds per 10k records by process,
 ratios, commit latency and memory by mode, the relay's share of the
 worker's CPU and commit→ack latency at 80% load, with the command and the
@@ -64,7 +65,7 @@ kfn bench --report-dir ''   # print the report only`,
 	var worker runtime.Config // the batched modes' batch settings, the workers' flags
 	settings.BatchSize.Bind(fs.settings, &worker.BatchSize)
 	settings.BatchWait.Bind(fs.settings, &worker.BatchWait)
-	settings.Outbox.Bind(fs.settings, &worker.Outbox) // the outbox of every mode but the two pipelines
+	settings.Outbox.Bind(fs.settings, &worker.Outbox) // the outbox of every mode but pipeline (wal), which has the WAL's
 	rounds := fs.Int("rounds", 3, "run the modes this many times, interleaved, and report each mode's median")
 	relayEvents := fs.Int("relay-events", 0, "outbox backlog relayed by the relay benchmark (default: --records)")
 	relayFor := fs.Duration("relay-duration", 5*time.Second, "how long the naive relay and the relay latency run each take")

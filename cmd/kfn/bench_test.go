@@ -49,8 +49,8 @@ func TestBenchRunsEveryModeAndCountsCPUByProcess(t *testing.T) {
 			postgres = i
 		}
 	}
-	for _, mode := range []string{"copy limit", "wal limit", "exactly-once", "at-least-once", "naive", "pipeline", "chain"} {
-		line := regexp.MustCompile(`(?m)^` + mode + `  .*$`).FindString(stdout)
+	for _, mode := range []string{"copy limit", "wal limit", "exactly-once", "at-least-once", "naive", "pipeline", "pipeline (wal)", "chain"} {
+		line := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(mode) + `  .*$`).FindString(stdout)
 		f := strings.Fields(strings.TrimPrefix(line, mode))
 		if len(f) < 4 || postgres < 0 || len(f) <= postgres-1 {
 			t.Errorf("no result line for %s (header %q):\n%s", mode, header, stdout)
@@ -67,7 +67,7 @@ func TestBenchRunsEveryModeAndCountsCPUByProcess(t *testing.T) {
 			t.Errorf("%s: %d records, %.2f CPU-s/10k in all, %.2f in Postgres; want them positive:\n%s", mode, records, total, pgCPU, line)
 		}
 	}
-	for _, mode := range []string{"copy limit", "wal limit", "exactly-once", "at-least-once", "naive", "pipeline", "chain"} {
+	for _, mode := range []string{"copy limit", "wal limit", "exactly-once", "at-least-once", "naive", "pipeline", "pipeline (wal)", "chain"} {
 		// MODE COMMIT-P50 COMMIT-P99 TRANSACTIONS PEAK-RSS POSTGRES-MEMORY
 		line := regexp.MustCompile(`(?m)^` + mode + `  +(\S+) +(\S+) +(\d+) +(\d+) MiB +(\d+) MiB$`).FindStringSubmatch(stdout)
 		if line == nil {
