@@ -47,14 +47,28 @@ const ActionClaim = "claim"
 // record is written before the later one can read the insert position, so a
 // position read under the lock is strictly greater in the later one: by
 // lsn, claims and fenced commits of one partition are in commit order.
+//
+// A partition run as key-lanes (KeyConcurrency > 1) commits records above
+// its cursor too; the claim's upsert has written its epoch into their rows
+// (the trigger kfn.fence_key_lanes), after every key-lane transaction in
+// flight ended. key_lanes_reached is then the offset after the last record
+// any of them committed: the older epochs committed nothing from there on.
 func auditClaim(ctx context.Context, tx pgx.Tx, p Partition, token int64, owner string, c Cursor) error {
 	var lsn string
-	if err := tx.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&lsn); err != nil {
+	var reached *int64
+	err := tx.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text,
+       (SELECT max(next_offset) FROM kfn.key_lanes WHERE consumer = $1 AND topic = $2 AND partition = $3)`,
+		p.Consumer, p.Topic, p.Partition).Scan(&lsn, &reached)
+	if err != nil {
 		return fmt.Errorf("audit claim of %s: read the WAL position: %w", p, err)
 	}
-	return writeAudit(ctx, tx, owner, ActionClaim, p, map[string]any{
+	details := map[string]any{
 		"epoch": token, "owner": owner, "lsn": lsn, "next_offset": c.NextOffset, "high_water": c.HighWater,
-	})
+	}
+	if reached != nil {
+		details["key_lanes_reached"] = *reached
+	}
+	return writeAudit(ctx, tx, owner, ActionClaim, p, details)
 }
 
 // lockOwnedCursor reads and locks the partition's cursor inside tx, and

@@ -298,7 +298,9 @@ var ErrCannotEndOlderOwner = errors.New("its cursor row is locked by an older ow
 var ErrOlderOwnerBlocked = errors.New("an older owner's open transaction held the partition's cursor; its session was ended")
 
 // TakeOver is ClaimPartition for a caller that holds the partition's lease
-// with token. An older owner frozen between its fence and its COMMIT (a
+// with token, and that runs it as keyLanes key-lanes (1: as one lane); the
+// claim writes their rows (see QueueFenceKeyLaneAndClaim) in its
+// transaction. An older owner frozen between its fence and its COMMIT (a
 // zombie: SIGSTOP, a long GC pause, a suspended VM) holds the cursor row's
 // lock for as long as it sleeps, and the claim would wait behind it. After
 // waiting wait, TakeOver ends that owner's session, which rolls its
@@ -312,9 +314,13 @@ var ErrOlderOwnerBlocked = errors.New("an older owner's open transaction held th
 func TakeOver(ctx context.Context, db interface {
 	Begin(context.Context) (pgx.Tx, error)
 	Querier
-}, p Partition, token int64, owner string, startOffset int64, wait time.Duration) (Cursor, error) {
+}, p Partition, token int64, owner string, startOffset int64, keyLanes int, wait time.Duration) (Cursor, error) {
 	return takeOver(ctx, db, p, token, wait, func(tx pgx.Tx) (Cursor, error) {
-		return ClaimPartition(ctx, tx, p, token, owner, startOffset)
+		c, err := ClaimPartition(ctx, tx, p, token, owner, startOffset)
+		if err != nil {
+			return Cursor{}, err
+		}
+		return c, claimKeyLanes(ctx, tx, p, token, keyLanes, c.NextOffset)
 	})
 }
 
@@ -338,12 +344,18 @@ func takeOver(ctx context.Context, db interface {
 	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available
 		return c, err
 	}
+	// The older owner's transaction holds the cursor row, or the row of
+	// one of its key-lanes.
 	var ended int
 	err = db.QueryRow(ctx, `
 SELECT count(pg_terminate_backend(l.pid))
-  FROM kfn.cursors c
-  JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = c.xmax AND l.granted AND l.pid <> pg_backend_pid()
- WHERE c.consumer = $1 AND c.topic = $2 AND c.partition = $3 AND c.epoch < $4`, p.Consumer, p.Topic, p.Partition, token).Scan(&ended)
+  FROM (SELECT xmax FROM kfn.cursors
+         WHERE consumer = $1 AND topic = $2 AND partition = $3 AND epoch < $4
+        UNION
+        SELECT xmax FROM kfn.key_lanes
+         WHERE consumer = $1 AND topic = $2 AND partition = $3 AND epoch < $4) c
+  JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = c.xmax AND l.granted AND l.pid <> pg_backend_pid()`,
+		p.Consumer, p.Topic, p.Partition, token).Scan(&ended)
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
 		return Cursor{}, fmt.Errorf("claim %s: %w (waited %s; %s): run every worker as one role, or grant it pg_signal_backend (which cannot signal a superuser's sessions)", p, ErrCannotEndOlderOwner, wait, pgErr.Message)
 	}

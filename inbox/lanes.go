@@ -32,7 +32,8 @@ func (e *LaneCountError) Error() string {
 }
 
 // ClaimLane is TakeOver for lane p.Partition of a NATS-triggered function
-// whose events on p.Topic are spread over lanes lanes. startedAt is when the
+// whose events on p.Topic are spread over lanes lanes, each run as keyLanes
+// key-lanes. startedAt is when the
 // worker started, by the database's clock.
 //
 // When lanes differs from the recorded count, the claim changes it, in the
@@ -54,7 +55,7 @@ func (e *LaneCountError) Error() string {
 func ClaimLane(ctx context.Context, db interface {
 	Begin(context.Context) (pgx.Tx, error)
 	Querier
-}, p Partition, lanes int, token int64, owner string, startedAt time.Time, wait time.Duration) (Cursor, error) {
+}, p Partition, lanes int, token int64, owner string, startedAt time.Time, keyLanes int, wait time.Duration) (Cursor, error) {
 	if lanes < 1 || int(p.Partition) >= lanes || p.Partition < 0 {
 		return Cursor{}, fmt.Errorf("claim lane %s: lane %d is not one of %d lanes", p, p.Partition, lanes)
 	}
@@ -62,7 +63,11 @@ func ClaimLane(ctx context.Context, db interface {
 		if err := setLanes(ctx, tx, p, lanes, token, owner, startedAt); err != nil {
 			return Cursor{}, err
 		}
-		return ClaimPartition(ctx, tx, p, token, owner, 0)
+		c, err := ClaimPartition(ctx, tx, p, token, owner, 0)
+		if err != nil {
+			return Cursor{}, err
+		}
+		return c, claimKeyLanes(ctx, tx, p, token, keyLanes, c.NextOffset)
 	})
 }
 

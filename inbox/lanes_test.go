@@ -27,7 +27,7 @@ func TestChangingTheLaneCountFencesOldLanesAndStartsAtTheSlowest(t *testing.T) {
 
 	// Four lanes, claimed by w-old with tokens 10–13, at different progress.
 	for k := range int32(4) {
-		if _, err := inbox.ClaimLane(ctx, db.Pool, lane(k), 4, 10+int64(k), "w-old", oldStart, time.Second); err != nil {
+		if _, err := inbox.ClaimLane(ctx, db.Pool, lane(k), 4, 10+int64(k), "w-old", oldStart, 1, time.Second); err != nil {
 			t.Fatalf("claim lane %d of 4: %v", k, err)
 		}
 		seq := []int64{500, 120, 900, 300}[k]
@@ -37,7 +37,7 @@ func TestChangingTheLaneCountFencesOldLanesAndStartsAtTheSlowest(t *testing.T) {
 	}
 
 	// A worker started now with 2 lanes claims lane 1 with token 20.
-	cur, err := inbox.ClaimLane(ctx, db.Pool, lane(1), 2, 20, "w-new", time.Now(), time.Second)
+	cur, err := inbox.ClaimLane(ctx, db.Pool, lane(1), 2, 20, "w-new", time.Now(), 1, time.Second)
 	if err != nil {
 		t.Fatalf("claim lane 1 of 2: %v", err)
 	}
@@ -56,13 +56,13 @@ func TestChangingTheLaneCountFencesOldLanesAndStartsAtTheSlowest(t *testing.T) {
 		t.Errorf("%d cursor rows after the change to 2 lanes (%v), want 2", rows, err)
 	}
 	// The other new lane starts there too, with its own token.
-	if cur, err := inbox.ClaimLane(ctx, db.Pool, lane(0), 2, 21, "w-new2", time.Now(), time.Second); err != nil || cur.NextOffset != 121 {
+	if cur, err := inbox.ClaimLane(ctx, db.Pool, lane(0), 2, 21, "w-new2", time.Now(), 1, time.Second); err != nil || cur.NextOffset != 121 {
 		t.Errorf("claim lane 0 of 2 = %+v, %v; want next 121", cur, err)
 	}
 
 	// The old worker, started before the change, is refused, even with a
 	// newer token: it would split the keys the old way.
-	_, err = inbox.ClaimLane(ctx, db.Pool, lane(3), 4, 30, "w-old", oldStart, time.Second)
+	_, err = inbox.ClaimLane(ctx, db.Pool, lane(3), 4, 30, "w-old", oldStart, 1, time.Second)
 	var stale *inbox.LaneCountError
 	if !errors.As(err, &stale) || stale.Recorded != 2 || stale.Configured != 4 {
 		t.Fatalf("old worker's claim: err = %v, want a LaneCountError (recorded 2, configured 4)", err)
@@ -71,7 +71,7 @@ func TestChangingTheLaneCountFencesOldLanesAndStartsAtTheSlowest(t *testing.T) {
 
 	// A change by a token older than a lane's epoch is refused as fenced:
 	// its next lease term retries with a newer one.
-	_, err = inbox.ClaimLane(ctx, db.Pool, lane(0), 3, 15, "w-third", time.Now(), time.Second)
+	_, err = inbox.ClaimLane(ctx, db.Pool, lane(0), 3, 15, "w-third", time.Now(), 1, time.Second)
 	if !errors.Is(err, inbox.ErrFenced) {
 		t.Errorf("change with a token below the lanes' epochs: err = %v, want fenced", err)
 	}

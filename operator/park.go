@@ -9,8 +9,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/inbox"
-	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/kafkasource"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 // ParkRequest asks to dead-letter one record of a partition by hand: the
@@ -28,7 +28,7 @@ type ParkRequest struct {
 	// record cannot be read, the dead letter holds only its coordinates.
 	KafkaBrokers []string
 	// KafkaSecurity is how to connect to KafkaBrokers (TLS, SASL).
-	KafkaSecurity kafkaconn.Security
+	KafkaSecurity runtime.KafkaSecurity
 	// LeaseBucket is the workers' --lease-bucket; default lease.DefaultBucket.
 	LeaseBucket string
 }
@@ -64,7 +64,7 @@ func Park(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, req P
 }
 
 // readRecord reads the record at offset from Kafka, for its dead letter.
-func readRecord(ctx context.Context, brokers []string, security kafkaconn.Security, part inbox.Partition, offset int64) (*inbox.DeadLetter, error) {
+func readRecord(ctx context.Context, brokers []string, security runtime.KafkaSecurity, part inbox.Partition, offset int64) (*inbox.DeadLetter, error) {
 	rec, err := kafkasource.ReadRecord(ctx, brokers, security, part.Topic, part.Partition, offset)
 	if err != nil {
 		return nil, err

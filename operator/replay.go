@@ -13,9 +13,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/inbox"
-	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/lease"
 	"github.com/kfn-dev/kfn/internal/naming"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 // Replay moves the cursor of the one partition spec names (spec.Partitions
@@ -59,7 +59,7 @@ type ReplaySpec struct {
 	// purged inbox rows.
 	KafkaBrokers []string
 	// KafkaSecurity is how to connect to KafkaBrokers (TLS, SASL).
-	KafkaSecurity kafkaconn.Security
+	KafkaSecurity runtime.KafkaSecurity
 	// DryRun validates and plans, and changes nothing: no lease is taken,
 	// no epoch moves, nothing is written.
 	DryRun bool

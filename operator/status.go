@@ -13,9 +13,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/lease"
 	"github.com/kfn-dev/kfn/internal/naming"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 // Lane kinds of PartitionStatus.Kind.
@@ -52,8 +54,57 @@ type PartitionStatus struct {
 	Pending    *int64 `json:"pending,omitempty"`     // events matching the subject not delivered yet
 	AckPending *int64 `json:"ack_pending,omitempty"` // events delivered and not acked yet
 	AckFloor   *int64 `json:"ack_floor,omitempty"`   // stream sequence below which every event is acked
+	// KeyLanes is the lane's key-lanes (KeyConcurrency > 1), by index:
+	// each one's progress, the offset (or stream sequence) after the last
+	// record it committed. A key-lane commits its records in order, so the
+	// record at the cursor, which the cursor waits on, is one of those of
+	// the key-lanes listed in WaitsOn: those not past the cursor. Ahead is
+	// how far the furthest key-lane got past the cursor (0: none did).
+	KeyLanes []inbox.KeyLane `json:"key_lanes,omitempty"`
+	WaitsOn  []int           `json:"waits_on,omitempty"`
+	Ahead    int64           `json:"ahead,omitempty"`
 	// Problem says why a part of this lane's status is unknown.
 	Problem string `json:"problem,omitempty"`
+}
+
+// readKeyLanes adds each lane's key-lanes to out.
+func (r *StatusReader) readKeyLanes(ctx context.Context, out []PartitionStatus, function string) error {
+	rows, err := r.pool.Query(ctx, `
+SELECT consumer, topic, partition, lane, lanes, epoch, next_offset, updated_at FROM kfn.key_lanes
+ WHERE consumer = $1 OR $1 = '' ORDER BY consumer, topic, partition, lane`, function)
+	if err != nil {
+		return fmt.Errorf("read key-lanes: %w", err)
+	}
+	type lane struct {
+		function, topic string
+		partition       int32
+	}
+	byLane := map[lane][]inbox.KeyLane{}
+	var l lane
+	var k inbox.KeyLane
+	_, err = pgx.ForEachRow(rows, []any{&l.function, &l.topic, &l.partition, &k.Lane, &k.Lanes, &k.Epoch, &k.NextOffset, &k.UpdatedAt}, func() error {
+		byLane[l] = append(byLane[l], k)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read key-lanes: %w", err)
+	}
+	for i := range out {
+		p := &out[i]
+		p.KeyLanes = byLane[lane{p.Function, p.Topic, p.Partition}]
+		for _, k := range p.KeyLanes {
+			p.Ahead = max(p.Ahead, k.NextOffset-p.Cursor)
+		}
+		if p.Ahead == 0 {
+			continue // every record the key-lanes committed is under the cursor: it waits on none
+		}
+		for _, k := range p.KeyLanes {
+			if k.NextOffset <= p.Cursor {
+				p.WaitsOn = append(p.WaitsOn, k.Lane)
+			}
+		}
+	}
+	return nil
 }
 
 // Status reads every cursor (of one function, or all when function is empty)
@@ -81,12 +132,12 @@ type StatusReader struct {
 
 // NewStatusReader makes a StatusReader; brokers and js may be empty.
 func NewStatusReader(pool *pgxpool.Pool, brokers []string, js jetstream.JetStream, leaseBucket string) *StatusReader {
-	return NewStatusReaderSecure(pool, brokers, kafkaconn.Security{}, js, leaseBucket)
+	return NewStatusReaderSecure(pool, brokers, runtime.KafkaSecurity{}, js, leaseBucket)
 }
 
 // NewStatusReaderSecure is NewStatusReader connecting to Kafka with
 // security's TLS and SASL.
-func NewStatusReaderSecure(pool *pgxpool.Pool, brokers []string, security kafkaconn.Security, js jetstream.JetStream, leaseBucket string) *StatusReader {
+func NewStatusReaderSecure(pool *pgxpool.Pool, brokers []string, security runtime.KafkaSecurity, js jetstream.JetStream, leaseBucket string) *StatusReader {
 	if leaseBucket == "" {
 		leaseBucket = lease.DefaultBucket
 	}
@@ -132,6 +183,9 @@ SELECT c.consumer, c.topic, c.partition, c.owner, c.epoch, c.next_offset, c.high
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read cursors: %w", err)
+	}
+	if err := r.readKeyLanes(ctx, out, function); err != nil {
+		return nil, err
 	}
 	var errs []error
 	if r.js != nil {
@@ -283,12 +337,12 @@ func findSubjectLane(ctx context.Context, js jetstream.JetStream, consumer, subj
 // one transport that Close releases.
 type kafkaClient struct {
 	brokers   []string
-	security  kafkaconn.Security
+	security  runtime.KafkaSecurity
 	client    *kafka.Client
 	transport *kafka.Transport
 }
 
-func newKafkaClient(brokers []string, security kafkaconn.Security) (*kafkaClient, error) {
+func newKafkaClient(brokers []string, security runtime.KafkaSecurity) (*kafkaClient, error) {
 	t, _, err := kafkaconn.Kafka(security)
 	if err != nil {
 		return nil, err

@@ -40,12 +40,16 @@ type Config struct {
 	// 0.8 × HandlerTimeout if that is less. See the package doc, "Timing".
 	StatementTimeout time.Duration
 
-	StartFrom      string        // KFN_START_FROM: earliest|latest, where a partition with no cursor starts
-	ConsumerGroup  string        // KFN_CONSUMER_GROUP: the Kafka consumer group committed offsets are mirrored to; default the function's name
-	LeaseTTL       time.Duration // KFN_LEASE_TTL: partition lease lifetime without renewal
-	LeaseRenew     time.Duration // KFN_LEASE_RENEW: how often leases and heartbeats are renewed
-	LeaseBucket    string        // KFN_LEASE_BUCKET: the NATS KV bucket of the leases; all workers of a function share it
-	Lanes          int           // KFN_LANES: lanes a NATS-triggered function's events are spread over by key hash
+	StartFrom     string        // KFN_START_FROM: earliest|latest, where a partition with no cursor starts
+	ConsumerGroup string        // KFN_CONSUMER_GROUP: the Kafka consumer group committed offsets are mirrored to; default the function's name
+	LeaseTTL      time.Duration // KFN_LEASE_TTL: partition lease lifetime without renewal
+	LeaseRenew    time.Duration // KFN_LEASE_RENEW: how often leases and heartbeats are renewed
+	LeaseBucket   string        // KFN_LEASE_BUCKET: the NATS KV bucket of the leases; all workers of a function share it
+	Lanes         int           // KFN_LANES: lanes a NATS-triggered function's events are spread over by key hash
+	// KeyConcurrency (KFN_KEY_CONCURRENCY), when set, is the key-lanes of
+	// every function the worker runs (Function.KeyConcurrency), whatever
+	// the function sets.
+	KeyConcurrency int
 	NoRelay        bool          // KFN_NO_RELAY (true/false, 1/0): do not run the outbox relay in this process (run `kfn relay` instead)
 	SkipSetup      bool          // KFN_SKIP_SETUP: do not run the functions' Setup at start (run the binary's migrate mode as the schema owner instead)
 	EventStream    string        // KFN_EVENT_STREAM: the JetStream stream outbox events are relayed to
@@ -172,6 +176,7 @@ func (c *Config) bind(b *settings.Binder) {
 	settings.LeaseRenew.Bind(b, &c.LeaseRenew)
 	settings.LeaseBucket.Bind(b, &c.LeaseBucket)
 	settings.Lanes.Bind(b, &c.Lanes)
+	settings.KeyConcurrency.Bind(b, &c.KeyConcurrency)
 	settings.NoRelay.Bind(b, &c.NoRelay)
 	settings.SkipSetup.Bind(b, &c.SkipSetup)
 	settings.EventStream.Bind(b, &c.EventStream)

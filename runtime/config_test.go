@@ -347,10 +347,18 @@ func TestMainRejectsAWSMSKIAMWhenItsModuleIsNotImported(t *testing.T) {
 	var out strings.Builder
 	code := worker.Main(effects.Function("fn", "topic"), []string{"--kafka-brokers", "127.0.0.1:1", "--database-url", "postgres://u@127.0.0.1:1/d", "--nats-url", "nats://127.0.0.1:1",
 		"--kafka-tls", "--kafka-sasl-mechanism", "AWS_MSK_IAM"}, &out)
-	first, _, _ := strings.Cut(out.String(), "\n")
+	// The error is the first line that is not a log record: the memory
+	// limit's INFO line comes before it.
+	var first string
+	for line := range strings.Lines(out.String()) {
+		if !strings.HasPrefix(line, "{") {
+			first = strings.TrimSuffix(line, "\n")
+			break
+		}
+	}
 	want := "fn: invalid configuration: --kafka-sasl-mechanism (KFN_KAFKA_SASL_MECHANISM): AWS_MSK_IAM is not built into this binary: its main package must import github.com/kfn-dev/kfn/kafkaauth/mskiam"
 	if code != 2 || !strings.HasPrefix(first, want) {
-		t.Errorf("exit %d, first line %q; want exit 2 and %q", code, first, want)
+		t.Errorf("exit %d, first line that is not a log record %q; want exit 2 and %q", code, first, want)
 	}
 }
 

@@ -64,6 +64,15 @@ type cluster struct {
 	topic   string
 	fn      string
 	seq     int // last worker number handed out
+	// partitions is the topic's partition count (failoverPartitions unless
+	// a test needs fewer).
+	partitions int
+	// keyLanes, when above 1, runs the workers with that many key-lanes
+	// per partition (KFN_KEY_CONCURRENCY); keys, when above 0, makes the
+	// producer spread each partition's records over that many keys, with
+	// per-key sequence numbers in the values (effects.KeyedValue), and the
+	// checker count order per key (effects.KeyOrder).
+	keyLanes, keys int
 }
 
 func newCluster(t *testing.T) *cluster {
@@ -75,9 +84,15 @@ func newCluster(t *testing.T) *cluster {
 // that stop the broker.
 func newClusterOn(t *testing.T, kafka *kfntest.KafkaCluster) *cluster {
 	t.Helper()
-	c := &cluster{t: t, pg: kfntest.Postgres(t), kafka: kafka, nats: kfntest.NATSProcess(t)}
+	return newClusterWith(t, kafka, failoverPartitions)
+}
+
+// newClusterWith is newClusterOn with a topic of partitions partitions.
+func newClusterWith(t *testing.T, kafka *kfntest.KafkaCluster, partitions int) *cluster {
+	t.Helper()
+	c := &cluster{t: t, pg: kfntest.Postgres(t), kafka: kafka, nats: kfntest.NATSProcess(t), partitions: partitions}
 	c.natsURL = c.nats.URL
-	c.topic = c.kafka.CreateTopic(t, failoverPartitions)
+	c.topic = c.kafka.CreateTopic(t, partitions)
 	c.fn = kfntest.Name(t, "fn")
 	return c
 }
@@ -141,6 +156,9 @@ func (c *cluster) startWorkerFrom(bin, id string, env ...string) *proc {
 		"KFN_LOG_LEVEL=info",
 		"KFN_METRICS_ADDR="+metrics,
 	)
+	if c.keyLanes > 1 {
+		cmd.Env = append(cmd.Env, "KFN_KEY_CONCURRENCY="+strconv.Itoa(c.keyLanes))
+	}
 	cmd.Env = append(cmd.Env, env...) // the last value of a name wins
 	for _, kv := range env {
 		if addr, ok := strings.CutPrefix(kv, "KFN_METRICS_ADDR="); ok {
@@ -239,16 +257,23 @@ SELECT count(*) FROM pg_stat_activity a
 // test if none was caught within limit.
 func (c *cluster) killInTransaction(ps []*proc, limit time.Duration) (int, time.Time) {
 	c.t.Helper()
+	return c.killInTransactionOn(ps, "kfn.cursors", limit)
+}
+
+// killInTransactionOn is killInTransaction for a transaction that wrote
+// table (kfn.key_lanes: a key-lane's, past its fence).
+func (c *cluster) killInTransactionOn(ps []*proc, table string, limit time.Duration) (int, time.Time) {
+	c.t.Helper()
 	deadline := time.Now().Add(limit)
 	for time.Now().Before(deadline) {
 		for _, i := range rand.Perm(len(ps)) {
-			if frozen, ok := c.freezeInTransaction(ps[i], "kfn.cursors", 2*time.Second); ok {
+			if frozen, ok := c.freezeInTransaction(ps[i], table, 2*time.Second); ok {
 				ps[i].Kill()
 				return i, frozen
 			}
 		}
 	}
-	c.t.Fatalf("caught none of %v inside a fenced transaction within %s", ids(ps), limit)
+	c.t.Fatalf("caught none of %v inside a fenced transaction (one that wrote %s) within %s", ids(ps), table, limit)
 	return 0, time.Time{}
 }
 
@@ -423,6 +448,7 @@ func (c *cluster) startProducer() *producer {
 		t := time.NewTicker(tick)
 		defer t.Stop()
 		next := 0
+		seqs := map[string]int{} // per key, with c.keys
 		for sent := 0; sent < produceLimit; {
 			select {
 			case <-p.stopCh:
@@ -436,8 +462,13 @@ func (c *cluster) startProducer() *producer {
 			}
 			msgs := make([]kafka.Message, perTick)
 			for i := range msgs {
-				part := next % failoverPartitions
+				part := next % c.partitions
 				msgs[i] = kafka.Message{Partition: part, Key: []byte("k" + strconv.Itoa(part)), Value: []byte("v" + strconv.Itoa(next))}
+				if c.keys > 0 {
+					key := fmt.Sprintf("k%d-%d", part, (next/c.partitions)%c.keys)
+					seqs[key]++
+					msgs[i].Key, msgs[i].Value = []byte(key), effects.KeyedValue(key, seqs[key])
+				}
 				next++
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
@@ -526,25 +557,31 @@ type cursor struct {
 // cursors reads the function's cursors, indexed by partition.
 func (c *cluster) cursors() map[int]cursor {
 	c.t.Helper()
+	out, err := c.readCursors()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return out
+}
+
+// readCursors is cursors, returning its error (Postgres restarting).
+func (c *cluster) readCursors() (map[int]cursor, error) {
 	rows, err := c.pg.Pool.Query(context.Background(), `
 SELECT partition, owner, epoch, next_offset, updated_at > claimed_at
   FROM kfn.cursors WHERE consumer = $1 AND topic = $2`, c.fn, c.topic)
 	if err != nil {
-		c.t.Fatalf("read cursors: %v", err)
+		return nil, fmt.Errorf("read cursors: %w", err)
 	}
-	defer rows.Close()
 	out := map[int]cursor{}
-	for rows.Next() {
-		var cur cursor
-		if err := rows.Scan(&cur.partition, &cur.owner, &cur.epoch, &cur.next, &cur.committed); err != nil {
-			c.t.Fatalf("read cursors: %v", err)
-		}
+	var cur cursor
+	_, err = pgx.ForEachRow(rows, []any{&cur.partition, &cur.owner, &cur.epoch, &cur.next, &cur.committed}, func() error {
 		out[cur.partition] = cur
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read cursors: %w", err)
 	}
-	if err := rows.Err(); err != nil {
-		c.t.Fatalf("read cursors: %v", err)
-	}
-	return out
+	return out, nil
 }
 
 // ownedBy returns the cursors whose owner is id.
@@ -561,11 +598,11 @@ func ownedBy(curs map[int]cursor, id string) map[int]cursor {
 // balanced reports whether the live workers own every partition, none
 // more than its share (the lease manager's load bound), and each owner has
 // committed since its claim. It returns a description of what is not so.
-func balanced(curs map[int]cursor, live []string) (bool, string) {
-	if len(curs) < failoverPartitions {
-		return false, fmt.Sprintf("%d of %d partitions have a cursor", len(curs), failoverPartitions)
+func balanced(curs map[int]cursor, live []string, partitions int) (bool, string) {
+	if len(curs) < partitions {
+		return false, fmt.Sprintf("%d of %d partitions have a cursor", len(curs), partitions)
 	}
-	share := (failoverPartitions + len(live) - 1) / len(live)
+	share := (partitions + len(live) - 1) / len(live)
 	count := map[string]int{}
 	for p, cur := range curs {
 		if !slices.Contains(live, cur.owner) {
@@ -588,7 +625,7 @@ func balanced(curs map[int]cursor, live []string) (bool, string) {
 func (c *cluster) waitBalanced(live []string, limit time.Duration) {
 	c.t.Helper()
 	c.waitStable(limit, fmt.Sprintf("workers %v to own all partitions, balanced", live), func() (bool, string) {
-		return balanced(c.cursors(), live)
+		return balanced(c.cursors(), live, c.partitions)
 	})
 }
 
@@ -656,7 +693,11 @@ func (c *cluster) check(hw map[int]int64, dead ...effects.Produced) effects.Repo
 	var rep effects.Report
 	waitUntil(c.t, 30*time.Second, "the checker to read Postgres and the event stream", func() (bool, string) {
 		var err error
-		rep, err = effects.Check(context.Background(), c.pg.Pool, c.fn, c.topic, producedUpTo(hw), effects.Events(js, runtime.DefaultStream))
+		opts := []effects.Option{effects.Events(js, runtime.DefaultStream)}
+		if c.keys > 0 {
+			opts = append(opts, effects.KeyOrder())
+		}
+		rep, err = effects.Check(context.Background(), c.pg.Pool, c.fn, c.topic, producedUpTo(hw), opts...)
 		if err != nil {
 			c.t.Logf("checker: %v (trying again)", err)
 			time.Sleep(500 * time.Millisecond)

@@ -394,7 +394,7 @@ func TestFailoverNATSRestart(t *testing.T) {
 
 	c.waitStable(30*time.Second, "every partition to be claimed again with a newer token and committed", func() (bool, string) {
 		curs := c.cursors()
-		if ok, why := balanced(curs, ids(workers)); !ok {
+		if ok, why := balanced(curs, ids(workers), c.partitions); !ok {
 			return false, why
 		}
 		for p, cur := range curs {

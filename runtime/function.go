@@ -58,6 +58,18 @@ type Function struct {
 	// are applied in offset order, at the cost of waiting until someone
 	// retries or discards the dead letter (kfn dlq retry, kfn dlq discard).
 	KeyOrder KeyOrder
+	// KeyConcurrency is how many key-lanes each partition (or subject
+	// lane) of the function runs: 1, the default, applies a partition's
+	// records one batch transaction after the other, in offset order. With
+	// K > 1 the records are split over K key-lanes by a hash of their key
+	// (records with no key all go to key-lane 0), and the key-lanes commit
+	// side by side: a slow handler's throughput on one partition grows up to
+	// K times. Records of one key keep their offset order, and every record
+	// is still applied exactly once; records of different keys may commit
+	// out of offset order. Each key-lane needs a Postgres connection while
+	// it commits. --key-concurrency (KFN_KEY_CONCURRENCY), when set, wins.
+	// See docs/scaling.md.
+	KeyConcurrency int
 	// Metrics are the author's own Prometheus collectors (counters,
 	// histograms, any prometheus.Collector), served on the worker's
 	// /metrics (--metrics-addr) beside kfn's, each series with the worker

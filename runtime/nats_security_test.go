@@ -60,7 +60,7 @@ func TestWorkerWithNATSCredsAndTLSProcessesAndIsRefusedWithout(t *testing.T) {
 	produced := b.produceN(t, partitions, perPartition)
 	_, stop := b.run(t, fn)
 	b.waitCaughtUp(t, b.fn)
-	nc, js, err := connect.NATSWith(sn.URL, "checker", connect.NATSSecurity(b.cfg.NATSSecurity))
+	nc, js, err := connect.NATSWith(sn.URL, "checker", runtime.NATSSecurity(b.cfg.NATSSecurity))
 	if err != nil {
 		t.Fatal(err)
 	}

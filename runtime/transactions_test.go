@@ -15,7 +15,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kfn-dev/kfn/inbox"
-	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/kafkasource"
 	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/operator/verify"
@@ -177,7 +176,7 @@ func TestTransactionalProducersOnlyCommittedRecordsAreApplied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log, err := kafkasource.OpenLog(b.kafka.Brokers, kafkaconn.Security{})
+	log, err := kafkasource.OpenLog(b.kafka.Brokers, runtime.KafkaSecurity{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +201,7 @@ func TestTransactionalProducersOnlyCommittedRecordsAreApplied(t *testing.T) {
 	// record, and no record at the others: the markers and the records of
 	// aborted transactions.
 	for o := int64(0); o < high; o++ {
-		rec, err := kafkasource.ReadRecord(ctx, b.kafka.Brokers, kafkaconn.Security{}, b.topic, 0, o)
+		rec, err := kafkasource.ReadRecord(ctx, b.kafka.Brokers, runtime.KafkaSecurity{}, b.topic, 0, o)
 		if i := slices.Index(offsets, o); i >= 0 {
 			if err != nil || string(rec.Value) != want[i] {
 				t.Errorf("the record at offset %d: %q, %v; want %s", o, rec.Value, err, want[i])

@@ -21,8 +21,8 @@ import (
 	"github.com/kfn-dev/kfn/cmd/kfn/internal/bench"
 	"github.com/kfn-dev/kfn/functions/ledger"
 	"github.com/kfn-dev/kfn/functions/orders"
-	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/internal/redact"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
@@ -73,8 +73,14 @@ kfn bench --report-dir ''   # print the report only`,
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (the worker) during the first exactly-once round to this file")
 	progressEvery := fs.Duration("progress-every", 10*time.Second, "while a mode runs, print how far it has come this often (stderr)")
 	reportDir := fs.String("report-dir", "testdata/bench", "write the report (what stdout shows) to <start time>-<machine class>.txt in this directory; '' writes none")
+	keyLanes := fs.Int("key-lanes", 16, "the key-lanes benchmark: a handler waiting 5 ms per record on one partition, as one lane and as this many key-lanes (KeyConcurrency); 0 skips it")
+	keyLanesRecords := fs.Int64("key-lanes-records", 2000, "records applied by each run of the key-lanes benchmark")
+	keyLanesOnly := fs.Bool("key-lanes-only", false, "run the key-lanes benchmark only")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *keyLanes < 0 || *keyLanes > settings.MaxKeyConcurrency || *keyLanes == 1 || (*keyLanesOnly && *keyLanes == 0) || *keyLanesRecords < 2 {
+		return &usageError{msg: fmt.Sprintf("--key-lanes %d must be in 2..%d (or 0 to skip the key-lanes benchmark, without --key-lanes-only), and --key-lanes-records at least 2", *keyLanes, settings.MaxKeyConcurrency)}
 	}
 	if *rounds < 1 || *rounds > 20 {
 		return &usageError{msg: fmt.Sprintf("--rounds %d is out of range 1..20", *rounds)}
@@ -126,6 +132,31 @@ kfn bench --report-dir ''   # print the report only`,
 	if err != nil {
 		return err
 	}
+	keyLanesBench := func() error {
+		if *keyLanes == 0 {
+			return nil
+		}
+		procs := bench.FindProcesses(map[string][]string{"postgres": postgresAddr(st.DatabaseURL), "nats-server": hostPorts(st.NATSURL), "kafka": st.Brokers})
+		res, err := benchKeyLanes(ctx, st, stderr, bench.KeyLanesConfig{
+			Worker: runtime.Config{
+				KafkaBrokers: st.Brokers, KafkaSecurity: st.Kafka, DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
+				BatchSize: worker.BatchSize, BatchWait: worker.BatchWait, Logger: log,
+			},
+			Records: *keyLanesRecords, Lanes: *keyLanes, Wait: 5 * time.Millisecond, Processes: procs, Rounds: *rounds,
+		})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "\n%s", res)
+		return nil
+	}
+	if *keyLanesOnly {
+		pool.Close()
+		if err := keyLanesBench(); err != nil {
+			return err
+		}
+		return report.write(out)
+	}
 	// The business tables, before the copy limit writes into them.
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if err := orders.Setup(ctx, tx); err != nil {
@@ -167,7 +198,7 @@ kfn bench --report-dir ''   # print the report only`,
 	limitRows := newOrderRows(topic, *partitions)
 	cfg := bench.Config{
 		Worker: runtime.Config{
-			KafkaBrokers: st.Brokers, KafkaSecurity: runtime.KafkaSecurity(st.Kafka), DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
+			KafkaBrokers: st.Brokers, KafkaSecurity: st.Kafka, DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL,
 			BatchSize: worker.BatchSize, BatchWait: worker.BatchWait, Outbox: worker.Outbox, Logger: log,
 		},
 		WALPipeline: walPipeline,
@@ -214,6 +245,9 @@ kfn bench --report-dir ''   # print the report only`,
 		return err
 	}
 	printRelayBench(stdout, relay)
+	if err := keyLanesBench(); err != nil {
+		return err
+	}
 	return report.write(out)
 }
 
@@ -232,6 +266,21 @@ func benchWALOutbox(ctx context.Context, pool *pgxpool.Pool, stdout io.Writer, m
 	}
 	fmt.Fprintf(stdout, "wal outbox: replication slot %s and publication %s in the benchmark's database, dropped with it\n", setup.Slot, setup.Publication)
 	return true, nil
+}
+
+// benchKeyLanes runs bench.KeyLanes on a topic of one partition holding
+// cfg.Records orders (each its own key), deleted at the end.
+func benchKeyLanes(ctx context.Context, st *stack, progress io.Writer, cfg bench.KeyLanesConfig) (bench.KeyLanesResult, error) {
+	cfg.Topic = fmt.Sprintf("kfn-bench-keylanes-%d", time.Now().UnixNano())
+	if err := ensureTopic(ctx, st.Brokers, st.Kafka, cfg.Topic, 1); err != nil {
+		return bench.KeyLanesResult{}, err
+	}
+	defer deleteBenchTopic(st, cfg.Topic, progress)
+	if err := produceOrders(ctx, st.Brokers, st.Kafka, cfg.Topic, cfg.Records); err != nil {
+		return bench.KeyLanesResult{}, err
+	}
+	fmt.Fprintf(progress, "key-lanes: %d records on one partition, as one lane, then as %d key-lanes\n", cfg.Records, cfg.Lanes)
+	return bench.KeyLanes(ctx, cfg)
 }
 
 // deleteBenchTopic deletes the benchmark's topic, on a context of its own
@@ -287,7 +336,7 @@ func processList(procs []bench.Process) string {
 func benchRelay(ctx context.Context, st *stack, cfg bench.RelayConfig) (bench.RelayResult, error) {
 	pgCfg, err := pgxpool.ParseConfig(st.DatabaseURL)
 	if err != nil {
-		return bench.RelayResult{}, &usageError{msg: fmt.Sprintf("--database-url: %v", connect.Scrub(err.Error(), st.DatabaseURL))}
+		return bench.RelayResult{}, &usageError{msg: fmt.Sprintf("--database-url: %v", redact.Scrub(err.Error(), st.DatabaseURL))}
 	}
 	if pgCfg.ConnConfig.RuntimeParams["application_name"] == "" {
 		pgCfg.ConnConfig.RuntimeParams["application_name"] = "kfn bench relay"
@@ -295,7 +344,7 @@ func benchRelay(ctx context.Context, st *stack, cfg bench.RelayConfig) (bench.Re
 	pgCfg.MaxConns = outbox.Shards + 8 // a connection per shard loop, the LISTEN connection and the load
 	pool, err := pgxpool.NewWithConfig(ctx, pgCfg)
 	if err != nil {
-		return bench.RelayResult{}, fmt.Errorf("relay benchmark: connect to Postgres: %s", connect.Scrub(err.Error(), st.DatabaseURL))
+		return bench.RelayResult{}, fmt.Errorf("relay benchmark: connect to Postgres: %s", redact.Scrub(err.Error(), st.DatabaseURL))
 	}
 	defer pool.Close()
 	js, closeNATS, err := connectJetStream(st.NATSURL, "kfn bench relay")
@@ -326,7 +375,7 @@ func printRelayBench(w io.Writer, r bench.RelayResult) {
 		r.CommitP50.Round(10*time.Microsecond), r.CommitP99.Round(10*time.Microsecond), r.VisibleP50.Round(10*time.Microsecond), r.VisibleP99.Round(10*time.Microsecond))
 }
 
-func produceOrders(ctx context.Context, brokers []string, sec kafkaconn.Security, topic string, n int64) error {
+func produceOrders(ctx context.Context, brokers []string, sec runtime.KafkaSecurity, topic string, n int64) error {
 	transport, _, err := kafkaconn.Kafka(sec)
 	if err != nil {
 		return err

@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/cmd/kfn/internal/bench"
-	"github.com/kfn-dev/kfn/internal/connect"
+	"github.com/kfn-dev/kfn/internal/redact"
 )
 
 // benchReport is kfn bench's report: everything the run prints on stdout,
@@ -76,10 +76,10 @@ func benchCommand(fs *flagSet, args []string) (command string, env []string) {
 		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
 		switch {
 		case secretNext:
-			a = connect.Redact(a)
+			a = redact.Redact(a)
 			secretNext = false
 		case strings.HasPrefix(a, "-") && hasValue && fs.settings.Secret(name):
-			a = a[:len(a)-len(value)] + connect.Redact(value)
+			a = a[:len(a)-len(value)] + redact.Redact(value)
 		case strings.HasPrefix(a, "-") && fs.settings.Secret(name):
 			secretNext = true
 		}
@@ -115,7 +115,7 @@ func printBenchHeader(w io.Writer, command string, env []string, m bench.Machine
 func serviceVersions(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, st *stack, procs []bench.Process) string {
 	pg := "unknown"
 	if err := pool.QueryRow(ctx, "SHOW server_version").Scan(&pg); err != nil {
-		pg = "unknown (" + connect.Scrub(err.Error(), st.DatabaseURL) + ")"
+		pg = "unknown (" + redact.Scrub(err.Error(), st.DatabaseURL) + ")"
 	}
 	kafka := "not on this machine, version unknown"
 	switch {

@@ -11,8 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/kfn-dev/kfn/internal/connect"
+	"github.com/kfn-dev/kfn/internal/redact"
 )
 
 // kfn bench never writes into the database it is pointed at: it creates a
@@ -47,7 +46,7 @@ type scratchDatabase struct {
 func createScratchDatabase(ctx context.Context, serverURL string, out io.Writer) (*scratchDatabase, error) {
 	conn, err := pgx.Connect(ctx, serverURL)
 	if err != nil {
-		return nil, fmt.Errorf("connect to Postgres: %s", connect.Scrub(err.Error(), serverURL))
+		return nil, fmt.Errorf("connect to Postgres: %s", redact.Scrub(err.Error(), serverURL))
 	}
 	defer conn.Close(context.Background())
 	left, err := dropLeftScratchDatabases(ctx, conn)
@@ -69,7 +68,7 @@ func createScratchDatabase(ctx context.Context, serverURL string, out io.Writer)
 	db := &scratchDatabase{Name: name, URL: withDatabase(serverURL, name), server: serverURL}
 	if db.held, err = pgx.Connect(ctx, db.URL); err != nil {
 		db.drop()
-		return nil, fmt.Errorf("connect to the benchmark's database %s: %s", name, connect.Scrub(err.Error(), db.URL))
+		return nil, fmt.Errorf("connect to the benchmark's database %s: %s", name, redact.Scrub(err.Error(), db.URL))
 	}
 	// Marked only once a session holds it.
 	if _, err := conn.Exec(ctx, `COMMENT ON DATABASE `+quoted+` IS '`+scratchComment+`'`); err != nil {
@@ -117,7 +116,7 @@ func (db *scratchDatabase) drop() error {
 	}
 	conn, err := pgx.Connect(ctx, db.server)
 	if err != nil {
-		return fmt.Errorf("drop the benchmark's database %s: %s", db.Name, connect.Scrub(err.Error(), db.server))
+		return fmt.Errorf("drop the benchmark's database %s: %s", db.Name, redact.Scrub(err.Error(), db.server))
 	}
 	defer conn.Close(ctx)
 	if err := dropSlots(ctx, conn, db.Name); err != nil {

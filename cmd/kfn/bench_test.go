@@ -171,6 +171,41 @@ func TestBenchCommandRedactsSecrets(t *testing.T) {
 	}
 }
 
+// TestBenchKeyLanesReportsTheRatio runs kfn bench's key-lanes benchmark
+// alone, small, against the test services: a handler waiting 5 ms per
+// record on one partition, as one lane and as 16 key-lanes, each run's
+// rate and CPU, and the ratio of the rates (the figure docs/scaling.md
+// records; its size is the benchmark's business, not this test's).
+func TestBenchKeyLanesReportsTheRatio(t *testing.T) {
+	pg, k := kfntest.Postgres(t), kfntest.Kafka(t)
+	code, stdout, stderr := kfn(t, "bench", "--key-lanes-only", "--key-lanes-records", "300", "--rounds", "1", "--report-dir", "",
+		"--database-url", pg.URL, "--nats-url", kfntest.NATSURL(t), "--kafka-brokers", strings.Join(k.Brokers, ","))
+	if code != 0 {
+		t.Fatalf("kfn bench --key-lanes-only exited %d:\n%s\n%s", code, stdout, stderr)
+	}
+	t.Logf("kfn bench --key-lanes-only:\n%s", stdout)
+	for _, k := range []string{"1", "16"} {
+		line := regexp.MustCompile(`(?m)^  KeyConcurrency ` + k + ` +(\d+) records +([0-9.]+) s +(\d+) msgs/s +([0-9.]+) CPU-s/10k  \(rounds: \d+ msgs/s\)$`).FindStringSubmatch(stdout)
+		if line == nil {
+			t.Errorf("no result line for KeyConcurrency %s:\n%s", k, stdout)
+			continue
+		}
+		if n, _ := strconv.Atoi(line[1]); n <= 0 {
+			t.Errorf("KeyConcurrency %s applied %d records", k, n)
+		}
+	}
+	ratio := regexp.MustCompile(`(?m)^  16 key-lanes / 1: ([0-9.]+)× the rate \(medians of 1 interleaved rounds\)$`).FindStringSubmatch(stdout)
+	if ratio == nil {
+		t.Fatalf("no ratio line:\n%s", stdout)
+	}
+	if r, err := strconv.ParseFloat(ratio[1], 64); err != nil || r <= 0 {
+		t.Errorf("ratio %q: want a positive number", ratio[1])
+	}
+	if strings.Contains(stdout, "exactly-once") {
+		t.Errorf("--key-lanes-only ran the other modes too:\n%s", stdout)
+	}
+}
+
 // TestBenchWritesOnlyIntoADatabaseOfItsOwn points kfn bench, twice in a
 // row, at a database that already holds a table named orders with rows of
 // its own (the orders function's table name: kfn bench used to write its

@@ -120,7 +120,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		runCtx, cancel = context.WithTimeout(runCtx, *duration)
 		defer cancel()
 	}
-	cfg := runtime.Config{KafkaBrokers: st.Brokers, KafkaSecurity: runtime.KafkaSecurity(st.Kafka), DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL, WorkerID: "kfn-dev", Logger: log}
+	cfg := runtime.Config{KafkaBrokers: st.Brokers, KafkaSecurity: st.Kafka, DatabaseURL: st.DatabaseURL, NATSURL: st.NATSURL, WorkerID: "kfn-dev", Logger: log}
 	// The worker keeps running past runCtx so it can drain what was produced.
 	workerCtx, stopWorker := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWorker()
@@ -236,7 +236,7 @@ type sampleTraffic struct {
 	valid, invalid, sent atomic.Int64
 }
 
-func (g *sampleTraffic) produce(ctx context.Context, brokers []string, sec kafkaconn.Security, topic string, rate int) error {
+func (g *sampleTraffic) produce(ctx context.Context, brokers []string, sec runtime.KafkaSecurity, topic string, rate int) error {
 	// A transport of its own: kafka-go's default one caches metadata across
 	// writers, and would not know a topic created after its last refresh.
 	transport, _, err := kafkaconn.Kafka(sec)

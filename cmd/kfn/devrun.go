@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/kfn-dev/kfn/internal/connect"
+	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/process"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
@@ -318,7 +319,7 @@ func runDevFunctions(ctx context.Context, pkgs []string, st *stack, partitions i
 		settings.NATSURL.Env + "=" + st.NATSURL,
 		settings.KafkaBrokers.Env + "=" + strings.Join(st.Brokers, ","),
 	}
-	env = append(env, st.Kafka.Env()...)
+	env = append(env, kafkaconn.Env(st.Kafka)...)
 	for _, pkg := range pkgs {
 		c, err := newDevChild(ctx, pkg, binDir, logs)
 		if err != nil {

@@ -464,7 +464,7 @@ func hasCode(err error, code string) bool {
 func TestMigrateGrantsPrintsTheSQLForOneFunction(t *testing.T) {
 	code, out, stderr := kfn(t, "migrate", "grants", "--function", "orders", "--role", "kfn_fn_orders")
 	for _, want := range []string{
-		`GRANT SELECT, INSERT, UPDATE, DELETE ON kfn.cursors, kfn.inbox, kfn.event_inbox, kfn.dead_letters, kfn.parked_keys, kfn.subject_lanes TO "kfn_fn_orders";`,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON kfn.cursors, kfn.inbox, kfn.event_inbox, kfn.dead_letters, kfn.parked_keys, kfn.subject_lanes, kfn.key_lanes TO "kfn_fn_orders";`,
 		`GRANT SELECT, INSERT ON kfn.outbox, kfn.audit_log TO "kfn_fn_orders";`,
 		`GRANT SELECT, INSERT ON kfn.lanes TO "kfn_fn_orders";`,
 		`INSERT INTO kfn.function_roles (role_name, consumer) VALUES ('kfn_fn_orders', 'orders') ON CONFLICT DO NOTHING;`,

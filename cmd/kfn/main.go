@@ -22,6 +22,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/operator"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 // command is one kfn subcommand.
@@ -215,9 +216,9 @@ func (r *helpRequest) print(w io.Writer) {
 // bind adds setting s to fs and returns where its value will be.
 // bindKafkaSecurity binds the Kafka TLS and SASL settings (see package
 // kafkaconn) to fs.
-func bindKafkaSecurity(fs *flagSet) *kafkaconn.Security {
-	s := new(kafkaconn.Security)
-	s.Bind(fs.settings)
+func bindKafkaSecurity(fs *flagSet) *runtime.KafkaSecurity {
+	s := new(runtime.KafkaSecurity)
+	kafkaconn.BindSecurity(fs.settings, s)
 	return s
 }
 

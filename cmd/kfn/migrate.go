@@ -14,6 +14,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/engine"
 	"github.com/kfn-dev/kfn/internal/lease"
+	"github.com/kfn-dev/kfn/internal/redact"
 	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
@@ -96,7 +97,7 @@ kfn migrate --nats --nats-url nats://nats:4222 --nats-creds admin.creds --nats-r
 // workers started with --nats-provisioned expect, or checks that they
 // exist with cfg's replicas and TTL.
 func provisionNATS(ctx context.Context, pool *pgxpool.Pool, cfg runtime.Config, subjects []string, stdout io.Writer) error {
-	js, closeNATS, err := connectJetStream(cfg.NATSURL, appName, (*connect.NATSSecurity)(&cfg.NATSSecurity))
+	js, closeNATS, err := connectJetStream(cfg.NATSURL, appName, &cfg.NATSSecurity)
 	if err != nil {
 		return err
 	}
@@ -108,13 +109,13 @@ func provisionNATS(ctx context.Context, pool *pgxpool.Pool, cfg runtime.Config, 
 		TokenFloor: engine.TokenFloor(pool), Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
-		return fmt.Errorf("lease bucket in NATS at %s: %w", connect.Redact(cfg.NATSURL), engine.ReplicasSetting(err, cfg.NATSReplicas))
+		return fmt.Errorf("lease bucket in NATS at %s: %w", redact.Redact(cfg.NATSURL), engine.ReplicasSetting(err, cfg.NATSReplicas))
 	}
 	fmt.Fprintf(stdout, "lease bucket %s is ready (TTL %s, %d replicas)\n", cfg.LeaseBucket, cfg.LeaseTTL, cfg.NATSReplicas)
 	all, err := outbox.ExtendStream(ctx, js, cfg.EventStream, subjects,
 		outbox.StreamLimits{Duplicates: cfg.EventDedup, MaxAge: cfg.EventRetention, Replicas: cfg.NATSReplicas})
 	if err != nil {
-		return fmt.Errorf("event stream in NATS at %s: %w", connect.Redact(cfg.NATSURL), engine.ReplicasSetting(err, cfg.NATSReplicas))
+		return fmt.Errorf("event stream in NATS at %s: %w", redact.Redact(cfg.NATSURL), engine.ReplicasSetting(err, cfg.NATSReplicas))
 	}
 	fmt.Fprintf(stdout, "event stream %s is ready (subjects %s, %d replicas)\n", cfg.EventStream, strings.Join(all, ","), cfg.NATSReplicas)
 	return nil

@@ -43,7 +43,7 @@ func TestProvisionedWorkersNeedNoJetStreamAdminRights(t *testing.T) {
 	}
 
 	// The permission is real: this user cannot create a stream.
-	nc, js, err := connect.NATSWith(sn.URL, "probe", connect.NATSSecurity(cfg.NATSSecurity))
+	nc, js, err := connect.NATSWith(sn.URL, "probe", runtime.NATSSecurity(cfg.NATSSecurity))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
@@ -42,7 +42,7 @@ func TestDevSampleTrafficKeepsItsRate(t *testing.T) {
 			topic := k.CreateTopic(t, 2)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			gen := &sampleTraffic{}
-			err := gen.produce(ctx, k.Brokers, kafkaconn.Security{}, topic, rate)
+			err := gen.produce(ctx, k.Brokers, runtime.KafkaSecurity{}, topic, rate)
 			cancel()
 			if !errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("produce: %v", err)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/settings"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 var produceHelp = help{
@@ -221,7 +222,7 @@ func parseProduceLine(line []byte) (kafka.Message, error) {
 // produceRecords sends msgs to topic in order, rate a second (0: at once),
 // and calls landed for each record with where it landed. A message's
 // Partition of -1 lets the key decide.
-func produceRecords(ctx context.Context, brokers []string, sec kafkaconn.Security, topic string, msgs []kafka.Message, rate float64, landed func(produced)) ([]produced, error) {
+func produceRecords(ctx context.Context, brokers []string, sec runtime.KafkaSecurity, topic string, msgs []kafka.Message, rate float64, landed func(produced)) ([]produced, error) {
 	client, closeClient, err := kafkaClient(brokers, sec)
 	if err != nil {
 		return nil, err

@@ -136,7 +136,7 @@ func bindRelayConfig(fs *flagSet) *runtime.Config {
 // its TTL, and the event stream with its limits.
 func bindNATSState(b *settings.Binder, cfg *runtime.Config) {
 	settings.NATSURL.Bind(b, &cfg.NATSURL)
-	preflight.BindNATSSecurity(b, (*connect.NATSSecurity)(&cfg.NATSSecurity))
+	connect.BindNATSSecurity(b, &cfg.NATSSecurity)
 	settings.NATSReplicas.Bind(b, &cfg.NATSReplicas)
 	settings.LeaseBucket.Bind(b, &cfg.LeaseBucket)
 	settings.LeaseTTL.Bind(b, &cfg.LeaseTTL)

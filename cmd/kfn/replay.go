@@ -16,9 +16,9 @@ import (
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/connect"
-	"github.com/kfn-dev/kfn/internal/preflight"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/operator"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 var replayHelp = help{
@@ -409,16 +409,16 @@ func actor(command string) string {
 
 // bindNATSSecurity binds the NATS credential and TLS flags; the value is
 // theirs once the flags are parsed.
-func bindNATSSecurity(fs *flagSet) *connect.NATSSecurity {
-	var sec connect.NATSSecurity
-	preflight.BindNATSSecurity(fs.settings, &sec)
+func bindNATSSecurity(fs *flagSet) *runtime.NATSSecurity {
+	var sec runtime.NATSSecurity
+	connect.BindNATSSecurity(fs.settings, &sec)
 	return &sec
 }
 
 // connectJetStream connects to NATS and returns its JetStream API and a
 // function that closes the connection.
-func connectJetStream(url, name string, sec ...*connect.NATSSecurity) (jetstream.JetStream, func(), error) {
-	var s connect.NATSSecurity
+func connectJetStream(url, name string, sec ...*runtime.NATSSecurity) (jetstream.JetStream, func(), error) {
+	var s runtime.NATSSecurity
 	if len(sec) > 0 {
 		s = *sec[0]
 	}

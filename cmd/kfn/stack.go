@@ -12,11 +12,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/devstack"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/internal/redact"
 	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/internal/settings"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 // stack is the set of services kfn dev and kfn bench run against: the ones
@@ -25,7 +26,7 @@ type stack struct {
 	DatabaseURL string
 	NATSURL     string
 	Brokers     []string
-	Kafka       kafkaconn.Security // how to connect to Brokers: TLS, SASL (none for the embedded broker)
+	Kafka       runtime.KafkaSecurity // how to connect to Brokers: TLS, SASL (none for the embedded broker)
 	stops       []func()
 }
 
@@ -34,7 +35,7 @@ type stack struct {
 type serviceFlags struct {
 	databaseURL, natsURL *string
 	brokers              *[]string
-	kafka                *kafkaconn.Security
+	kafka                *runtime.KafkaSecurity
 }
 
 func addServiceFlags(fs *flagSet) serviceFlags {
@@ -60,7 +61,7 @@ func (f serviceFlags) start(ctx context.Context, out io.Writer, log *slog.Logger
 // caller stops the stack.
 func (f serviceFlags) startServices(ctx context.Context, out io.Writer, log *slog.Logger) (*stack, error) {
 	if len(*f.brokers) > 0 {
-		if err := f.kafka.Check(); err != nil {
+		if err := kafkaconn.Check(*f.kafka); err != nil {
 			return nil, err
 		}
 	}
@@ -109,7 +110,7 @@ func startStack(ctx context.Context, dbURL, natsURL string, brokers []string, ou
 		s.DatabaseURL = pg.URL
 		fmt.Fprintf(out, "postgres  throwaway cluster at %s\n", pg.URL)
 	} else {
-		fmt.Fprintf(out, "postgres  %s (from --database-url)\n", connect.Redact(s.DatabaseURL))
+		fmt.Fprintf(out, "postgres  %s (from --database-url)\n", redact.Redact(s.DatabaseURL))
 	}
 	if s.NATSURL == "" {
 		n, err := devstack.StartNATS("")
@@ -120,7 +121,7 @@ func startStack(ctx context.Context, dbURL, natsURL string, brokers []string, ou
 		s.NATSURL = n.URL
 		fmt.Fprintf(out, "nats      embedded server with JetStream at %s\n", n.URL)
 	} else {
-		fmt.Fprintf(out, "nats      %s\n", connect.Redact(s.NATSURL))
+		fmt.Fprintf(out, "nats      %s\n", redact.Redact(s.NATSURL))
 	}
 	if len(s.Brokers) == 0 {
 		k, err := devstack.StartKafka(devstack.KafkaOptions{})
@@ -149,7 +150,7 @@ func printExports(out io.Writer, s *stack) {
 		{settings.DatabaseURL.Env, settings.DatabaseURL.FileEnv(), s.DatabaseURL},
 		{settings.NATSURL.Env, settings.NATSURL.FileEnv(), s.NATSURL},
 	} {
-		if connect.HasSecret(e.value) {
+		if redact.HasSecret(e.value) {
 			fmt.Fprintf(out, "# %s is not printed: it holds a password or a token; export it (or %s) yourself\n", e.env, e.fileEnv)
 			continue
 		}
@@ -169,7 +170,7 @@ func (s *stack) stop() {
 }
 
 // ensureTopic creates topic with the given partitions unless it exists.
-func ensureTopic(ctx context.Context, brokers []string, sec kafkaconn.Security, topic string, partitions int) error {
+func ensureTopic(ctx context.Context, brokers []string, sec runtime.KafkaSecurity, topic string, partitions int) error {
 	client, closeClient, err := kafkaClient(brokers, sec)
 	if err != nil {
 		return err

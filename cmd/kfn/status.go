@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -174,6 +175,20 @@ func printStatus(ctx context.Context, stdout io.Writer, pools []*pgxpool.Pool, r
 		fmt.Fprintln(stdout, "(KAFKA HIGH and the Kafka lanes' LAG need --kafka-brokers)")
 	}
 	for _, p := range parts {
+		if len(p.KeyLanes) == 0 {
+			continue
+		}
+		progress := make([]string, len(p.KeyLanes))
+		for i, k := range p.KeyLanes {
+			progress[i] = fmt.Sprintf("%d:%d", k.Lane, k.NextOffset)
+		}
+		waits := "nothing committed above the cursor"
+		if p.Ahead > 0 {
+			waits = fmt.Sprintf("committed up to %d past the cursor; the cursor waits on key-lane %s", p.Ahead, joinInts(p.WaitsOn))
+		}
+		fmt.Fprintf(stdout, "key-lanes of %s/%s/%d (key-lane:next offset): %s; %s\n", p.Function, p.Topic, p.Partition, strings.Join(progress, " "), waits)
+	}
+	for _, p := range parts {
 		if p.Problem != "" {
 			fmt.Fprintf(stdout, "note: %s/%s/%d: %s\n", p.Function, p.Topic, p.Partition, p.Problem)
 		}
@@ -220,4 +235,16 @@ func unknownIfNegative(n int64) string {
 		return "?"
 	}
 	return fmt.Sprint(n)
+}
+
+// joinInts lists ns as "1, 4 or 7".
+func joinInts(ns []int) string {
+	out := make([]string, len(ns))
+	for i, n := range ns {
+		out[i] = fmt.Sprint(n)
+	}
+	if len(out) < 2 {
+		return strings.Join(out, "")
+	}
+	return strings.Join(out[:len(out)-1], ", ") + " or " + out[len(out)-1]
 }

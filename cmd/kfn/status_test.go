@@ -233,3 +233,36 @@ func find(parts []operator.PartitionStatus, function string, partition int32) op
 
 // cloneArgs returns a copy of s, so that appending to it leaves s alone.
 func cloneArgs(s []string) []string { return append([]string(nil), s...) }
+
+// kfn status shows a partition's key-lanes (KeyConcurrency > 1): each
+// one's progress, how far the furthest got past the cursor, and the
+// key-lanes the cursor waits on: those not past it, one of which holds the
+// record at the cursor (a key-lane commits its records in order).
+func TestStatusShowsKeyLanesAndWhatTheCursorWaitsOn(t *testing.T) {
+	db := kfntest.Postgres(t)
+	ctx := context.Background()
+	fn, topic := kfntest.Name(t, "fn"), kfntest.Name(t, "topic")
+	for _, sql := range []string{
+		`INSERT INTO kfn.cursors (consumer, topic, partition, next_offset, high_water, epoch, owner) VALUES ($1, $2, 0, 100, 100, 7, 'w1')`,
+		`INSERT INTO kfn.key_lanes (consumer, topic, partition, lane, lanes, epoch, next_offset)
+SELECT $1, $2, 0, l, 4, 7, (ARRAY[100, 130, 90, 120])[l + 1] FROM generate_series(0, 3) AS l`,
+	} {
+		if _, err := db.Pool.Exec(ctx, sql, fn, topic); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, out, stderr := kfn(t, "status", "--database-url", db.URL, "--function", fn, "--json")
+	var parts []operator.PartitionStatus
+	if code != 0 || json.Unmarshal([]byte(out), &parts) != nil || len(parts) != 1 {
+		t.Fatalf("kfn status --json: exit %d, out %q, err %q", code, out, stderr)
+	}
+	if p := parts[0]; len(p.KeyLanes) != 4 || p.Ahead != 30 || fmt.Sprint(p.WaitsOn) != "[0 2]" {
+		t.Errorf("status = %+v; want 4 key-lanes, 30 ahead of the cursor, waiting on key-lanes [0 2]", p)
+	}
+	code, out, stderr = kfn(t, "status", "--database-url", db.URL, "--function", fn)
+	t.Logf("$ kfn status\n%s", out)
+	want := fmt.Sprintf("key-lanes of %s/%s/0 (key-lane:next offset): 0:100 1:130 2:90 3:120; committed up to 30 past the cursor; the cursor waits on key-lane 0 or 2", fn, topic)
+	if code != 0 || !strings.Contains(out, want) {
+		t.Errorf("kfn status: exit %d, err %q, out %q; want the line %q", code, stderr, out, want)
+	}
+}

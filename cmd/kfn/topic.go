@@ -14,6 +14,7 @@ import (
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/kafkasource"
 	"github.com/kfn-dev/kfn/internal/settings"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 // topicCommands are the subcommands of kfn topic.
@@ -60,7 +61,7 @@ func runTopic(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 // topicFlags makes the flag set of kfn topic NAME, whose -h prints h, with
 // the Kafka settings every topic command takes.
-func topicFlags(name string, h help, stderr io.Writer) (*flagSet, *[]string, *kafkaconn.Security) {
+func topicFlags(name string, h help, stderr io.Writer) (*flagSet, *[]string, *runtime.KafkaSecurity) {
 	fs := newFlags("topic "+name, h, stderr)
 	return fs, bind(fs, settings.KafkaBrokers), bindKafkaSecurity(fs)
 }
@@ -69,7 +70,7 @@ func topicFlags(name string, h help, stderr io.Writer) (*flagSet, *[]string, *ka
 // default one caches metadata across clients, and would not know a topic
 // created after its last refresh), and a function that closes it. It
 // connects with sec's TLS and SASL; a problem of those settings is an error.
-func kafkaClient(brokers []string, sec kafkaconn.Security) (*kafka.Client, func(), error) {
+func kafkaClient(brokers []string, sec runtime.KafkaSecurity) (*kafka.Client, func(), error) {
 	return kafkaconn.Client(brokers, sec)
 }
 
@@ -139,7 +140,7 @@ type partitionInfo struct {
 	High      int64  `json:"high_watermark"`
 }
 
-func readTopics(ctx context.Context, brokers []string, sec kafkaconn.Security, names []string, offsets bool) ([]topicInfo, error) {
+func readTopics(ctx context.Context, brokers []string, sec runtime.KafkaSecurity, names []string, offsets bool) ([]topicInfo, error) {
 	client, closeClient, err := kafkaClient(brokers, sec)
 	if err != nil {
 		return nil, err

@@ -10,9 +10,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/operator/verify"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 var verifyHelp = help{
@@ -123,7 +123,7 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 }
 
 // checkFunction connects and runs the check.
-func checkFunction(ctx context.Context, stderr io.Writer, dbURL, natsURL string, natsSec *connect.NATSSecurity, spec verify.Spec) (*verify.Report, error) {
+func checkFunction(ctx context.Context, stderr io.Writer, dbURL, natsURL string, natsSec *runtime.NATSSecurity, spec verify.Spec) (*verify.Report, error) {
 	pool, err := connectPostgres(ctx, dbURL)
 	if err != nil {
 		return nil, err

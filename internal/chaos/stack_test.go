@@ -144,6 +144,9 @@ func (s *stack) nextID(name string) string {
 	return name + "-" + strconv.Itoa(s.seq)
 }
 
+// ordersKeyLanes is the orders workers' KeyConcurrency.
+const ordersKeyLanes = 4
+
 // startWorker starts a worker process of function (orders or ledger); the
 // relay runs in processes of its own, so the workers run none.
 func (s *stack) startWorker(function string) *proc {
@@ -160,6 +163,11 @@ func (s *stack) startWorkerVia(function, dbURL string) *proc {
 	}
 	cmd := exec.Command(kfntest.BuildBinary(s.t, pkg))
 	cmd.Env = append(s.env(id, dbURL), "KFN_NO_RELAY=true", "ORDERS_TOPIC="+s.topic, "KFN_LANES="+strconv.Itoa(ledgerLanes))
+	if function != ledger.Name {
+		// The orders workers run each partition as key-lanes, which kfn
+		// verify checks after every fault like the rest.
+		cmd.Env = append(cmd.Env, "KFN_KEY_CONCURRENCY="+strconv.Itoa(ordersKeyLanes))
+	}
 	p := &proc{id: id, function: function, Process: kfntest.StartProcess(s.t, cmd)}
 	s.mu.Lock()
 	s.workers[function] = append(s.workers[function], p)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/devstack"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 // passwordPostgres starts a throwaway cluster whose pg_hba.conf wants a
@@ -135,15 +136,15 @@ func TestNATSCausesFromRealErrors(t *testing.T) {
 	withUser := startNATS(t, &server.Options{Username: "bob", Password: "right"})
 	for _, tc := range []struct {
 		name, url string
-		sec       connect.NATSSecurity
+		sec       runtime.NATSSecurity
 		cause     connect.Cause
 		want      string
 	}{
-		{"wrong token", strings.Replace(withToken, "nats://", "nats://wrong-token@", 1), connect.NATSSecurity{}, connect.CauseAuth, "refused the token of --nats-url"},
-		{"no token", withToken, connect.NATSSecurity{}, connect.CauseAuth, "wants credentials"},
-		{"wrong password", strings.Replace(withUser, "nats://", "nats://bob:wrong@", 1), connect.NATSSecurity{}, connect.CauseAuth, `refused user "bob" (or its password)`},
-		{"closed port", "nats://127.0.0.1:1", connect.NATSSecurity{}, connect.CauseRefused, "cannot reach NATS at nats://127.0.0.1:1: connection refused, nothing listens there"},
-		{"unknown host", "nats://nosuch.invalid:4222", connect.NATSSecurity{}, connect.CauseUnreachable, "cannot reach NATS at nats://nosuch.invalid:4222: no answer"},
+		{"wrong token", strings.Replace(withToken, "nats://", "nats://wrong-token@", 1), runtime.NATSSecurity{}, connect.CauseAuth, "refused the token of --nats-url"},
+		{"no token", withToken, runtime.NATSSecurity{}, connect.CauseAuth, "wants credentials"},
+		{"wrong password", strings.Replace(withUser, "nats://", "nats://bob:wrong@", 1), runtime.NATSSecurity{}, connect.CauseAuth, `refused user "bob" (or its password)`},
+		{"closed port", "nats://127.0.0.1:1", runtime.NATSSecurity{}, connect.CauseRefused, "cannot reach NATS at nats://127.0.0.1:1: connection refused, nothing listens there"},
+		{"unknown host", "nats://nosuch.invalid:4222", runtime.NATSSecurity{}, connect.CauseUnreachable, "cannot reach NATS at nats://nosuch.invalid:4222: no answer"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			nc, _, err := connect.NATSWith(tc.url, "cause-test", tc.sec)

@@ -11,24 +11,20 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kfn-dev/kfn/internal/authorlink"
+	"github.com/kfn-dev/kfn/internal/redact"
+	"github.com/kfn-dev/kfn/internal/settings"
+	"github.com/kfn-dev/kfn/runtime"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// NATSSecurity is how kfn proves itself to NATS and checks the server,
-// besides what the URL holds (user:pass@ or token@): at most one of a
-// credentials file, an NKey seed file and a token file, and TLS with a CA
-// file and an optional client certificate. Zero: what the URL says. Its
-// fields are those of runtime.NATSSecurity, which a worker's Config holds
-// and converts to it.
-type NATSSecurity struct {
-	Creds     string // --nats-creds (KFN_NATS_CREDS): a .creds file (user JWT and NKey seed)
-	NKeyFile  string // --nats-nkey (KFN_NATS_NKEY): a file holding a user NKey seed
-	TokenFile string // --nats-token-file (KFN_NATS_TOKEN_FILE): a file holding the token
-	CAFile    string // --nats-ca (KFN_NATS_CA): PEM CA certificates that sign the servers' certificates
-	CertFile  string // --nats-cert (KFN_NATS_CERT): PEM client certificate (with KeyFile)
-	KeyFile   string // --nats-key (KFN_NATS_KEY): PEM private key of CertFile
-}
+// natsSecurity carries this package's methods on a runtime.NATSSecurity,
+// the one definition of how kfn proves itself to NATS and checks the
+// server, besides what the URL holds (user:pass@ or token@): at most one
+// of a credentials file, an NKey seed file and a token file, and TLS with
+// a CA file and an optional client certificate. Zero: what the URL says.
+type natsSecurity runtime.NATSSecurity
 
 // natsSetting is a setting of NATSSecurity, as messages name it.
 type natsSetting struct{ flag, env string }
@@ -62,19 +58,27 @@ func invalid(s natsSetting, format string, args ...any) error {
 	return &SettingError{Flag: s.flag, Env: s.env, Msg: fmt.Sprintf(format, args...)}
 }
 
-// TLS reports whether s asks for TLS.
-func (s NATSSecurity) TLS() bool { return s.CAFile != "" || s.CertFile != "" || s.KeyFile != "" }
+// tls reports whether s asks for TLS.
+func (s natsSecurity) tls() bool { return s.CAFile != "" || s.CertFile != "" || s.KeyFile != "" }
 
-// Check reads the files of s as a connection would, and returns what is
-// wrong with them (a *SettingError), without connecting.
-func (s NATSSecurity) Check() error {
-	_, err := s.options()
+// BindNATSSecurity registers the NATS credential and TLS flags (and their
+// variables) on b, for a worker, the relay and every kfn command that
+// connects to NATS.
+func BindNATSSecurity(b *settings.Binder, s *runtime.NATSSecurity) {
+	authorlink.Get[runtime.Config, runtime.KafkaSecurity, runtime.NATSSecurity, runtime.Record, runtime.Event, runtime.Events, runtime.BatchEvents]().
+		BindNATSSecurity(b, s)
+}
+
+// CheckNATS reads the files of s as a connection would, and returns what
+// is wrong with them (a *SettingError), without connecting.
+func CheckNATS(s runtime.NATSSecurity) error {
+	_, err := natsSecurity(s).options()
 	return err
 }
 
 // options reads the files of s (once) and returns the connection options.
 // Its errors name the setting and never quote a file's content.
-func (s NATSSecurity) options() ([]nats.Option, error) {
+func (s natsSecurity) options() ([]nats.Option, error) {
 	var given []natsSetting
 	for _, g := range []struct {
 		file    string
@@ -117,7 +121,7 @@ func (s NATSSecurity) options() ([]nats.Option, error) {
 		}
 		opts = append(opts, nats.Token(token))
 	}
-	if s.TLS() {
+	if s.tls() {
 		cfg, err := s.tlsConfig()
 		if err != nil {
 			return nil, err
@@ -129,7 +133,7 @@ func (s NATSSecurity) options() ([]nats.Option, error) {
 
 // tlsConfig is the TLS configuration of s; nats.go verifies the server's
 // certificate against the host of the URL it dials.
-func (s NATSSecurity) tlsConfig() (*tls.Config, error) {
+func (s natsSecurity) tlsConfig() (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if s.CAFile != "" {
 		pem, err := os.ReadFile(s.CAFile)
@@ -159,8 +163,8 @@ func (s NATSSecurity) tlsConfig() (*tls.Config, error) {
 
 // explain turns the error of a first connection to NATS at natsURL into
 // one that names the setting to fix, with any secret of the URL hidden.
-func (s NATSSecurity) explain(err error, natsURL string) error {
-	at := Redact(natsURL)
+func (s natsSecurity) explain(err error, natsURL string) error {
+	at := redact.Redact(natsURL)
 	if errors.Is(err, nats.ErrNoServers) {
 		// nats.go keeps the dial's error to itself: dial once more to
 		// tell a refused connection from no answer.
@@ -183,7 +187,7 @@ func (s NATSSecurity) explain(err error, natsURL string) error {
 			hint = fmt.Sprintf("NATS at %s refused the NKey of %s %s: check that the server lists its public key", at, natsNKeySetting, s.NKeyFile)
 		case s.TokenFile != "":
 			hint = fmt.Sprintf("NATS at %s refused the token of %s %s", at, natsTokenSetting, s.TokenFile)
-		case HasSecret(natsURL):
+		case redact.HasSecret(natsURL):
 			hint = fmt.Sprintf("NATS at %s refused %s of --nats-url (KFN_NATS_URL)", at, urlCredential(natsURL))
 		default:
 			hint = fmt.Sprintf("NATS at %s wants credentials: set %s to a .creds file (or %s, %s, or user:password in --nats-url)", at, natsCredsSetting, natsNKeySetting, natsTokenSetting)
@@ -211,7 +215,7 @@ func (s NATSSecurity) explain(err error, natsURL string) error {
 	default:
 		return fmt.Errorf("cannot connect to NATS at %s (check --nats-url / KFN_NATS_URL): %w", at, scrub(err, natsURL))
 	}
-	return &scrubbed{msg: hint + ": " + Scrub(msg, natsURL), err: err}
+	return &scrubbed{msg: hint + ": " + redact.Scrub(msg, natsURL), err: err}
 }
 
 // dialFirst opens, and closes, a TCP connection to the first server of
@@ -250,11 +254,12 @@ func urlCredential(natsURL string) string {
 // NATS connects to the NATS server at natsURL as name, reconnecting forever
 // after a loss, and opens JetStream.
 func NATS(natsURL, name string) (*nats.Conn, jetstream.JetStream, error) {
-	return NATSWith(natsURL, name, NATSSecurity{})
+	return NATSWith(natsURL, name, runtime.NATSSecurity{})
 }
 
 // NATSWith is NATS with the credentials and TLS of sec.
-func NATSWith(natsURL, name string, sec NATSSecurity) (*nats.Conn, jetstream.JetStream, error) {
+func NATSWith(natsURL, name string, security runtime.NATSSecurity) (*nats.Conn, jetstream.JetStream, error) {
+	sec := natsSecurity(security)
 	opts, err := sec.options()
 	if err != nil {
 		return nil, nil, err
@@ -268,7 +273,7 @@ func NATSWith(natsURL, name string, sec NATSSecurity) (*nats.Conn, jetstream.Jet
 	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
-		return nil, nil, fmt.Errorf("NATS JetStream at %s: %w", Redact(natsURL), scrub(err, natsURL))
+		return nil, nil, fmt.Errorf("NATS JetStream at %s: %w", redact.Redact(natsURL), scrub(err, natsURL))
 	}
 	return nc, js, nil
 }

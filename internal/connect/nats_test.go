@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfn-dev/kfn/runtime"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 )
@@ -49,7 +50,7 @@ func TestNATSTokenFromAFileOrTheURL(t *testing.T) {
 	if err := os.WriteFile(file, []byte(token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	nc, _, err := NATSWith(natsURL, "test", NATSSecurity{TokenFile: file})
+	nc, _, err := NATSWith(natsURL, "test", runtime.NATSSecurity{TokenFile: file})
 	if err != nil {
 		t.Fatalf("token file: %v", err)
 	}
@@ -63,14 +64,14 @@ func TestNATSTokenFromAFileOrTheURL(t *testing.T) {
 
 	for _, tc := range []struct {
 		name, url string
-		auth      NATSSecurity
+		auth      runtime.NATSSecurity
 		want      string
 	}{
-		{"no token", natsURL, NATSSecurity{}, "wants credentials: set --nats-creds (KFN_NATS_CREDS)"},
-		{"wrong token in the URL", strings.Replace(natsURL, "nats://", "nats://wrongTok4Qsecret@", 1), NATSSecurity{}, "NATS at nats://xxxxx@127.0.0.1"},
-		{"unreadable token file", natsURL, NATSSecurity{TokenFile: filepath.Join(dir, "missing")}, "--nats-token-file (KFN_NATS_TOKEN_FILE): cannot read the token file"},
-		{"unreadable creds file", natsURL, NATSSecurity{Creds: filepath.Join(dir, "missing.creds")}, "--nats-creds (KFN_NATS_CREDS): cannot read the credentials file"},
-		{"both", natsURL, NATSSecurity{Creds: file, TokenFile: file}, "--nats-token-file (KFN_NATS_TOKEN_FILE): is given with --nats-creds (KFN_NATS_CREDS): give only one of"},
+		{"no token", natsURL, runtime.NATSSecurity{}, "wants credentials: set --nats-creds (KFN_NATS_CREDS)"},
+		{"wrong token in the URL", strings.Replace(natsURL, "nats://", "nats://wrongTok4Qsecret@", 1), runtime.NATSSecurity{}, "NATS at nats://xxxxx@127.0.0.1"},
+		{"unreadable token file", natsURL, runtime.NATSSecurity{TokenFile: filepath.Join(dir, "missing")}, "--nats-token-file (KFN_NATS_TOKEN_FILE): cannot read the token file"},
+		{"unreadable creds file", natsURL, runtime.NATSSecurity{Creds: filepath.Join(dir, "missing.creds")}, "--nats-creds (KFN_NATS_CREDS): cannot read the credentials file"},
+		{"both", natsURL, runtime.NATSSecurity{Creds: file, TokenFile: file}, "--nats-token-file (KFN_NATS_TOKEN_FILE): is given with --nats-creds (KFN_NATS_CREDS): give only one of"},
 	} {
 		nc, _, err := NATSWith(tc.url, "test", tc.auth)
 		if err == nil {
@@ -104,7 +105,7 @@ func TestNATSNKeySeedFileAndBadFiles(t *testing.T) {
 		return p
 	}
 	seedFile := write("user.nk", string(seed)+"\n")
-	nc, _, err := NATSWith(natsURL, "test", NATSSecurity{NKeyFile: seedFile})
+	nc, _, err := NATSWith(natsURL, "test", runtime.NATSSecurity{NKeyFile: seedFile})
 	if err != nil {
 		t.Fatalf("nkey seed file: %v", err)
 	}
@@ -113,17 +114,17 @@ func TestNATSNKeySeedFileAndBadFiles(t *testing.T) {
 	notPEM := write("ca.pem", "not a certificate")
 	for _, tc := range []struct {
 		name string
-		sec  NATSSecurity
+		sec  runtime.NATSSecurity
 		want string
 	}{
-		{"no nkey", NATSSecurity{}, "wants credentials: set --nats-creds (KFN_NATS_CREDS)"},
-		{"seed file holds no seed", NATSSecurity{NKeyFile: notPEM}, "--nats-nkey (KFN_NATS_NKEY): cannot use"},
-		{"CA file holds no PEM", NATSSecurity{NKeyFile: seedFile, CAFile: notPEM}, "--nats-ca (KFN_NATS_CA): " + notPEM + " holds no PEM certificate"},
-		{"unreadable CA", NATSSecurity{CAFile: filepath.Join(dir, "missing.pem")}, "--nats-ca (KFN_NATS_CA): cannot read the CA file"},
-		{"cert without key", NATSSecurity{CertFile: notPEM}, "--nats-key (KFN_NATS_KEY): --nats-cert " + notPEM + " is given without its private key"},
-		{"not a creds file", NATSSecurity{Creds: seedFile}, "--nats-creds (KFN_NATS_CREDS): " + seedFile + " is not a NATS credentials file"},
-		{"creds and nkey", NATSSecurity{Creds: seedFile, NKeyFile: seedFile}, "--nats-nkey (KFN_NATS_NKEY): is given with --nats-creds (KFN_NATS_CREDS): give only one of"},
-		{"TLS to a server without TLS", NATSSecurity{NKeyFile: seedFile, CAFile: write("ok.pem", testCA(t))}, "does not offer TLS: drop --nats-ca"},
+		{"no nkey", runtime.NATSSecurity{}, "wants credentials: set --nats-creds (KFN_NATS_CREDS)"},
+		{"seed file holds no seed", runtime.NATSSecurity{NKeyFile: notPEM}, "--nats-nkey (KFN_NATS_NKEY): cannot use"},
+		{"CA file holds no PEM", runtime.NATSSecurity{NKeyFile: seedFile, CAFile: notPEM}, "--nats-ca (KFN_NATS_CA): " + notPEM + " holds no PEM certificate"},
+		{"unreadable CA", runtime.NATSSecurity{CAFile: filepath.Join(dir, "missing.pem")}, "--nats-ca (KFN_NATS_CA): cannot read the CA file"},
+		{"cert without key", runtime.NATSSecurity{CertFile: notPEM}, "--nats-key (KFN_NATS_KEY): --nats-cert " + notPEM + " is given without its private key"},
+		{"not a creds file", runtime.NATSSecurity{Creds: seedFile}, "--nats-creds (KFN_NATS_CREDS): " + seedFile + " is not a NATS credentials file"},
+		{"creds and nkey", runtime.NATSSecurity{Creds: seedFile, NKeyFile: seedFile}, "--nats-nkey (KFN_NATS_NKEY): is given with --nats-creds (KFN_NATS_CREDS): give only one of"},
+		{"TLS to a server without TLS", runtime.NATSSecurity{NKeyFile: seedFile, CAFile: write("ok.pem", testCA(t))}, "does not offer TLS: drop --nats-ca"},
 	} {
 		nc, _, err := NATSWith(natsURL, "test", tc.sec)
 		if err == nil {

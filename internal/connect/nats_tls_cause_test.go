@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kfn-dev/kfn/runtime"
 	"github.com/nats-io/nats-server/v2/server"
 )
 
@@ -17,7 +18,7 @@ func TestNATSTLSWantedFromAServerWithoutIt(t *testing.T) {
 	if err := os.WriteFile(ca, []byte(testCA(t)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	nc, _, err := NATSWith(natsURL, "tls-cause", NATSSecurity{CAFile: ca})
+	nc, _, err := NATSWith(natsURL, "tls-cause", runtime.NATSSecurity{CAFile: ca})
 	if err == nil {
 		nc.Close()
 		t.Fatal("connected")

@@ -193,9 +193,22 @@ func Table(fn string) string { return table(fn) }
 type Option func(*options)
 
 type options struct {
-	js     jetstream.JetStream
-	stream string
+	js       jetstream.JetStream
+	stream   string
+	keyOrder bool
 }
+
+// KeyOrder makes Check count order per key instead of per partition, for a
+// function with key-lanes (KeyConcurrency > 1), whose records of different
+// keys may commit out of offset order: per partition and key, in commit
+// order, each record's first effect must follow the key's earlier ones, and
+// its value, "<key>#<n>" (KeyedValue), must carry the next sequence number
+// n of its key after the previous effect's.
+func KeyOrder() Option { return func(o *options) { o.keyOrder = true } }
+
+// KeyedValue is the value of the n-th record (from 1) of key in a test
+// whose order Check counts per key (KeyOrder).
+func KeyedValue(key string, n int) []byte { return fmt.Appendf(nil, "%s#%d", key, n) }
 
 // Events makes Check compare the events the function emitted with its
 // effects: exactly one event per applied record, carrying the record's
@@ -285,7 +298,11 @@ func Check(ctx context.Context, pool *pgxpool.Pool, fn, topic string, produced [
 			rep.example("unexpected", seen, "%s was never produced but applied %d times", k, len(byRecord[k]))
 		}
 	}
-	rep.checkOrder(effects, retried, seen)
+	if o.keyOrder {
+		rep.checkKeyOrder(effects, retried, seen)
+	} else {
+		rep.checkOrder(effects, retried, seen)
+	}
 	rep.checkTokens(effects, claims, seen)
 	if o.js != nil {
 		events, err := readEvents(ctx, pool, o.js, o.stream, fn, topic)
@@ -340,6 +357,42 @@ func (r *Report) checkOrder(effects []effect, retried map[Produced]bool, seen ma
 			continue
 		}
 		highest[e.key.Partition] = e
+	}
+}
+
+// checkKeyOrder is checkOrder per partition and key (KeyOrder): the
+// effects of one key, in commit order, must carry its values' sequence
+// numbers in increasing order, and the offsets in increasing order.
+func (r *Report) checkKeyOrder(effects []effect, retried map[Produced]bool, seen map[string]int) {
+	type keyed struct {
+		partition int32
+		key       string
+	}
+	first := map[Produced]bool{}
+	type last struct {
+		at  Produced
+		seq int
+	}
+	highest := map[keyed]last{}
+	for _, e := range effects { // sorted by partition, lsn, id
+		if first[e.key] || retried[e.key] {
+			continue
+		}
+		first[e.key] = true
+		key, n, ok := strings.Cut(string(e.value), "#")
+		seq, err := strconv.Atoi(n)
+		if !ok || err != nil {
+			r.Reordered++
+			r.example("reordered", seen, "%s carries %q, not <key>#<sequence number>", e.key, e.value)
+			continue
+		}
+		k := keyed{e.key.Partition, key}
+		if h, ok := highest[k]; ok && (seq <= h.seq || e.key.Offset < h.at.Offset) {
+			r.Reordered++
+			r.example("reordered", seen, "key %q: %s (#%d) committed after %s (#%d)", key, e.key, seq, h.at, h.seq)
+			continue
+		}
+		highest[k] = last{e.key, seq}
 	}
 }
 

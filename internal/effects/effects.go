@@ -138,9 +138,16 @@ func apply(ctx context.Context, tx pgx.Tx, name string, rec runtime.Record) erro
 // batch that skipped its fence would read the committed epoch of someone
 // else, and fenced would be false).
 //
+// A key-lane's transaction (KeyConcurrency > 1) fences itself on its
+// key-lane's row in kfn.key_lanes instead, under the partition's token, and
+// claims the record's inbox row with that token: its token is the inbox
+// row's it wrote, and fenced says that it also wrote its key-lane's row,
+// under that same epoch.
+//
 // Commit order: pg_current_wal_insert_lsn() is read after the fence, while
-// the transaction holds the cursor row's lock, which it keeps until it
-// ends. Every transaction of the partition takes that lock (batches at the
+// the transaction holds the cursor row's lock (or its key-lane row's: then
+// the order holds among the transactions of one key-lane, which hold all
+// of a key's records), which it keeps until it ends. Every transaction of the partition takes that lock (batches at the
 // fence, claims in their upsert), so two of them never hold it at the same
 // time; the earlier one writes its COMMIT record before releasing it, so
 // the later one reads a strictly greater insert position. Within one
@@ -151,7 +158,13 @@ func apply(ctx context.Context, tx pgx.Tx, name string, rec runtime.Record) erro
 func insertSQL(name string) string {
 	return `INSERT INTO ` + table(name) + ` (topic, partition, "offset", key, value, attempt, token, fenced, lsn)
 SELECT $1::text, $2::integer, $3::bigint, $4::bytea, $5::bytea, $6::integer,
-       c.epoch, coalesce(c.xmin = pg_current_xact_id()::xid, false), pg_current_wal_insert_lsn()
+       CASE WHEN k.epoch IS NULL THEN c.epoch ELSE i.epoch END,
+       CASE WHEN k.epoch IS NULL THEN coalesce(c.xmin = pg_current_xact_id()::xid, false) ELSE k.epoch = i.epoch END,
+       pg_current_wal_insert_lsn()
   FROM (VALUES (1)) AS one (x)
-  LEFT JOIN kfn.cursors c ON c.consumer = $7::text AND c.topic = $1::text AND c.partition = $2::integer`
+  LEFT JOIN kfn.cursors c ON c.consumer = $7::text AND c.topic = $1::text AND c.partition = $2::integer
+  LEFT JOIN kfn.key_lanes k ON k.consumer = $7::text AND k.topic = $1::text AND k.partition = $2::integer
+                           AND k.xmin = pg_current_xact_id()::xid
+  LEFT JOIN kfn.lanes l ON l.consumer = $7::text AND l.topic = $1::text AND l.partition = $2::integer
+  LEFT JOIN kfn.inbox i ON i.lane = l.id AND i."offset" = $3::bigint AND i.xmin = pg_current_xact_id()::xid`
 }

@@ -60,12 +60,6 @@ type batchAtStop struct {
 	outcome string // "committed" or "rolled back"
 }
 
-// newApplier returns the applier of one lane of fn, committing through
-// tracker with the worker's pool, settings and counters.
-func (w *worker) newApplier(fn kfn.Function, part inbox.Partition, token int64, tracker tracker, log *slog.Logger) *applier {
-	return &applier{pool: w.pool, cfg: &w.cfg, stats: w.stats, fn: fn, part: part, token: token, tracker: tracker, log: log, repeats: w.repeats, tracer: w.tracer}
-}
-
 // handlerFailure is a record whose handler failed; the transaction it ran in
 // was rolled back.
 type handlerFailure struct {

@@ -83,6 +83,15 @@ func (h *heldKeys) load(list []inbox.HeldKey) {
 	h.changed()
 }
 
+// list returns the held keys.
+func (h *heldKeys) list() []inbox.HeldKey {
+	out := make([]inbox.HeldKey, 0, len(h.keys))
+	for _, k := range h.keys {
+		out = append(out, k)
+	}
+	return out
+}
+
 func (h *heldKeys) set(k inbox.HeldKey) {
 	h.keys[string(k.Key)] = k
 	h.changed()

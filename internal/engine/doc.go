@@ -7,7 +7,7 @@
 // move and the outbox rows the handler emitted; it runs the dead-letter
 // retries, inbox retention and the outbox relay's shards. The files are
 // named after the type whose methods they hold: worker*.go (the worker:
-// connections, leases, lanes, readiness, retries, retention, metrics and
+// connections, leases, lanes, readiness, retries, retention, memory, metrics and
 // the relay), partition_run.go and subject_run.go (one lane each),
 // applier*.go (one batch transaction: the handler call, parked keys, spans,
 // the claim and the commit), tracker*.go (fencing and the inbox),
@@ -72,6 +72,60 @@
 // own: the same fenced UPDATE, with no inbox claim. So a partition written
 // by transactional producers drains to its log end (lag 0), and a zombie
 // cannot move its cursor either.
+//
+// # Key-lanes
+//
+// A function with KeyConcurrency K > 1 runs each partition it owns as K
+// key-lanes (partition_keylanes.go, tracker_keylane.go). The partition's
+// reader dispatches each record, in offset order, to the key-lane of its
+// key (keyLaneOf: a hash of the key's bytes; a record with no key goes to
+// key-lane 0, so that those keep their order among themselves). A key-lane applies its records in
+// offset order through an applier of its own, in transactions that begin
+//
+//	UPDATE kfn.key_lanes SET next_offset = … WHERE … AND lane = $k AND epoch = $T
+//
+// in the statement that claims its offsets in the inbox (ON CONFLICT DO
+// NOTHING: other key-lanes claim the offsets between), then run the
+// handler and write the outbox rows: a batch transaction, fenced by the
+// key-lane's row instead of the cursor row, so the K key-lanes never wait
+// for each other. A claim of the partition, a replay's too, writes its
+// epoch into the key-lane rows in its own transaction (the trigger
+// kfn.fence_key_lanes on the cursor row's epoch; the new owner's claim
+// also writes its own rows): that UPDATE waits for every key-lane
+// transaction in flight, which commits before the claim or is fenced
+// after it, and a frozen one is ended like a frozen batch (inbox.TakeOver
+// ends the sessions that hold the partition's key-lane rows too).
+//
+// The cursor moves only over the prefix of dispatched offsets that every
+// key-lane has committed: the cursor mover, one goroutine per partition,
+// moves it there in small transactions of its own, fenced as a pass over
+// offsets without records (inbox.Advance under T, no inbox row). At most K
+// × --batch-size records are dispatched and not yet under the cursor. A
+// move over offsets without committed records (transaction markers), a new
+// reader after a Kafka outage, dead letter retries and a batch whose gap
+// may be an expiry wait until the key-lanes have drained, and then run as
+// for one lane.
+//
+// Why the cursor plus the inbox rows above it is still permanent dedup.
+// Offsets below the high-water mark were handled: the cursor passed them,
+// and it passes an offset only once its key-lane committed it (applied or
+// dead-lettered). Offsets at or above the high-water mark are handled if
+// and only if the inbox holds a row for them: a key-lane claims an offset
+// in the transaction that applies it, and retention deletes inbox rows
+// only below the high-water mark (inbox.Purge), which never moves back.
+// So after a crash the next owner resumes at the cursor, skips what is
+// below the high-water mark without asking, and finds in the inbox every
+// offset above it that the old owner's key-lanes committed, whose rows no
+// purge can have removed; an offset is applied again only if no
+// transaction that claimed it ever committed. The same holds for a zombie:
+// its key-lanes' transactions after the claim are fenced, and those before
+// it left inbox rows that the new owner's claims skip.
+//
+// A NATS-triggered function's lane (subject_keylanes.go) applies each
+// batch it fetched over its key-lanes, side by side, each transaction
+// fenced by its key-lane's row and claimed in the event inbox; it moves
+// its cursor (a progress marker) past the batch in a small fenced
+// transaction once every key-lane has committed, and then acks the batch.
 //
 // # Timing
 //

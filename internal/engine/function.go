@@ -57,6 +57,8 @@ func validateFunction(f kfn.Function) error {
 		return fmt.Errorf("function %s: PipelineExecs applies to a Handler: a BatchHandler sends its own statements", f.Name)
 	case f.KeyOrder != kfn.Continue && f.KeyOrder != kfn.ParkKey:
 		return fmt.Errorf("function %s: KeyOrder %v is neither Continue nor ParkKey", f.Name, f.KeyOrder)
+	case f.KeyConcurrency < 0 || f.KeyConcurrency > settings.MaxKeyConcurrency:
+		return fmt.Errorf("function %s: KeyConcurrency %d is out of range 0..%d (0 and 1: one lane per partition)", f.Name, f.KeyConcurrency, settings.MaxKeyConcurrency)
 	case f.KeyOrder == kfn.ParkKey && f.Subject != "":
 		return fmt.Errorf("function %s: KeyOrder ParkKey is supported for Kafka-triggered functions (Topic) only", f.Name)
 	}

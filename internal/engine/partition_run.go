@@ -12,8 +12,8 @@ import (
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/kafkasource"
-	"github.com/kfn-dev/kfn/internal/repeatlog"
 	"github.com/kfn-dev/kfn/internal/observe"
+	"github.com/kfn-dev/kfn/internal/repeatlog"
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
@@ -37,59 +37,27 @@ type cursorLane interface {
 	passed(to int64)
 }
 
-// runPartition owns one partition until ctx ends or a newer owner fences it.
-// It returns after the in-flight batch has committed or rolled back.
-func (w *worker) runPartition(ctx context.Context, fn kfn.Function, partition int32, token int64) {
-	part := inbox.Partition{Consumer: fn.Name, Topic: fn.Topic, Partition: partition}
-	cursor := &partitionTracker{part: part, token: token, stats: w.stats, onCommit: func(next int64) {
-		w.offsets.Note(w.consumerGroup(fn), part.Topic, part.Partition, next)
-	}}
-	var lane cursorLane = cursor
-	if w.partitionTracker != nil {
-		lane = w.partitionTracker(cursor)
-	}
-	log := w.cfg.Logger.With("function", fn.Name, "topic", fn.Topic, "partition", partition, "epoch", token)
-	pr := &partitionRun{applier: w.newApplier(fn, part, token, lane, log), w: w, cursor: cursor, lane: lane}
-	if fn.KeyOrder == kfn.ParkKey {
-		pr.held = newHeldKeys(func(n int) {
-			w.stats.Update(fn.Name, fn.Topic, partition, func(p *observe.PartitionStats) { p.ParkedKeys = n })
-		})
-	}
-	pr.retry = w.retries.register(pr.applier, "")
-	if pr.retry != nil {
-		pr.wakeRetries = pr.retry.signal
-	}
-	defer w.retries.unregister(pr.retry)
-	defer w.stats.Drop(fn.Name, fn.Topic, partition)
-	defer w.stats.LaneHeld(fn.Name)()
-	w.laneStopped(ctx, pr.applier, pr.run(ctx))
-}
-
-// laneStopped logs why a lane (a partition or a subject) stopped, and
-// when it was asked to stop, what its batch in flight did: an operator
-// reading a slow shutdown or handoff sees which lane held it and why.
-func (w *worker) laneStopped(ctx context.Context, a *applier, err error) {
-	var fenced *inbox.FencedError
-	switch {
-	case errors.As(err, &fenced):
-		w.stats.Fenced.Add(1)
-		w.stats.CountFn(a.fn.Name, func(c *observe.FunctionCounters) { c.Fenced++ })
-		a.log.Warn("fenced by a newer owner: dropping it", "old_epoch", a.token, "new_epoch", fenced.Epoch)
-	case err != nil && ctx.Err() == nil:
-		a.log.Error("stopped", "err", err)
-	case a.atStop.records > 0:
-		a.log.Info("lane stopped: its batch in flight "+a.atStop.outcome, "records", a.atStop.records, "cause", context.Cause(ctx).Error())
-	default:
-		a.log.Debug("lane stopped: no batch in flight", "cause", context.Cause(ctx).Error())
-	}
-}
-
 func (pr *partitionRun) run(ctx context.Context) error {
 	began := time.Now()
 	if err := retryInfra(ctx, pr.repeats, pr.log, "claim partition", pr.claim); err != nil {
 		return err
 	}
 	pr.log.Debug("partition claimed", "next_offset", pr.cursor.next, "took", time.Since(began))
+	if k := pr.w.keyConcurrency(pr.fn); k > 1 {
+		keys := pr.newKeyLaneRun(k)
+		lanesCtx, wait := keys.start(ctx)
+		err := pr.read(lanesCtx, keys)
+		if kerr := wait(); kerr != nil {
+			return kerr // a key-lane fenced, say: the reader only saw its context end
+		}
+		return err
+	}
+	return pr.read(ctx, nil)
+}
+
+// read reads the partition from its cursor and applies its records: batch
+// by batch, or, with keys, through the partition's key-lanes.
+func (pr *partitionRun) read(ctx context.Context, keys *keyLaneRun) error {
 	reader, err := pr.w.kafka.Reader(pr.part.Topic, pr.part.Partition, pr.cursor.next)
 	if err != nil {
 		return err
@@ -111,11 +79,11 @@ func (pr *partitionRun) run(ctx context.Context) error {
 
 	outage := newKafkaOutage(pr.log, pr.repeats)
 	for {
-		if err := pr.retry.applyPending(ctx); err != nil {
+		if err := pr.applyRetries(ctx, keys); err != nil {
 			return err
 		}
 		if next == nil {
-			reader.NoteCursor(pr.cursor.next)
+			reader.NoteCursor(keys.cursor(pr))
 			next = pr.prefetch(prefetchCtx, reader)
 		}
 		f := <-next
@@ -135,6 +103,12 @@ func (pr *partitionRun) run(ctx context.Context) error {
 			if err := outage.wait(ctx, err); err != nil {
 				return err
 			}
+			// With key-lanes, the new reader starts past every dispatched
+			// record.
+			if err := keys.drain(ctx); err != nil {
+				return err
+			}
+			keys.drained()
 			reader.Close()
 			if reader, err = pr.w.kafka.Reader(pr.part.Topic, pr.part.Partition, pr.cursor.next); err != nil {
 				return err
@@ -143,7 +117,19 @@ func (pr *partitionRun) run(ctx context.Context) error {
 		}
 		outage.over()
 		if len(batch) == 0 {
-			if err := pr.passOver(ctx, f.passed, f.lagEnd); err != nil {
+			if err := keys.drain(ctx); err != nil {
+				return err
+			}
+			err := pr.passOver(ctx, f.passed, f.lagEnd)
+			keys.drained()
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		if keys != nil {
+			next = pr.prefetch(prefetchCtx, reader)
+			if err := pr.dispatch(ctx, keys, f); err != nil {
 				return err
 			}
 			continue
@@ -153,36 +139,44 @@ func (pr *partitionRun) run(ctx context.Context) error {
 		if batch = uncommitted(batch, pr.cursor.next); len(batch) == 0 {
 			continue
 		}
-		pr.cursor.afters = f.afters
 		next = pr.prefetch(prefetchCtx, reader)
-		// The records read before an expiry are applied before it is
-		// skipped: the batch goes in one or more parts, each checked at
-		// the cursor its predecessor left.
-		for ; len(batch) > 0; batch = uncommitted(batch, pr.cursor.next) {
-			cut := len(batch)
-			err = retryInfra(ctx, pr.repeats, pr.log, "check for expired records", func(ctx context.Context) error {
-				var err error
-				cut, err = pr.skipGap(ctx, batch)
-				return err
-			})
-			if err != nil {
-				return err
-			}
-			part := batch[:cut]
-			batch = batch[cut:]
-			if len(part) == 0 {
-				continue
-			}
-			err = retryInfra(ctx, pr.repeats, pr.log, "apply batch", func(ctx context.Context) error {
-				done, err := pr.apply(ctx, part)
-				part = uncommitted(part[done:], pr.cursor.next)
-				return err
-			})
-			if err != nil {
-				return err
-			}
+		if err := pr.applyBatch(ctx, batch, f.afters); err != nil {
+			return err
 		}
 	}
+}
+
+// applyBatch applies a batch read at the cursor, one or more transactions
+// at a time. The records read before an expiry are applied before it is
+// skipped: the batch goes in one or more parts, each checked at the cursor
+// its predecessor left.
+func (pr *partitionRun) applyBatch(ctx context.Context, batch []kfn.Record, afters map[int64]int64) error {
+	pr.cursor.afters = afters
+	for ; len(batch) > 0; batch = uncommitted(batch, pr.cursor.next) {
+		cut := len(batch)
+		err := retryInfra(ctx, pr.repeats, pr.log, "check for expired records", func(ctx context.Context) error {
+			var err error
+			cut, err = pr.skipGap(ctx, batch)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		part := batch[:cut]
+		batch = batch[cut:]
+		if len(part) == 0 {
+			continue
+		}
+		err = retryInfra(ctx, pr.repeats, pr.log, "apply batch", func(ctx context.Context) error {
+			done, err := pr.apply(ctx, part)
+			part = uncommitted(part[done:], pr.cursor.next)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // claim records the token in Postgres and loads the cursor. A partition
@@ -196,7 +190,7 @@ func (pr *partitionRun) claim(ctx context.Context) error {
 	if pr.w.cfg.StartFrom == "latest" {
 		start = high
 	}
-	cur, err := inbox.TakeOver(ctx, pr.w.pool, pr.part, pr.token, pr.w.cfg.WorkerID, start, pr.w.cfg.LeaseRenew)
+	cur, err := inbox.TakeOver(ctx, pr.w.pool, pr.part, pr.token, pr.w.cfg.WorkerID, start, pr.w.keyConcurrency(pr.fn), pr.w.cfg.LeaseRenew)
 	if err != nil {
 		pr.w.claimBlocked(pr.fn.Name, pr.log, err)
 		return err
@@ -509,22 +503,4 @@ func retryInfra(ctx context.Context, repeats *repeatlog.Log, log *slog.Logger, w
 		repeats.Over(ctx, log, msg)
 	}
 	return err
-}
-
-// claimBlocked counts a claim of fn's lane refused because an older
-// owner's session holds the cursor row and this worker's role may not end
-// it (inbox.ErrCannotEndOlderOwner), and says so once per worker: the
-// claim is retried until that session's transaction ends on its own, which
-// can take up to --handler-timeout (the server's idle-in-transaction
-// limit) instead of about --lease-renew.
-func (w *worker) claimBlocked(fn string, log *slog.Logger, err error) {
-	if !errors.Is(err, inbox.ErrCannotEndOlderOwner) {
-		return
-	}
-	w.stats.CountFn(fn, func(c *observe.FunctionCounters) { c.FenceTerminateDenied++ })
-	w.terminateDenied.Do(func() {
-		log.Warn("cannot end a frozen older owner's Postgres session: this worker's role may not signal it (another role, and no pg_signal_backend; or the older session is a superuser's), "+
-			"so claims wait for the older transaction to end on its own (counted in kfn_fence_terminate_denied_total); "+
-			"run every worker as one role, or GRANT pg_signal_backend to the workers' role", "err", err)
-	})
 }

@@ -31,6 +31,9 @@ type subjectRun struct {
 	lanes  int
 	start  int64      // the lane's cursor when claimed: no event of it below is unhandled
 	retry  *retryLane // dead letters marked for retry (retry_lane.go)
+	// keyLanes are the lane's key-lanes' appliers (KeyConcurrency > 1),
+	// made at the first batch; none for one lane.
+	keyLanes []*applier
 	// delivered is the consumer sequence of the last event the lane's
 	// consumer delivered to it (0: none yet).
 	delivered uint64
@@ -40,33 +43,10 @@ type subjectRun struct {
 // covers a batch with its retries; a redelivery is skipped by the inbox.
 const ackWait = 2 * time.Minute
 
-// runSubject owns one lane of fn's subject until ctx ends or a newer owner
-// fences it.
-func (w *worker) runSubject(ctx context.Context, fn kfn.Function, lane int32, token int64) {
-	part := inbox.Partition{Consumer: fn.Name, Topic: fn.Subject, Partition: lane}
-	stream := fn.Stream
-	if stream == "" {
-		stream = DefaultStream
-	}
-	log := w.cfg.Logger.With("function", fn.Name, "subject", fn.Subject, "stream", stream, "lane", lane, "lanes", w.cfg.Lanes, "epoch", token)
-	sr := &subjectRun{
-		applier: w.newApplier(fn, part, token, &subjectTracker{consumer: fn.Name, part: part, token: token}, log),
-		w:       w,
-		stream:  stream,
-		lane:    int(lane),
-		lanes:   w.cfg.Lanes,
-	}
-	sr.retry = w.retries.register(sr.applier, stream)
-	defer w.retries.unregister(sr.retry)
-	defer w.stats.Drop(fn.Name, fn.Subject, lane)
-	defer w.stats.LaneHeld(fn.Name)()
-	w.laneStopped(ctx, sr.applier, sr.run(ctx))
-}
-
 func (sr *subjectRun) run(ctx context.Context) error {
 	var cons jetstream.Consumer
 	err := retryInfra(ctx, sr.repeats, sr.log, "claim subject", func(ctx context.Context) error {
-		cur, err := inbox.ClaimLane(ctx, sr.w.pool, sr.part, sr.lanes, sr.token, sr.w.cfg.WorkerID, sr.w.startedAt, sr.w.cfg.LeaseRenew)
+		cur, err := inbox.ClaimLane(ctx, sr.w.pool, sr.part, sr.lanes, sr.token, sr.w.cfg.WorkerID, sr.w.startedAt, sr.w.keyConcurrency(sr.fn), sr.w.cfg.LeaseRenew)
 		var stale *inbox.LaneCountError
 		if errors.As(err, &stale) {
 			return backoff.Permanent(err) // this worker's configuration is out of date
@@ -107,12 +87,7 @@ func (sr *subjectRun) run(ctx context.Context) error {
 			}
 		}
 		if len(recs) > 0 {
-			err = retryInfra(ctx, sr.repeats, sr.log, "apply batch", func(ctx context.Context) error {
-				done, err := sr.apply(ctx, recs)
-				recs = recs[done:]
-				return err
-			})
-			if err != nil {
+			if err := sr.applyBatch(ctx, recs); err != nil {
 				return err // not acked: JetStream redelivers, the inbox skips what committed
 			}
 		}
@@ -336,11 +311,15 @@ func eventRecord(m jetstream.Msg, stream string) kfn.Record {
 }
 
 // subjectTracker fences a JetStream lane through its cursor row (used as a
-// fence and a progress marker) and dedups by event id.
+// fence and a progress marker) and dedups by event id. The tracker of one
+// of the lane's key-lanes (keyLanes set) fences through its key-lane's
+// row instead, and leaves the cursor to the lane.
 type subjectTracker struct {
 	consumer string
 	part     inbox.Partition
 	token    int64
+	keyLanes bool
+	keyLane  int
 }
 
 func (l *subjectTracker) fence(ctx context.Context, tx pgx.Tx, rec kfn.Record) error {
@@ -351,7 +330,12 @@ func (l *subjectTracker) fence(ctx context.Context, tx pgx.Tx, rec kfn.Record) e
 // to seq.
 func (l *subjectTracker) fenceAt(ctx context.Context, tx pgx.Tx, seq int64) error {
 	faults.Lane(faults.BeforeFence, l.part, l.token)
-	err := inbox.Fence(ctx, tx, l.part, l.token, seq)
+	var err error
+	if l.keyLanes {
+		err = inbox.FenceKeyLane(ctx, tx, l.part, l.keyLane, l.token, seq+1)
+	} else {
+		err = inbox.Fence(ctx, tx, l.part, l.token, seq)
+	}
 	switch {
 	case err == nil:
 		faults.Lane(faults.AfterFence, l.part, l.token)

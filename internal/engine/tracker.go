@@ -138,20 +138,7 @@ func (l *partitionTracker) queueClaim(b *pgx.Batch, recs []kfn.Record) func(cont
 		if err := l.fenced(err); err != nil {
 			return nil, err
 		}
-		if len(freshOffsets) == len(recs) { // the usual batch: every record is new
-			return recs, nil
-		}
-		isFresh := make(map[int64]bool, len(freshOffsets))
-		for _, o := range freshOffsets {
-			isFresh[o] = true
-		}
-		fresh := make([]kfn.Record, 0, len(freshOffsets))
-		for _, r := range recs {
-			if isFresh[r.Offset] {
-				fresh = append(fresh, r)
-			}
-		}
-		return fresh, nil
+		return freshRecords(recs, freshOffsets), nil
 	}
 }
 

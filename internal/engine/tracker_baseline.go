@@ -8,15 +8,6 @@ import (
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
 
-// AtLeastOnceBaseline turns this worker, before its Run, into kfn bench's
-// at-least-once baseline: its partition lanes claim nothing in the inbox
-// and fence nothing, and their cursors move in memory (and to Kafka's
-// group offsets) only, with the same batching and transactions, so that
-// the benchmark measures what exactly-once costs. It exists for that
-// benchmark alone and is never a production mode: runtime/worker, which
-// keeps its engine.Worker unexported, offers no way to it.
-func (wk *Worker) AtLeastOnceBaseline() { wk.w.partitionTracker = atLeastOnce }
-
 // atLeastOnce is the benchmark's baseline tracker: the same batching and
 // transactions, but no inbox claim and no fenced cursor move, so the
 // difference to exactly-once is what those cost. The cursor only moves in

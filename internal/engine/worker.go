@@ -19,9 +19,9 @@ import (
 	"github.com/kfn-dev/kfn/internal/kafkasource"
 	"github.com/kfn-dev/kfn/internal/lease"
 	"github.com/kfn-dev/kfn/internal/naming"
-	"github.com/kfn-dev/kfn/internal/repeatlog"
 	"github.com/kfn-dev/kfn/internal/observe"
 	"github.com/kfn-dev/kfn/internal/preflight"
+	"github.com/kfn-dev/kfn/internal/repeatlog"
 	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/internal/tracing"
@@ -129,6 +129,14 @@ func NewWorker(ctx context.Context, cfg kfn.Config, fns ...kfn.Function) (*Worke
 }
 
 func (w *worker) connect(ctx context.Context) error {
+	// The pool of a worker with key-lanes is sized by its partitions
+	// (poolSize): Kafka first.
+	kafkaFirst := w.maxKeyConcurrency() > 1
+	if kafkaFirst {
+		if err := w.connectKafka(ctx); err != nil {
+			return err
+		}
+	}
 	if err := w.connectPostgres(ctx); err != nil {
 		return err
 	}
@@ -141,20 +149,10 @@ func (w *worker) connect(ctx context.Context) error {
 			return fmt.Errorf("--%s wal (%s): %w", settings.Outbox.Flag, settings.Outbox.Env, err)
 		}
 	}
-	if topic := kafkaTopic(w.fns); topic != "" {
-		var err error
-		if w.kafka, err = kafkasource.New(w.cfg.KafkaBrokers, preflight.KafkaSecurity(w.cfg), w.cfg.Logger); err != nil {
+	if !kafkaFirst {
+		if err := w.connectKafka(ctx); err != nil {
 			return err
 		}
-		metaCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		if _, err := w.kafka.Partitions(metaCtx, topic); kafkaconn.IsSecurity(err) {
-			return fmt.Errorf("cannot connect to Kafka: %w", err)
-		} else if err != nil && !errors.Is(err, kafkasource.ErrTopicMissing) {
-			return fmt.Errorf("cannot reach Kafka at %s (check --kafka-brokers / KFN_KAFKA_BROKERS): %w", strings.Join(w.cfg.KafkaBrokers, ","), err)
-		}
-		w.kafka.FetchBytes, w.kafka.BatchRecords = fetchBytes(w.cfg), w.cfg.BatchSize
-		w.offsets = kafkasource.NewGroupMirror(w.kafka, w.cfg.Logger)
 	}
 	if err := w.connectNATS(); err != nil {
 		return err
@@ -185,6 +183,29 @@ func (w *worker) connect(ctx context.Context) error {
 	return nil
 }
 
+// connectKafka connects to Kafka when a function reads it, and checks
+// that it answers.
+func (w *worker) connectKafka(ctx context.Context) error {
+	topic := kafkaTopic(w.fns)
+	if topic == "" {
+		return nil
+	}
+	var err error
+	if w.kafka, err = kafkasource.New(w.cfg.KafkaBrokers, w.cfg.KafkaSecurity, w.cfg.Logger); err != nil {
+		return err
+	}
+	metaCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := w.kafka.Partitions(metaCtx, topic); kafkaconn.IsSecurity(err) {
+		return fmt.Errorf("cannot connect to Kafka: %w", err)
+	} else if err != nil && !errors.Is(err, kafkasource.ErrTopicMissing) {
+		return fmt.Errorf("cannot reach Kafka at %s (check --kafka-brokers / KFN_KAFKA_BROKERS): %w", strings.Join(w.cfg.KafkaBrokers, ","), err)
+	}
+	w.kafka.FetchBytes, w.kafka.BatchRecords = fetchBytes(w.cfg), w.cfg.BatchSize
+	w.offsets = kafkasource.NewGroupMirror(w.kafka, w.cfg.Logger)
+	return nil
+}
+
 // kafkaTopic returns a topic one of fns consumes, or "" when none reads
 // Kafka (NATS-triggered functions only).
 func kafkaTopic(fns []kfn.Function) string {
@@ -209,10 +230,14 @@ func (w *worker) consumerGroup(fn kfn.Function) string {
 // installation id.
 func (w *worker) connectPostgres(ctx context.Context) error {
 	w.health = observe.NewPGHealth(w.cfg)
+	size := w.poolSize(ctx)
+	var tooSmall error
 	var err error
 	w.pool, err = connect.Postgres(ctx, w.cfg.DatabaseURL, "kfn-worker "+w.cfg.WorkerID, func(pgCfg *pgxpool.Config) {
 		if !strings.Contains(w.cfg.DatabaseURL, "pool_max_conns") {
-			pgCfg.MaxConns = 16
+			pgCfg.MaxConns = size
+		} else {
+			tooSmall = w.poolTooSmall(pgCfg.MaxConns)
 		}
 		observe.LimitPostgres(pgCfg, w.cfg, w.health)
 	})
@@ -222,6 +247,9 @@ func (w *worker) connectPostgres(ctx context.Context) error {
 	}
 	if err != nil {
 		return err
+	}
+	if tooSmall != nil {
+		return tooSmall
 	}
 	if err := schema.Check(ctx, w.pool); err != nil {
 		return err
@@ -245,7 +273,7 @@ func (w *worker) connectPostgres(ctx context.Context) error {
 // opens JetStream.
 func (w *worker) connectNATS() error {
 	var err error
-	w.nc, w.js, err = connect.NATSWith(w.cfg.NATSURL, "kfn "+w.cfg.WorkerID, preflight.NATSSecurity(w.cfg))
+	w.nc, w.js, err = connect.NATSWith(w.cfg.NATSURL, "kfn "+w.cfg.WorkerID, w.cfg.NATSSecurity)
 	return err
 }
 
@@ -300,6 +328,15 @@ func (wk *Worker) RelayStats() (outbox.RelayStats, bool) {
 	}
 	return wk.w.relay.Stats(), true
 }
+
+// AtLeastOnceBaseline turns this worker, before its Run, into kfn bench's
+// at-least-once baseline: its partition lanes claim nothing in the inbox
+// and fence nothing, and their cursors move in memory (and to Kafka's
+// group offsets) only, with the same batching and transactions, so that
+// the benchmark measures what exactly-once costs. It exists for that
+// benchmark alone and is never a production mode: runtime/worker, which
+// keeps its engine.Worker unexported, offers no way to it.
+func (wk *Worker) AtLeastOnceBaseline() { wk.w.partitionTracker = atLeastOnce }
 
 // Run processes records until ctx ends, then finishes in-flight batches,
 // releases its partitions, closes its connections and returns.

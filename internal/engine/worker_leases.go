@@ -11,9 +11,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/lease"
 	"github.com/kfn-dev/kfn/internal/naming"
+	"github.com/kfn-dev/kfn/internal/redact"
 	"github.com/kfn-dev/kfn/internal/settings"
 	kfn "github.com/kfn-dev/kfn/runtime"
 )
@@ -67,7 +67,7 @@ func TokenFloor(db interface {
 func (w *worker) newPartitionLeases(ctx context.Context, fn kfn.Function) (*lease.Manager, error) {
 	mgr, err := lease.NewManager(ctx, w.js, w.leaseConfig(naming.LeaseGroup(w.installation, fn.Name, Source(fn)), w.cfg.Logger.With("function", fn.Name)))
 	if err != nil {
-		return nil, fmt.Errorf("function %s: partition leases in NATS at %s: %w", fn.Name, connect.Redact(w.cfg.NATSURL), w.explainNATSState(err))
+		return nil, fmt.Errorf("function %s: partition leases in NATS at %s: %w", fn.Name, redact.Redact(w.cfg.NATSURL), w.explainNATSState(err))
 	}
 	return mgr, nil
 }

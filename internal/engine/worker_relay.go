@@ -8,9 +8,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/lease"
 	"github.com/kfn-dev/kfn/internal/naming"
+	"github.com/kfn-dev/kfn/internal/redact"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
 	kfn "github.com/kfn-dev/kfn/runtime"
@@ -47,7 +47,7 @@ func (w *worker) extendEventStream(ctx context.Context, subjects []string) ([]st
 			outbox.StreamLimits{Duplicates: w.cfg.EventDedup, MaxAge: w.cfg.EventRetention, Replicas: w.cfg.NATSReplicas})
 	}
 	if err != nil {
-		return nil, fmt.Errorf("event stream %s in NATS at %s: %w", w.cfg.EventStream, connect.Redact(w.cfg.NATSURL), w.explainNATSState(err))
+		return nil, fmt.Errorf("event stream %s in NATS at %s: %w", w.cfg.EventStream, redact.Redact(w.cfg.NATSURL), w.explainNATSState(err))
 	}
 	return all, nil
 }

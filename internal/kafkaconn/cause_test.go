@@ -12,6 +12,7 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 // A first Kafka request that fails is classified, and explained, from
@@ -37,16 +38,16 @@ func TestKafkaCausesFromRealErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		broker string
-		sec    kafkaconn.Security
+		sec    runtime.KafkaSecurity
 		cause  connect.Cause
 		want   string
 	}{
-		{"closed port", closed, kafkaconn.Security{}, connect.CauseRefused, "cannot reach Kafka at " + closed + ": connection refused, nothing listens there"},
-		{"unknown host", "nosuch.invalid:9092", kafkaconn.Security{}, connect.CauseUnreachable, "cannot reach Kafka at nosuch.invalid:9092: no answer"},
+		{"closed port", closed, runtime.KafkaSecurity{}, connect.CauseRefused, "cannot reach Kafka at " + closed + ": connection refused, nothing listens there"},
+		{"unknown host", "nosuch.invalid:9092", runtime.KafkaSecurity{}, connect.CauseUnreachable, "cannot reach Kafka at nosuch.invalid:9092: no answer"},
 		// TLS spoken to the embedded broker's plaintext listener gets no
 		// answer at all (the broker waits for the rest of a request that
 		// never comes): a timeout, as a real broker's plaintext port gives.
-		{"TLS to a plaintext listener", plain, kafkaconn.Security{TLS: true}, connect.CauseUnreachable, "cannot reach Kafka at"},
+		{"TLS to a plaintext listener", plain, runtime.KafkaSecurity{TLS: true}, connect.CauseUnreachable, "cannot reach Kafka at"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			client, done, err := kafkaconn.Client([]string{tc.broker}, tc.sec)

@@ -33,55 +33,40 @@ import (
 // included.
 const DialTimeout = 5 * time.Second
 
-// Security is how kfn connects to Kafka: plain TCP when zero. Its fields
-// are those of runtime.KafkaSecurity, which a worker's Config holds and
-// converts to it.
-type Security struct {
-	TLS        bool   // KFN_KAFKA_TLS; implied by CAFile, CertFile and ServerName
-	CAFile     string // KFN_KAFKA_CA: PEM CA certificates; empty: the system's
-	CertFile   string // KFN_KAFKA_CERT: PEM client certificate (with KeyFile)
-	KeyFile    string // KFN_KAFKA_KEY
-	ServerName string // KFN_KAFKA_SERVER_NAME: verify the brokers' certificates against this name
+// security carries this package's methods on a runtime.KafkaSecurity, the
+// one definition of the Kafka security settings (a worker's
+// Config.KafkaSecurity, and every kfn command's --kafka-* flags).
+type security runtime.KafkaSecurity
 
-	SASLMechanism string // KFN_KAFKA_SASL_MECHANISM: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER or AWS_MSK_IAM; empty: no SASL
-	SASLUser      string // KFN_KAFKA_SASL_USER
-
-	// SASLPassword is the password itself, for a Go caller; Bind takes it
-	// from KFN_KAFKA_SASL_PASSWORD (never from a flag). SASLPasswordFile
-	// (KFN_KAFKA_SASL_PASSWORD_FILE) names a file holding it instead.
-	SASLPassword     string
-	SASLPasswordFile string
-
-	// OAUTHBEARER: the token comes from the OAuth client-credentials flow
-	// at OAuthTokenURL (with OAuthClientID and its secret) or from the file
-	// OAuthTokenFile, read again whenever it changes.
-	OAuthTokenURL string   // KFN_KAFKA_OAUTH_TOKEN_URL
-	OAuthClientID string   // KFN_KAFKA_OAUTH_CLIENT_ID
-	OAuthScopes   []string // KFN_KAFKA_OAUTH_SCOPES
-
-	// OAuthClientSecret is the client secret itself, for a Go caller; Bind
-	// takes it from KFN_KAFKA_OAUTH_CLIENT_SECRET (never from a flag).
-	// OAuthClientSecretFile (KFN_KAFKA_OAUTH_CLIENT_SECRET_FILE) names a
-	// file holding it instead.
-	OAuthClientSecret     string
-	OAuthClientSecretFile string
-
-	OAuthTokenFile  string   // KFN_KAFKA_OAUTH_TOKEN_FILE: a file holding the token, instead of OAuthTokenURL
-	OAuthExtensions []string // KFN_KAFKA_OAUTH_EXTENSIONS: SASL extensions, key=value
-}
-
-// Bind registers the Kafka security flags (and their variables) on b, and
-// reads the SASL password from KFN_KAFKA_SASL_PASSWORD, as
+// BindSecurity registers the Kafka security flags (and their variables) on
+// b, and reads the SASL password from KFN_KAFKA_SASL_PASSWORD, as
 // runtime.Config.Bind does.
-func (s *Security) Bind(b *settings.Binder) {
+func BindSecurity(b *settings.Binder, s *runtime.KafkaSecurity) {
 	authorlink.Get[runtime.Config, runtime.KafkaSecurity, runtime.NATSSecurity, runtime.Record, runtime.Event, runtime.Events, runtime.BatchEvents]().
-		BindKafkaSecurity(b, (*runtime.KafkaSecurity)(s))
+		BindKafkaSecurity(b, s)
 }
 
 // Enabled reports whether s asks for TLS or SASL.
-func (s Security) Enabled() bool { return s.usesTLS() || s.SASLMechanism != "" }
+func Enabled(s runtime.KafkaSecurity) bool { return security(s).enabled() }
 
-func (s Security) usesTLS() bool {
+// Problems returns what is wrong with s: SASL without a user or a
+// password, a certificate without its key, files that cannot be read. (The
+// values given to BindSecurity that did not parse are the Binder's Errors.)
+func Problems(s runtime.KafkaSecurity) []*Error { return security(s).problems() }
+
+// Check returns Problems as one error (nil when there are none).
+func Check(s runtime.KafkaSecurity) error { return security(s).check() }
+
+// Env returns s as environment variables (NAME=value) for a child process,
+// the password and the OAuth client secret included only as the files that
+// hold them (one given in KFN_KAFKA_SASL_PASSWORD or
+// KFN_KAFKA_OAUTH_CLIENT_SECRET reaches a child through its inherited
+// environment).
+func Env(s runtime.KafkaSecurity) []string { return security(s).env() }
+
+func (s security) enabled() bool { return security(s).usesTLS() || s.SASLMechanism != "" }
+
+func (s security) usesTLS() bool {
 	return s.TLS || s.CAFile != "" || s.CertFile != "" || s.KeyFile != "" || s.ServerName != ""
 }
 
@@ -93,10 +78,7 @@ func problem[T any](s settings.Setting[T], format string, args ...any) *Error {
 	return &Error{Flag: s.Flag, Env: s.Env, Msg: fmt.Sprintf(format, args...)}
 }
 
-// Problems returns what is wrong with s: SASL without a user or a
-// password, a certificate without its key, files that cannot be read. (The
-// values given to Bind that did not parse are the Binder's Errors.)
-func (s Security) Problems() []*Error {
+func (s security) problems() []*Error {
 	var errs []*Error
 	errs = append(errs, settings.KafkaSASLMechanism.Problems(s.SASLMechanism)...)
 	errs = append(errs, settings.KafkaOAuthTokenURL.Problems(s.OAuthTokenURL)...)
@@ -146,16 +128,15 @@ func (s Security) Problems() []*Error {
 	return errs
 }
 
-// Check returns Problems as one error (nil when there are none).
-func (s Security) Check() error {
+func (s security) check() error {
 	var errs []error
-	for _, e := range s.Problems() {
+	for _, e := range s.problems() {
 		errs = append(errs, e)
 	}
 	return errors.Join(errs...)
 }
 
-func (s Security) password() (string, *Error) {
+func (s security) password() (string, *Error) {
 	if s.SASLPasswordFile != "" {
 		b, err := os.ReadFile(s.SASLPasswordFile)
 		if err != nil {
@@ -174,7 +155,7 @@ func (s Security) password() (string, *Error) {
 	return s.SASLPassword, nil
 }
 
-func (s Security) caPool() (*x509.CertPool, *Error) {
+func (s security) caPool() (*x509.CertPool, *Error) {
 	b, err := os.ReadFile(s.CAFile)
 	if err != nil {
 		return nil, problem(settings.KafkaCA, "cannot read the CA file: %v", err)
@@ -187,8 +168,8 @@ func (s Security) caPool() (*x509.CertPool, *Error) {
 }
 
 // tlsConfig returns the TLS configuration of s, nil without TLS.
-func (s Security) tlsConfig() (*tls.Config, error) {
-	if !s.usesTLS() {
+func (s security) tlsConfig() (*tls.Config, error) {
+	if !security(s).usesTLS() {
 		return nil, nil
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: s.ServerName}
@@ -201,7 +182,7 @@ func (s Security) tlsConfig() (*tls.Config, error) {
 	}
 	if s.CertFile != "" || s.KeyFile != "" {
 		if s.CertFile == "" || s.KeyFile == "" {
-			return nil, s.Check()
+			return nil, s.check()
 		}
 		cert, err := tls.LoadX509KeyPair(s.CertFile, s.KeyFile)
 		if err != nil {
@@ -213,11 +194,11 @@ func (s Security) tlsConfig() (*tls.Config, error) {
 }
 
 // mechanism returns the SASL mechanism of s, nil without SASL.
-func (s Security) mechanism() (sasl.Mechanism, error) {
+func (s security) mechanism() (sasl.Mechanism, error) {
 	if s.SASLMechanism == "" {
 		return nil, nil
 	}
-	if err := s.Check(); err != nil {
+	if err := s.check(); err != nil {
 		return nil, err
 	}
 	switch s.SASLMechanism {
@@ -248,8 +229,9 @@ func (s Security) mechanism() (sasl.Mechanism, error) {
 // Kafka returns a transport (for kafka.Client and kafka.Writer) and a dialer
 // (for kafka.Reader and kafka.Conn) that connect with s's TLS and SASL. The
 // caller closes the transport's idle connections when done.
-func Kafka(s Security) (*kafka.Transport, *kafka.Dialer, error) {
-	if err := s.Check(); err != nil {
+func Kafka(sec runtime.KafkaSecurity) (*kafka.Transport, *kafka.Dialer, error) {
+	s := security(sec)
+	if err := s.check(); err != nil {
 		return nil, nil, err
 	}
 	tlsCfg, err := s.tlsConfig()
@@ -270,7 +252,7 @@ func Kafka(s Security) (*kafka.Transport, *kafka.Dialer, error) {
 
 // Client returns a kafka.Client on brokers with s's TLS and SASL, and the
 // function that closes its connections.
-func Client(brokers []string, s Security) (*kafka.Client, func(), error) {
+func Client(brokers []string, s runtime.KafkaSecurity) (*kafka.Client, func(), error) {
 	transport, _, err := Kafka(s)
 	if err != nil {
 		return nil, nil, err
@@ -302,7 +284,7 @@ func IsSecurity(err error) bool {
 // Explain turns an error of a first request to Kafka at brokers into one
 // that names the setting to fix, when it is a refused SASL login or a
 // certificate that does not verify; other errors come back unchanged.
-func Explain(err error, brokers []string, s Security) error {
+func Explain(err error, brokers []string, s runtime.KafkaSecurity) error {
 	if err == nil {
 		return nil
 	}
@@ -328,7 +310,7 @@ func Explain(err error, brokers []string, s Security) error {
 	switch {
 	case (errors.Is(err, kafka.SASLAuthenticationFailed) || strings.Contains(msg, "SASL Authentication failed")) && s.SASLMechanism == settings.SASLOAuthBearer:
 		return securityError(err, "Kafka at %s refused the OAUTHBEARER token from %s: check that the brokers trust its issuer and audience, and --kafka-oauth-scopes (%s)",
-			at, s.oauthSource(), settings.KafkaOAuthScopes.Env)
+			at, security(s).oauthSource(), settings.KafkaOAuthScopes.Env)
 	case (errors.Is(err, kafka.SASLAuthenticationFailed) || strings.Contains(msg, "SASL Authentication failed")) && s.SASLMechanism == settings.SASLAWSMSKIAM:
 		return securityError(err, "Kafka at %s refused the AWS_MSK_IAM login: check the AWS credentials (AWS_PROFILE, AWS_ROLE_ARN, …), AWS_REGION and the role's kafka-cluster:Connect permission", at)
 	case errors.Is(err, kafka.SASLAuthenticationFailed) || strings.Contains(msg, "SASL Authentication failed") || strings.Contains(msg, "Authentication failed during authentication"):
@@ -348,7 +330,7 @@ func Explain(err error, brokers []string, s Security) error {
 		return fmt.Errorf("cannot reach Kafka at %s: connection refused, nothing listens there (is it running? check --kafka-brokers (%s)): %w", at, settings.KafkaBrokers.Env, err)
 	case Cause(err) == connect.CauseUnreachable:
 		return fmt.Errorf("cannot reach Kafka at %s: no answer (a timeout, no route or an unknown host: check --kafka-brokers (%s), and the network between): %w", at, settings.KafkaBrokers.Env, err)
-	case !s.usesTLS() && s.SASLMechanism == "" && (strings.Contains(msg, "EOF")):
+	case !security(s).usesTLS() && s.SASLMechanism == "" && (strings.Contains(msg, "EOF")):
 		return fmt.Errorf("Kafka at %s closed the connection (if its listener uses TLS or SASL, set --kafka-tls (%s) and the SASL settings): %w", at, settings.KafkaTLS.Env, err)
 	}
 	return err
@@ -374,12 +356,7 @@ func Cause(err error) connect.Cause {
 	return connect.NetCause(err)
 }
 
-// Env returns s as environment variables (NAME=value) for a child process,
-// the password and the OAuth client secret included only as the files that
-// hold them (one given in KFN_KAFKA_SASL_PASSWORD or
-// KFN_KAFKA_OAUTH_CLIENT_SECRET reaches a child through its inherited
-// environment).
-func (s Security) Env() []string {
+func (s security) env() []string {
 	var env []string
 	add := func(name, v string) {
 		if v != "" {

@@ -30,8 +30,8 @@ import (
 // testOAuthBearer runs kfn over the broker's OAUTHBEARER logins, with
 // tokens from tokens.
 func testOAuthBearer(t *testing.T, k *secureKafka, tokens *tokenServer, kfnBin string, pg *kfntest.PG, natsURL string) {
-	oauth := func(client, secret string) kafkaconn.Security {
-		return kafkaconn.Security{CAFile: k.sec.CAFile, SASLMechanism: "OAUTHBEARER",
+	oauth := func(client, secret string) runtime.KafkaSecurity {
+		return runtime.KafkaSecurity{CAFile: k.sec.CAFile, SASLMechanism: "OAUTHBEARER",
 			OAuthTokenURL: tokens.TokenURL(), OAuthClientID: client, OAuthClientSecret: secret}
 	}
 
@@ -233,7 +233,7 @@ func testOAuthBearer(t *testing.T, k *secureKafka, tokens *tokenServer, kfnBin s
 			return map[string]any{"iss": tokens.URL, "sub": "file-user", "aud": tokenAudience, "iat": time.Now().Unix(), "exp": time.Now().Add(time.Hour).Unix()}
 		}
 		write(tokens.sign(claims()), 1)
-		sec := kafkaconn.Security{CAFile: k.sec.CAFile, SASLMechanism: "OAUTHBEARER", OAuthTokenFile: file}
+		sec := runtime.KafkaSecurity{CAFile: k.sec.CAFile, SASLMechanism: "OAUTHBEARER", OAuthTokenFile: file}
 		client, closeIdle, err := kafkaconn.Client(k.brokers, sec)
 		if err != nil {
 			t.Fatal(err)

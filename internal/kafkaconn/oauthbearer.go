@@ -64,13 +64,13 @@ func (m oauthBearer) Next(_ context.Context, challenge []byte) (bool, []byte, er
 }
 
 // oauthGiven reports whether any OAUTHBEARER setting is given.
-func (s Security) oauthGiven() bool {
+func (s security) oauthGiven() bool {
 	return s.OAuthTokenURL != "" || s.OAuthClientID != "" || s.OAuthClientSecretFile != "" || s.OAuthClientSecret != "" ||
 		len(s.OAuthScopes) > 0 || s.OAuthTokenFile != "" || len(s.OAuthExtensions) > 0
 }
 
 // oauthSource says where s's OAUTHBEARER tokens come from.
-func (s Security) oauthSource() string {
+func (s security) oauthSource() string {
 	if s.OAuthTokenFile != "" {
 		return fmt.Sprintf("--kafka-oauth-token-file (%s) %s", settings.KafkaOAuthTokenFile.Env, s.OAuthTokenFile)
 	}
@@ -80,7 +80,7 @@ func (s Security) oauthSource() string {
 // oauthProblems returns what is wrong with s's OAUTHBEARER settings:
 // neither or both of a token URL and a token file, a token URL without a
 // client id or secret, files that cannot be read.
-func (s Security) oauthProblems() []*Error {
+func (s security) oauthProblems() []*Error {
 	var errs []*Error
 	switch {
 	case s.OAuthTokenURL == "" && s.OAuthTokenFile == "":
@@ -107,7 +107,7 @@ func (s Security) oauthProblems() []*Error {
 
 // clientSecret returns the OAuth client secret, from its file if one is
 // named.
-func (s Security) clientSecret() (string, *Error) {
+func (s security) clientSecret() (string, *Error) {
 	if s.OAuthClientSecretFile != "" {
 		b, err := os.ReadFile(s.OAuthClientSecretFile)
 		if err != nil {
@@ -128,7 +128,7 @@ func (s Security) clientSecret() (string, *Error) {
 
 // oauthBearer returns the OAUTHBEARER mechanism of s, whose token source
 // is shared by every connection of the process with the same settings.
-func (s Security) oauthBearer() (sasl.Mechanism, error) {
+func (s security) oauthBearer() (sasl.Mechanism, error) {
 	var secret string
 	if s.OAuthTokenURL != "" {
 		var err *Error

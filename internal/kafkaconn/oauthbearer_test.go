@@ -9,11 +9,12 @@ import (
 	"time"
 
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 // login starts an OAUTHBEARER login with sec's mechanism, as kafka-go does
 // for each connection it opens, and returns the token it sends.
-func login(t *testing.T, sec kafkaconn.Security) (string, error) {
+func login(t *testing.T, sec runtime.KafkaSecurity) (string, error) {
 	t.Helper()
 	transport, _, err := kafkaconn.Kafka(sec)
 	if err != nil {
@@ -43,7 +44,7 @@ func TestOAuthBearerFirstMessageIsRFC7628s(t *testing.T) {
 		{nil, "n,,\x01auth=Bearer tok.en.value\x01\x01"},
 		{[]string{"logicalCluster=lkc-1", "identityPoolId=pool-2"}, "n,,\x01auth=Bearer tok.en.value\x01logicalCluster=lkc-1\x01identityPoolId=pool-2\x01\x01"},
 	} {
-		transport, _, err := kafkaconn.Kafka(kafkaconn.Security{SASLMechanism: "OAUTHBEARER", OAuthTokenFile: file, OAuthExtensions: tc.extensions})
+		transport, _, err := kafkaconn.Kafka(runtime.KafkaSecurity{SASLMechanism: "OAUTHBEARER", OAuthTokenFile: file, OAuthExtensions: tc.extensions})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -70,7 +71,7 @@ func TestOAuthTokensAreRefreshedBeforeTheyExpire(t *testing.T) {
 	tokens := newTokenServer(t)
 	const lifetime = 2 * time.Second
 	tokens.addClient("unit", "secret", lifetime)
-	sec := kafkaconn.Security{SASLMechanism: "OAUTHBEARER", OAuthTokenURL: tokens.TokenURL(), OAuthClientID: "unit", OAuthClientSecret: "secret"}
+	sec := runtime.KafkaSecurity{SASLMechanism: "OAUTHBEARER", OAuthTokenURL: tokens.TokenURL(), OAuthClientID: "unit", OAuthClientSecret: "secret"}
 	first, err := login(t, sec)
 	if err != nil {
 		t.Fatal(err)
@@ -102,7 +103,7 @@ func TestOAuthTokensAreRefreshedBeforeTheyExpire(t *testing.T) {
 func TestAWrongClientSecretNamesTheSettings(t *testing.T) {
 	tokens := newTokenServer(t)
 	tokens.addClient("unit-wrong", "right", time.Hour)
-	_, err := login(t, kafkaconn.Security{SASLMechanism: "OAUTHBEARER", OAuthTokenURL: tokens.TokenURL(), OAuthClientID: "unit-wrong", OAuthClientSecret: "not-the-secret-4711"})
+	_, err := login(t, runtime.KafkaSecurity{SASLMechanism: "OAUTHBEARER", OAuthTokenURL: tokens.TokenURL(), OAuthClientID: "unit-wrong", OAuthClientSecret: "not-the-secret-4711"})
 	if err == nil {
 		t.Fatal("a wrong secret got a token")
 	}
@@ -131,7 +132,7 @@ func TestATokenFileIsReadAgainWhenItChanges(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	sec := kafkaconn.Security{SASLMechanism: "OAUTHBEARER", OAuthTokenFile: file}
+	sec := runtime.KafkaSecurity{SASLMechanism: "OAUTHBEARER", OAuthTokenFile: file}
 	write("first-token", 1)
 	if tok, err := login(t, sec); err != nil || tok != "first-token" {
 		t.Fatalf("token %q, %v", tok, err)
@@ -158,7 +159,7 @@ func TestATokenFileIsReadInTheBackgroundOnceItsTokenIsDue(t *testing.T) {
 	if err := os.WriteFile(file, []byte(first), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sec := kafkaconn.Security{SASLMechanism: "OAUTHBEARER", OAuthTokenFile: file}
+	sec := runtime.KafkaSecurity{SASLMechanism: "OAUTHBEARER", OAuthTokenFile: file}
 	if tok, err := login(t, sec); err != nil || tok != first {
 		t.Fatalf("token %q, %v", tok, err)
 	}

@@ -46,7 +46,7 @@ func TestMain(m *testing.M) { kfntest.Main(m) }
 // logins are checked against the keys of a tokenServer.
 type secureKafka struct {
 	brokers []string
-	sec     kafkaconn.Security // the CA, user kfn and its password file
+	sec     runtime.KafkaSecurity // the CA, user kfn and its password file
 	tlsDir  string
 }
 
@@ -93,7 +93,7 @@ func startSecureKafka(t *testing.T, tokens *tokenServer) *secureKafka {
 	return &secureKafka{
 		brokers: []string{fmt.Sprintf("127.0.0.1:%d", port)},
 		tlsDir:  tlsDir,
-		sec: kafkaconn.Security{
+		sec: runtime.KafkaSecurity{
 			CAFile:        filepath.Join(tlsDir, "ca.pem"),
 			SASLMechanism: "SCRAM-SHA-512", SASLUser: "kfn",
 			SASLPasswordFile: filepath.Join(tlsDir, "kfn.password"),
@@ -107,7 +107,7 @@ func kfnCLI(t *testing.T, bin string, k *secureKafka, stdin string, args ...stri
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), "KFN_KAFKA_BROKERS="+strings.Join(k.brokers, ","))
-	cmd.Env = append(cmd.Env, k.sec.Env()...)
+	cmd.Env = append(cmd.Env, kafkaconn.Env(k.sec)...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -161,7 +161,7 @@ func TestWorkerOverSASLSSL(t *testing.T) {
 	kfn := kfntest.BuildBinary(t, "github.com/kfn-dev/kfn/cmd/kfn")
 	pg := kfntest.Postgres(t)
 	natsURL := kfntest.NATSURL(t)
-	config := func(sec kafkaconn.Security) runtime.Config {
+	config := func(sec runtime.KafkaSecurity) runtime.Config {
 		return runtime.Config{
 			KafkaBrokers: k.brokers, KafkaSecurity: runtime.KafkaSecurity(sec), DatabaseURL: pg.URL, NATSURL: natsURL,
 			LeaseTTL: 3 * time.Second, LeaseRenew: time.Second,
@@ -236,7 +236,7 @@ func TestWorkerOverSASLSSL(t *testing.T) {
 		}
 	})
 
-	fastFailure := func(t *testing.T, sec kafkaconn.Security, cause connect.Cause, want ...string) {
+	fastFailure := func(t *testing.T, sec runtime.KafkaSecurity, cause connect.Cause, want ...string) {
 		t.Helper()
 		start := time.Now()
 		_, err := worker.New(context.Background(), config(sec), effects.Function(kfntest.Name(t, "sec"), "orders"))
@@ -286,7 +286,7 @@ func TestWorkerOverSASLSSL(t *testing.T) {
 	t.Run("OAUTHBEARER", func(t *testing.T) { testOAuthBearer(t, k, tokens, kfn, pg, natsURL) })
 
 	t.Run("a client without TLS is told to set it", func(t *testing.T) {
-		_, err := worker.New(context.Background(), config(kafkaconn.Security{}), effects.Function(kfntest.Name(t, "sec"), "orders"))
+		_, err := worker.New(context.Background(), config(runtime.KafkaSecurity{}), effects.Function(kfntest.Name(t, "sec"), "orders"))
 		if err == nil || !strings.Contains(err.Error(), "--kafka-tls") {
 			t.Errorf("a plain worker against the SASL_SSL listener: %v", err)
 		}

@@ -82,7 +82,7 @@ var (
 
 // tokenFor returns the process's token source for s's OAUTHBEARER
 // settings; s has passed Check.
-func tokenFor(s Security, secret string) *tokenSource {
+func tokenFor(s security, secret string) *tokenSource {
 	key := strings.Join([]string{s.OAuthTokenURL, s.OAuthClientID, secret, strings.Join(s.OAuthScopes, " "), s.OAuthTokenFile}, "\x00")
 	sourcesMu.Lock()
 	defer sourcesMu.Unlock()
@@ -102,7 +102,7 @@ func tokenFor(s Security, secret string) *tokenSource {
 
 // clientCredentials is a token source of the OAuth client-credentials
 // flow (RFC 6749 section 4.4) at s's token URL.
-func clientCredentials(s Security, secret string) *tokenSource {
+func clientCredentials(s security, secret string) *tokenSource {
 	cfg := clientcredentials.Config{ClientID: s.OAuthClientID, ClientSecret: secret, TokenURL: s.OAuthTokenURL, Scopes: s.OAuthScopes}
 	client := &http.Client{Timeout: fetchTimeout}
 	src := &tokenSource{describe: s.OAuthTokenURL}
@@ -124,7 +124,7 @@ func clientCredentials(s Security, secret string) *tokenSource {
 
 // tokenEndpointError says which setting to fix when the token endpoint
 // refused to issue a token, or could not be reached.
-func tokenEndpointError(s Security, err error) error {
+func tokenEndpointError(s security, err error) error {
 	at := fmt.Sprintf("cannot get a Kafka OAUTHBEARER token from --kafka-oauth-token-url (%s) %s", settings.KafkaOAuthTokenURL.Env, s.OAuthTokenURL)
 	var re *oauth2.RetrieveError
 	if !errors.As(err, &re) {

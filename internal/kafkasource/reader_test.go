@@ -15,7 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kfn-dev/kfn/internal/devstack"
-	"github.com/kfn-dev/kfn/internal/kafkaconn"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 // batchOf is a record batch of producer pid (-1: none) at offsets
@@ -153,7 +153,7 @@ func TestCommittedRecordsOfAnEmptyResponse(t *testing.T) {
 // replaced (its settings then: 16 MiB fetches, a queue of 1,000), and
 // reports the cost per record:
 //
-//	go test -run '^$' -bench BenchmarkPartitionReaders -benchmem ./internal/engine/
+//	go test -run '^$' -bench BenchmarkPartitionReaders -benchmem ./internal/kafkasource/
 func BenchmarkPartitionReaders(b *testing.B) {
 	const records = 20000
 	source, brokers := onePartitionTopic(b, "bench")
@@ -227,7 +227,7 @@ func onePartitionTopic(tb testing.TB, topic string) (*Source, []string) {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(broker.Stop)
-	source, err := New(broker.Brokers, kafkaconn.Security{}, slog.New(slog.DiscardHandler))
+	source, err := New(broker.Brokers, runtime.KafkaSecurity{}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		tb.Fatal(err)
 	}

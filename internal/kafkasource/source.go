@@ -18,7 +18,7 @@ import (
 // Kafka's group coordination for ownership; NATS leases decide who reads what.
 type Source struct {
 	brokers   []string
-	security  kafkaconn.Security
+	security  kfn.KafkaSecurity
 	client    *kafka.Client
 	transport *kafka.Transport
 	dialer    *kafka.Dialer // the readers'
@@ -36,7 +36,7 @@ type Source struct {
 }
 
 // New connects with security's TLS and SASL (plain TCP when zero).
-func New(brokers []string, security kafkaconn.Security, log *slog.Logger) (*Source, error) {
+func New(brokers []string, security kfn.KafkaSecurity, log *slog.Logger) (*Source, error) {
 	transport, dialer, err := kafkaconn.Kafka(security)
 	if err != nil {
 		return nil, err
@@ -138,7 +138,7 @@ func (k *Source) Ping(ctx context.Context) error {
 
 // OffsetRange returns the first offset Kafka still holds in a partition and
 // its high watermark, for the operator's tools.
-func OffsetRange(ctx context.Context, brokers []string, security kafkaconn.Security, topic string, partition int32) (first, high int64, err error) {
+func OffsetRange(ctx context.Context, brokers []string, security kfn.KafkaSecurity, topic string, partition int32) (first, high int64, err error) {
 	source, err := New(brokers, security, slog.New(slog.DiscardHandler))
 	if err != nil {
 		return 0, 0, err
@@ -149,7 +149,7 @@ func OffsetRange(ctx context.Context, brokers []string, security kafkaconn.Secur
 
 // ReadRecord reads the record at offset from Kafka, for the operator's
 // tools: an offset Kafka no longer (or not yet) holds is an error.
-func ReadRecord(ctx context.Context, brokers []string, security kafkaconn.Security, topic string, partition int32, offset int64) (kfn.Record, error) {
+func ReadRecord(ctx context.Context, brokers []string, security kfn.KafkaSecurity, topic string, partition int32, offset int64) (kfn.Record, error) {
 	source, err := New(brokers, security, slog.New(slog.DiscardHandler))
 	if err != nil {
 		return kfn.Record{}, err
@@ -202,7 +202,7 @@ func RecordFromMessage(m kafka.Message) kfn.Record {
 type Log struct{ source *Source }
 
 // OpenLog connects to brokers with security's TLS and SASL.
-func OpenLog(brokers []string, security kafkaconn.Security) (*Log, error) {
+func OpenLog(brokers []string, security kfn.KafkaSecurity) (*Log, error) {
 	source, err := New(brokers, security, slog.New(slog.DiscardHandler))
 	if err != nil {
 		return nil, err

@@ -7,46 +7,17 @@ import (
 	"time"
 )
 
-// Stats are a worker's live counters, for progress displays and metrics.
+// Stats is where a worker counts: the engine adds to it, the metrics read
+// it. Users read it through runtime/worker's Stats, PartitionStats and
+// FunctionCounters, which document every counter once: Stats' fields are
+// the atomics runtime/worker.Stats points at, and PartitionStats and
+// FunctionCounters convert to runtime/worker's, so the compiler keeps the
+// two in step.
 type Stats struct {
-	Applied      atomic.Int64 // records whose handler transaction committed
-	Duplicates   atomic.Int64 // records skipped because they were handled before
-	DeadLettered atomic.Int64 // records parked in kfn.dead_letters
-	Retries      atomic.Int64 // handler retries
-	Batches      atomic.Int64 // committed transactions
-	Fenced       atomic.Int64 // partitions dropped because a newer owner claimed them
-	// InfraRetries counts batches whose apply failed with an infrastructure
-	// error (Postgres, Kafka or NATS failing, not a record) and was retried.
-	InfraRetries atomic.Int64
-	// TraceContextDropped counts records whose traceparent, tracestate or
-	// baggage header was not valid W3C Trace Context or Baggage and was
-	// ignored: not followed by their handler span (tracing on) and not
-	// propagated to the events they emitted. With tracing off a record is
-	// looked at only when it emits.
-	TraceContextDropped atomic.Int64
-	// AbandonedHandlers counts handler calls that overran --handler-timeout
-	// and did not return: the lane ended their transaction's session and
-	// went on without them. AbandonedHandlersRunning is how many of those
-	// are still running (Go cannot stop them).
-	AbandonedHandlers        atomic.Int64
-	AbandonedHandlersRunning atomic.Int64
-	// CommitRepliesLost counts commits that landed although the worker saw
-	// them fail (the connection died at COMMIT): the lane found the cursor
-	// ahead under its own token and resumed from it.
-	CommitRepliesLost atomic.Int64
-	// BatchRoundTrips counts the Postgres round trips of batch transactions
-	// (begin and claim, the handler's statements, outbox and commit).
-	BatchRoundTrips atomic.Int64
-	// DeadLetterRetriesApplied counts dead letters marked for retry (kfn dlq
-	// retry) that this worker's lanes applied; DeadLetterRetriesFailed those
-	// whose retry failed again (the letter stays). Neither is in Applied or
-	// DeadLettered.
-	DeadLetterRetriesApplied atomic.Int64
-	DeadLetterRetriesFailed  atomic.Int64
-	// KeyParked counts the records dead-lettered with reason key_parked: a
-	// function with KeyOrder ParkKey parked them behind an earlier dead
-	// letter of their key. They are in DeadLettered too.
-	KeyParked atomic.Int64
+	Applied, Duplicates, DeadLettered, Retries, Batches, Fenced, InfraRetries atomic.Int64
+	TraceContextDropped, AbandonedHandlers, AbandonedHandlersRunning          atomic.Int64
+	CommitRepliesLost, BatchRoundTrips                                        atomic.Int64
+	DeadLetterRetriesApplied, DeadLetterRetriesFailed, KeyParked              atomic.Int64
 
 	mu         sync.Mutex
 	partitions map[partitionKey]*PartitionStats
@@ -65,20 +36,14 @@ type partitionKey struct {
 	partition int32
 }
 
-// PartitionStats is the state of one owned partition.
+// PartitionStats is the state of one owned lane (runtime/worker's
+// PartitionStats, which documents it).
 type PartitionStats struct {
-	Function   string
-	Topic      string
-	Partition  int32
-	Epoch      int64
-	NextOffset int64
-	HighWater  int64 // Kafka high watermark seen on the last fetch
-	LastCommit time.Time
-	ClaimedAt  time.Time // when this worker claimed the lane
-	// ParkedKeys is how many keys of the partition hold their records back
-	// (KeyOrder ParkKey): parked behind a dead letter, or released with
-	// parked records still to retry.
-	ParkedKeys int
+	Function, Topic              string
+	Partition                    int32
+	Epoch, NextOffset, HighWater int64
+	LastCommit, ClaimedAt        time.Time
+	ParkedKeys                   int
 }
 
 // Lag is how many records are behind the cursor.

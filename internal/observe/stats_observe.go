@@ -14,23 +14,14 @@ import (
 // latency histograms (issue 12). The worker-level fields of Stats stay as
 // they were; these are counted next to them.
 
-// FunctionCounters are one function's counters on this worker.
+// FunctionCounters are one function's counters on this worker
+// (runtime/worker's FunctionCounters, which documents them).
 type FunctionCounters struct {
-	Applied, Duplicates, Retries, Batches, InfraRetries, Fenced int64
-	// DeadLettered is per reason (panic, timeout, data_error, permanent,
-	// handler_error, oversized, key_parked).
-	DeadLettered                                                                        map[string]int64
+	Applied, Duplicates, Retries, Batches, InfraRetries, Fenced                         int64
+	DeadLettered                                                                        map[string]int64 // per reason
 	TraceContextDropped, AbandonedHandlers, AbandonedHandlersRunning, CommitRepliesLost int64
-	DeadLetterRetriesApplied, DeadLetterRetriesFailed                                   int64
-	// KeyParked counts records dead-lettered as key_parked (KeyOrder ParkKey).
-	KeyParked int64
-	// FenceTerminateDenied counts lane claims refused because an older
-	// owner's session held the cursor row and this worker's role may not
-	// end it (inbox.ErrCannotEndOlderOwner); each is retried.
-	FenceTerminateDenied int64
-	// Leases is how many lanes (partitions or subjects) of the function this
-	// worker holds now.
-	Leases int64
+	DeadLetterRetriesApplied, DeadLetterRetriesFailed, KeyParked, FenceTerminateDenied  int64
+	Leases                                                                              int64
 }
 
 type functionStats struct {

@@ -18,24 +18,10 @@ import (
 // bound, and how its settings bind to flags.
 var link = authorlink.Get[kfn.Config, kfn.KafkaSecurity, kfn.NATSSecurity, kfn.Record, kfn.Event, kfn.Events, kfn.BatchEvents]()
 
-// BindNATSSecurity registers the NATS credential and TLS flags (and their
-// variables) on b, for a worker, the relay and every kfn command that
-// connects to NATS.
-func BindNATSSecurity(b *settings.Binder, s *connect.NATSSecurity) {
-	link.BindNATSSecurity(b, (*kfn.NATSSecurity)(s))
-}
-
 // BindConfig binds every setting of c to b (Config.Bind); b's errors are
 // c's, reported by ValidateConfig.
 func BindConfig(b *settings.Binder, c *kfn.Config) { link.BindConfig(b, c) }
 
-// KafkaSecurity and NATSSecurity are the security settings of cfg as
-// the connections take them.
-func KafkaSecurity(cfg kfn.Config) kafkaconn.Security  { return kafkaconn.Security(cfg.KafkaSecurity) }
-func NATSSecurity(cfg kfn.Config) connect.NATSSecurity { return connect.NATSSecurity(cfg.NATSSecurity) }
-
-// Defaults, chosen from the benchmark (`kfn bench`, docs/benchmarks.md).
-// The generated configuration reference (docs/reference/configuration.md)
 // and a function binary's -h show their values.
 const (
 	DefaultBatchSize      = settings.DefaultBatchSize
@@ -100,7 +86,7 @@ func ValidateConfig(c kfn.Config, needKafka bool) error {
 	}
 	add(settings.KafkaBrokers.Problems(c.KafkaBrokers))
 	if needKafka {
-		for _, e := range KafkaSecurity(c).Problems() {
+		for _, e := range kafkaconn.Problems(c.KafkaSecurity) {
 			if !rejected[e.Flag] {
 				add([]*settings.Error{e})
 			}
@@ -114,7 +100,7 @@ func ValidateConfig(c kfn.Config, needKafka bool) error {
 		bad(ConfigErrorOf(settings.NATSURL, "no NATS URL given: set it to nats://host:port"))
 	}
 	var badNATS *connect.SettingError
-	if err := NATSSecurity(c).Check(); errors.As(err, &badNATS) && !rejected[badNATS.Flag] {
+	if err := connect.CheckNATS(c.NATSSecurity); errors.As(err, &badNATS) && !rejected[badNATS.Flag] {
 		bad(&ConfigError{Field: badNATS.Flag, Env: badNATS.Env, Msg: badNATS.Msg})
 	}
 	add(settings.NATSReplicas.Problems(c.NATSReplicas))
@@ -136,6 +122,7 @@ func ValidateConfig(c kfn.Config, needKafka bool) error {
 	}
 	add(settings.InboxRetention.Problems(c.InboxRetention))
 	add(settings.Lanes.Problems(c.Lanes))
+	add(settings.KeyConcurrency.Problems(c.KeyConcurrency))
 	add(settings.LeaseRenew.Problems(c.LeaseRenew))
 	if c.LeaseRenew > 0 && c.LeaseTTL < 3*c.LeaseRenew {
 		bad(ConfigErrorOf(settings.LeaseTTL, "%s must be at least 3 × --lease-renew (%s) so a lease survives a missed renewal", c.LeaseTTL, c.LeaseRenew))

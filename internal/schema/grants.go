@@ -33,7 +33,7 @@ func FunctionGrants(role, function string, tables []string) []string {
 		"GRANT USAGE ON SCHEMA kfn TO " + r,
 		"GRANT SELECT ON kfn.installation, kfn.schema_migrations TO " + r,
 		// Row-level security limits each of these to the function's rows.
-		"GRANT SELECT, INSERT, UPDATE, DELETE ON kfn.cursors, kfn.inbox, kfn.event_inbox, kfn.dead_letters, kfn.parked_keys, kfn.subject_lanes TO " + r,
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON kfn.cursors, kfn.inbox, kfn.event_inbox, kfn.dead_letters, kfn.parked_keys, kfn.subject_lanes, kfn.key_lanes TO " + r,
 		// Appended to only: the relay deletes outbox rows, and no worker
 		// rewrites the audit log.
 		"GRANT SELECT, INSERT ON kfn.outbox, kfn.audit_log TO " + r,

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/lease"
+	"github.com/kfn-dev/kfn/internal/redact"
 	"github.com/kfn-dev/kfn/outbox"
 )
 
@@ -33,6 +33,7 @@ const (
 	DefaultEventRetention = outbox.DefaultStreamMaxAge
 	DefaultInboxRetention = 7 * 24 * time.Hour
 	DefaultNATSReplicas   = 1
+	MaxKeyConcurrency     = 256
 
 	DefaultDeadLetterRetention = 30 * 24 * time.Hour
 )
@@ -308,6 +309,11 @@ var (
 		Usage: "lanes a NATS-triggered function's events are spread over by key hash, each with its own lease; the newest-started worker's count wins (README: Lanes)",
 		Check: between(1, 256),
 	}
+	KeyConcurrency = Setting[int]{
+		Flag: "key-concurrency", Env: "KFN_KEY_CONCURRENCY",
+		Usage: "key-lanes per partition (or subject lane): records are split over them by key hash and committed side by side, in order per key; each needs a Postgres connection; 0: the function's KeyConcurrency, 1 unless it sets one (docs/scaling.md)",
+		Check: between(0, MaxKeyConcurrency),
+	}
 	NoRelay = Setting[bool]{
 		Flag: "no-relay", Env: "KFN_NO_RELAY",
 		Usage: "do not run the outbox relay in this process (run kfn relay instead)",
@@ -417,10 +423,10 @@ func postgresURL(s string) error {
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return fmt.Errorf("%q does not parse as a URL: %s", connect.Redact(s), connect.Scrub(err.Error(), s))
+		return fmt.Errorf("%q does not parse as a URL: %s", redact.Redact(s), redact.Scrub(err.Error(), s))
 	}
 	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
-		return fmt.Errorf("%q is not a postgres:// URL (nor a keyword/value string: host=… dbname=…)", connect.Redact(s))
+		return fmt.Errorf("%q is not a postgres:// URL (nor a keyword/value string: host=… dbname=…)", redact.Redact(s))
 	}
 	return nil
 }
@@ -435,7 +441,7 @@ func functionDatabases(list []string) error {
 		function = strings.TrimSpace(function)
 		switch {
 		case !ok || function == "" || strings.TrimSpace(url) == "":
-			errs = append(errs, fmt.Errorf("%q is not FUNCTION=URL", connect.Redact(item)))
+			errs = append(errs, fmt.Errorf("%q is not FUNCTION=URL", redact.Redact(item)))
 		case seen[function]:
 			errs = append(errs, fmt.Errorf("function %s is given twice", function))
 		default:

@@ -20,7 +20,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kfn-dev/kfn/internal/connect"
+	"github.com/kfn-dev/kfn/internal/redact"
 )
 
 // Setting is one setting. T is string, []string (given as a comma-separated
@@ -105,7 +105,7 @@ func (b *Binder) Secret(flag string) bool {
 
 // Environment lists, in binding order, the settings whose value came from
 // a variable, as VAR=value: what a command line does not show. A Secret
-// setting's value is redacted (connect.Redact), and one read from a file
+// setting's value is redacted (redact.Redact), and one read from a file
 // shows the file's variable and name.
 func (b *Binder) Environment() []string {
 	var out []string
@@ -251,7 +251,7 @@ func (v *value[T]) fromEnv() (string, string, bool) {
 	case v.s.Secret && v.from == v.s.FileEnv():
 		return v.from, os.Getenv(v.from), true
 	case v.s.Secret:
-		return v.from, connect.Redact(os.Getenv(v.from)), true
+		return v.from, redact.Redact(os.Getenv(v.from)), true
 	}
 	return v.from, os.Getenv(v.from), true
 }

@@ -17,7 +17,7 @@ var Table = []Group{
 	}},
 	{Name: "Workers", Settings: []Described{
 		WorkerID, BatchSize, BatchMaxBytes, BatchWait, MaxRecordBytes, RetryAttempts, RetryInitial, RetryMax,
-		HandlerTimeout, StatementTimeout, StartFrom, ConsumerGroup, LeaseTTL, LeaseRenew, Lanes,
+		HandlerTimeout, StatementTimeout, StartFrom, ConsumerGroup, LeaseTTL, LeaseRenew, Lanes, KeyConcurrency,
 		NoRelay, SkipSetup, EventDedup, EventRetention, InboxRetention, DeadLetterRetention,
 		LogLevel, MetricsAddr, StallAfter,
 	}},

@@ -30,7 +30,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/kfn-dev/kfn/internal/connect"
+	"github.com/kfn-dev/kfn/internal/redact"
 	"github.com/kfn-dev/kfn/internal/repeatlog"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/outbox"
@@ -166,7 +166,7 @@ func FromEnv(ctx context.Context, service string, log *slog.Logger) (*Provider, 
 	if exp == ExporterConsole {
 		log.Info("writing traces on stdout", "exporter", exp, "service", serviceName(res, service))
 	} else {
-		log.Info("exporting traces over OTLP", "protocol", protocol, "endpoint", connect.Redact(endpoint), "service", serviceName(res, service))
+		log.Info("exporting traces over OTLP", "protocol", protocol, "endpoint", redact.Redact(endpoint), "service", serviceName(res, service))
 	}
 	return &Provider{TracerProvider: sdk, sdk: sdk}, nil
 }
@@ -222,7 +222,7 @@ func checkEndpoint(protocol string) (string, error) {
 		}
 		u, err := url.Parse(v)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return "", &EnvError{Var: name, Value: connect.Redact(v), Msg: fmt.Sprintf("want an http:// or https:// URL of the collector's OTLP receiver (%s), e.g. %s", protocol, example)}
+			return "", &EnvError{Var: name, Value: redact.Redact(v), Msg: fmt.Sprintf("want an http:// or https:// URL of the collector's OTLP receiver (%s), e.g. %s", protocol, example)}
 		}
 		return v, nil
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/kafkaauth/mskiam"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 // emptyHash is the hex SHA-256 of no bytes: the payload hash of a request
@@ -194,7 +195,7 @@ func TestImportingTheModuleLetsKfnConnectWithAWSMSKIAM(t *testing.T) {
 	t.Setenv("AWS_CONFIG_FILE", t.TempDir()+"/none")
 	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", t.TempDir()+"/none")
 	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
-	transport, dialer, err := kafkaconn.Kafka(kafkaconn.Security{TLS: true, SASLMechanism: mskiam.Name})
+	transport, dialer, err := kafkaconn.Kafka(runtime.KafkaSecurity{TLS: true, SASLMechanism: mskiam.Name})
 	if err != nil {
 		t.Fatal(err)
 	}

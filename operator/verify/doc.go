@@ -29,7 +29,10 @@
 // A record is checked when it lies below its partition's cursor in that
 // snapshot (the larger of next_offset and high_water: an idempotent replay
 // moves next_offset back over records that stay handled); records from the
-// cursor on are pending, not checked. A worker publishes an event only after
+// cursor on are pending, not checked. A partition run as key-lanes
+// (KeyConcurrency > 1, a kfn.key_lanes row) has records above its cursor
+// that a key-lane committed: those that Postgres shows handled are checked
+// as the records below it, and the others are pending. A worker publishes an event only after
 // its transaction committed, so every event up to the stream's last sequence
 // comes from a transaction the snapshot sees. The cut is stated in the
 // report, so a run against a deployment under load is exact below it.

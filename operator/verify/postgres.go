@@ -184,7 +184,8 @@ func readHistory(ctx context.Context, tx pgx.Tx, spec Spec) (*history, error) {
 		kept: map[int32][][2]int64{}, redone: map[int32][][2]int64{}, retried: map[int32]map[int64]bool{}}
 	rows, err := tx.Query(ctx, `
 SELECT partition, action, (details->>'epoch')::bigint, (details->>'from')::bigint, (details->>'to')::bigint, (details->>'offset')::bigint,
-       greatest((details->>'next_offset')::bigint, (details->>'high_water')::bigint), (details->>'previous_high_water')::bigint
+       greatest((details->>'next_offset')::bigint, (details->>'high_water')::bigint, (details->>'key_lanes_reached')::bigint),
+       (details->>'previous_high_water')::bigint
   FROM kfn.audit_log
  WHERE consumer = $1 AND topic = $2 AND (details ? 'epoch' OR action IN ($3, 'reexecute'))`, spec.Function, spec.Topic, inbox.ActionRetryApplied)
 	if err != nil {

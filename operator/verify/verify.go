@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/kfn-dev/kfn/internal/kafkaconn"
 	"github.com/kfn-dev/kfn/internal/kafkasource"
+	"github.com/kfn-dev/kfn/runtime"
 )
 
 // Spec says what to verify and how.
@@ -32,7 +32,7 @@ type Spec struct {
 	Examples int
 	// KafkaBrokers and KafkaSecurity reach the source topic.
 	KafkaBrokers  []string
-	KafkaSecurity kafkaconn.Security
+	KafkaSecurity runtime.KafkaSecurity
 	// Stream is the event stream the relay publishes to, read when Run is
 	// given a JetStream.
 	Stream string
@@ -61,6 +61,9 @@ type cursor struct {
 	next, high int64
 	generation int
 	epoch      int64
+	// keyLanes: the partition is run as key-lanes (KeyConcurrency > 1),
+	// which commit records above the cursor before it gets there.
+	keyLanes bool
 }
 
 // bound is where the checked range of the partition ends: every record
@@ -235,14 +238,16 @@ func openSnapshot(ctx context.Context, pool *pgxpool.Pool, rep *Report, spec Spe
 // per lane): no cursor at all is an unknown function (or one that never
 // ran), a mistake of --function or --topic.
 func readCursors(ctx context.Context, tx pgx.Tx, spec Spec) ([]cursor, error) {
-	rows, err := tx.Query(ctx, `SELECT partition, next_offset, high_water, generation, epoch FROM kfn.cursors
+	rows, err := tx.Query(ctx, `SELECT partition, next_offset, high_water, generation, epoch,
+       EXISTS (SELECT FROM kfn.key_lanes k WHERE k.consumer = c.consumer AND k.topic = c.topic AND k.partition = c.partition)
+  FROM kfn.cursors c
  WHERE consumer = $1 AND topic = $2 ORDER BY partition`, spec.Function, spec.Topic)
 	if err != nil {
 		return nil, fmt.Errorf("read the cursors of %s: %w", spec.Function, err)
 	}
 	var out []cursor
 	var c cursor
-	if _, err := pgx.ForEachRow(rows, []any{&c.partition, &c.next, &c.high, &c.generation, &c.epoch}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&c.partition, &c.next, &c.high, &c.generation, &c.epoch, &c.keyLanes}, func() error {
 		out = append(out, c)
 		return nil
 	}); err != nil {

@@ -84,6 +84,15 @@ type partState struct {
 	bound   int64 // the cursor (0 without one)
 	checkTo int64 // records in [first, checkTo) are checked
 	fence   *fence
+	// keyLanes: the partition runs as key-lanes, whose rows and events
+	// above the cursor (of records Kafka holds) are pending, not compared.
+	keyLanes bool
+}
+
+// pendingAbove reports whether a row or event of offset o is one a key-lane
+// committed above the cursor: pending, like the records from the cursor on.
+func (s *partState) pendingAbove(o int64) bool {
+	return s != nil && s.keyLanes && o >= s.checkTo && o < s.high
 }
 
 func (w *walk) run(ctx context.Context, pool *pgxpool.Pool, snapshot string, parts []kafkaPartition) error {
@@ -101,6 +110,7 @@ func (w *walk) run(ctx context.Context, pool *pgxpool.Pool, snapshot string, par
 		epoch := int64(-1)
 		if p.cursor != nil {
 			s.bound, epoch = max(p.cursor.bound(), w.hist.handledBefore(p.id)), p.cursor.epoch
+			s.keyLanes = p.cursor.keyLanes
 			pc.Cursor, pc.HighWater = p.cursor.next, p.cursor.high
 			if s.bound > p.high {
 				w.rep.Cut.Notes = append(w.rep.Cut.Notes, fmt.Sprintf("partition %d: the cursor %d is past Kafka's high watermark %d (was the topic recreated?)", p.id, s.bound, p.high))
@@ -117,7 +127,21 @@ func (w *walk) run(ctx context.Context, pool *pgxpool.Pool, snapshot string, par
 	w.nextRow()
 	for _, s := range states {
 		w.orphansBefore(ctx, nil, s.id, math.MinInt64)
-		err := w.klog.Scan(ctx, w.spec.Topic, s.id, s.first, s.checkTo, func(o int64, key []byte) error {
+		// A partition run as key-lanes is read up to Kafka's high
+		// watermark: the records above the cursor that a key-lane
+		// committed are checked like those below it (their effects count
+		// for their keys), and the others are pending.
+		scanTo := s.checkTo
+		if s.keyLanes {
+			scanTo = max(s.checkTo, s.high)
+		}
+		err := w.klog.Scan(ctx, w.spec.Topic, s.id, s.first, scanTo, func(o int64, key []byte) error {
+			if o >= s.checkTo {
+				w.orphansBefore(ctx, s, s.id, o)
+				if !w.rowOK || w.row.p != s.id || w.row.o != o {
+					return w.rowErr // above the cursor and not handled yet: pending
+				}
+			}
 			w.record(ctx, s, o, key)
 			return w.rowErr
 		})
@@ -166,8 +190,9 @@ func (w *walk) orphansBefore(ctx context.Context, s *partState, p int32, o int64
 		switch {
 		case s == nil:
 			vs.Unexpected.add("%d@%d has %s, but the topic has no partition %d with a cursor", r.p, r.o, r.what(), r.p)
-		case r.o < s.first:
-			// below what Kafka still holds: nothing to compare with
+		case r.o < s.first, s.pendingAbove(r.o):
+			// below what Kafka still holds: nothing to compare with; or
+			// committed by a key-lane above the cursor: pending
 		case r.o >= s.checkTo:
 			vs.Unexpected.add("%d@%d has %s, at or above the cursor %d", r.p, r.o, r.what(), s.bound)
 		default:
@@ -181,7 +206,7 @@ func (w *walk) orphansBefore(ctx context.Context, s *partState, p int32, o int64
 			break
 		}
 		w.ei++
-		if s != nil && e.o < s.first {
+		if s != nil && e.o < s.first || s.pendingAbove(e.o) {
 			continue
 		}
 		if vs.Unexpected.room() {

@@ -90,12 +90,7 @@ type PartitionStats struct {
 }
 
 // Lag is how many records are behind the cursor.
-func (p PartitionStats) Lag() int64 {
-	if p.HighWater < p.NextOffset {
-		return 0
-	}
-	return p.HighWater - p.NextOffset
-}
+func (p PartitionStats) Lag() int64 { return observe.PartitionStats(p).Lag() }
 
 // Partitions returns the owned partitions, sorted.
 func (s *Stats) Partitions() []PartitionStats {

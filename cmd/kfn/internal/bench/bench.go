@@ -447,7 +447,7 @@ func benchNaive(ctx context.Context, cfg *Config, consumer string) (round, error
 		return round{}, err
 	}
 	defer pool.Close()
-	_, dialer, err := kafkaconn.Kafka(kafkaconn.Security(cfg.Worker.KafkaSecurity))
+	_, dialer, err := kafkaconn.Kafka(cfg.Worker.KafkaSecurity)
 	if err != nil {
 		return round{}, err
 	}
