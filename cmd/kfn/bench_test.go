@@ -69,7 +69,7 @@ func TestBenchRunsEveryModeAndCountsCPUByProcess(t *testing.T) {
 	}
 	for _, mode := range []string{"copy limit", "wal limit", "exactly-once", "at-least-once", "naive", "pipeline", "pipeline (wal)", "chain"} {
 		// MODE COMMIT-P50 COMMIT-P99 TRANSACTIONS PEAK-RSS POSTGRES-MEMORY
-		line := regexp.MustCompile(`(?m)^` + mode + `  +(\S+) +(\S+) +(\d+) +(\d+) MiB +(\d+) MiB$`).FindStringSubmatch(stdout)
+		line := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(mode) + `  +(\S+) +(\S+) +(\d+) +(\d+) MiB +(\d+) MiB$`).FindStringSubmatch(stdout)
 		if line == nil {
 			t.Errorf("no commit latency and memory line for %s:\n%s", mode, stdout)
 			continue
