@@ -94,7 +94,6 @@ func Main(fn kfn.Function, args []string, stdout, stderr io.Writer) int {
 	_ = level.UnmarshalText([]byte(logLevel))                                        // checked by settings.LogLevel; a rejected value left "info"
 	cfg.Logger = slog.New(tracing.LogHandler(logsetup.New(stderr, level).Handler())) // a record logged inside a span carries trace_id, span_id
 	slog.SetDefault(cfg.Logger)                                                      // a handler's slog.InfoContext(ctx, …) lines go to the worker's log
-	setMemoryLimit(cfg.Logger)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -110,6 +109,10 @@ func Main(fn kfn.Function, args []string, stdout, stderr io.Writer) int {
 		}
 		return 1
 	}
+	// After NewWorker, whose configuration errors are then the first and
+	// only line a misconfigured start prints; before Run, whose memory
+	// check (worker_memory.go) reads the limit.
+	setMemoryLimit(cfg.Logger)
 	if metricsAddr != "" {
 		ln, err := net.Listen("tcp", metricsAddr)
 		if err != nil {
