@@ -238,18 +238,6 @@ func TestBenchWritesOnlyIntoADatabaseOfItsOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 	killedRun.Close(ctx)
-	slots := func() []string {
-		t.Helper()
-		rows, err := pg.Pool.Query(ctx, `SELECT slot_name || ' in ' || coalesce(database, '-') FROM pg_replication_slots ORDER BY 1`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return names
-	}
 	state := func() string {
 		t.Helper()
 		var s string
@@ -260,9 +248,9 @@ func TestBenchWritesOnlyIntoADatabaseOfItsOwn(t *testing.T) {
 		}
 		return s
 	}
-	scratch := func() []string {
+	list := func(sql string) []string {
 		t.Helper()
-		rows, err := pg.Pool.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE 'kfn\_bench\_%' ORDER BY 1`)
+		rows, err := pg.Pool.Query(ctx, sql)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -271,6 +259,12 @@ func TestBenchWritesOnlyIntoADatabaseOfItsOwn(t *testing.T) {
 			t.Fatal(err)
 		}
 		return names
+	}
+	scratch := func() []string {
+		return list(`SELECT datname FROM pg_database WHERE datname LIKE 'kfn\_bench\_%' ORDER BY 1`)
+	}
+	slots := func() []string {
+		return list(`SELECT slot_name || ' in ' || coalesce(database, '-') FROM pg_replication_slots ORDER BY 1`)
 	}
 	before := state()
 	const want = "mine x 3 USD, order-0 a user's own 1 EUR, order-1 a user's own 2 EUR | tables: public.orders"
