@@ -136,17 +136,7 @@ func TestRelayProcessForwardsOutboxRows(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // one more stats line with everything published
 	requireRelayMetrics(t, p)
 
-	// SIGTERM, as Kubernetes or podman stop it (Ctrl-C's SIGINT takes the
-	// same path).
-	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-p.Exited():
-	case <-time.After(20 * time.Second):
-		t.Fatalf("kfn relay did not stop within 20s of SIGTERM:\n%s", p.LogTail(30))
-	}
-	out := p.LogTail(1000)
+	out := stopRelay(t, p)
 	if err := p.ExitErr(); err != nil {
 		t.Fatalf("kfn relay exited with %v after SIGTERM, want status 0:\n%s", err, out)
 	}
@@ -330,6 +320,17 @@ func TestRelayProcessPrintsTheWALFiguresInWALMode(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	time.Sleep(500 * time.Millisecond) // a stats line with every event acked
+	out := stopRelay(t, p)
+	if !regexp.MustCompile(`published +120 .*  wal: read +120  unacked +0  WAL held \d+ bytes\n`).MatchString(out) {
+		t.Errorf("kfn relay printed no stats line with the 120 events read from the slot, none unacked and the WAL held:\n%s", out)
+	}
+}
+
+// stopRelay stops a kfn relay process with SIGTERM, as Kubernetes or
+// podman stop it (Ctrl-C's SIGINT takes the same path), and returns what
+// it printed.
+func stopRelay(t *testing.T, p *kfntest.Process) string {
+	t.Helper()
 	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -338,8 +339,5 @@ func TestRelayProcessPrintsTheWALFiguresInWALMode(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatalf("kfn relay did not stop within 20s of SIGTERM:\n%s", p.LogTail(30))
 	}
-	out := p.LogTail(1000)
-	if !regexp.MustCompile(`published +120 .*  wal: read +120  unacked +0  WAL held \d+ bytes\n`).MatchString(out) {
-		t.Errorf("kfn relay printed no stats line with the 120 events read from the slot, none unacked and the WAL held:\n%s", out)
-	}
+	return p.LogTail(1000)
 }
