@@ -86,6 +86,8 @@ type relayCounters struct {
 	slotLost   atomic.Bool
 	walPending atomic.Int64
 	walOldest  atomic.Int64
+	walRead    atomic.Uint64 // events read from the slot
+	walHeld    atomic.Int64  // bytes between the server's WAL end and the confirmed position
 	ackLatency latencyHistogram
 }
 
@@ -112,7 +114,8 @@ func (r *Relay) Stats() RelayStats {
 		ActiveShards: int(c.activeShards.Load()),
 		Listening:    c.listening.Load(),
 		AckLatency:   c.ackLatency.snapshot(),
-		WAL:          WALStats{Reading: c.slotHeld.Load(), Pending: c.walPending.Load(), SlotLost: c.slotLost.Load()},
+		WAL: WALStats{Reading: c.slotHeld.Load(), Read: c.walRead.Load(), Pending: c.walPending.Load(),
+			HeldBytes: c.walHeld.Load(), SlotLost: c.slotLost.Load()},
 	}
 	if at := c.walOldest.Load(); at != 0 {
 		s.WAL.OldestPending = time.Unix(0, at)

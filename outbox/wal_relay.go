@@ -334,9 +334,12 @@ type walSession struct {
 	open     *walTxn   // the transaction being read; nil between transactions
 	pending  int
 	lastEnd  pglogrepl.LSN // the end of the last transaction or keepalive read
-	message  messageBuf
-	sources  map[string]string
-	retry    *backoff.ExponentialBackOff // paces the sends of failed publishes
+	// serverEnd is the server's WAL end as it last said (a keepalive, a
+	// commit): what the slot holds lies between confirmed and it.
+	serverEnd pglogrepl.LSN
+	message   messageBuf
+	sources   map[string]string
+	retry     *backoff.ExponentialBackOff // paces the sends of failed publishes
 	// outage is set by a publish that failed for an outage and cleared by
 	// the next ack, which sends again at once the events waiting out their
 	// pause: each failure during an outage lengthens the pause of the next
@@ -424,6 +427,7 @@ func (s *walSession) take(ctx context.Context, it walItem) {
 		p := &walPending{row: it.row, txn: s.open}
 		s.open.unacked++
 		s.pending++
+		s.r.counters.walRead.Add(1)
 		queue := append(s.keys[p.row.Key], p)
 		s.keys[p.row.Key] = queue
 		if len(queue) == 1 {
@@ -435,10 +439,12 @@ func (s *walSession) take(ctx context.Context, it walItem) {
 			s.open = nil
 		}
 		s.lastEnd = max(s.lastEnd, it.lsn)
+		s.serverEnd = max(s.serverEnd, it.lsn)
 	case walKeepalive:
 		if s.open == nil {
 			s.lastEnd = max(s.lastEnd, it.lsn)
 		}
+		s.serverEnd = max(s.serverEnd, it.lsn)
 	}
 }
 
@@ -621,6 +627,7 @@ func (s *walSession) advance() {
 		s.confirmed.Store(uint64(max(pglogrepl.LSN(s.confirmed.Load()), s.lastEnd)))
 	}
 	s.r.counters.walPending.Store(int64(s.pending))
+	s.r.counters.walHeld.Store(int64(max(s.serverEnd, pglogrepl.LSN(s.confirmed.Load())) - pglogrepl.LSN(s.confirmed.Load())))
 	var oldest time.Time
 	if s.pending > 0 {
 		for _, queue := range s.keys {
@@ -813,8 +820,15 @@ func (s *walSession) parse(data []byte) (walItem, bool, error) {
 type WALStats struct {
 	// Reading reports whether this relay holds the slot (its lease) now.
 	Reading bool
+	// Read counts the events read from the slot (a republish after a
+	// takeover reads an event again).
+	Read uint64
 	// Pending counts the events read from the slot and not yet acked.
 	Pending int64
+	// HeldBytes is the WAL the slot holds for this reader: from its
+	// confirmable position to the server's WAL end as the server last
+	// said (kfn status reads the same from pg_replication_slots).
+	HeldBytes int64
 	// OldestPending is the emit time of the oldest of them; zero if none.
 	OldestPending time.Time
 	// SlotLost reports that the last start found the slot gone.

@@ -103,8 +103,11 @@ SELECT d.datname FROM pg_database d
 	return dropped, nil
 }
 
-// drop drops the scratch database, ending the sessions still in it. It
-// runs on a context of its own, so that an interrupted run cleans up.
+// drop drops the scratch database, ending the sessions still in it, and
+// first the replication slots made in it (the WAL outbox's): DROP
+// DATABASE refuses while a slot of the database is read, and a slot left
+// behind would hold the server's WAL forever. It runs on a context of its
+// own, so that an interrupted run cleans up.
 func (db *scratchDatabase) drop() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -116,10 +119,37 @@ func (db *scratchDatabase) drop() error {
 		return fmt.Errorf("drop the benchmark's database %s: %s", db.Name, redact.Scrub(err.Error(), db.server))
 	}
 	defer conn.Close(ctx)
+	if err := dropSlots(ctx, conn, db.Name); err != nil {
+		return fmt.Errorf("drop the benchmark's database %s: %w", db.Name, err)
+	}
 	if _, err := conn.Exec(ctx, `DROP DATABASE IF EXISTS `+pgx.Identifier{db.Name}.Sanitize()+` WITH (FORCE)`); err != nil {
 		return fmt.Errorf("drop the benchmark's database %s: %w", db.Name, err)
 	}
 	return nil
+}
+
+// dropSlots drops the replication slots of database, ending the sessions
+// that read them (a relay's walsender may outlive its stopped relay for a
+// moment).
+func dropSlots(ctx context.Context, conn *pgx.Conn, database string) error {
+	for {
+		if _, err := conn.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active`, database); err != nil {
+			return fmt.Errorf("end the sessions reading its replication slots: %w", err)
+		}
+		_, dropErr := conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active`, database)
+		var left int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE database = $1`, database).Scan(&left); err != nil {
+			return fmt.Errorf("drop its replication slots: %w", err)
+		}
+		if left == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("drop its replication slots: %d left (%v): %w", left, dropErr, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // withDatabase is a Postgres connection string (URL or key=value) naming

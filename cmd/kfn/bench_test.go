@@ -49,8 +49,8 @@ func TestBenchRunsEveryModeAndCountsCPUByProcess(t *testing.T) {
 			postgres = i
 		}
 	}
-	for _, mode := range []string{"copy limit", "wal limit", "exactly-once", "at-least-once", "naive", "pipeline", "chain"} {
-		line := regexp.MustCompile(`(?m)^` + mode + `  .*$`).FindString(stdout)
+	for _, mode := range []string{"copy limit", "wal limit", "exactly-once", "at-least-once", "naive", "pipeline", "pipeline (wal)", "chain"} {
+		line := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(mode) + `  .*$`).FindString(stdout)
 		f := strings.Fields(strings.TrimPrefix(line, mode))
 		if len(f) < 4 || postgres < 0 || len(f) <= postgres-1 {
 			t.Errorf("no result line for %s (header %q):\n%s", mode, header, stdout)
@@ -67,9 +67,9 @@ func TestBenchRunsEveryModeAndCountsCPUByProcess(t *testing.T) {
 			t.Errorf("%s: %d records, %.2f CPU-s/10k in all, %.2f in Postgres; want them positive:\n%s", mode, records, total, pgCPU, line)
 		}
 	}
-	for _, mode := range []string{"copy limit", "wal limit", "exactly-once", "at-least-once", "naive", "pipeline", "chain"} {
+	for _, mode := range []string{"copy limit", "wal limit", "exactly-once", "at-least-once", "naive", "pipeline", "pipeline (wal)", "chain"} {
 		// MODE COMMIT-P50 COMMIT-P99 TRANSACTIONS PEAK-RSS POSTGRES-MEMORY
-		line := regexp.MustCompile(`(?m)^` + mode + `  +(\S+) +(\S+) +(\d+) +(\d+) MiB +(\d+) MiB$`).FindStringSubmatch(stdout)
+		line := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(mode) + `  +(\S+) +(\S+) +(\d+) +(\d+) MiB +(\d+) MiB$`).FindStringSubmatch(stdout)
 		if line == nil {
 			t.Errorf("no commit latency and memory line for %s:\n%s", mode, stdout)
 			continue
@@ -213,7 +213,9 @@ func TestBenchKeyLanesReportsTheRatio(t *testing.T) {
 // interrupts a third run. The rows stay as they were, kfn's schema is
 // never created there, and no database of the benchmark's is left: the
 // runs drop theirs at the end, the interrupted one too, and a scratch
-// database a killed run left behind is dropped by the next run.
+// database a killed run left behind is dropped by the next run. Nor is a
+// replication slot left (the WAL outbox's, which the pipeline (wal) mode
+// reads): a slot left behind would hold the server's WAL forever.
 func TestBenchWritesOnlyIntoADatabaseOfItsOwn(t *testing.T) {
 	pg, k := kfntest.PostgresEmpty(t), kfntest.Kafka(t)
 	ctx := context.Background()
@@ -228,6 +230,14 @@ func TestBenchWritesOnlyIntoADatabaseOfItsOwn(t *testing.T) {
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
+	killedRun, err := pgx.Connect(ctx, withDatabase(pg.URL, "kfn_bench_killedrun"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := killedRun.Exec(ctx, `SELECT pg_create_logical_replication_slot('kfn_bench_killedrun_slot', 'pgoutput')`); err != nil {
+		t.Fatal(err)
+	}
+	killedRun.Close(ctx)
 	state := func() string {
 		t.Helper()
 		var s string
@@ -238,9 +248,9 @@ func TestBenchWritesOnlyIntoADatabaseOfItsOwn(t *testing.T) {
 		}
 		return s
 	}
-	scratch := func() []string {
+	list := func(sql string) []string {
 		t.Helper()
-		rows, err := pg.Pool.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE 'kfn\_bench\_%' ORDER BY 1`)
+		rows, err := pg.Pool.Query(ctx, sql)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -249,6 +259,12 @@ func TestBenchWritesOnlyIntoADatabaseOfItsOwn(t *testing.T) {
 			t.Fatal(err)
 		}
 		return names
+	}
+	scratch := func() []string {
+		return list(`SELECT datname FROM pg_database WHERE datname LIKE 'kfn\_bench\_%' ORDER BY 1`)
+	}
+	slots := func() []string {
+		return list(`SELECT slot_name || ' in ' || coalesce(database, '-') FROM pg_replication_slots ORDER BY 1`)
 	}
 	before := state()
 	const want = "mine x 3 USD, order-0 a user's own 1 EUR, order-1 a user's own 2 EUR | tables: public.orders"
@@ -275,6 +291,12 @@ func TestBenchWritesOnlyIntoADatabaseOfItsOwn(t *testing.T) {
 		if left := scratch(); len(left) > 0 {
 			t.Errorf("after run %d these benchmark databases are left: %v", run, left)
 		}
+		if left := slots(); len(left) > 0 {
+			t.Errorf("after run %d these replication slots are left: %v", run, left)
+		}
+		if !regexp.MustCompile(`(?m)^pipeline \(wal\)\s+\d+`).MatchString(stdout) {
+			t.Errorf("run %d did not measure the pipeline with the WAL outbox:\n%s", run, stdout)
+		}
 	}
 
 	// An interrupted run (SIGINT cancels kfn's context) drops its database too.
@@ -284,7 +306,7 @@ func TestBenchWritesOnlyIntoADatabaseOfItsOwn(t *testing.T) {
 		var out, errOut bytes.Buffer
 		exited <- run(runCtx, append(append(args[:2:2], "20000"), args[3:]...), &out, &errOut)
 	}()
-	waitFor(t, "the interrupted run's database", func() bool { return len(scratch()) == 1 })
+	waitFor(t, "the interrupted run's database and its WAL outbox slot", func() bool { return len(scratch()) == 1 && len(slots()) == 1 })
 	time.Sleep(time.Second)
 	interrupt()
 	select {
@@ -297,6 +319,9 @@ func TestBenchWritesOnlyIntoADatabaseOfItsOwn(t *testing.T) {
 	}
 	if left := scratch(); len(left) > 0 {
 		t.Errorf("after an interrupted run these benchmark databases are left: %v", left)
+	}
+	if left := slots(); len(left) > 0 {
+		t.Errorf("after an interrupted run these replication slots are left: %v", left)
 	}
 	if got := state(); got != before {
 		t.Errorf("after the interrupted run the database holds %s; before %s", got, before)

@@ -160,6 +160,13 @@ func printRelayStats(w io.Writer, elapsed time.Duration, s, prev outbox.RelaySta
 	if !s.Listening {
 		listen = "polling"
 	}
-	fmt.Fprintf(w, "[%6s] published %7d (%6.0f/s)  duplicates %4d  failures %4d  parked %3d  shards %2d  last commit→ack %8s  %s\n",
-		elapsed, s.Published, rate, s.Duplicates, s.Failures, s.Parked, s.ActiveShards, latency, listen)
+	wal := ""
+	if s.WAL.Reading || s.WAL.Read > 0 || s.WAL.SlotLost {
+		wal = fmt.Sprintf("  wal: read %7d  unacked %5d  WAL held %d bytes", s.WAL.Read, s.WAL.Pending, s.WAL.HeldBytes)
+		if s.WAL.SlotLost {
+			wal += "  SLOT LOST"
+		}
+	}
+	fmt.Fprintf(w, "[%6s] published %7d (%6.0f/s)  duplicates %4d  failures %4d  parked %3d  shards %2d  last commit→ack %8s  %s%s\n",
+		elapsed, s.Published, rate, s.Duplicates, s.Failures, s.Parked, s.ActiveShards, latency, listen, wal)
 }

@@ -136,17 +136,7 @@ func TestRelayProcessForwardsOutboxRows(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // one more stats line with everything published
 	requireRelayMetrics(t, p)
 
-	// SIGTERM, as Kubernetes or podman stop it (Ctrl-C's SIGINT takes the
-	// same path).
-	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-p.Exited():
-	case <-time.After(20 * time.Second):
-		t.Fatalf("kfn relay did not stop within 20s of SIGTERM:\n%s", p.LogTail(30))
-	}
-	out := p.LogTail(1000)
+	out := stopRelay(t, p)
 	if err := p.ExitErr(); err != nil {
 		t.Fatalf("kfn relay exited with %v after SIGTERM, want status 0:\n%s", err, out)
 	}
@@ -275,4 +265,79 @@ func requireRelayed(t *testing.T, js jetstream.JetStream, stream string, rows []
 	if len(seen) != len(rows) {
 		t.Errorf("the stream holds %d of the %d rows", len(seen), len(rows))
 	}
+}
+
+// TestRelayProcessPrintsTheWALFiguresInWALMode runs kfn relay on a
+// database whose events are in the WAL outbox: its stats line says how
+// many events it read from the slot, how many the stream has not acked,
+// and how much WAL the slot holds.
+func TestRelayProcessPrintsTheWALFiguresInWALMode(t *testing.T) {
+	bin := kfntest.BuildBinary(t, "github.com/kfn-dev/kfn/cmd/kfn")
+	db := kfntest.Postgres(t)
+	natsURL := kfntest.NATSURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	setup, err := outbox.SetUpWAL(ctx, db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, setup.Slot) }) //nolint:errcheck
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	streamName, subject := kfntest.Name(t, "stream"), kfntest.Name(t, "ev")+".created"
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: streamName, Subjects: []string{subject}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { js.DeleteStream(context.Background(), streamName) }) //nolint:errcheck
+	const events = 120
+	batch := make([]outbox.Row, events)
+	for i := range batch {
+		origin := outbox.Origin{Consumer: "relay-wal-test", Topic: "t", Offset: int64(i), SourceID: outbox.KafkaSourceID("t", 0, int64(i))}
+		batch[i] = outbox.NewRow(origin, 0, fmt.Sprintf("key-%d", i%7), outbox.Event{Subject: subject, Data: fmt.Appendf(nil, "%d", i)})
+	}
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return outbox.Write(ctx, tx, outbox.ModeWAL, batch) }); err != nil {
+		t.Fatal(err)
+	}
+	p := kfntest.StartProcess(t, exec.Command(bin, "relay", "--database-url", db.URL, "--nats-url", natsURL,
+		"--event-stream", streamName, "--subjects", subject, "--lease-bucket", kfntest.Name(t, "leases"),
+		"--lease-ttl", "2s", "--lease-renew", "500ms", "--stats-every", "200ms", "--worker-id", "relay-wal"))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, err := js.Stream(ctx, streamName)
+		if err == nil && st.CachedInfo().State.Msgs == events {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30s the stream holds not %d events (%v):\n%s", events, err, p.LogTail(30))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // a stats line with every event acked
+	out := stopRelay(t, p)
+	if !regexp.MustCompile(`published +120 .*  wal: read +120  unacked +0  WAL held \d+ bytes\n`).MatchString(out) {
+		t.Errorf("kfn relay printed no stats line with the 120 events read from the slot, none unacked and the WAL held:\n%s", out)
+	}
+}
+
+// stopRelay stops a kfn relay process with SIGTERM, as Kubernetes or
+// podman stop it (Ctrl-C's SIGINT takes the same path), and returns what
+// it printed.
+func stopRelay(t *testing.T, p *kfntest.Process) string {
+	t.Helper()
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.Exited():
+	case <-time.After(20 * time.Second):
+		t.Fatalf("kfn relay did not stop within 20s of SIGTERM:\n%s", p.LogTail(30))
+	}
+	return p.LogTail(1000)
 }

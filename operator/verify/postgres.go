@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/outbox"
 )
 
 // shape is the shape of the user's effects query.
@@ -229,7 +230,12 @@ SELECT partition, action, (details->>'epoch')::bigint, (details->>'from')::bigin
 // checkOutbox counts the function's outbox rows older than
 // spec.UnpublishedAfter at the snapshot: the relay publishes a row and
 // deletes it, so an old row is an event that has not reached the stream.
+// With the WAL outbox (docs/production/wal-outbox.md) the events are in
+// the slot, not in rows: checkWALOutbox counts those.
 func checkOutbox(ctx context.Context, tx pgx.Tx, spec Spec, v *Violation) error {
+	if err := checkWALOutbox(ctx, tx, spec, v); err != nil {
+		return err
+	}
 	var n int64
 	if err := tx.QueryRow(ctx, `SELECT count(*) FROM kfn.outbox WHERE source = $1 AND source_topic = $2 AND created_at < now() - $3 * interval '1 microsecond'`,
 		spec.Function, spec.Topic, spec.UnpublishedAfter.Microseconds()).Scan(&n); err != nil {
@@ -253,9 +259,33 @@ func checkOutbox(ctx context.Context, tx pgx.Tx, spec Spec, v *Violation) error 
 			id, subject, p, o, time.Duration(age*float64(time.Second)).Round(time.Millisecond), spec.UnpublishedAfter))
 		return nil
 	})
-	v.Count = n
+	v.Count += n
 	if err != nil {
 		return fmt.Errorf("read the outbox: %w", err)
+	}
+	return nil
+}
+
+// checkWALOutbox counts the events the WAL outbox slot still holds
+// unrelayed, as its reader last reported them (outbox.ReadWALState, which
+// kfn status and /metrics show), when the oldest was emitted before
+// spec.UnpublishedAfter; and a lost slot, whose unrelayed events are gone.
+// The reader reports for the whole database, every function's events.
+func checkWALOutbox(ctx context.Context, tx pgx.Tx, spec Spec, v *Violation) error {
+	w, err := outbox.ReadWALState(ctx, tx)
+	if err != nil || !w.SetUp {
+		return err
+	}
+	var now time.Time
+	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return fmt.Errorf("read the database's clock: %w", err)
+	}
+	switch {
+	case w.Lost():
+		v.add("the WAL outbox slot %s is lost: the events written and not relayed before it went are not in the stream (docs/production/wal-outbox.md, \"Slot loss\")", w.Slot)
+	case w.Pending > 0 && !w.OldestPending.IsZero() && now.Sub(w.OldestPending) > spec.UnpublishedAfter:
+		v.addN(w.Pending, "%d events in the WAL outbox slot %s read and not acked by the stream, the oldest emitted %s ago (older than %s), as its reader %s reported %s ago; the slot holds %d bytes of WAL (every function's events in this database)",
+			w.Pending, w.Slot, now.Sub(w.OldestPending).Round(time.Millisecond), spec.UnpublishedAfter, w.Reader, now.Sub(w.ReportedAt).Round(time.Millisecond), w.LagBytes)
 	}
 	return nil
 }

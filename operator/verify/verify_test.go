@@ -305,6 +305,29 @@ VALUES ('stuck-1', $1, $1, 'k1', 0, '', $2, $3, 0, 2, now() - interval '2 minute
 			t.Error(bad)
 		}
 	})
+	t.Run("events the WAL outbox slot holds unrelayed are unpublished", func(t *testing.T) {
+		setup, err := outbox.SetUpWAL(ctx, d.db.Pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.exec(t, `SELECT pg_drop_replication_slot($1)`, setup.Slot)
+		defer d.exec(t, `DELETE FROM kfn.wal_outbox`)
+		// What a slot reader reports (kfn status shows it) while the
+		// stream has acked none of 7 events read for 2 minutes.
+		d.exec(t, `UPDATE kfn.wal_outbox SET pending_events = 7, oldest_pending = now() - interval '2 minutes', reported_at = now() - interval '1 second', reader = 'w-1'`)
+		if bad := only(d.check(t, d.spec), "unpublished", 7, "7 events in the WAL outbox slot "+setup.Slot+" read and not acked by the stream"); bad != "" {
+			t.Error(bad)
+		}
+		d.exec(t, `UPDATE kfn.wal_outbox SET oldest_pending = now() - interval '10 seconds'`)
+		if bad := only(d.check(t, d.spec), "", 0, ""); bad != "" {
+			t.Errorf("events pending for less than --unpublished-after: %s", bad)
+		}
+		d.exec(t, `SELECT pg_drop_replication_slot($1)`, setup.Slot)
+		if bad := only(d.check(t, d.spec), "unpublished", 1, "the WAL outbox slot "+setup.Slot+" is lost"); bad != "" {
+			t.Error(bad)
+		}
+		d.exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, setup.Slot)
+	})
 
 	// One event of partition 0, as the relay published it.
 	first := func(t *testing.T, o int64) *jetstream.RawStreamMsg {

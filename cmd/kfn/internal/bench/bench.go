@@ -46,6 +46,7 @@ const (
 	ModeAtLeastOnce = "at-least-once"
 	ModeNaive       = "naive"
 	ModePipeline    = "pipeline"
+	ModePipelineWAL = "pipeline (wal)"
 	ModeChain       = "chain"
 )
 
@@ -70,6 +71,10 @@ type Config struct {
 	// pg_logical_emit_message(true, …) instead of an outbox row. The wal
 	// limit sweeps it as the copy limit is swept.
 	WALLimit Writer
+	// WALPipeline, when set, adds the pipeline with the WAL outbox (its
+	// events emitted to the WAL and relayed from the database's slot, set
+	// up by the caller): the mode ModePipelineWAL.
+	WALPipeline bool
 	// Reset clears the business tables and the event stream between modes,
 	// so every mode does the same writes.
 	Reset func(ctx context.Context, tx pgx.Tx) error
@@ -153,12 +158,14 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		{ModeAtLeastOnce, benchBatched(newAtLeastOnceWorker, false)},
 		{ModeNaive, benchNaive},
 		{ModePipeline, benchBatched(engine.NewWorker, true)},
+		{ModePipelineWAL, benchWALPipeline},
 	}
 	if cfg.Next.Name != "" {
 		modes = append(modes, mode{ModeChain, benchChain})
 	}
 	modes = slices.DeleteFunc(modes, func(m mode) bool {
-		return m.name == ModeCopy && cfg.Limit == nil || m.name == ModeWALLimit && cfg.WALLimit == nil
+		return m.name == ModeCopy && cfg.Limit == nil || m.name == ModeWALLimit && cfg.WALLimit == nil ||
+			m.name == ModePipelineWAL && !cfg.WALPipeline
 	})
 	rounds := make([][]round, len(modes))
 	for r := 0; r < max(1, cfg.Rounds); r++ {
@@ -215,6 +222,8 @@ func shortName(mode string) string {
 		return "eo"
 	case ModeAtLeastOnce:
 		return "alo"
+	case ModePipelineWAL:
+		return "pipeline-wal"
 	default:
 		return mode
 	}
@@ -277,10 +286,16 @@ func benchReset(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer pool.Close()
+	if cfg.WALPipeline {
+		if err := skipWAL(ctx, pool); err != nil {
+			return fmt.Errorf("reset between benchmark modes: %w", err)
+		}
+	}
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `TRUNCATE kfn.outbox, kfn.inbox, kfn.event_inbox`); err != nil {
 			return fmt.Errorf("reset between benchmark modes: %w", err)
 		}
+
 		if cfg.Reset == nil {
 			return nil
 		}
@@ -340,6 +355,36 @@ func benchBatched(newWorker func(context.Context, runtime.Config, ...runtime.Fun
 			return applied, applied >= cfg.Records && int64(rs.Published+rs.Duplicates) >= cfg.Records
 		}
 		return runUntil(ctx, cfg, wk, done)
+	}
+}
+
+// benchWALPipeline is the pipeline with the WAL outbox: the worker emits
+// its events to the WAL, and its relay reads them from the slot.
+func benchWALPipeline(ctx context.Context, cfg *Config, consumer string) (round, error) {
+	wal := *cfg
+	wal.Worker.Outbox = string(outbox.ModeWAL)
+	return benchBatched(engine.NewWorker, true)(ctx, &wal, consumer)
+}
+
+// skipWAL moves the WAL outbox slot to the WAL's end, so that the next
+// mode's relay reads none of an earlier mode's events (the stream was
+// purged: they would count as its own). The last mode's walsender may
+// still be going away; the slot is free within seconds.
+func skipWAL(ctx context.Context, pool *pgxpool.Pool) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := pool.Exec(ctx, `SELECT pg_replication_slot_advance(slot_name, pg_current_wal_lsn()) FROM kfn.wal_outbox`)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("move the WAL outbox slot past the last mode's events: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 }
 
