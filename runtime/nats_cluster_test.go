@@ -32,7 +32,7 @@ const electionTimeoutMax = 9 * time.Second
 // bounded by the election plus two lease TTLs.
 func TestFailoverNATSClusterLosesTheLeaseBucketLeader(t *testing.T) {
 	servers := kfntest.NATSClusterProcesses(t, 3)
-	c := &cluster{t: t, pg: kfntest.Postgres(t), kafka: kfntest.Kafka(t), natsURL: kfntest.JoinURLs(servers)}
+	c := &cluster{t: t, pg: kfntest.Postgres(t), kafka: kfntest.Kafka(t), natsURL: kfntest.JoinURLs(servers), partitions: failoverPartitions}
 	c.topic = c.kafka.CreateTopic(t, failoverPartitions)
 	c.fn = kfntest.Name(t, "fn")
 	// One worker first, until it owns every partition: it creates the
