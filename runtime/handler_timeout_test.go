@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/effects"
@@ -215,4 +216,71 @@ func TestShutdownDoesNotWaitForAHungHandler(t *testing.T) {
 	b.waitCaughtUp(t, b.fn)
 	stop()
 	b.check(t, b.fn, produced)
+}
+
+// TestKeyLaneHandlerTimeoutHoldsOnlyItsKeyLane: with 16 key-lanes, a
+// handler that hangs (ignoring its ctx) on the first record of one key
+// holds only that key's key-lane. While it hangs, the other keys' records
+// are applied; once it overruns --handler-timeout it is abandoned and its
+// record dead-lettered with reason timeout after one attempt; every other
+// record is applied once, each key's in order, and the cursor reaches the
+// end. With one lane the whole partition would wait out the timeout.
+func TestKeyLaneHandlerTimeoutHoldsOnlyItsKeyLane(t *testing.T) {
+	b := setup(t, 1)
+	b.cfg.HandlerTimeout = 3 * time.Second
+	b.cfg.NoRelay = true
+	release := make(chan struct{})
+	var calls atomic.Int32
+	var hungAt atomic.Int64
+	fn := hangs(effects.Function(b.fn, b.topic), &calls, func(context.Context, pgx.Tx) error {
+		hungAt.Store(time.Now().UnixNano())
+		<-release // ignores ctx
+		return nil
+	})
+	fn.KeyConcurrency = keyLaneCount
+	const n, keys, hungOffset = 400, 20, 7 // the hung record: key k7's first
+	msgs := make([]kafka.Message, n)
+	produced := make([]effects.Produced, n)
+	for i := range msgs {
+		key := fmt.Sprintf("k%d", i%keys)
+		msgs[i] = kafka.Message{Partition: 0, Key: []byte(key), Value: effects.KeyedValue(key, i/keys+1)}
+		if i == hungOffset {
+			msgs[i].Value = []byte("hang")
+		}
+		produced[i] = effects.Produced{Partition: 0, Offset: int64(i)}
+	}
+	b.kafka.Produce(t, b.topic, msgs...)
+	w, stop := b.run(t, fn)
+	defer stop()
+	defer close(release)
+
+	// While the handler hangs, at least half the records (the other key-lanes'
+	// share is about 15/16 of them) are applied.
+	waitFor(t, 10*time.Second, "the handler to hang", func() bool { return hungAt.Load() != 0 })
+	waitFor(t, b.cfg.HandlerTimeout, "the other key-lanes to apply half the records while one handler hangs", func() bool {
+		return w.Stats().Applied.Load() >= n/2
+	})
+	whileHung := time.Since(time.Unix(0, hungAt.Load()))
+	if d, err := inbox.ListDeadLetters(context.Background(), b.pg.Pool, b.fn, 10); err != nil || len(d) != 0 {
+		t.Fatalf("dead letters %+v (%v) before the handler timeout: half the records must be applied while it still hangs", d, err)
+	}
+	t.Logf("%d of %d records applied %s after the handler hung (handler timeout %s)", w.Stats().Applied.Load(), n, whileHung.Round(time.Millisecond), b.cfg.HandlerTimeout)
+
+	b.waitCaughtUp(t, b.fn)
+	dead, err := inbox.ListDeadLetters(context.Background(), b.pg.Pool, b.fn, 10)
+	if err != nil || len(dead) != 1 || dead[0].Offset != hungOffset || dead[0].Reason != "timeout" || dead[0].Attempts != 1 {
+		t.Fatalf("dead letters = %+v (%v), want offset %d with reason timeout after 1 attempt", dead, err, hungOffset)
+	}
+	if c := calls.Load(); c != 1 {
+		t.Errorf("the hung record's handler was called %d times, want 1: a timeout is not retried", c)
+	}
+	stop()
+	rep, err := effects.Check(context.Background(), b.pg.Pool, b.fn, b.topic, produced, effects.KeyOrder())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("checker: %s", rep)
+	if v := rep.Violations(produced[hungOffset]); len(v) > 0 {
+		t.Errorf("exactly-once or key order violated: %s", strings.Join(v, "; "))
+	}
 }
