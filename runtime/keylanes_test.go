@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -593,5 +594,53 @@ func TestKeyLanesRefuseAPoolTooSmallAndABadCount(t *testing.T) {
 	fn.KeyConcurrency = -1
 	if _, err := worker.New(context.Background(), b.cfg, fn); err == nil || !strings.Contains(err.Error(), "KeyConcurrency -1 is out of range") {
 		t.Errorf("worker.New with a function's KeyConcurrency -1 = %v; want it refused", err)
+	}
+}
+
+// TestKeyLanesHoldNoMoreBytesThanABatch: 16 key-lanes hold at most
+// --batch-max-bytes of records (plus one), as one lane's batch does, so
+// their parallelism does not multiply a partition's memory. With 1 KiB
+// records and a 4 KiB bound, at most 5 handler calls run at once over
+// all key-lanes; more than one still do.
+func TestKeyLanesHoldNoMoreBytesThanABatch(t *testing.T) {
+	b := setup(t, 1)
+	b.cfg.BatchMaxBytes = 4 << 10
+	b.cfg.NoRelay = true
+	fn := effects.Function(b.fn, b.topic)
+	fn.KeyConcurrency = keyLaneCount
+	var running, most atomic.Int32
+	apply := fn.Handler
+	fn.Handler = func(ctx context.Context, tx pgx.Tx, rec runtime.Record, out *runtime.Events) error {
+		now := running.Add(1)
+		defer running.Add(-1)
+		for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+		}
+		time.Sleep(20 * time.Millisecond) // long enough for the key-lanes to overlap
+		return apply(ctx, tx, rec, out)
+	}
+	const n, keys, size = 160, 32, 1 << 10
+	msgs := make([]kafka.Message, n)
+	produced := make([]effects.Produced, n)
+	for i := range msgs {
+		key := fmt.Sprintf("k%d", i%keys)
+		value := effects.KeyedValue(key, i/keys+1)
+		msgs[i] = kafka.Message{Partition: 0, Key: []byte(key), Value: value, Headers: []kafka.Header{{Key: "pad", Value: make([]byte, size-len(key)-len(value)-len("pad"))}}}
+		produced[i] = effects.Produced{Partition: 0, Offset: int64(i)}
+	}
+	b.kafka.Produce(t, b.topic, msgs...)
+	_, stop := b.run(t, fn)
+	b.waitCaughtUp(t, b.fn)
+	stop()
+	bound := int32(b.cfg.BatchMaxBytes/size + 1)
+	t.Logf("at most %d handler calls ran at once over %d key-lanes (records of %d bytes, --batch-max-bytes %d: bound %d)", most.Load(), keyLaneCount, size, b.cfg.BatchMaxBytes, bound)
+	if m := most.Load(); m > bound || m < 2 {
+		t.Errorf("%d handler calls ran at once, want 2 to %d: the key-lanes must run side by side within --batch-max-bytes", m, bound)
+	}
+	rep, err := effects.Check(context.Background(), b.pg.Pool, b.fn, b.topic, produced, effects.KeyOrder())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := rep.Violations(); len(v) > 0 {
+		t.Errorf("exactly-once or key order violated: %s", strings.Join(v, "; "))
 	}
 }

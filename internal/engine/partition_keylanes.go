@@ -50,6 +50,7 @@ type pendingOffset struct {
 	offset int64
 	after  int64 // where the cursor may go once it is committed (partitionTracker.cursorAfter)
 	done   bool  // its key-lane committed it (applied, dead-lettered or skipped as handled before)
+	size   int   // its record's bytes (recordSize), counted in the window's bytes
 }
 
 // keyLaneRun is the key-lanes of one owned partition.
@@ -62,6 +63,12 @@ type keyLaneRun struct {
 	// key-lane commits them, so it need not follow the cursor.
 	highWater int64
 	window    int // dispatched records not under the cursor, at most
+	// windowBytes bounds those records' bytes as --batch-max-bytes bounds a
+	// lane's batch: a record is dispatched while fewer are held, so the
+	// key-lanes hold at most windowBytes plus one record, what one lane's
+	// batch holds (worker_memory.go's laneMemory counts it so).
+	windowBytes  int
+	pendingBytes int
 
 	mu   sync.Mutex
 	cond *sync.Cond // queues, pending, the cursor's target and failures changed
@@ -94,7 +101,7 @@ type keyLane struct {
 // newKeyLaneRun makes the k key-lanes of pr once it has claimed its
 // partition.
 func (pr *partitionRun) newKeyLaneRun(k int) *keyLaneRun {
-	r := &keyLaneRun{pr: pr, highWater: pr.cursor.highWater, window: k * pr.w.cfg.BatchSize,
+	r := &keyLaneRun{pr: pr, highWater: pr.cursor.highWater, window: k * pr.w.cfg.BatchSize, windowBytes: pr.w.cfg.BatchMaxBytes,
 		target: pr.cursor.next, frontier: pr.cursor.next, moverUp: make(chan struct{}, 1)}
 	r.cond = sync.NewCond(&r.mu)
 	for i := range k {
@@ -189,14 +196,15 @@ func (r *keyLaneRun) dispatch(ctx context.Context, batch []kfn.Record, afters ma
 		if rec.Offset < r.frontier {
 			continue // read again after a new reader
 		}
-		for len(r.pending) >= r.window && !r.stopped {
+		for (len(r.pending) >= r.window || r.pendingBytes >= r.windowBytes) && !r.stopped {
 			r.cond.Wait()
 		}
 		if r.stopped {
 			return cmp.Or(r.failed, ctx.Err(), context.Canceled)
 		}
-		p := &pendingOffset{offset: rec.Offset, after: max(rec.Offset+1, afters[rec.Offset])}
+		p := &pendingOffset{offset: rec.Offset, after: max(rec.Offset+1, afters[rec.Offset]), size: recordSize(rec)}
 		r.pending = append(r.pending, p)
+		r.pendingBytes += p.size
 		r.frontier = p.after
 		kl := r.lanes[keyLaneOf(rec.Key, len(r.lanes))]
 		kl.queue = append(kl.queue, rec)
@@ -275,6 +283,7 @@ func (r *keyLaneRun) committed(kl *keyLane, last int64) {
 	moved := false
 	for len(r.pending) > 0 && r.pending[0].done {
 		r.target = r.pending[0].after
+		r.pendingBytes -= r.pending[0].size
 		r.pending = r.pending[1:]
 		moved = true
 	}
