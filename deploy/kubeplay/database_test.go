@@ -188,10 +188,10 @@ func handovers(t *testing.T, pg *kfntest.PG, topic string, before []cursor, live
 			var lastOld, firstNew *time.Time
 			var lastOffsetOld, firstOffsetNew *int64
 			err := pg.Pool.QueryRow(context.Background(), `
-SELECT (SELECT max(processed_at) FROM kfn.inbox WHERE consumer = 'orders' AND topic = $1 AND partition = $2 AND epoch < $3),
-       (SELECT max("offset") FROM kfn.inbox WHERE consumer = 'orders' AND topic = $1 AND partition = $2 AND epoch < $3),
-       (SELECT min(processed_at) FROM kfn.inbox WHERE consumer = 'orders' AND topic = $1 AND partition = $2 AND epoch = $3),
-       (SELECT min("offset") FROM kfn.inbox WHERE consumer = 'orders' AND topic = $1 AND partition = $2 AND epoch = $3)`,
+SELECT (SELECT max(i.processed_at) FROM kfn.inbox i JOIN kfn.lanes l ON l.id = i.lane WHERE l.consumer = 'orders' AND l.topic = $1 AND l.partition = $2 AND i.epoch < $3),
+       (SELECT max(i."offset") FROM kfn.inbox i JOIN kfn.lanes l ON l.id = i.lane WHERE l.consumer = 'orders' AND l.topic = $1 AND l.partition = $2 AND i.epoch < $3),
+       (SELECT min(i.processed_at) FROM kfn.inbox i JOIN kfn.lanes l ON l.id = i.lane WHERE l.consumer = 'orders' AND l.topic = $1 AND l.partition = $2 AND i.epoch = $3),
+       (SELECT min(i."offset") FROM kfn.inbox i JOIN kfn.lanes l ON l.id = i.lane WHERE l.consumer = 'orders' AND l.topic = $1 AND l.partition = $2 AND i.epoch = $3)`,
 				topic, old.partition, c.epoch).Scan(&lastOld, &lastOffsetOld, &firstNew, &firstOffsetNew)
 			if err != nil {
 				return false, fmt.Sprintf("partition %d: the inbox around epoch %d: %v", old.partition, c.epoch, err)

@@ -453,7 +453,7 @@ func produce(t *testing.T, pm *podman, image, brokers string, n, rate int) produ
 func appliedOnce(t *testing.T, pg *kfntest.PG, n int, limit time.Duration) string {
 	t.Helper()
 	kfntest.Await(t, limit, "every order applied by orders and booked by the ledger, the outbox drained", func() (bool, string) {
-		inbox := count(t, pg, `SELECT count(*) FROM kfn.inbox WHERE consumer = 'orders' AND topic = $1`, orders.Topic)
+		inbox := count(t, pg, `SELECT count(*) FROM kfn.inbox i JOIN kfn.lanes l ON l.id = i.lane WHERE l.consumer = 'orders' AND l.topic = $1`, orders.Topic)
 		events := count(t, pg, `SELECT count(*) FROM kfn.event_inbox WHERE consumer = 'ledger'`)
 		outbox := count(t, pg, `SELECT count(*) FROM kfn.outbox`)
 		return inbox >= int64(n) && events >= int64(n) && outbox == 0,
@@ -461,7 +461,7 @@ func appliedOnce(t *testing.T, pg *kfntest.PG, n int, limit time.Duration) strin
 	})
 	rows := count(t, pg, `SELECT count(*) FROM orders`)
 	revisions := count(t, pg, `SELECT coalesce(sum(revisions), 0) FROM orders`)
-	inbox := count(t, pg, `SELECT count(*) FROM kfn.inbox WHERE consumer = 'orders' AND topic = $1`, orders.Topic)
+	inbox := count(t, pg, `SELECT count(*) FROM kfn.inbox i JOIN kfn.lanes l ON l.id = i.lane WHERE l.consumer = 'orders' AND l.topic = $1`, orders.Topic)
 	dead := count(t, pg, `SELECT count(*) FROM kfn.dead_letters`)
 	events := count(t, pg, `SELECT count(*) FROM kfn.event_inbox WHERE consumer = 'ledger'`)
 	entries := count(t, pg, `SELECT count(*) FROM ledger_entries`)
