@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/outbox"
@@ -159,15 +158,7 @@ func TestProduceSendsWhatTheLinesSay(t *testing.T) {
 // them back with kfn tail: ids, keys (text and binary) and data.
 func TestTailPrintsEvents(t *testing.T) {
 	url := kfntest.NATSURL(t)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := jetStreamAt(t, url)
 	stream := strings.ToUpper(strings.ReplaceAll(kfntest.Name(t, "tail"), "-", "_"))
 	subject := strings.ToLower(stream) + ".captured"
 	ctx := context.Background()

@@ -66,15 +66,7 @@ func TestRelayProcessForwardsOutboxRows(t *testing.T) {
 	natsURL := kfntest.NATSURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := jetStreamAt(t, natsURL)
 
 	// The stream exists and captures one of the two subjects.
 	streamName, prefix := kfntest.Name(t, "stream"), kfntest.Name(t, "ev")
@@ -282,15 +274,7 @@ func TestRelayProcessPrintsTheWALFiguresInWALMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, setup.Slot) }) //nolint:errcheck
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := jetStreamAt(t, natsURL)
 	streamName, subject := kfntest.Name(t, "stream"), kfntest.Name(t, "ev")+".created"
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: streamName, Subjects: []string{subject}}); err != nil {
 		t.Fatal(err)
@@ -340,4 +324,20 @@ func stopRelay(t *testing.T, p *kfntest.Process) string {
 		t.Fatalf("kfn relay did not stop within 20s of SIGTERM:\n%s", p.LogTail(30))
 	}
 	return p.LogTail(1000)
+}
+
+// jetStreamAt connects to the NATS server at url for the test's length and
+// returns its JetStream.
+func jetStreamAt(t *testing.T, url string) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }
