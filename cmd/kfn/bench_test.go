@@ -104,6 +104,12 @@ func TestBenchRunsEveryModeAndCountsCPUByProcess(t *testing.T) {
 			t.Errorf("bench output does not match %q:\n%s", want, stdout)
 		}
 	}
+	// A small topic is run over until the share rests on 50 samples.
+	if m := regexp.MustCompile(`relay share of the worker's CPU: .* in (\d+) passes, .*; (\d+) profile samples\)`).FindStringSubmatch(stdout); m == nil {
+		t.Errorf("the relay share names no passes and samples:\n%s", stdout)
+	} else if samples, _ := strconv.Atoi(m[2]); samples < 50 {
+		t.Errorf("the relay share rests on %s samples over %s passes; want at least 50", m[2], m[1])
+	}
 	// Each event's latency from sending COMMIT is its transaction's COMMIT
 	// round trip plus its latency from the reply, so neither part's
 	// percentile can exceed the whole's.
