@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -113,11 +114,18 @@ kfn console --trust-proxy-header X-Forwarded-User --proxy-writers alice,bob --al
 		return err
 	}
 	defer srv.Close()
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	if cfg.TLS {
+		cert, err := tls.LoadX509KeyPair(*tlsCert, *tlsKey)
+		if err != nil {
+			return &usageError{msg: fmt.Sprintf("--tls-cert/--tls-key: %v", err)}
+		}
+		hs.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return &usageError{msg: fmt.Sprintf("--listen %s: %v", *listen, err)}
 	}
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	scheme := "http"
 	if cfg.TLS {
 		scheme = "https"
@@ -130,7 +138,7 @@ kfn console --trust-proxy-header X-Forwarded-User --proxy-writers alice,bob --al
 	done := make(chan error, 1)
 	go func() {
 		if cfg.TLS {
-			done <- hs.ServeTLS(ln, *tlsCert, *tlsKey)
+			done <- hs.ServeTLS(ln, "", "")
 		} else {
 			done <- hs.Serve(ln)
 		}
