@@ -55,5 +55,5 @@ func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
 		Actions                        []string
 		Rows                           []auditRow
 	}{f.Consumer, f.Action, f.ActorContains, q.Get("since"), operator.AuditActions, rows}
-	s.render(w, "audit", p)
+	s.render(w, http.StatusOK, "audit", p)
 }

@@ -3,7 +3,6 @@ package console
 import (
 	"fmt"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 
@@ -19,30 +18,18 @@ type groupRef struct {
 	Function, Reason, Fingerprint string
 }
 
-func (g groupRef) Query() string {
-	return url.Values{"function": {g.Function}, "reason": {g.Reason}, "fp": {g.Fingerprint}}.Encode()
-}
-
-type groupRow struct {
-	operator.DeadLetterGroup
-	Ref groupRef
-}
 
 func (s *Server) deadLetterGroups(w http.ResponseWriter, r *http.Request) {
 	function := r.URL.Query().Get("function")
 	groups, err := operator.DeadLetterGroups(r.Context(), s.cfg.Pool, function, groupLimit)
-	rows := make([]groupRow, len(groups))
-	for i, g := range groups {
-		rows[i] = groupRow{DeadLetterGroup: g, Ref: groupRef{g.Function, g.Reason, g.Fingerprint}}
-	}
 	p := s.newPage(r, "deadletters", "Dead letters", struct {
 		Function string
-		Groups   []groupRow
-	}{function, rows})
+		Groups   []operator.DeadLetterGroup
+	}{function, groups})
 	if err != nil {
 		p.Error = problem(err)
 	}
-	s.render(w, "deadletters", p)
+	s.render(w, http.StatusOK, "deadletters", p)
 }
 
 func (s *Server) deadLetterGroup(w http.ResponseWriter, r *http.Request) {
@@ -65,7 +52,7 @@ func (s *Server) deadLetterGroup(w http.ResponseWriter, r *http.Request) {
 		p.Error = problem(err)
 	}
 	p.Data = data
-	s.render(w, "group", p)
+	s.render(w, http.StatusOK, "group", p)
 }
 
 // headerRow is one header of a record, name and value each shown inertly.
@@ -81,8 +68,7 @@ func (s *Server) deadLetter(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		p := s.newPage(r, "deadletters", "Dead letter", nil)
 		p.Error = problem(err)
-		w.WriteHeader(http.StatusNotFound)
-		s.render(w, "message", p)
+		s.render(w, http.StatusNotFound, "message", p)
 		return
 	}
 	value := showBytes(d.Value, d.Value == nil && d.ValueSize == 0)
@@ -93,7 +79,7 @@ func (s *Server) deadLetter(w http.ResponseWriter, r *http.Request) {
 	for i, h := range d.Headers {
 		headers[i] = headerRow{Name: showBytes([]byte(h.Key), false), Value: showBytes(h.Value, h.Value == nil)}
 	}
-	s.render(w, "deadletter", s.newPage(r, "deadletters", fmt.Sprintf("Dead letter %d", d.ID), struct {
+	s.render(w, http.StatusOK, "deadletter", s.newPage(r, "deadletters", fmt.Sprintf("Dead letter %d", d.ID), struct {
 		Letter  inbox.DeadLetter
 		Key     shownValue
 		Value   shownValue
@@ -151,21 +137,19 @@ func (s *Server) retry(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		p.Error = err.Error()
-		w.WriteHeader(http.StatusBadRequest)
-		s.render(w, "message", p)
+		s.render(w, http.StatusBadRequest, "message", p)
 		return
 	}
 	marks, err := operator.Retry(r.Context(), s.cfg.Pool, operator.RetryRequest{IDs: ids, Limit: len(ids), Partition: -1, Reason: reason, Actor: who(r).Actor()})
 	if err != nil {
 		p.Error = problem(err)
-		w.WriteHeader(http.StatusBadRequest)
-		s.render(w, "message", p)
+		s.render(w, http.StatusBadRequest, "message", p)
 		return
 	}
 	s.cfg.Log.Info("console retry", "actor", who(r).Actor(), "marked", len(marks.Marked), "refused", len(marks.Refused))
 	p.Notice = fmt.Sprintf("Marked %d dead letters for retry as %s; the workers that own their lanes apply them in a few seconds.", len(marks.Marked), who(r).Actor())
 	p.Data = marks
-	s.render(w, "retried", p)
+	s.render(w, http.StatusOK, "retried", p)
 }
 
 // discard deletes the selected dead letters with
@@ -179,20 +163,18 @@ func (s *Server) discard(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		p.Error = err.Error()
-		w.WriteHeader(http.StatusBadRequest)
-		s.render(w, "message", p)
+		s.render(w, http.StatusBadRequest, "message", p)
 		return
 	}
 	res, err := operator.DiscardDeadLetters(r.Context(), s.cfg.Pool, operator.DiscardRequest{Filter: operator.DeadLetterFilter{IDs: ids}, Reason: reason, Actor: who(r).Actor()})
 	if err != nil {
 		p.Error = problem(err)
-		w.WriteHeader(http.StatusBadRequest)
-		s.render(w, "message", p)
+		s.render(w, http.StatusBadRequest, "message", p)
 		return
 	}
 	s.cfg.Log.Info("console discard", "actor", who(r).Actor(), "discarded", len(res.DeadLetters))
 	p.Notice = fmt.Sprintf("Discarded %d dead letters as %s (released %d parked keys).", len(res.DeadLetters), who(r).Actor(), len(res.Released))
-	s.render(w, "message", p)
+	s.render(w, http.StatusOK, "message", p)
 }
 
 func (s *Server) parkedKeys(w http.ResponseWriter, r *http.Request) {
@@ -201,5 +183,5 @@ func (s *Server) parkedKeys(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		p.Error = problem(err)
 	}
-	s.render(w, "parked", p)
+	s.render(w, http.StatusOK, "parked", p)
 }

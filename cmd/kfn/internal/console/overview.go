@@ -60,7 +60,7 @@ func (s *Server) readOverview(ctx context.Context) overviewData {
 }
 
 func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
-	s.render(w, "overview", s.newPage(r, "overview", "Overview", s.readOverview(r.Context())))
+	s.render(w, http.StatusOK, "overview", s.newPage(r, "overview", "Overview", s.readOverview(r.Context())))
 }
 
 // overviewLive is the overview's live part alone, which console.js fetches

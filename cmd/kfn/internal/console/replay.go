@@ -95,9 +95,8 @@ func (s *Server) replayForm(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	p.Data = data
-	s.render(w, "replay", p)
+	s.render(w, http.StatusOK, "replay", p)
 }
-
 // replay runs the confirmed replay, the console user as the actor.
 func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 	f := readReplayForm(r.PostForm)
@@ -110,14 +109,15 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		data.Plans, err = operator.ReplayPartitions(r.Context(), s.cfg.Pool, s.cfg.JS, spec)
 	}
+	status := http.StatusOK
 	if err != nil {
 		p.Error = problem(err)
-		w.WriteHeader(http.StatusBadRequest)
+		status = http.StatusBadRequest
 	} else {
 		data.Done = true
 		s.cfg.Log.Info("console replay", "actor", who(r).Actor(), "function", f.Function, "topic", f.Topic, "partitions", len(data.Plans))
 		p.Notice = fmt.Sprintf("Replayed %d partitions as %s; the workers resume at the new cursors.", len(data.Plans), who(r).Actor())
 	}
 	p.Data = data
-	s.render(w, "replay", p)
+	s.render(w, status, "replay", p)
 }

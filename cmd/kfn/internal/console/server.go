@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/operator"
+	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
 )
 
@@ -41,7 +42,7 @@ type Config struct {
 	KafkaBrokers  []string
 	KafkaSecurity runtime.KafkaSecurity
 	LeaseBucket   string
-	EventStream   string // for verify
+	EventStream   string // for verify; default outbox.DefaultStream
 
 	// Users come from an auth file; ProxyHeader names the header an auth
 	// proxy sets to the user's name instead. Exactly one is required.
@@ -80,6 +81,9 @@ func New(cfg Config) (*Server, error) {
 	case cfg.Pool == nil:
 		return nil, errors.New("the console needs a database")
 	}
+	if cfg.EventStream == "" {
+		cfg.EventStream = outbox.DefaultStream
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -103,6 +107,7 @@ func (s *Server) Close() { s.status.Close() }
 func (s *Server) routes() {
 	static, _ := fs.Sub(staticFS, "static")
 	s.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	s.mux.HandleFunc("GET /favicon.ico", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	s.mux.HandleFunc("GET /login", s.loginPage)
 	s.mux.HandleFunc("POST /login", s.login)
 	s.mux.Handle("POST /logout", s.authed(s.post(s.logout)))
@@ -160,8 +165,7 @@ func (s *Server) authed(next http.Handler) http.Handler {
 				http.Error(w, "401 unauthorized: no "+s.cfg.ProxyHeader+" header from the auth proxy", http.StatusUnauthorized)
 				return
 			}
-			w.WriteHeader(http.StatusUnauthorized)
-			s.renderLogin(w, r, "")
+			s.renderLogin(w, r, http.StatusUnauthorized, "")
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, id)))
@@ -250,14 +254,16 @@ func (s *Server) newPage(r *http.Request, nav, title string, data any) page {
 		CanWrite: s.cfg.AllowWrites && id.Role == RoleWriter, ProxyAuth: s.cfg.ProxyHeader != "", Data: data}
 }
 
-// render writes the page named name.
-func (s *Server) render(w http.ResponseWriter, name string, p page) {
+// render writes the page named name with status (its headers and cookies
+// must be set before).
+func (s *Server) render(w http.ResponseWriter, status int, name string, p page) {
 	t, ok := s.pages[name]
 	if !ok {
 		http.Error(w, "no page "+name, http.StatusInternalServerError)
 		return
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
 	if err := t.ExecuteTemplate(w, name, p); err != nil {
 		s.cfg.Log.Error("render", "page", name, "err", err)
 	}
@@ -341,11 +347,16 @@ func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/", http.StatusSeeOther)
 		return
 	}
-	s.renderLogin(w, r, "")
+	s.renderLogin(w, r, http.StatusOK, "")
 }
 
-func (s *Server) renderLogin(w http.ResponseWriter, r *http.Request, msg string) {
+func (s *Server) renderLogin(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	// One token per browser: a second login page (another tab, a
+	// prefetch) keeps the first one's forms valid.
 	token := randomToken()
+	if c, err := r.Cookie(loginCookie); err == nil && len(c.Value) == len(token) {
+		token = c.Value
+	}
 	http.SetCookie(w, s.cookie(loginCookie, token, 600))
 	next := r.URL.Path
 	if r.URL.RawQuery != "" {
@@ -354,7 +365,7 @@ func (s *Server) renderLogin(w http.ResponseWriter, r *http.Request, msg string)
 	if r.Method != http.MethodGet || next == "/login" {
 		next = "/"
 	}
-	s.render(w, "login", page{Title: "Log in", CSRF: token, Error: msg, Data: next})
+	s.render(w, status, "login", page{Title: "Log in", CSRF: token, Error: msg, Data: next})
 }
 
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
@@ -366,8 +377,7 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	}
 	u, ok := authenticate(s.cfg.Users, r.PostFormValue("user"), r.PostFormValue("secret"))
 	if !ok {
-		w.WriteHeader(http.StatusUnauthorized)
-		s.renderLogin(w, r, "wrong user or secret")
+		s.renderLogin(w, r, http.StatusUnauthorized, "wrong user or secret")
 		return
 	}
 	http.SetCookie(w, s.cookie(loginCookie, "", -1))

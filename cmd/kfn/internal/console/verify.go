@@ -35,5 +35,5 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request) {
 		Report          *verify.Report
 		Table           string
 	}{function, topic, report, table}
-	s.render(w, "verify", p)
+	s.render(w, http.StatusOK, "verify", p)
 }
