@@ -18,7 +18,6 @@ type groupRef struct {
 	Function, Reason, Fingerprint string
 }
 
-
 func (s *Server) deadLetterGroups(w http.ResponseWriter, r *http.Request) {
 	function := r.URL.Query().Get("function")
 	groups, err := operator.DeadLetterGroups(r.Context(), s.cfg.Pool, function, groupLimit)

@@ -97,6 +97,7 @@ func (s *Server) replayForm(w http.ResponseWriter, r *http.Request) {
 	p.Data = data
 	s.render(w, http.StatusOK, "replay", p)
 }
+
 // replay runs the confirmed replay, the console user as the actor.
 func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 	f := readReplayForm(r.PostForm)

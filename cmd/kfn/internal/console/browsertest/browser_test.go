@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/chromedp/cdproto/page"
-		"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp"
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
@@ -313,7 +313,7 @@ func TestOnCallWorkflowInARealBrowser(t *testing.T) {
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
-	if n := count(`SELECT count(*) FROM `+effects.Table(name)+` WHERE value LIKE 'poison%'`); n != 1 {
+	if n := count(`SELECT count(*) FROM ` + effects.Table(name) + ` WHERE value LIKE 'poison%'`); n != 1 {
 		t.Fatalf("%d poison records applied after one retry, want 1", n)
 	}
 
@@ -385,7 +385,7 @@ func TestOnCallWorkflowInARealBrowser(t *testing.T) {
 	run(t, bctx, "open the overview", chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.CSS("#lanes")))
 	evalUntil(t, bctx, fmt.Sprintf("the cursor back at %d after the replay", hw),
 		fmt.Sprintf(`[...document.querySelectorAll('#lanes td.cursor')].some(td => td.textContent.trim() === '%d')`, hw), time.Minute)
-	if n := count(`SELECT count(*) - count(DISTINCT (partition, "offset")) FROM `+effects.Table(name)); n != 0 {
+	if n := count(`SELECT count(*) - count(DISTINCT (partition, "offset")) FROM ` + effects.Table(name)); n != 0 {
 		t.Fatalf("%d records applied twice after the idempotent replay", n)
 	}
 
