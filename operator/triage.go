@@ -9,13 +9,12 @@ import (
 )
 
 // fingerprintSQL normalises a dead letter's error text into its
-// fingerprint: UUIDs, long hex runs (ids, hashes) and numbers become
-// placeholders, so "offset 17: order 4411 not found" and "offset 18: order
-// 9 not found" fall into one group.
-const fingerprintSQL = `regexp_replace(regexp_replace(regexp_replace(error,
+// fingerprint: UUIDs become <id>, and every word that is a number or a hex
+// string with a digit (an offset, an order number, a hash) becomes <n>, so
+// "order 4411 not found" and "order 9 not found" fall into one group.
+const fingerprintSQL = `regexp_replace(regexp_replace(error,
   '[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}', '<id>', 'g'),
-  '\m[0-9a-fA-F]*[0-9][0-9a-fA-F]*[a-fA-F][0-9a-fA-F]*\M|\m[0-9a-fA-F]*[a-fA-F][0-9a-fA-F]*[0-9][0-9a-fA-F]*\M', '<hex>', 'g'),
-  '[0-9]+', '<n>', 'g')`
+  '\m[0-9a-fA-F]*[0-9][0-9a-fA-F]*\M', '<n>', 'g')`
 
 // DeadLetterGroup is the dead letters of one function that failed for the
 // same reason with the same error fingerprint.
@@ -87,9 +86,14 @@ func DeadLetterGroupIDs(ctx context.Context, db inbox.Querier, function, reason,
 	return ids, rows.Err()
 }
 
-// CountDeadLetters counts the dead letters f selects.
-func CountDeadLetters(ctx context.Context, db inbox.Querier, f DeadLetterFilter) (int64, error) {
-	return inbox.CountDeadLetters(ctx, db, f)
+// DeadLetterCounts counts every dead letter, and those dead-lettered at or
+// after since, in one pass.
+func DeadLetterCounts(ctx context.Context, db inbox.Querier, since time.Time) (total, recent int64, err error) {
+	err = db.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE dead_at >= $1) FROM kfn.dead_letters`, since).Scan(&total, &recent)
+	if err != nil {
+		err = fmt.Errorf("count dead letters: %w", err)
+	}
+	return total, recent, err
 }
 
 // ParkedKey is a key a function with KeyOrder ParkKey holds back: its later

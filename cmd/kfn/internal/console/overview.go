@@ -36,22 +36,28 @@ type laneRow struct {
 func (s *Server) readOverview(ctx context.Context) overviewData {
 	start := time.Now()
 	d := overviewData{ReadAt: start, WithLeaseHolder: s.cfg.JS != nil}
-	lanes, err := s.status.Read(ctx, "")
-	if err != nil {
-		d.Problems = append(d.Problems, problem(err))
-	}
-	d.Lanes = s.rates.annotate(lanes, start)
+	// Kafka and NATS (the lanes) are asked while Postgres counts.
+	var lanes []operator.PartitionStatus
+	var statusErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		lanes, statusErr = s.status.Read(ctx, "")
+	}()
 	var errs []error
 	var e error
-	d.DeadLastHour, e = operator.CountDeadLetters(ctx, s.cfg.Pool, operator.DeadLetterFilter{Since: start.Add(-time.Hour)})
-	errs = append(errs, e)
-	d.DeadTotal, e = operator.CountDeadLetters(ctx, s.cfg.Pool, operator.DeadLetterFilter{})
+	d.DeadTotal, d.DeadLastHour, e = operator.DeadLetterCounts(ctx, s.cfg.Pool, start.Add(-time.Hour))
 	errs = append(errs, e)
 	parked, e := operator.ParkedKeys(ctx, s.cfg.Pool, "", 0)
 	d.ParkedKeys = len(parked)
 	errs = append(errs, e)
 	d.Backlog, e = operator.ReadRelayBacklog(ctx, s.cfg.Pool)
 	errs = append(errs, e)
+	<-done
+	if statusErr != nil {
+		d.Problems = append(d.Problems, problem(statusErr))
+	}
+	d.Lanes = s.rates.annotate(lanes, start)
 	if err := errors.Join(errs...); err != nil {
 		d.Problems = append(d.Problems, problem(err))
 	}
