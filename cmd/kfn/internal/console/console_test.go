@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
@@ -389,4 +390,39 @@ func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 func sha256Hex(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:])
+}
+
+func TestDeadLetterGroupsNormaliseNumbersAndIDs(t *testing.T) {
+	db := kfntest.Postgres(t)
+	seed(t, db,
+		letter{fn: "pay", topic: "pay", offset: 1, reason: "handler_error", errText: "charge 550e8400-e29b-41d4-a716-446655440000 failed: HTTP 502 after 3 tries (req a1b2c3d4e5)"},
+		letter{fn: "pay", topic: "pay", offset: 2, reason: "handler_error", errText: "charge 123e4567-e89b-12d3-a456-426614174000 failed: HTTP 503 after 12 tries (req 9f8e7d6c)"},
+		letter{fn: "pay", topic: "pay", offset: 3, reason: "permanent", errText: "charge 123e4567-e89b-12d3-a456-426614174000 failed: HTTP 503 after 12 tries (req 9f8e7d6c)"},
+		letter{fn: "pay", topic: "pay", offset: 4, reason: "handler_error", errText: "utf8 decoder: bad input"},
+	)
+	groups, err := operator.DeadLetterGroups(context.Background(), db.Pool, "pay", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, g := range groups {
+		got[g.Reason+" | "+g.Fingerprint] = g.Count
+	}
+	want := map[string]int64{
+		"handler_error | charge <id> failed: HTTP <n> after <n> tries (req <n>)": 2,
+		"permanent | charge <id> failed: HTTP <n> after <n> tries (req <n>)":     1,
+		"handler_error | utf8 decoder: bad input":                                1,
+	}
+	if len(got) != len(want) {
+		t.Fatalf("groups %v, want %v", got, want)
+	}
+	for k, n := range want {
+		if got[k] != n {
+			t.Errorf("group %q: %d letters, want %d (groups: %v)", k, got[k], n, got)
+		}
+	}
+	ids, err := operator.DeadLetterGroupIDs(context.Background(), db.Pool, "pay", "handler_error", "charge <id> failed: HTTP <n> after <n> tries (req <n>)", 0)
+	if err != nil || len(ids) != 2 {
+		t.Fatalf("the group's ids: %v, %v; want 2", ids, err)
+	}
 }
