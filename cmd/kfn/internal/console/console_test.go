@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/operator"
@@ -424,5 +426,45 @@ func TestDeadLetterGroupsNormaliseNumbersAndIDs(t *testing.T) {
 	ids, err := operator.DeadLetterGroupIDs(context.Background(), db.Pool, "pay", "handler_error", "charge <id> failed: HTTP <n> after <n> tries (req <n>)", 0)
 	if err != nil || len(ids) != 2 {
 		t.Fatalf("the group's ids: %v, %v; want 2", ids, err)
+	}
+}
+
+func TestAMissingPrivilegeNamesTheOperatorRole(t *testing.T) {
+	db := kfntest.Postgres(t)
+	ctx := context.Background()
+	role := fmt.Sprintf("console_noaccess_%d", time.Now().UnixNano())
+	if _, err := db.Pool.Exec(ctx, `CREATE ROLE `+role+` NOLOGIN; GRANT USAGE ON SCHEMA kfn TO `+role); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		db.Pool.Exec(context.Background(), `DROP OWNED BY `+role+`; DROP ROLE `+role) //nolint:errcheck // the database is dropped too
+	})
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error { _, err := c.Exec(ctx, `SET ROLE `+role); return err }
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s, err := New(Config{Pool: pool, ProxyHeader: "X-Forwarded-User"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/deadletters", nil)
+	req.Header.Set("X-Forwarded-User", "alice")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if !strings.Contains(string(body), "lacks a privilege") || !strings.Contains(string(body), "kfn_operator") {
+		t.Fatalf("the dead letters page as a role without SELECT: %d\n%s", res.StatusCode, body)
 	}
 }
