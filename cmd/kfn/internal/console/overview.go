@@ -13,15 +13,14 @@ import (
 
 // overviewData is the overview's live part.
 type overviewData struct {
-	Lanes           []laneRow
-	DeadLastHour    int64
-	DeadTotal       int64
-	ParkedKeys      int
-	Backlog         operator.RelayBacklog
-	Problems        []string
-	ReadAt          time.Time
-	ReadMillis      int64
-	WithLeaseHolder bool
+	Lanes        []laneRow
+	DeadLastHour int64
+	DeadTotal    int64
+	ParkedKeys   int
+	Backlog      operator.RelayBacklog
+	Problems     []string
+	ReadAt       time.Time
+	ReadMillis   int64
 }
 
 // laneRow is one lane on the overview.
@@ -35,7 +34,7 @@ type laneRow struct {
 // hour, the parked keys and the relay's backlog.
 func (s *Server) readOverview(ctx context.Context) overviewData {
 	start := time.Now()
-	d := overviewData{ReadAt: start, WithLeaseHolder: s.cfg.JS != nil}
+	d := overviewData{ReadAt: start}
 	// Kafka and NATS (the lanes) are asked while Postgres counts.
 	var lanes []operator.PartitionStatus
 	var statusErr error

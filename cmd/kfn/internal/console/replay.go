@@ -73,7 +73,6 @@ type replayData struct {
 	Done    bool
 	Plans   []operator.PartitionReplay
 	Cursors map[int32]int64
-	Query   string // the form as a query, for the confirm form's hidden fields
 }
 
 // replayForm shows the form and, asked for a plan, the dry run's plan (the
