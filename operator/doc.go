@@ -8,6 +8,9 @@
 // It also reads and deletes dead letters (ListDeadLetters, ShowDeadLetter,
 // DiscardDeadLetters, PurgeDeadLetters): a deletion needs no fence, since
 // the records stay handled in the inbox, and is audited in the deletion's
-// transaction. AuditLog reads kfn.audit_log. The kfn CLI (kfn status, kfn
-// replay, kfn dlq, kfn audit) is built on it.
+// transaction. AuditLog reads kfn.audit_log. For triage it groups dead
+// letters by function, reason and error fingerprint (DeadLetterGroups),
+// lists parked keys (ParkedKeys) and reads the relay's backlog
+// (ReadRelayBacklog). The kfn CLI (kfn status, kfn replay, kfn dlq, kfn
+// audit) and the web console (kfn console) are built on it.
 package operator

@@ -30,6 +30,7 @@ type grammarEnv struct {
 	db, wrongPW, nats, topic, fn, subject, stream, bucket string
 	brokers                                               string
 	letter                                                int64
+	consoleUsers                                          string // an auth file for kfn console
 }
 
 // grammarSpec says how one command is walked through the cases.
@@ -122,6 +123,11 @@ func grammarSpecs() map[string]grammarSpec {
 			json: func(e grammarEnv) []string {
 				return []string{e.subject, "--nats-url", e.nats, "--event-stream", e.stream, "--all", "--count", "1", "--json"}
 			}},
+		// Started right, kfn console serves until stopped: the grammar walks
+		// only its refusals (its serving is TestConsoleServesItsLoginPageUntilStopped's).
+		"console": {base: func(e grammarEnv) []string {
+			return []string{"--database-url", e.db, "--auth-file", e.consoleUsers, "--listen", "127.0.0.1:0"}
+		}, badValue: []string{"--allow-writes=maybe", ""}, pg: true},
 		"verify": {base: func(e grammarEnv) []string {
 			return []string{"--database-url", e.db, "--function", e.fn, "--topic", e.topic, "--kafka-brokers", e.brokers}
 		}, badValue: []string{"--unpublished-after", "soon"}, pg: true, jsonCode: 1, connectCode: 2,
@@ -302,6 +308,10 @@ func grammarSetup(t *testing.T) grammarEnv {
 	stopRelay()
 	<-relayDone
 	e.wrongPW = passwordCluster(t)
+	e.consoleUsers = filepath.Join(t.TempDir(), "console-users")
+	if err := os.WriteFile(e.consoleUsers, []byte("alice:viewer:sha256:"+strings.Repeat("ab", 32)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	return e
 }
 

@@ -45,6 +45,7 @@ var commands = map[string]command{
 	"produce": {"send records to a topic, from flags or JSON lines", runProduce},
 	"tail":    {"print the events functions emit on a subject, as they arrive", runTail},
 	"verify":  {"check a function applied every record exactly once (read-only)", runVerify},
+	"console": {"serve a web console: lanes, dead letters, replay, audit, verify", runConsole},
 	"new":     {"scaffold a function: handler, unit test, main, Containerfile, deploy/", runNew},
 }
 

@@ -1,0 +1,186 @@
+package console
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/operator"
+)
+
+// groupLimit bounds the groups and the letters of a group one page shows.
+const groupLimit = 500
+
+// groupRef names one dead letter group in a URL or a form.
+type groupRef struct {
+	Function, Reason, Fingerprint string
+}
+
+func (s *Server) deadLetterGroups(w http.ResponseWriter, r *http.Request) {
+	function := r.URL.Query().Get("function")
+	groups, err := operator.DeadLetterGroups(r.Context(), s.cfg.Pool, function, groupLimit)
+	p := s.newPage(r, "deadletters", "Dead letters", struct {
+		Function string
+		Groups   []operator.DeadLetterGroup
+	}{function, groups})
+	if err != nil {
+		p.Error = problem(err)
+	}
+	s.render(w, http.StatusOK, "deadletters", p)
+}
+
+func (s *Server) deadLetterGroup(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	ref := groupRef{q.Get("function"), q.Get("reason"), q.Get("fp")}
+	data := struct {
+		Ref     groupRef
+		Letters []inbox.DeadLetter
+		More    bool
+	}{Ref: ref}
+	p := s.newPage(r, "deadletters", "Dead letter group", nil)
+	ids, err := operator.DeadLetterGroupIDs(r.Context(), s.cfg.Pool, ref.Function, ref.Reason, ref.Fingerprint, groupLimit+1)
+	if err == nil && len(ids) > 0 {
+		if len(ids) > groupLimit {
+			ids, data.More = ids[:groupLimit], true
+		}
+		data.Letters, err = operator.ListDeadLetters(r.Context(), s.cfg.Pool, operator.DeadLetterFilter{IDs: ids, WithoutValue: true})
+	}
+	if err != nil {
+		p.Error = problem(err)
+	}
+	p.Data = data
+	s.render(w, http.StatusOK, "group", p)
+}
+
+// headerRow is one header of a record, name and value each shown inertly.
+type headerRow struct{ Name, Value shownValue }
+
+func (s *Server) deadLetter(w http.ResponseWriter, r *http.Request) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id < 1 {
+		http.Error(w, "400 bad request: a dead letter id is a positive number", http.StatusBadRequest)
+		return
+	}
+	d, err := operator.ShowDeadLetter(r.Context(), s.cfg.Pool, id)
+	if err != nil {
+		p := s.newPage(r, "deadletters", "Dead letter", nil)
+		p.Error = problem(err)
+		s.render(w, http.StatusNotFound, "message", p)
+		return
+	}
+	value := showBytes(d.Value, d.Value == nil && d.ValueSize == 0)
+	if d.ValueSHA256 != nil { // an oversized record: only a prefix was kept
+		value.Size, value.SHA256, value.Truncated = int(d.ValueSize), fmt.Sprintf("%x", d.ValueSHA256), true
+	}
+	headers := make([]headerRow, len(d.Headers))
+	for i, h := range d.Headers {
+		headers[i] = headerRow{Name: showBytes([]byte(h.Key), false), Value: showBytes(h.Value, h.Value == nil)}
+	}
+	s.render(w, http.StatusOK, "deadletter", s.newPage(r, "deadletters", fmt.Sprintf("Dead letter %d", d.ID), struct {
+		Letter  inbox.DeadLetter
+		Key     shownValue
+		Value   shownValue
+		Headers []headerRow
+		TraceID string
+	}{d, showBytes(d.Key, d.Key == nil), value, headers, traceID(d.Headers)}))
+}
+
+// traceID is the W3C trace id of a record's traceparent header, if any.
+func traceID(headers []inbox.Header) string {
+	for _, h := range headers {
+		if strings.EqualFold(string(h.Key), "traceparent") {
+			parts := strings.Split(string(h.Value), "-")
+			if len(parts) == 4 && len(parts[1]) == 32 && printable(h.Value) {
+				return parts[1]
+			}
+		}
+	}
+	return ""
+}
+
+// selection is the dead letters a retry or discard form names: the ids
+// ticked, or else a whole group.
+func (s *Server) selection(r *http.Request) ([]int64, error) {
+	var ids []int64
+	for _, v := range r.PostForm["id"] {
+		id, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || id < 1 {
+			return nil, fmt.Errorf("dead letter id %q is not a positive number", v)
+		}
+		ids = append(ids, id)
+	}
+	if len(ids) > 0 {
+		return ids, nil
+	}
+	ref := groupRef{r.PostFormValue("function"), r.PostFormValue("dead_reason"), r.PostFormValue("fp")}
+	if ref.Function == "" || ref.Reason == "" {
+		return nil, fmt.Errorf("say which dead letters: tick them, or act on a whole group")
+	}
+	ids, err := operator.DeadLetterGroupIDs(r.Context(), s.cfg.Pool, ref.Function, ref.Reason, ref.Fingerprint, 0)
+	if err == nil && len(ids) == 0 {
+		err = fmt.Errorf("the group is empty now (retried or discarded already?)")
+	}
+	return ids, err
+}
+
+// retry marks the selected dead letters for retry with operator.Retry, as
+// kfn dlq retry does, the console user as the actor.
+func (s *Server) retry(w http.ResponseWriter, r *http.Request) {
+	p := s.newPage(r, "deadletters", "Retry", nil)
+	ids, err := s.selection(r)
+	reason := strings.TrimSpace(r.PostFormValue("reason"))
+	if err == nil && reason == "" {
+		err = fmt.Errorf("say why, for the audit log: the reason is required")
+	}
+	if err != nil {
+		p.Error = err.Error()
+		s.render(w, http.StatusBadRequest, "message", p)
+		return
+	}
+	marks, err := operator.Retry(r.Context(), s.cfg.Pool, operator.RetryRequest{IDs: ids, Limit: len(ids), Partition: -1, Reason: reason, Actor: who(r).Actor()})
+	if err != nil {
+		p.Error = problem(err)
+		s.render(w, http.StatusBadRequest, "message", p)
+		return
+	}
+	s.cfg.Log.Info("console retry", "actor", who(r).Actor(), "marked", len(marks.Marked), "refused", len(marks.Refused))
+	p.Notice = fmt.Sprintf("Marked %d dead letters for retry as %s; the workers that own their lanes apply them in a few seconds.", len(marks.Marked), who(r).Actor())
+	p.Data = marks
+	s.render(w, http.StatusOK, "retried", p)
+}
+
+// discard deletes the selected dead letters with
+// operator.DiscardDeadLetters, as kfn dlq discard does.
+func (s *Server) discard(w http.ResponseWriter, r *http.Request) {
+	p := s.newPage(r, "deadletters", "Discard", nil)
+	ids, err := s.selection(r)
+	reason := strings.TrimSpace(r.PostFormValue("reason"))
+	if err == nil && reason == "" {
+		err = fmt.Errorf("say why, for the audit log: the reason is required")
+	}
+	if err != nil {
+		p.Error = err.Error()
+		s.render(w, http.StatusBadRequest, "message", p)
+		return
+	}
+	res, err := operator.DiscardDeadLetters(r.Context(), s.cfg.Pool, operator.DiscardRequest{Filter: operator.DeadLetterFilter{IDs: ids}, Reason: reason, Actor: who(r).Actor()})
+	if err != nil {
+		p.Error = problem(err)
+		s.render(w, http.StatusBadRequest, "message", p)
+		return
+	}
+	s.cfg.Log.Info("console discard", "actor", who(r).Actor(), "discarded", len(res.DeadLetters))
+	p.Notice = fmt.Sprintf("Discarded %d dead letters as %s (released %d parked keys).", len(res.DeadLetters), who(r).Actor(), len(res.Released))
+	s.render(w, http.StatusOK, "message", p)
+}
+
+func (s *Server) parkedKeys(w http.ResponseWriter, r *http.Request) {
+	keys, err := operator.ParkedKeys(r.Context(), s.cfg.Pool, r.URL.Query().Get("function"), groupLimit)
+	p := s.newPage(r, "parked", "Parked keys", keys)
+	if err != nil {
+		p.Error = problem(err)
+	}
+	s.render(w, http.StatusOK, "parked", p)
+}
