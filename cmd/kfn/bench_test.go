@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -23,7 +24,7 @@ import (
 // checks that every mode reports records, CPU time, commit latency and
 // memory, that the Postgres server's processes are counted, that the
 // ratios and the relay's figures (its share of the worker's CPU, commit→ack
-// at 80% of the maximum rate) are printed, that progress shows while a mode
+// at 50% and 80% of the maximum rate, in both outbox modes) are printed, that progress shows while a mode
 // runs, and that the report file holds it all with the command and the
 // machine.
 func TestBenchRunsEveryModeAndCountsCPUByProcess(t *testing.T) {
@@ -94,9 +95,8 @@ func TestBenchRunsEveryModeAndCountsCPUByProcess(t *testing.T) {
 		`relay share of the worker's CPU: [\d.]+%`,
 		`(?m)^relay +300 +[\d.]+ +\d+$`, `(?m)^naive relay +\d+ +[\d.]+ +\d+$`, `relay / naive relay = [\d.]+×`,
 		`relay cost on the backlog, in this process: [\d.]+ µs CPU`,
-		`max rate committing events with the relay running: \d+ events/s`,
-		`commit→ack latency at \d+ events/s \(\d+ events\): p50 \S+ +p99 \S+ +max \S+ +\(80% of the max rate`,
-		`(?m)^  of which the COMMIT's own round trip \(its WAL flush\): p50 \S+ +p99 \S+; from the COMMIT's reply to the ack: p50 \S+ +p99 \S+$`,
+		`(?m)^relay: .*commit→ack latency, the table and the wal outbox, each for 300ms at 50% and 80% of its maximum rate`,
+		`(?m)^OUTBOX +MAX-RATE +LOAD +ASKED/S +REACHED/S +EVENTS +P50 +P99 +MAX +COMMIT-P50 +COMMIT-P99 +REPLY-P50 +REPLY-P99$`,
 		`(?m)^command: kfn bench --records 2000 --naive-records 2000 .*--report-dir ` + regexp.QuoteMeta(reports) + ` `,
 		`(?m)^machine: .+, \d+ CPUs, [\d.]+ GiB memory; .+, Linux .+; go.+; load average [\d.]+ [\d.]+ [\d.]+ at start$`,
 		`(?m)^versions: Postgres \d+\.\d+.*, NATS 2\.\d+\.\d+, Kafka: (embedded broker \(franz-go kfake v\S+\)|Apache Kafka \d\S*)$`} {
@@ -110,19 +110,7 @@ func TestBenchRunsEveryModeAndCountsCPUByProcess(t *testing.T) {
 	} else if samples, _ := strconv.Atoi(m[2]); samples < 50 {
 		t.Errorf("the relay share rests on %s samples over %s passes; want at least 50", m[2], m[1])
 	}
-	// Each event's latency from sending COMMIT is its transaction's COMMIT
-	// round trip plus its latency from the reply, so neither part's
-	// percentile can exceed the whole's.
-	if m := regexp.MustCompile(`commit→ack latency at .*: p50 (\S+) +p99 (\S+) .*\n  of which the COMMIT's own round trip \(its WAL flush\): p50 (\S+) +p99 \S+; from the COMMIT's reply to the ack: p50 (\S+) +p99 (\S+)`).FindStringSubmatch(stdout); m != nil {
-		var d [5]time.Duration
-		for i := range d {
-			d[i], _ = time.ParseDuration(m[i+1])
-		}
-		whole50, whole99, commit50, reply50, reply99 := d[0], d[1], d[2], d[3], d[4]
-		if commit50 <= 0 || reply50 <= 0 || reply50 > whole50 || reply99 > whole99 || commit50 > whole50 {
-			t.Errorf("commit→ack p50 %v p99 %v, COMMIT p50 %v, from its reply p50 %v p99 %v: want the parts positive and within the whole", whole50, whole99, commit50, reply50, reply99)
-		}
-	}
+	checkRelayLatency(t, stdout, 300*time.Millisecond)
 	if !strings.Contains(stderr, "round 1/1  chain") {
 		t.Errorf("no progress line for the chain on stderr:\n%s", stderr)
 	}
@@ -149,6 +137,61 @@ func TestBenchRunsEveryModeAndCountsCPUByProcess(t *testing.T) {
 	}
 	if !strings.HasSuffix(stdout, "\nreport: "+files[0]+"\n") {
 		t.Errorf("stdout does not end with the report's path:\n%s", stdout)
+	}
+}
+
+// checkRelayLatency checks kfn bench's commit→ack table: for the table
+// and the wal outbox, a max rate and a paced run at 50% and 80% of it, each
+// asking its share of the max rate and committing no more than that rate
+// for d allows (at least one transaction of 50 events per each of the 4
+// sessions), with p50 <= p99 <= max and the parts within the whole.
+func checkRelayLatency(t *testing.T, stdout string, d time.Duration) {
+	t.Helper()
+	row := regexp.MustCompile(`(?m)^(table|wal) +(\d+) +(50|80)% +(\d+) +(\d+) +(\d+) +(\S+) +(\S+) +(\S+) +(\S+) +(\S+) +(\S+) +(\S+)$`)
+	asked := map[string]map[string]float64{}
+	for _, m := range row.FindAllStringSubmatch(stdout, -1) {
+		mode, load := m[1], m[3]
+		var n [4]float64
+		for i, f := range []string{m[2], m[4], m[5], m[6]} {
+			n[i], _ = strconv.ParseFloat(f, 64)
+		}
+		maxRate, rate, reached, events := n[0], n[1], n[2], n[3]
+		var d7 [7]time.Duration
+		for i := range d7 {
+			var err error
+			if d7[i], err = time.ParseDuration(m[7+i]); err != nil {
+				t.Errorf("%s outbox at %s%%: %q is no duration: %v", mode, load, m[7+i], err)
+			}
+		}
+		p50, p99, most, commit50, commit99, reply50, reply99 := d7[0], d7[1], d7[2], d7[3], d7[4], d7[5], d7[6]
+		share, _ := strconv.ParseFloat(load, 64)
+		// The max rate is printed rounded, and its share truncated: up to 1.4 off.
+		if want := max(1, share/100*maxRate); maxRate <= 0 || math.Abs(rate-want) > 1.5 {
+			t.Errorf("%s outbox at %s%%: asked %.0f/s of a max rate of %.0f/s; want %.0f/s", mode, load, rate, maxRate, want)
+		}
+		if reached <= 0 || events <= 0 || events > rate*d.Seconds()+4*50 {
+			t.Errorf("%s outbox at %s%%: %.0f events, %.0f/s reached; want them positive and no more events than %.0f/s for %s allows", mode, load, events, reached, rate, d)
+		}
+		// Each event's latency from sending COMMIT is its transaction's
+		// COMMIT round trip plus its latency from the reply.
+		if p50 <= 0 || p50 > p99 || p99 > most || commit50 <= 0 || commit50 > commit99 || commit50 > p50 || reply50 > p50 || reply99 > p99 || reply50 > reply99 {
+			t.Errorf("%s outbox at %s%%: p50 %v p99 %v max %v, COMMIT p50 %v p99 %v, from its reply p50 %v p99 %v: want 0 < p50 <= p99 <= max and the parts within the whole",
+				mode, load, p50, p99, most, commit50, commit99, reply50, reply99)
+		}
+		if asked[mode] == nil {
+			asked[mode] = map[string]float64{"max": maxRate}
+		}
+		asked[mode][load] = rate
+	}
+	for _, mode := range []string{"table", "wal"} {
+		r := asked[mode]
+		if len(r) != 3 {
+			t.Errorf("%s outbox: commit→ack rows %v; want the max rate, 50%% and 80%%:\n%s", mode, r, stdout)
+			continue
+		}
+		if !(r["50"] < r["80"] && r["80"] < r["max"]) {
+			t.Errorf("%s outbox: asked %.0f/s at 50%%, %.0f/s at 80%%, of a max rate of %.0f/s; want them in that order", mode, r["50"], r["80"], r["max"])
+		}
 	}
 }
 

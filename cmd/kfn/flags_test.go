@@ -64,7 +64,7 @@ func TestCommandsRejectAnExplicitZero(t *testing.T) {
 		{args: []string{"bench", "--batch-size", "0"}, want: "--batch-size (KFN_BATCH_SIZE): 0 is out of range 1..10000"},
 		{args: []string{"bench"}, env: "KFN_BATCH_SIZE", want: "--batch-size (KFN_BATCH_SIZE): 0 is out of range 1..10000"},
 		{args: []string{"bench", "--relay-events", "0"}, want: "--relay-events and --relay-duration must be positive"},
-		{args: []string{"bench", "--relay-rate", "-1"}, want: "--relay-rate -1: must be positive, or 0 for 80% of the maximum rate"},
+		{args: []string{"bench", "--relay-rate", "-1"}, want: "--relay-rate -1: must be positive, or 0 for 50% and 80% of the maximum rate"},
 		{args: []string{"bench", "--report-dir", "/proc/kfn-bench-reports"}, want: "--report-dir /proc/kfn-bench-reports: mkdir /proc/kfn-bench-reports: no such file or directory (give --report-dir '' to write no report)"},
 		{args: []string{"bench", "--partitions", "0"}, want: "--partitions 0 is out of range 1..256"},
 		{args: append(relay, "--lease-ttl", "0"), want: "--lease-ttl (KFN_LEASE_TTL): must be positive"},

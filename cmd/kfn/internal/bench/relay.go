@@ -28,11 +28,17 @@ type RelayConfig struct {
 	Events int
 	// Keys is how many event keys the backlog spreads over. Default 1000.
 	Keys int
-	// Rate and Duration shape the latency run: events committed per second,
-	// in transactions of TxSize events by Committers sessions, with the
-	// relay running. Defaults: 80% of the maximum rate (measured first: the
-	// same sessions committing as fast as they can for Duration, with the
-	// relay running), 5s, 50, 4.
+	// Modes are the outbox modes whose commit → ack latency is measured,
+	// each with its own maximum rate. Default: ModeTable. ModeWAL needs
+	// the WAL outbox set up in Pool's database (SetUpWAL); the relay of
+	// every mode then reads the slot too, as a relay does there.
+	Modes []outbox.Mode
+	// Rate and Duration shape the latency runs: events committed per
+	// second, in transactions of TxSize events by Committers sessions, with
+	// the relay running. Rate 0 (the default) measures each mode's maximum
+	// rate first (the same sessions committing as fast as they can for
+	// Duration, with the relay running), then runs at 50% and at 80% of
+	// it; a Rate runs each mode at that rate only. Defaults: 5s, 50, 4.
 	Rate       int
 	Duration   time.Duration
 	TxSize     int
@@ -57,43 +63,71 @@ type RelayResult struct {
 	// RelayCost is the cost per event of relaying the backlog; LatencyCost
 	// that of the latency run, which includes the committing sessions'
 	// client side.
-	RelayCost     EventCost
-	LatencyCost   EventCost
-	MaxRate       float64 // events/s committed and relayed when committing as fast as possible
-	LatencyRate   int     // the rate asked for
-	LatencyEvents int
-	// LatencyP50, P99 and Max are commit → stream ack at Rate, from
-	// sending COMMIT; the Visible figures from the COMMIT's reply, when the
-	// rows are visible to the relay. CommitP50 and P99 are the COMMIT's own
-	// round trip (the WAL flush of a durable commit), which the first
-	// includes and the relay cannot shorten.
-	LatencyP50         time.Duration
-	LatencyP99         time.Duration
-	LatencyMax         time.Duration
-	VisibleP50         time.Duration
-	VisibleP99         time.Duration
-	CommitP50          time.Duration
-	CommitP99          time.Duration
-	LatencyRateReached float64 // events/s actually committed in the latency run
+	RelayCost   EventCost
+	LatencyCost EventCost
+	// Latency is commit → ack with the relay running, for each of Modes.
+	Latency []ModeLatency
+}
+
+// LatencyLoads are the shares of a mode's maximum rate its latency is
+// measured at.
+var LatencyLoads = []float64{0.5, 0.8}
+
+// ModeLatency is one outbox mode's commit → ack latency.
+type ModeLatency struct {
+	Mode outbox.Mode
+	// MaxRate is the events/s committed and acked when committing as fast
+	// as possible (0 when RelayConfig.Rate was given).
+	MaxRate float64
+	Loads   []LoadLatency // at LatencyLoads of MaxRate, or at RelayConfig.Rate
+}
+
+// LoadLatency is one paced latency run.
+type LoadLatency struct {
+	Share   float64 // of the mode's MaxRate; 0 for RelayConfig.Rate
+	Rate    int     // the rate asked for, events/s
+	Reached float64 // events/s committed, over the time until the last ack
+	Events  int
+	// P50, P99 and Max are commit → stream ack, from sending COMMIT; the
+	// Reply figures from the COMMIT's reply, when the events are visible
+	// to the relay. CommitP50 and P99 are the COMMIT's own round trip (the
+	// WAL flush of a durable commit), which the first includes and the
+	// relay cannot shorten.
+	P50, P99, Max        time.Duration
+	ReplyP50, ReplyP99   time.Duration
+	CommitP50, CommitP99 time.Duration
+	Cost                 EventCost // relay and committers, per event
+}
+
+func (l LoadLatency) String() string {
+	load := "asked"
+	if l.Share > 0 {
+		load = fmt.Sprintf("%.0f%% of the max rate", 100*l.Share)
+	}
+	r := func(d time.Duration) time.Duration { return d.Round(10 * time.Microsecond) }
+	return fmt.Sprintf("commit→ack at %.0f events/s (%d/s, %s; %d events): p50 %v, p99 %v, max %v\n"+
+		"  the COMMIT's own round trip (its WAL flush): p50 %v, p99 %v; from the COMMIT's reply to the ack: p50 %v, p99 %v\n"+
+		"  cost (relay and committers): %s",
+		l.Reached, l.Rate, load, l.Events, r(l.P50), r(l.P99), r(l.Max), r(l.CommitP50), r(l.CommitP99), r(l.ReplyP50), r(l.ReplyP99), l.Cost)
 }
 
 func (r RelayResult) String() string {
-	return fmt.Sprintf("relay: %d events in %v = %.0f events/s\n"+
+	var b strings.Builder
+	fmt.Fprintf(&b, "relay: %d events in %v = %.0f events/s\n"+
 		"relay cost on the backlog: %s\n"+
 		"naive relay (sync publish + DELETE per row): %d events in %v = %.0f events/s\n"+
-		"ratio relay/naive: %.1fx\n"+
-		"max rate committing and relaying: %.0f events/s\n"+
-		"commit→ack latency at %.0f events/s (asked %d/s, %d events): p50 %v, p99 %v, max %v\n"+
-		"  the COMMIT's own round trip (its WAL flush): p50 %v, p99 %v; from the COMMIT's reply to the ack: p50 %v, p99 %v\n"+
-		"cost in the latency run (relay and committers): %s",
+		"ratio relay/naive: %.1fx",
 		r.Events, r.RelayElapsed.Round(time.Millisecond), r.RelayPerSecond,
 		r.RelayCost,
 		r.NaiveEvents, r.NaiveElapsed.Round(time.Millisecond), r.NaivePerSecond,
-		r.Ratio,
-		r.MaxRate,
-		r.LatencyRateReached, r.LatencyRate, r.LatencyEvents, r.LatencyP50.Round(10*time.Microsecond), r.LatencyP99.Round(10*time.Microsecond), r.LatencyMax.Round(10*time.Microsecond),
-		r.CommitP50.Round(10*time.Microsecond), r.CommitP99.Round(10*time.Microsecond), r.VisibleP50.Round(10*time.Microsecond), r.VisibleP99.Round(10*time.Microsecond),
-		r.LatencyCost)
+		r.Ratio)
+	for _, m := range r.Latency {
+		fmt.Fprintf(&b, "\n%s outbox: max rate committing and relaying: %.0f events/s", m.Mode, m.MaxRate)
+		for _, l := range m.Loads {
+			fmt.Fprintf(&b, "\n%s", l)
+		}
+	}
+	return b.String()
 }
 
 func (c RelayConfig) withDefaults() RelayConfig {
@@ -109,6 +143,12 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	if c.Committers == 0 {
 		c.Committers = 4
 	}
+	if c.TxSize == 0 {
+		c.TxSize = 50
+	}
+	if len(c.Modes) == 0 {
+		c.Modes = []outbox.Mode{outbox.ModeTable}
+	}
 	if c.NaiveFor == 0 {
 		c.NaiveFor = 5 * time.Second
 	}
@@ -119,9 +159,11 @@ func (c RelayConfig) withDefaults() RelayConfig {
 //   - the relay's throughput on a backlog of Events pre-inserted rows;
 //   - a naive relay (one synchronous publish and one DELETE per row) on the
 //     same backlog, and the ratio;
-//   - commit → stream ack latency (p50, p99) at a steady Rate, by default
-//     80% of the relay's throughput on the backlog;
-//   - the cost per event (CPU, allocations, syscalls) of both relay runs.
+//   - for each of Modes, the maximum rate at which sessions commit events
+//     with the relay running, and commit → stream ack latency (p50, p99,
+//     max, with the COMMIT's own share) at steady rates of 50% and 80% of
+//     it (or at Rate);
+//   - the cost per event (CPU, allocations, syscalls) of every relay run.
 //
 // It uses streams of its own, deletes them afterwards, and leaves the outbox
 // empty.
@@ -140,6 +182,9 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (RelayResult, error) {
 	res := RelayResult{Events: cfg.Events}
 	bench := &relayBench{cfg: cfg, tag: fmt.Sprintf("kfnbench%d", time.Now().UnixNano()%1e9)}
 	defer bench.cleanup()
+	if err := bench.clearOutbox(ctx); err != nil { // the slot: past what an earlier relay read
+		return res, err
+	}
 
 	// 1. Throughput on the backlog.
 	rows := bench.rows("thr", cfg.Events)
@@ -166,28 +211,52 @@ func RunRelay(ctx context.Context, cfg RelayConfig) (RelayResult, error) {
 		return res, fmt.Errorf("relay benchmark: clear the naive relay's leftovers: %w", err)
 	}
 
-	// 3. The maximum rate, then latency at 80% of it.
-	if bench.cfg.TxSize == 0 {
-		bench.cfg.TxSize = 50
-	}
-	if bench.cfg.Rate == 0 {
-		_, maxRate, _, err := bench.latency(ctx, "MAX", 0)
+	// 3. Each mode's commit → ack latency.
+	for _, mode := range cfg.Modes {
+		m, err := bench.modeLatency(ctx, mode)
 		if err != nil {
 			return res, err
 		}
-		res.MaxRate = maxRate
-		bench.cfg.Rate = int(0.8 * maxRate)
+		res.Latency = append(res.Latency, m)
 	}
-	res.LatencyRate = bench.cfg.Rate
-	lat, rate, cost, err := bench.latency(ctx, "LAT", bench.cfg.Rate)
+	return res, nil
+}
+
+// modeLatency measures mode's maximum rate, then its latency at each of
+// LatencyLoads of it (or at cfg.Rate only), on a stream of its own.
+func (b *relayBench) modeLatency(ctx context.Context, mode outbox.Mode) (ModeLatency, error) {
+	res := ModeLatency{Mode: mode}
+	stream, subject, err := b.stream(ctx, "LAT_"+strings.ToUpper(string(mode)))
 	if err != nil {
 		return res, err
 	}
-	res.LatencyCost = cost
-	res.LatencyEvents, res.LatencyRateReached = len(lat.fromSend), rate
-	res.LatencyP50, res.LatencyP99, res.LatencyMax = percentiles(lat.fromSend)
-	res.VisibleP50, res.VisibleP99, _ = percentiles(lat.fromReply)
-	res.CommitP50, res.CommitP99, _ = percentiles(lat.commit)
+	type load struct {
+		share float64
+		rate  int
+	}
+	loads := []load{{rate: b.cfg.Rate}}
+	if b.cfg.Rate == 0 {
+		_, maxRate, _, err := b.latency(ctx, mode, stream, subject, 0)
+		if err != nil {
+			return res, fmt.Errorf("%s outbox, max rate: %w", mode, err)
+		}
+		res.MaxRate = maxRate
+		loads = loads[:0]
+		for _, share := range LatencyLoads {
+			loads = append(loads, load{share: share, rate: max(1, int(share*maxRate))})
+		}
+	}
+	for _, l := range loads {
+		lat, reached, cost, err := b.latency(ctx, mode, stream, subject, l.rate)
+		if err != nil {
+			return res, fmt.Errorf("%s outbox at %d events/s: %w", mode, l.rate, err)
+		}
+		run := LoadLatency{Share: l.share, Rate: l.rate, Reached: reached, Events: len(lat.fromSend), Cost: cost}
+		run.P50, run.P99, run.Max = percentiles(lat.fromSend)
+		run.ReplyP50, run.ReplyP99, _ = percentiles(lat.fromReply)
+		run.CommitP50, run.CommitP99, _ = percentiles(lat.commit)
+		res.Loads = append(res.Loads, run)
+	}
 	return res, nil
 }
 
@@ -360,20 +429,21 @@ type latencies struct {
 // came back.
 type relayCommit struct{ sent, replied time.Time }
 
-// latency commits rate events per second (0: as fast as it can) for
-// Duration with the relay running, from Committers sessions, and returns
-// the latencies, the rate actually reached (events committed over the time
-// until the last ack) and the cost per event.
-func (b *relayBench) latency(ctx context.Context, name string, rate int) (latencies, float64, EventCost, error) {
+// latency commits rate events per second (0: as fast as it can) in mode
+// for Duration with the relay running, from Committers sessions, to
+// subject (captured by stream), and returns the latencies, the rate
+// actually reached (events committed over the time until the last ack)
+// and the cost per event.
+func (b *relayBench) latency(ctx context.Context, mode outbox.Mode, stream, subject string, rate int) (latencies, float64, EventCost, error) {
 	var lat latencies
-	stream, subject, err := b.stream(ctx, name)
-	if err != nil {
+	if err := b.clearOutbox(ctx); err != nil {
 		return lat, 0, EventCost{}, err
 	}
 	var mu sync.Mutex
 	committedAt := map[string]relayCommit{}
 	ackedAt := map[string]time.Time{}
 	rc := b.relayConfig(stream, subject)
+	rc.Mode = mode
 	rc.AfterAck = func(id string, at time.Time) {
 		mu.Lock()
 		ackedAt[id] = at
@@ -391,20 +461,42 @@ func (b *relayBench) latency(ctx context.Context, name string, rate int) (latenc
 		relay.Run(runCtx) //nolint:errcheck // the stream exists and fits
 	}()
 	defer func() { stop(); wg.Wait() }()
-	// Let the relay reach its steady state (LISTEN up, shards idle).
-	for !relay.Stats().Listening {
-		if !sleep(ctx, 5*time.Millisecond) {
+	if err := b.relayReady(ctx, relay); err != nil {
+		return lat, 0, EventCost{}, err
+	}
+	// One event through first: the clock starts with the path flowing (a
+	// walsender just started decodes from the slot's restart point before
+	// it streams, which a relay that runs all along has behind it).
+	warm := withSubject(b.rows("warm", 1), subject)
+	if _, err := b.commit(ctx, mode, warm); err != nil {
+		return lat, 0, EventCost{}, fmt.Errorf("latency run: the first event: %w", err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		mu.Lock()
+		_, ok := ackedAt[warm[0].EventID]
+		mu.Unlock()
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			return lat, 0, EventCost{}, errors.New("latency run: the first event not acked 30s after its commit")
+		}
+		if !sleep(ctx, 2*time.Millisecond) {
 			return lat, 0, EventCost{}, ctx.Err()
 		}
 	}
+	mu.Lock()
+	clear(ackedAt)
+	mu.Unlock()
 
 	// Each committer commits its share of the rate, one transaction every
-	// interval (none: back to back), with rows made beforehand when paced.
+	// interval (none: back to back), with rows made beforehand when paced:
+	// at least one transaction each, however low the rate.
 	var interval time.Duration
 	txs := 0
 	if rate > 0 {
 		interval = time.Duration(float64(time.Second) * float64(b.cfg.TxSize*b.cfg.Committers) / float64(rate))
-		txs = int(b.cfg.Duration / interval)
+		txs = max(1, int(b.cfg.Duration/interval))
 	}
 	batches := make([][][]outbox.Row, b.cfg.Committers)
 	for c := range batches {
@@ -437,7 +529,7 @@ func (b *relayBench) latency(ctx context.Context, name string, rate int) (latenc
 				default:
 					rows = withSubject(b.rows("lat", b.cfg.TxSize), subject)
 				}
-				at, err := b.commit(ctx, rows)
+				at, err := b.commit(ctx, mode, rows)
 				if err != nil {
 					errs <- fmt.Errorf("latency run: %w", err)
 					return
@@ -457,19 +549,30 @@ func (b *relayBench) latency(ctx context.Context, name string, rate int) (latenc
 	if err := <-errs; err != nil {
 		return lat, 0, EventCost{}, err
 	}
+	// Every event committed is acked (an ack of anything else, which the
+	// relay may read too, does not count).
 	n := int(total.Load())
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	allAcked := func() (acked int) {
 		mu.Lock()
-		acked := len(ackedAt)
-		mu.Unlock()
-		if acked >= n {
-			break
+		defer mu.Unlock()
+		if len(ackedAt) < n {
+			return len(ackedAt)
 		}
+		for id := range committedAt {
+			if _, ok := ackedAt[id]; ok {
+				acked++
+			}
+		}
+		return acked
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for acked := allAcked(); acked < n; acked = allAcked() {
 		if time.Now().After(deadline) {
 			return lat, 0, EventCost{}, fmt.Errorf("latency run: only %d of %d events acked 30s after the last commit", acked, n)
 		}
-		sleep(ctx, 2*time.Millisecond)
+		if !sleep(ctx, 2*time.Millisecond) {
+			return lat, 0, EventCost{}, ctx.Err()
+		}
 	}
 	reached := float64(n) / time.Since(start).Seconds()
 	spent := cost.perEvent(n)
@@ -483,15 +586,57 @@ func (b *relayBench) latency(ctx context.Context, name string, rate int) (latenc
 	return lat, reached, spent, nil
 }
 
-// commit inserts rows in one transaction and returns when its COMMIT went
-// out and when the reply came.
-func (b *relayBench) commit(ctx context.Context, rows []outbox.Row) (relayCommit, error) {
+// clearOutbox starts a latency run on an empty outbox: it deletes the rows
+// an earlier run's relay had acked and not deleted when it stopped (they
+// would go to a stream that does not capture their subject now) and, with
+// the WAL outbox set up, moves its slot past the events an earlier run
+// read.
+func (b *relayBench) clearOutbox(ctx context.Context) error {
+	if _, err := b.cfg.Pool.Exec(ctx, "DELETE FROM kfn.outbox"); err != nil {
+		return fmt.Errorf("relay benchmark: clear the outbox: %w", err)
+	}
+	if slices.Contains(b.cfg.Modes, outbox.ModeWAL) {
+		return skipWAL(ctx, b.cfg.Pool)
+	}
+	return nil
+}
+
+// relayReady waits until the relay reaches its steady state: its LISTEN
+// connection up and, with the WAL outbox set up, the slot's walsender
+// streaming to it.
+func (b *relayBench) relayReady(ctx context.Context, relay *outbox.Relay) error {
+	wal := slices.Contains(b.cfg.Modes, outbox.ModeWAL)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		streaming := true
+		if wal {
+			err := b.cfg.Pool.QueryRow(ctx, `SELECT coalesce(bool_and(s.active), false)
+  FROM kfn.wal_outbox w JOIN pg_replication_slots s ON s.slot_name = w.slot_name`).Scan(&streaming)
+			if err != nil {
+				return fmt.Errorf("relay benchmark: is the WAL outbox's slot read: %w", err)
+			}
+		}
+		if relay.Stats().Listening && streaming {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("relay benchmark: the relay is not ready 30s after its start (listening %t, the slot read %t)", relay.Stats().Listening, streaming)
+		}
+		if !sleep(ctx, 5*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+}
+
+// commit writes rows in mode in one transaction and returns when its
+// COMMIT went out and when the reply came.
+func (b *relayBench) commit(ctx context.Context, mode outbox.Mode, rows []outbox.Row) (relayCommit, error) {
 	tx, err := b.cfg.Pool.Begin(ctx)
 	if err != nil {
 		return relayCommit{}, err
 	}
-	if err := outbox.Insert(ctx, tx, rows); err != nil {
-		tx.Rollback(ctx) //nolint:errcheck // the insert's error is the one to report
+	if err := outbox.Write(ctx, tx, mode, rows); err != nil {
+		tx.Rollback(ctx) //nolint:errcheck // the write's error is the one to report
 		return relayCommit{}, err
 	}
 	at := relayCommit{sent: time.Now()}
