@@ -43,6 +43,7 @@ func (pr *partitionRun) run(ctx context.Context) error {
 		return err
 	}
 	pr.log.Debug("partition claimed", "next_offset", pr.cursor.next, "took", time.Since(began))
+	pr.w.start.phase(phaseFence, began)
 	if k := pr.w.keyConcurrency(pr.fn); k > 1 {
 		keys := pr.newKeyLaneRun(k)
 		lanesCtx, wait := keys.start(ctx)
@@ -58,6 +59,7 @@ func (pr *partitionRun) run(ctx context.Context) error {
 // read reads the partition from its cursor and applies its records: batch
 // by batch, or, with keys, through the partition's key-lanes.
 func (pr *partitionRun) read(ctx context.Context, keys *keyLaneRun) error {
+	began := time.Now()
 	reader, err := pr.w.kafka.Reader(pr.part.Topic, pr.part.Partition, pr.cursor.next)
 	if err != nil {
 		return err
@@ -116,6 +118,9 @@ func (pr *partitionRun) read(ctx context.Context, keys *keyLaneRun) error {
 			continue
 		}
 		outage.over()
+		if len(batch) > 0 {
+			pr.w.start.phase(phaseFetch, began)
+		}
 		if len(batch) == 0 {
 			if err := keys.drain(ctx); err != nil {
 				return err

@@ -68,12 +68,16 @@ type worker struct {
 	// terminateDenied logs, once, that this worker's role may not end an
 	// older owner's session (claimBlocked).
 	terminateDenied sync.Once
+	// start times the start up to the first commit, which logs it.
+	start    *startClock
+	runBegan time.Time // when Run was called: the lease phase's start
 }
 
 // NewWorker validates cfg and fns, connects to Postgres, Kafka and NATS,
 // checks the schema version and runs each function's Setup (unless
 // cfg.SkipSetup). Every failure says which setting or service is at fault.
 func NewWorker(ctx context.Context, cfg kfn.Config, fns ...kfn.Function) (*Worker, error) {
+	start := newStartClock()
 	cfg = cfg.WithDefaults()
 	if err := preflight.ValidateConfig(cfg, kafkaTopic(fns) != ""); err != nil {
 		return nil, err
@@ -99,7 +103,7 @@ func NewWorker(ctx context.Context, cfg kfn.Config, fns ...kfn.Function) (*Worke
 		return nil, preflight.ConfigErrorOf(settings.ConsumerGroup, "%q is set for a worker that runs %d Kafka functions (%s), and each needs a group of its own: leave it unset (each function's name) or run them in separate processes",
 			cfg.ConsumerGroup, len(fromKafka), strings.Join(fromKafka, ", "))
 	}
-	w := &worker{cfg: cfg, fns: fns, stats: &observe.Stats{}, retries: newRetryLanes(), repeats: repeatlog.New()}
+	w := &worker{cfg: cfg, fns: fns, stats: &observe.Stats{}, retries: newRetryLanes(), repeats: repeatlog.New(), start: start}
 	ok := false
 	defer func() {
 		if !ok {
@@ -116,11 +120,12 @@ func NewWorker(ctx context.Context, cfg kfn.Config, fns ...kfn.Function) (*Worke
 	if err := w.startTracing(ctx, service); err != nil {
 		return nil, err
 	}
+	start.phase(phaseConfig, start.began)
 	if err := w.connect(ctx); err != nil {
 		return nil, err
 	}
 	if !cfg.SkipSetup {
-		if err := preflight.RunSetup(ctx, w.pool, fns); err != nil {
+		if err := start.timed(phaseSetup, func() error { return preflight.RunSetup(ctx, w.pool, fns) }); err != nil {
 			return nil, preflight.SetupDenied(err)
 		}
 	}
@@ -133,54 +138,68 @@ func (w *worker) connect(ctx context.Context) error {
 	// (poolSize): Kafka first.
 	kafkaFirst := w.maxKeyConcurrency() > 1
 	if kafkaFirst {
-		if err := w.connectKafka(ctx); err != nil {
+		if err := w.start.timed(phaseKafka, func() error { return w.connectKafka(ctx) }); err != nil {
 			return err
 		}
 	}
-	if err := w.connectPostgres(ctx); err != nil {
-		return err
-	}
-	relay := !w.cfg.NoRelay && len(emittedSubjects(w.fns)) > 0
-	if err := preflight.CheckRole(ctx, w.pool, w.fns, relay); err != nil {
-		return err
-	}
-	if outboxMode(&w.cfg) == outbox.ModeWAL && len(emittedSubjects(w.fns)) > 0 {
-		if err := outbox.CheckWAL(ctx, w.pool); err != nil {
-			return fmt.Errorf("--%s wal (%s): %w", settings.Outbox.Flag, settings.Outbox.Env, err)
+	err := w.start.timed(phasePostgres, func() error {
+		if err := w.connectPostgres(ctx); err != nil {
+			return err
 		}
+		relay := !w.cfg.NoRelay && len(emittedSubjects(w.fns)) > 0
+		if err := preflight.CheckRole(ctx, w.pool, w.fns, relay); err != nil {
+			return err
+		}
+		if outboxMode(&w.cfg) == outbox.ModeWAL && len(emittedSubjects(w.fns)) > 0 {
+			if err := outbox.CheckWAL(ctx, w.pool); err != nil {
+				return fmt.Errorf("--%s wal (%s): %w", settings.Outbox.Flag, settings.Outbox.Env, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if !kafkaFirst {
-		if err := w.connectKafka(ctx); err != nil {
+		if err := w.start.timed(phaseKafka, func() error { return w.connectKafka(ctx) }); err != nil {
 			return err
 		}
 	}
-	if err := w.connectNATS(); err != nil {
+	if err := w.start.timed(phaseNATS, w.connectNATS); err != nil {
 		return err
 	}
-	w.leases = map[string]*lease.Manager{}
-	for _, fn := range w.fns {
-		var err error
-		if w.leases[fn.Name], err = w.newPartitionLeases(ctx, fn); err != nil {
-			return err
+	err = w.start.timed(phaseLeaseBucket, func() error {
+		w.leases = map[string]*lease.Manager{}
+		for _, fn := range w.fns {
+			var err error
+			if w.leases[fn.Name], err = w.newPartitionLeases(ctx, fn); err != nil {
+				return err
+			}
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	w.checkMemory(ctx)
-	subjects := emittedSubjects(w.fns)
-	switch {
-	case len(subjects) == 0:
-	case w.cfg.NoRelay:
-		// Another process relays, but the stream must still capture what
-		// these functions emit.
-		if _, err := w.extendEventStream(ctx, subjects); err != nil {
-			return err
+	return w.start.timed(phaseRelay, func() error {
+		subjects := emittedSubjects(w.fns)
+		switch {
+		case len(subjects) == 0:
+		case w.cfg.NoRelay:
+			// Another process relays, but the stream must still capture what
+			// these functions emit.
+			if _, err := w.extendEventStream(ctx, subjects); err != nil {
+				return err
+			}
+		default:
+			var err error
+			if w.relay, err = w.newRelay(ctx, subjects); err != nil {
+				return err
+			}
 		}
-	default:
-		var err error
-		if w.relay, err = w.newRelay(ctx, subjects); err != nil {
-			return err
-		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // connectKafka connects to Kafka when a function reads it, and checks
@@ -342,6 +361,7 @@ func (wk *Worker) AtLeastOnceBaseline() { wk.w.partitionTracker = atLeastOnce }
 // releases its partitions, closes its connections and returns.
 func (wk *Worker) Run(ctx context.Context) error {
 	w := wk.w
+	w.runBegan = time.Now()
 	defer w.close()
 	defer w.readersClosing.Wait()
 	defer w.health.Start(ctx)()
