@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -49,7 +50,7 @@ type startSpan struct {
 	from, to time.Duration
 }
 
-func newStartClock() *startClock { return &startClock{began: time.Now()} }
+func newStartClock() *startClock { return &startClock{began: time.Now(), first: make(chan struct{})} }
 
 // phase records that phase name began at from and ends now, unless it is
 // already recorded or the first commit has been logged.
@@ -88,6 +89,7 @@ func (c *startClock) committed(log *slog.Logger, began time.Time) {
 	if !c.done.CompareAndSwap(false, true) {
 		return
 	}
+	close(c.first)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	phases := make([]any, len(c.spans))
@@ -95,4 +97,16 @@ func (c *startClock) committed(log *slog.Logger, began time.Time) {
 		phases[i] = slog.Group(s.name, "from", s.from, "to", s.to)
 	}
 	log.Info(FirstCommitMsg, "after", time.Since(c.began), slog.Group("phases", phases...))
+}
+
+// afterFirstCommit returns once the first commit is logged, or after
+// bound, or when ctx ends, whichever comes first.
+func (c *startClock) afterFirstCommit(ctx context.Context, bound time.Duration) {
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	select {
+	case <-c.first:
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }

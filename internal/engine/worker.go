@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -134,72 +135,89 @@ func NewWorker(ctx context.Context, cfg kfn.Config, fns ...kfn.Function) (*Worke
 }
 
 func (w *worker) connect(ctx context.Context) error {
-	// The pool of a worker with key-lanes is sized by its partitions
-	// (poolSize): Kafka first.
+	// Postgres, Kafka and NATS are reached side by side: a start waits for
+	// the slowest, not for their sum. The pool of a worker with key-lanes
+	// is sized by its partitions (poolSize), so there Kafka goes first.
 	kafkaFirst := w.maxKeyConcurrency() > 1
-	if kafkaFirst {
-		if err := w.start.timed(phaseKafka, func() error { return w.connectKafka(ctx) }); err != nil {
-			return err
-		}
-	}
-	err := w.start.timed(phasePostgres, func() error {
-		if err := w.connectPostgres(ctx); err != nil {
-			return err
-		}
-		relay := !w.cfg.NoRelay && len(emittedSubjects(w.fns)) > 0
-		if err := preflight.CheckRole(ctx, w.pool, w.fns, relay); err != nil {
-			return err
-		}
-		if outboxMode(&w.cfg) == outbox.ModeWAL && len(emittedSubjects(w.fns)) > 0 {
-			if err := outbox.CheckWAL(ctx, w.pool); err != nil {
-				return fmt.Errorf("--%s wal (%s): %w", settings.Outbox.Flag, settings.Outbox.Env, err)
+	kafka := func() error { return w.start.timed(phaseKafka, func() error { return w.connectKafka(ctx) }) }
+	postgres := func() error {
+		if kafkaFirst {
+			if err := kafka(); err != nil {
+				return err
 			}
 		}
-		return nil
-	})
-	if err != nil {
-		return err
+		return w.start.timed(phasePostgres, func() error { return w.checkPostgres(ctx) })
 	}
+	var errs [3]error // the first in this order is reported, as when they ran one after the other
+	var wg sync.WaitGroup
+	wg.Go(func() { errs[0] = postgres() })
 	if !kafkaFirst {
-		if err := w.start.timed(phaseKafka, func() error { return w.connectKafka(ctx) }); err != nil {
+		wg.Go(func() { errs[1] = kafka() })
+	}
+	wg.Go(func() { errs[2] = w.start.timed(phaseNATS, w.connectNATS) })
+	wg.Wait()
+	if err := cmp.Or(errs[:]...); err != nil {
+		return err
+	}
+	// Then, side by side again, what needs them: the partition leases'
+	// bucket and the relay's stream and lease groups.
+	w.checkMemory(ctx)
+	wg.Go(func() { errs[0] = w.start.timed(phaseLeaseBucket, func() error { return w.openPartitionLeases(ctx) }) })
+	wg.Go(func() { errs[1] = w.start.timed(phaseRelay, func() error { return w.setUpRelay(ctx) }) })
+	errs[2] = nil
+	wg.Wait()
+	return cmp.Or(errs[:]...)
+}
+
+// openPartitionLeases opens the partition lease manager of each function.
+func (w *worker) openPartitionLeases(ctx context.Context) error {
+	w.leases = map[string]*lease.Manager{}
+	for _, fn := range w.fns {
+		var err error
+		if w.leases[fn.Name], err = w.newPartitionLeases(ctx, fn); err != nil {
 			return err
 		}
 	}
-	if err := w.start.timed(phaseNATS, w.connectNATS); err != nil {
+	return nil
+}
+
+// setUpRelay makes the worker's outbox relay, or with NoRelay has the
+// event stream capture what its functions emit.
+func (w *worker) setUpRelay(ctx context.Context) error {
+	subjects := emittedSubjects(w.fns)
+	switch {
+	case len(subjects) == 0:
+	case w.cfg.NoRelay:
+		// Another process relays, but the stream must still capture what
+		// these functions emit.
+		if _, err := w.extendEventStream(ctx, subjects); err != nil {
+			return err
+		}
+	default:
+		var err error
+		if w.relay, err = w.newRelay(ctx, subjects); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkPostgres connects to Postgres (connectPostgres) and checks that
+// the worker's role may do what its lanes and relay do.
+func (w *worker) checkPostgres(ctx context.Context) error {
+	if err := w.connectPostgres(ctx); err != nil {
 		return err
 	}
-	err = w.start.timed(phaseLeaseBucket, func() error {
-		w.leases = map[string]*lease.Manager{}
-		for _, fn := range w.fns {
-			var err error
-			if w.leases[fn.Name], err = w.newPartitionLeases(ctx, fn); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
+	relay := !w.cfg.NoRelay && len(emittedSubjects(w.fns)) > 0
+	if err := preflight.CheckRole(ctx, w.pool, w.fns, relay); err != nil {
 		return err
 	}
-	w.checkMemory(ctx)
-	return w.start.timed(phaseRelay, func() error {
-		subjects := emittedSubjects(w.fns)
-		switch {
-		case len(subjects) == 0:
-		case w.cfg.NoRelay:
-			// Another process relays, but the stream must still capture what
-			// these functions emit.
-			if _, err := w.extendEventStream(ctx, subjects); err != nil {
-				return err
-			}
-		default:
-			var err error
-			if w.relay, err = w.newRelay(ctx, subjects); err != nil {
-				return err
-			}
+	if outboxMode(&w.cfg) == outbox.ModeWAL && len(emittedSubjects(w.fns)) > 0 {
+		if err := outbox.CheckWAL(ctx, w.pool); err != nil {
+			return fmt.Errorf("--%s wal (%s): %w", settings.Outbox.Flag, settings.Outbox.Env, err)
 		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // connectKafka connects to Kafka when a function reads it, and checks
@@ -404,7 +422,16 @@ func (wk *Worker) Run(ctx context.Context) error {
 	running := len(w.fns)
 	if w.relay != nil {
 		running++
-		go func() { errs <- w.relay.Run(ctx) }()
+		go func() {
+			// The relay's shard loops (outbox.Shards of them) each read the
+			// outbox at once when they start: they would queue the lanes'
+			// claims and first commits behind new Postgres connections. So
+			// the relay starts after this worker's first commit, or one
+			// lease renewal interval (the cadence of every lease's moves)
+			// into Run when there is nothing to commit.
+			w.start.afterFirstCommit(ctx, w.cfg.LeaseRenew)
+			errs <- w.relay.Run(ctx)
+		}()
 	}
 	var first error
 	for range running {

@@ -215,7 +215,7 @@ func startOnce(ctx context.Context, cfg StartupConfig) (Start, error) {
 }
 
 func lastLines(lines []string) string {
-	return strings.Join(lines[max(len(lines)-20, 0):], "\n")
+	return strings.Join(lines[max(len(lines)-200, 0):], "\n")
 }
 
 // firstCommit reads a worker's log line: found when it is the first
