@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 
@@ -79,4 +80,39 @@ func BenchmarkStartup(b *testing.B) {
 			}
 		}
 	}
+}
+
+// A function binary's start reaches its first commit without waiting out
+// any of its intervals: with --batch-wait 2m and --lease-renew 20s (TTL
+// 60s), each start's first commit comes within 10 s, half the smallest of
+// them, so neither a batch's fill wait nor a lease tick lies on the path.
+// The phases keep the fencing order: the lane's claim in Postgres (the
+// fence) begins once its lease is held, and its first transaction once the
+// fence is raised.
+func TestStartupWaitsForNoInterval(t *testing.T) {
+	const bound = 10 * time.Second
+	cfg := startupSetup(t, 2, 5, "KFN_BATCH_WAIT=2m", "KFN_LEASE_RENEW=20s", "KFN_LEASE_TTL=60s")
+	cfg.Starts, cfg.Timeout = 2, bound
+	res, err := Startup(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err) // a start that waited an interval ends here: no first commit within the bound
+	}
+	for i, s := range res.Starts {
+		at := map[string]StartupPhase{}
+		for _, p := range s.Phases {
+			at[p.Name] = p
+		}
+		for _, name := range []string{"exec", "postgres", "kafka", "nats", "lease", "fence", "fetch", "commit"} {
+			if _, ok := at[name]; !ok {
+				t.Errorf("start %d: no phase %s among %v", i, name, s.Phases)
+			}
+		}
+		if at["fence"].From < at["lease"].To || at["commit"].From < at["fence"].To || at["commit"].From < at["fetch"].To {
+			t.Errorf("start %d: the phases are out of order (lease, then fence, then the first batch's commit): %v", i, s.Phases)
+		}
+		if s.FirstCommit > bound/2 {
+			t.Errorf("start %d: first commit %s after the exec: an interval of 20 s or more lies on the path", i, s.FirstCommit)
+		}
+	}
+	t.Logf("\n%s", res)
 }
