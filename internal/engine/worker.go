@@ -162,11 +162,11 @@ func (w *worker) connect(ctx context.Context) error {
 	// Then, side by side again, what needs them: the partition leases'
 	// bucket and the relay's stream and lease groups.
 	w.checkMemory(ctx)
-	wg.Go(func() { errs[0] = w.start.timed(phaseLeaseBucket, func() error { return w.openPartitionLeases(ctx) }) })
-	wg.Go(func() { errs[1] = w.start.timed(phaseRelay, func() error { return w.setUpRelay(ctx) }) })
-	errs[2] = nil
+	var then [2]error
+	wg.Go(func() { then[0] = w.start.timed(phaseLeaseBucket, func() error { return w.openPartitionLeases(ctx) }) })
+	wg.Go(func() { then[1] = w.start.timed(phaseRelay, func() error { return w.setUpRelay(ctx) }) })
 	wg.Wait()
-	return cmp.Or(errs[:]...)
+	return cmp.Or(then[:]...)
 }
 
 // openPartitionLeases opens the partition lease manager of each function.
