@@ -113,7 +113,7 @@ func (k *Source) OffsetRange(ctx context.Context, topic string, partition int32)
 // pooledOffsetTimeout bounds pooledOffsetRange: a leader that its cached
 // metadata names and that stopped answering (frozen) costs this much
 // before OffsetRange asks a fresh connection.
-const pooledOffsetTimeout = time.Second
+const pooledOffsetTimeout = 500 * time.Millisecond
 
 // pooledOffsetRange asks for a partition's first offset and high watermark
 // in one ListOffsets request (kafka-go sends the two queries side by side)
