@@ -77,11 +77,15 @@ kfn bench --report-dir ''   # print the report only`,
 	keyLanes := fs.Int("key-lanes", 16, "the key-lanes benchmark: a handler waiting 5 ms per record on one partition, as one lane and as this many key-lanes (KeyConcurrency); 0 skips it")
 	keyLanesRecords := fs.Int64("key-lanes-records", 2000, "records applied by each run of the key-lanes benchmark")
 	keyLanesOnly := fs.Bool("key-lanes-only", false, "run the key-lanes benchmark only")
+	starts := fs.Int("starts", 10, "start → first commit: exec the orders function's binary this many times, with orders waiting, and time each to its first commit (0 skips)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if *keyLanes < 0 || *keyLanes > settings.MaxKeyConcurrency || *keyLanes == 1 || (*keyLanesOnly && *keyLanes == 0) || *keyLanesRecords < 2 {
 		return &usageError{msg: fmt.Sprintf("--key-lanes %d must be in 2..%d (or 0 to skip the key-lanes benchmark, without --key-lanes-only), and --key-lanes-records at least 2", *keyLanes, settings.MaxKeyConcurrency)}
+	}
+	if *starts < 0 || *starts > 100 {
+		return &usageError{msg: fmt.Sprintf("--starts %d is out of range 0..100", *starts)}
 	}
 	if *rounds < 1 || *rounds > 20 {
 		return &usageError{msg: fmt.Sprintf("--rounds %d is out of range 1..20", *rounds)}
@@ -247,6 +251,9 @@ kfn bench --report-dir ''   # print the report only`,
 	}
 	printRelayBench(stdout, relay)
 	if err := keyLanesBench(); err != nil {
+		return err
+	}
+	if err := benchStartup(ctx, st, *starts, *partitions, stdout, stderr); err != nil {
 		return err
 	}
 	return report.write(out)

@@ -31,7 +31,7 @@ func TestBenchRunsEveryModeAndCountsCPUByProcess(t *testing.T) {
 	pg, k := kfntest.Postgres(t), kfntest.Kafka(t)
 	reports := t.TempDir()
 	args := []string{"bench", "--records", "2000", "--naive-records", "2000", "--rounds", "1", "--partitions", "2",
-		"--batch-size", "100", "--relay-events", "300", "--relay-duration", "300ms", "--progress-every", "100ms", "--report-dir", reports,
+		"--batch-size", "100", "--relay-events", "300", "--relay-duration", "300ms", "--progress-every", "100ms", "--report-dir", reports, "--starts", "2",
 		"--database-url", pg.URL, "--nats-url", kfntest.NATSURL(t), "--kafka-brokers", strings.Join(k.Brokers, ",")}
 	started := time.Now()
 	code, stdout, stderr := kfn(t, args...)
@@ -99,6 +99,7 @@ func TestBenchRunsEveryModeAndCountsCPUByProcess(t *testing.T) {
 		`(?m)^OUTBOX +MAX-RATE +LOAD +ASKED/S +REACHED/S +EVENTS +P50 +P99 +MAX +COMMIT-P50 +COMMIT-P99 +REPLY-P50 +REPLY-P99$`,
 		`(?m)^command: kfn bench --records 2000 --naive-records 2000 .*--report-dir ` + regexp.QuoteMeta(reports) + ` `,
 		`(?m)^machine: .+, \d+ CPUs, [\d.]+ GiB memory; .+, Linux .+; go.+; load average [\d.]+ [\d.]+ [\d.]+ at start$`,
+		`(?m)^start → first commit: p50 \S+ +p90 \S+ +over 2 starts \(goal <= 0\.25 s\)$`, `(?m)^  commit +[\d.]+ ms +[\d.]+ ms +[\d.]+ ms$`,
 		`(?m)^versions: Postgres \d+\.\d+.*, NATS 2\.\d+\.\d+, Kafka: (embedded broker \(franz-go kfake v\S+\)|Apache Kafka \d\S*)$`} {
 		if !regexp.MustCompile(want).MatchString(stdout) {
 			t.Errorf("bench output does not match %q:\n%s", want, stdout)

@@ -40,6 +40,7 @@ type applier struct {
 	log        *slog.Logger
 	repeats    *repeatlog.Log // the worker's: retried failures, logged once per step (retryInfra)
 	tracer     trace.Tracer   // spans of batches and handler calls (applier_trace.go); nil while tracing is off
+	start      *startClock    // the worker's start, which its first commit logs
 	// held is the lane's view of its partition's parked keys, for a
 	// function with KeyOrder ParkKey (applier_parkkey.go); nil otherwise.
 	held *heldKeys
@@ -264,6 +265,7 @@ func (a *applier) commit(ctx context.Context, recs []kfn.Record, attempt int) (f
 	}
 	a.committed(recs[len(recs)-1], len(work)-len(rejected), duplicates, deadReasons...)
 	a.stats.ObserveCommit(a.fn.Name, len(recs), withoutRejected(work, rejected), began)
+	a.start.committed(a.log, began)
 	a.stats.TraceContextDropped.Add(int64(emitted.traceDropped))
 	a.stats.CountFn(a.fn.Name, func(c *observe.FunctionCounters) { c.TraceContextDropped += int64(emitted.traceDropped) })
 	for _, d := range dead {

@@ -11,8 +11,9 @@
 // the relay), partition_run.go and subject_run.go (one lane each),
 // applier*.go (one batch transaction: the handler call, parked keys, spans,
 // the claim and the commit), tracker*.go (fencing and the inbox),
-// retry_lane.go (dead letters marked for retry) and relay_process.go (kfn
-// relay). Its dependencies are explicit: runtime (the author's types),
+// retry_lane.go (dead letters marked for retry), relay_process.go (kfn
+// relay) and startup.go (the phases of a worker's start, logged with its
+// first commit). Its dependencies are explicit: runtime (the author's types),
 // internal/preflight (configuration checks, the role's rights, Setup),
 // internal/observe (counters, metrics, Postgres health, span helpers),
 // internal/kafkasource (partitions, the read_committed reader, the

@@ -25,6 +25,9 @@ type partitionRun struct {
 	cursor *partitionTracker
 	lane   cursorLane // the cursor, or the benchmark's baseline wrapping it
 	retry  *retryLane // dead letters marked for retry (retry_lane.go)
+	// filled is set once fetch has read a batch; only fetch, which runs
+	// once at a time, uses it.
+	filled bool
 }
 
 // cursorLane is the tracker of a Kafka partition: it also moves the
@@ -43,6 +46,7 @@ func (pr *partitionRun) run(ctx context.Context) error {
 		return err
 	}
 	pr.log.Debug("partition claimed", "next_offset", pr.cursor.next, "took", time.Since(began))
+	pr.w.start.phase(phaseFence, began)
 	if k := pr.w.keyConcurrency(pr.fn); k > 1 {
 		keys := pr.newKeyLaneRun(k)
 		lanesCtx, wait := keys.start(ctx)
@@ -58,6 +62,7 @@ func (pr *partitionRun) run(ctx context.Context) error {
 // read reads the partition from its cursor and applies its records: batch
 // by batch, or, with keys, through the partition's key-lanes.
 func (pr *partitionRun) read(ctx context.Context, keys *keyLaneRun) error {
+	began := time.Now()
 	reader, err := pr.w.kafka.Reader(pr.part.Topic, pr.part.Partition, pr.cursor.next)
 	if err != nil {
 		return err
@@ -116,6 +121,9 @@ func (pr *partitionRun) read(ctx context.Context, keys *keyLaneRun) error {
 			continue
 		}
 		outage.over()
+		if len(batch) > 0 {
+			pr.w.start.phase(phaseFetch, began)
+		}
 		if len(batch) == 0 {
 			if err := keys.drain(ctx); err != nil {
 				return err
@@ -398,7 +406,14 @@ func (pr *partitionRun) fetch(ctx context.Context, reader *kafkasource.Reader) f
 	// One deadline for the rest of the batch, not a timer per record.
 	fctx, cancel := context.WithDeadline(ctx, time.Now().Add(pr.w.cfg.BatchWait))
 	defer cancel()
-	for len(batch) < max && bytes < pr.w.cfg.BatchMaxBytes {
+	// The lane's first batch takes what its partition holds and does not
+	// wait for more: a lane that starts (a worker scaled from zero, a new
+	// owner) has its backlog in hand at once, and waiting BatchWait for
+	// records not yet produced would only delay its first commit. Later
+	// batches wait, so that a steady flow commits in batches.
+	first := !pr.filled
+	pr.filled = true
+	for len(batch) < max && bytes < pr.w.cfg.BatchMaxBytes && !(first && reader.CaughtUp()) {
 		rec, after, err := reader.NextRecord(fctx)
 		if errors.Is(err, kafkasource.ErrPassedOnly) {
 			passedAfter(batch[len(batch)-1], reader.Passed())

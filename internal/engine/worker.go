@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -68,12 +69,16 @@ type worker struct {
 	// terminateDenied logs, once, that this worker's role may not end an
 	// older owner's session (claimBlocked).
 	terminateDenied sync.Once
+	// start times the start up to the first commit, which logs it.
+	start    *startClock
+	runBegan time.Time // when Run was called: the lease phase's start
 }
 
 // NewWorker validates cfg and fns, connects to Postgres, Kafka and NATS,
 // checks the schema version and runs each function's Setup (unless
 // cfg.SkipSetup). Every failure says which setting or service is at fault.
 func NewWorker(ctx context.Context, cfg kfn.Config, fns ...kfn.Function) (*Worker, error) {
+	start := newStartClock()
 	cfg = cfg.WithDefaults()
 	if err := preflight.ValidateConfig(cfg, kafkaTopic(fns) != ""); err != nil {
 		return nil, err
@@ -99,7 +104,7 @@ func NewWorker(ctx context.Context, cfg kfn.Config, fns ...kfn.Function) (*Worke
 		return nil, preflight.ConfigErrorOf(settings.ConsumerGroup, "%q is set for a worker that runs %d Kafka functions (%s), and each needs a group of its own: leave it unset (each function's name) or run them in separate processes",
 			cfg.ConsumerGroup, len(fromKafka), strings.Join(fromKafka, ", "))
 	}
-	w := &worker{cfg: cfg, fns: fns, stats: &observe.Stats{}, retries: newRetryLanes(), repeats: repeatlog.New()}
+	w := &worker{cfg: cfg, fns: fns, stats: &observe.Stats{}, retries: newRetryLanes(), repeats: repeatlog.New(), start: start}
 	ok := false
 	defer func() {
 		if !ok {
@@ -116,11 +121,12 @@ func NewWorker(ctx context.Context, cfg kfn.Config, fns ...kfn.Function) (*Worke
 	if err := w.startTracing(ctx, service); err != nil {
 		return nil, err
 	}
+	start.phase(phaseConfig, start.began)
 	if err := w.connect(ctx); err != nil {
 		return nil, err
 	}
 	if !cfg.SkipSetup {
-		if err := preflight.RunSetup(ctx, w.pool, fns); err != nil {
+		if err := start.timed(phaseSetup, func() error { return preflight.RunSetup(ctx, w.pool, fns) }); err != nil {
 			return nil, preflight.SetupDenied(err)
 		}
 	}
@@ -129,34 +135,42 @@ func NewWorker(ctx context.Context, cfg kfn.Config, fns ...kfn.Function) (*Worke
 }
 
 func (w *worker) connect(ctx context.Context) error {
-	// The pool of a worker with key-lanes is sized by its partitions
-	// (poolSize): Kafka first.
+	// Postgres, Kafka and NATS are reached side by side: a start waits for
+	// the slowest, not for their sum. The pool of a worker with key-lanes
+	// is sized by its partitions (poolSize), so there Kafka goes first.
 	kafkaFirst := w.maxKeyConcurrency() > 1
-	if kafkaFirst {
-		if err := w.connectKafka(ctx); err != nil {
-			return err
+	kafka := func() error { return w.start.timed(phaseKafka, func() error { return w.connectKafka(ctx) }) }
+	postgres := func() error {
+		if kafkaFirst {
+			if err := kafka(); err != nil {
+				return err
+			}
 		}
+		return w.start.timed(phasePostgres, func() error { return w.checkPostgres(ctx) })
 	}
-	if err := w.connectPostgres(ctx); err != nil {
-		return err
-	}
-	relay := !w.cfg.NoRelay && len(emittedSubjects(w.fns)) > 0
-	if err := preflight.CheckRole(ctx, w.pool, w.fns, relay); err != nil {
-		return err
-	}
-	if outboxMode(&w.cfg) == outbox.ModeWAL && len(emittedSubjects(w.fns)) > 0 {
-		if err := outbox.CheckWAL(ctx, w.pool); err != nil {
-			return fmt.Errorf("--%s wal (%s): %w", settings.Outbox.Flag, settings.Outbox.Env, err)
-		}
-	}
+	var errs [3]error // the first in this order is reported, as when they ran one after the other
+	var wg sync.WaitGroup
+	wg.Go(func() { errs[0] = postgres() })
 	if !kafkaFirst {
-		if err := w.connectKafka(ctx); err != nil {
-			return err
-		}
+		wg.Go(func() { errs[1] = kafka() })
 	}
-	if err := w.connectNATS(); err != nil {
+	wg.Go(func() { errs[2] = w.start.timed(phaseNATS, w.connectNATS) })
+	wg.Wait()
+	if err := cmp.Or(errs[:]...); err != nil {
 		return err
 	}
+	// Then, side by side again, what needs them: the partition leases'
+	// bucket and the relay's stream and lease groups.
+	w.checkMemory(ctx)
+	var then [2]error
+	wg.Go(func() { then[0] = w.start.timed(phaseLeaseBucket, func() error { return w.openPartitionLeases(ctx) }) })
+	wg.Go(func() { then[1] = w.start.timed(phaseRelay, func() error { return w.setUpRelay(ctx) }) })
+	wg.Wait()
+	return cmp.Or(then[:]...)
+}
+
+// openPartitionLeases opens the partition lease manager of each function.
+func (w *worker) openPartitionLeases(ctx context.Context) error {
 	w.leases = map[string]*lease.Manager{}
 	for _, fn := range w.fns {
 		var err error
@@ -164,7 +178,12 @@ func (w *worker) connect(ctx context.Context) error {
 			return err
 		}
 	}
-	w.checkMemory(ctx)
+	return nil
+}
+
+// setUpRelay makes the worker's outbox relay, or with NoRelay has the
+// event stream capture what its functions emit.
+func (w *worker) setUpRelay(ctx context.Context) error {
 	subjects := emittedSubjects(w.fns)
 	switch {
 	case len(subjects) == 0:
@@ -178,6 +197,24 @@ func (w *worker) connect(ctx context.Context) error {
 		var err error
 		if w.relay, err = w.newRelay(ctx, subjects); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// checkPostgres connects to Postgres (connectPostgres) and checks that
+// the worker's role may do what its lanes and relay do.
+func (w *worker) checkPostgres(ctx context.Context) error {
+	if err := w.connectPostgres(ctx); err != nil {
+		return err
+	}
+	relay := !w.cfg.NoRelay && len(emittedSubjects(w.fns)) > 0
+	if err := preflight.CheckRole(ctx, w.pool, w.fns, relay); err != nil {
+		return err
+	}
+	if outboxMode(&w.cfg) == outbox.ModeWAL && len(emittedSubjects(w.fns)) > 0 {
+		if err := outbox.CheckWAL(ctx, w.pool); err != nil {
+			return fmt.Errorf("--%s wal (%s): %w", settings.Outbox.Flag, settings.Outbox.Env, err)
 		}
 	}
 	return nil
@@ -342,6 +379,7 @@ func (wk *Worker) AtLeastOnceBaseline() { wk.w.partitionTracker = atLeastOnce }
 // releases its partitions, closes its connections and returns.
 func (wk *Worker) Run(ctx context.Context) error {
 	w := wk.w
+	w.runBegan = time.Now()
 	defer w.close()
 	defer w.readersClosing.Wait()
 	defer w.health.Start(ctx)()
@@ -384,7 +422,16 @@ func (wk *Worker) Run(ctx context.Context) error {
 	running := len(w.fns)
 	if w.relay != nil {
 		running++
-		go func() { errs <- w.relay.Run(ctx) }()
+		go func() {
+			// The relay's shard loops (outbox.Shards of them) each read the
+			// outbox at once when they start: they would queue the lanes'
+			// claims and first commits behind new Postgres connections. So
+			// the relay starts after this worker's first commit, or one
+			// lease renewal interval (the cadence of every lease's moves)
+			// into Run when there is nothing to commit.
+			w.start.afterFirstCommit(ctx, w.cfg.LeaseRenew)
+			errs <- w.relay.Run(ctx)
+		}()
 	}
 	var first error
 	for range running {

@@ -101,5 +101,5 @@ func (w *worker) runSubject(ctx context.Context, fn kfn.Function, lane int32, to
 // newApplier returns the applier of one lane of fn, committing through
 // tracker with the worker's pool, settings and counters.
 func (w *worker) newApplier(fn kfn.Function, part inbox.Partition, token int64, tracker tracker, log *slog.Logger) *applier {
-	return &applier{pool: w.pool, cfg: &w.cfg, stats: w.stats, fn: fn, part: part, token: token, tracker: tracker, log: log, repeats: w.repeats, tracer: w.tracer}
+	return &applier{pool: w.pool, cfg: &w.cfg, stats: w.stats, fn: fn, part: part, token: token, tracker: tracker, log: log, repeats: w.repeats, tracer: w.tracer, start: w.start}
 }

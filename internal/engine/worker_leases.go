@@ -135,6 +135,7 @@ func (w *worker) own(ctx context.Context, fn kfn.Function, leases *lease.Manager
 		run = w.runSubject
 	}
 	return leases.Run(ctx, items, func(ctx context.Context, c lease.Claim) {
+		w.start.phase(phaseLease, w.runBegan)
 		p, err := naming.ParseLeaseItem(c.Item)
 		if err != nil {
 			w.cfg.Logger.Error("ignoring lease", "function", fn.Name, "err", err)

@@ -207,6 +207,11 @@ func (r *Reader) Passed() int64 { return r.passed }
 // partition's lag ends.
 func (r *Reader) LastStable() int64 { return r.lastStable }
 
+// CaughtUp says whether the reader has handed on every record of the
+// partition up to the last stable offset its last response gave: a next
+// record would have to be produced first.
+func (r *Reader) CaughtUp() bool { return len(r.buffered) == 0 && r.passed >= r.lastStable }
+
 // NoteCursor tells the reader where the lane's cursor stands, between two
 // reads (no read may be under way).
 func (r *Reader) NoteCursor(next int64) { r.laneAt = next }

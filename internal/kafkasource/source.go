@@ -83,17 +83,24 @@ func (k *Source) Partitions(ctx context.Context, topic string) ([]int32, error) 
 	return nil, fmt.Errorf("%w: %s", ErrTopicMissing, topic)
 }
 
-// offsetRange returns the first available offset and the high watermark
+// OffsetRange returns the first available offset and the high watermark
 // (the offset the next produced record will get) of a partition. It asks
-// the partition's leader as a broker names it now, on a connection of its
-// own, as kafka-go's readers do: the client's transport routes by metadata
-// it refreshes only on a timer (MetadataTTL), not when a request fails, so
-// right after a leader change it would keep asking the dead leader, and a
-// claim would wait up to MetadataTTL longer than Kafka's failover.
+// first over the client's pooled connections, in one round trip
+// (pooledOffsetRange), as every lane of a starting worker does at once.
+// When that fails it asks the partition's leader as a broker names it now,
+// on a connection of its own, as kafka-go's readers do: the client's
+// transport routes by metadata it refreshes only on a timer (MetadataTTL),
+// not when a request fails, so right after a leader change it may ask a
+// broker that is gone (an error at once) or no longer leads (an error
+// code), and a claim would otherwise wait up to MetadataTTL longer than
+// Kafka's failover.
 func (k *Source) OffsetRange(ctx context.Context, topic string, partition int32) (first, high int64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, offsetRangeTimeout)
 	defer cancel()
-	var errs []error
+	if first, high, err = k.pooledOffsetRange(ctx, topic, partition); err == nil {
+		return first, high, nil
+	}
+	errs := []error{err}
 	for _, broker := range k.brokers {
 		if first, high, err = k.leaderOffsets(ctx, broker, topic, partition); err == nil {
 			return first, high, nil
@@ -101,6 +108,39 @@ func (k *Source) OffsetRange(ctx context.Context, topic string, partition int32)
 		errs = append(errs, err)
 	}
 	return 0, 0, fmt.Errorf("list offsets of %s/%d: %w", topic, partition, kafkaconn.Explain(errors.Join(errs...), k.brokers, k.security))
+}
+
+// pooledOffsetTimeout bounds pooledOffsetRange: a leader that its cached
+// metadata names and that stopped answering (frozen) costs this much
+// before OffsetRange asks a fresh connection.
+const pooledOffsetTimeout = 500 * time.Millisecond
+
+// pooledOffsetRange asks for a partition's first offset and high watermark
+// in one ListOffsets request (kafka-go sends the two queries side by side)
+// over the client's connections, routed by its cached metadata: no dial,
+// no metadata request, unlike leaderOffsets.
+func (k *Source) pooledOffsetRange(ctx context.Context, topic string, partition int32) (first, high int64, err error) {
+	ctx, cancel := context.WithTimeout(ctx, pooledOffsetTimeout)
+	defer cancel()
+	res, err := k.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{
+		topic: {kafka.FirstOffsetOf(int(partition)), kafka.LastOffsetOf(int(partition))},
+	}})
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, p := range res.Topics[topic] {
+		if p.Partition != int(partition) {
+			continue
+		}
+		if p.Error != nil {
+			return 0, 0, p.Error
+		}
+		if p.FirstOffset < 0 || p.LastOffset < p.FirstOffset {
+			return 0, 0, fmt.Errorf("list offsets of %s/%d: the answer holds first %d, high %d", topic, partition, p.FirstOffset, p.LastOffset)
+		}
+		return p.FirstOffset, p.LastOffset, nil
+	}
+	return 0, 0, fmt.Errorf("list offsets of %s/%d: no answer for the partition", topic, partition)
 }
 
 // offsetRangeTimeout bounds offsetRange, like the client's Timeout.

@@ -11,8 +11,9 @@
 // process involved (cpu.go), its commit latency (latency.go) and its
 // memory (memory.go), and describes the machine (machine.go). It also
 // measures the outbox relay alone against a naive relay, and its commit →
-// ack latency (relay.go), and the relay's share of a worker's CPU
-// (relayshare.go).
+// ack latency (relay.go), the relay's share of a worker's CPU
+// (relayshare.go), and a function binary's start, from its exec to its
+// first commit (startup.go).
 package bench
 
 import (
