@@ -293,12 +293,19 @@ type walTxn struct {
 type walPending struct {
 	row      relayRow
 	txn      *walTxn
+	next     *walPending // the next event of its key, in commit order
 	attempts int
 	seq      uint64 // reply sequence of its publish in flight; 0 if none
 	deadline time.Time
 	retryAt  time.Time // when a failed publish is sent again
 	parked   bool      // the stream rejected it MaxAttempts times: it waits ParkFor
 	span     trace.Span
+}
+
+// walQueue is the events of one key read and not yet acked, oldest
+// first, linked by walPending.next.
+type walQueue struct {
+	head, tail *walPending
 }
 
 // walSession is one replication session's state. The reader goroutine
@@ -322,7 +329,7 @@ type walSession struct {
 	// The loop's state. keys holds, per key, its events in commit order:
 	// the first is in flight or waiting to be sent again, the others wait
 	// behind it (at most one unacked publish per key).
-	keys    map[string][]*walPending
+	keys    map[string]walQueue
 	flights map[uint64]*walPending
 	// sent holds the reply sequences of the publishes in flight in the
 	// order they were sent, which is their deadlines' order (the front may
@@ -337,9 +344,11 @@ type walSession struct {
 	// serverEnd is the server's WAL end as it last said (a keepalive, a
 	// commit): what the slot holds lies between confirmed and it.
 	serverEnd pglogrepl.LSN
-	message   messageBuf
-	sources   map[string]string
-	retry     *backoff.ExponentialBackOff // paces the sends of failed publishes
+	// oldestAt is when advance last looked for the oldest pending event.
+	oldestAt time.Time
+	message  messageBuf
+	sources  map[string]string
+	retry    *backoff.ExponentialBackOff // paces the sends of failed publishes
 	// outage is set by a publish that failed for an outage and cleared by
 	// the next ack, which sends again at once the events waiting out their
 	// pause: each failure during an outage lengthens the pause of the next
@@ -354,7 +363,7 @@ func newWALSession(r *Relay, conn *pgconn.PgConn, slot string, token uint64, ack
 		r: r, conn: conn, slot: slot, token: token, acks: acks, inbox: &acks.inbox[walInbox],
 		log:     r.log.With("slot", slot, "token", token),
 		items:   make(chan walItem, 256),
-		keys:    map[string][]*walPending{},
+		keys:    map[string]walQueue{},
 		flights: map[uint64]*walPending{},
 		sources: map[string]string{},
 		retry:   r.newBackoff(),
@@ -428,9 +437,15 @@ func (s *walSession) take(ctx context.Context, it walItem) {
 		s.open.unacked++
 		s.pending++
 		s.r.counters.walRead.Add(1)
-		queue := append(s.keys[p.row.Key], p)
-		s.keys[p.row.Key] = queue
-		if len(queue) == 1 {
+		q := s.keys[p.row.Key]
+		if q.head == nil {
+			q.head = p
+		} else {
+			q.tail.next = p
+		}
+		q.tail = p
+		s.keys[p.row.Key] = q
+		if q.head == p {
 			s.send(ctx, p)
 		}
 	case walCommit:
@@ -545,15 +560,14 @@ func (s *walSession) acked(ctx context.Context, p *walPending, duplicate bool, n
 	}
 	p.txn.unacked--
 	s.pending--
-	queue := s.keys[p.row.Key]
-	queue[0] = nil
-	queue = queue[1:]
-	if len(queue) == 0 {
+	next := p.next
+	p.next = nil
+	if next == nil {
 		delete(s.keys, p.row.Key)
 		return
 	}
-	s.keys[p.row.Key] = queue
-	s.send(ctx, queue[0])
+	s.keys[p.row.Key] = walQueue{head: next, tail: s.keys[p.row.Key].tail}
+	s.send(ctx, next)
 }
 
 // retryNow makes the events waiting out an outage's pause due at now (the
@@ -562,8 +576,8 @@ func (s *walSession) retryNow(now time.Time) {
 	if s.retrying == 0 {
 		return
 	}
-	for _, queue := range s.keys {
-		if p := queue[0]; p.seq == 0 && !p.retryAt.IsZero() && !p.parked && p.retryAt.After(now) {
+	for _, q := range s.keys {
+		if p := q.head; p.seq == 0 && !p.retryAt.IsZero() && !p.parked && p.retryAt.After(now) {
 			p.retryAt = now
 		}
 	}
@@ -583,8 +597,8 @@ func (s *walSession) expire(ctx context.Context) {
 	if s.retrying == 0 {
 		return
 	}
-	for _, queue := range s.keys {
-		if p := queue[0]; p.seq == 0 && !p.retryAt.IsZero() && !now.Before(p.retryAt) {
+	for _, q := range s.keys {
+		if p := q.head; p.seq == 0 && !p.retryAt.IsZero() && !now.Before(p.retryAt) {
 			s.send(ctx, p)
 		}
 	}
@@ -602,8 +616,8 @@ func (s *walSession) nextWake() time.Duration {
 		s.sent = s.sent[1:]
 	}
 	if s.retrying > 0 {
-		for _, queue := range s.keys {
-			if p := queue[0]; p.seq == 0 && !p.retryAt.IsZero() && p.retryAt.Before(next) {
+		for _, q := range s.keys {
+			if p := q.head; p.seq == 0 && !p.retryAt.IsZero() && p.retryAt.Before(next) {
 				next = p.retryAt
 			}
 		}
@@ -628,12 +642,34 @@ func (s *walSession) advance() {
 	}
 	s.r.counters.walPending.Store(int64(s.pending))
 	s.r.counters.walHeld.Store(int64(max(s.serverEnd, pglogrepl.LSN(s.confirmed.Load())) - pglogrepl.LSN(s.confirmed.Load())))
+	s.findOldest()
+}
+
+// oldestEvery is how often findOldest looks through the keys for the
+// oldest pending event while some are pending.
+const oldestEvery = 100 * time.Millisecond
+
+// findOldest records the emit time of the oldest pending event (the
+// oldest first event of a key). It looks through every key, so it does
+// so at most every oldestEvery, and at once when events become pending:
+// looking after each turn of the loop cost a pass over up to MaxPending
+// keys per handful of events (a tenth of the loop's CPU at full load, and
+// more the more events are pending). In between, the time it reports may
+// be that of an event acked since, at most oldestEvery ago.
+func (s *walSession) findOldest() {
+	if s.pending == 0 {
+		s.r.counters.walOldest.Store(0)
+		return
+	}
+	now := time.Now()
+	if s.r.counters.walOldest.Load() != 0 && now.Sub(s.oldestAt) < oldestEvery {
+		return
+	}
+	s.oldestAt = now
 	var oldest time.Time
-	if s.pending > 0 {
-		for _, queue := range s.keys {
-			if c := queue[0].row.CreatedAt; oldest.IsZero() || c.Before(oldest) {
-				oldest = c
-			}
+	for _, q := range s.keys {
+		if c := q.head.row.CreatedAt; oldest.IsZero() || c.Before(oldest) {
+			oldest = c
 		}
 	}
 	if oldest.IsZero() {
@@ -718,6 +754,11 @@ func (s *walSession) read(ctx context.Context) error {
 		}
 	}()
 	deliver := func(it walItem) error {
+		select {
+		case s.items <- it: // the common case: no timer to make
+			return nil
+		default:
+		}
 		for {
 			if !time.Now().Before(nextStatus) {
 				if err := status(); err != nil {
@@ -736,15 +777,34 @@ func (s *walSession) read(ctx context.Context) error {
 			}
 		}
 	}
+	// The wait for the next message ends at nextStatus by the connection's
+	// read deadline, not by a context handed to ReceiveMessage: a context
+	// costs pgconn a watch per call (a channel and an AfterFunc, made and
+	// stopped), and the walsender sends a message per event (a microsecond
+	// of each event's, a seventh of the relay's CPU). The session's end
+	// moves the deadline to now, so that a read in progress ends at once.
+	netConn := s.conn.Conn()
+	stopWatch := context.AfterFunc(ctx, func() {
+		netConn.SetReadDeadline(time.Now()) //nolint:errcheck // a closed connection ends the read anyway
+	})
+	defer stopWatch()
+	var deadline time.Time
 	for {
 		if !time.Now().Before(nextStatus) {
 			if err := status(); err != nil {
 				return err
 			}
 		}
-		rctx, cancel := context.WithDeadline(ctx, nextStatus)
-		raw, err := s.conn.ReceiveMessage(rctx)
-		cancel()
+		if !deadline.Equal(nextStatus) {
+			deadline = nextStatus
+			if err := netConn.SetReadDeadline(deadline); err != nil {
+				return fmt.Errorf("read the WAL outbox's slot: %w", err)
+			}
+			if ctx.Err() != nil {
+				return nil // ended before the deadline above replaced the end's
+			}
+		}
+		raw, err := s.conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
