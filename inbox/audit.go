@@ -110,10 +110,11 @@ type AuditFilter struct {
 	Since         time.Time // at or after
 	Until         time.Time // before
 	Limit         int       // the newest this many; 0: no limit
+	Offset        int       // after leaving out the newest this many (a page further back)
 }
 
 // ReadAudit returns the audit rows f selects, oldest first; with a limit,
-// the newest f.Limit of them.
+// the newest f.Limit of them after the newest f.Offset.
 func ReadAudit(ctx context.Context, db Querier, f AuditFilter) ([]AuditEntry, error) {
 	var w conditions
 	if f.Consumer != "" {
@@ -138,6 +139,9 @@ func ReadAudit(ctx context.Context, db Querier, f AuditFilter) ([]AuditEntry, er
 	limit := ""
 	if f.Limit > 0 {
 		limit = " LIMIT " + strconv.Itoa(f.Limit)
+	}
+	if f.Offset > 0 {
+		limit += " OFFSET " + strconv.Itoa(f.Offset)
 	}
 	rows, err := db.Query(ctx, `
 SELECT id, at, actor, action, consumer, topic, partition, details::text FROM kfn.audit_log

@@ -16,6 +16,10 @@ const fingerprintSQL = `regexp_replace(regexp_replace(error,
   '[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}', '<id>', 'g'),
   '\m[0-9a-fA-F]*[0-9][0-9a-fA-F]*\M', '<n>', 'g')`
 
+// Page is a window of a listing: at most Limit rows (0: all of them) after
+// the first Offset.
+type Page struct{ Limit, Offset int }
+
 // DeadLetterGroup is the dead letters of one function that failed for the
 // same reason with the same error fingerprint.
 type DeadLetterGroup struct {
@@ -30,18 +34,15 @@ type DeadLetterGroup struct {
 
 // DeadLetterGroups groups the dead letters of function (every function's
 // when it is empty) by function, reason and error fingerprint, the largest
-// group first, at most limit groups (0: all).
-func DeadLetterGroups(ctx context.Context, db inbox.Querier, function string, limit int) ([]DeadLetterGroup, error) {
-	if limit <= 0 {
-		limit = -1
-	}
+// group first, the groups of page.
+func DeadLetterGroups(ctx context.Context, db inbox.Querier, function string, page Page) ([]DeadLetterGroup, error) {
 	rows, err := db.Query(ctx, `SELECT consumer, reason, fp, count(*), min(dead_at), max(dead_at),
   (array_agg(error ORDER BY dead_at DESC, id DESC))[1]
  FROM (SELECT consumer, reason, error, dead_at, id, `+fingerprintSQL+` AS fp
         FROM kfn.dead_letters WHERE $1 = '' OR consumer = $1) d
  GROUP BY consumer, reason, fp
  ORDER BY count(*) DESC, consumer, reason, fp
- LIMIT CASE WHEN $2 < 0 THEN NULL ELSE $2 END`, function, limit)
+ LIMIT CASE WHEN $2 <= 0 THEN NULL ELSE $2 END OFFSET $3`, function, page.Limit, page.Offset)
 	if err != nil {
 		return nil, fmt.Errorf("group dead letters: %w", err)
 	}
@@ -61,16 +62,13 @@ func DeadLetterGroups(ctx context.Context, db inbox.Querier, function string, li
 }
 
 // DeadLetterGroupIDs returns the ids of the dead letters of one group
-// (function, reason, fingerprint), oldest first, at most limit (0: all): the
+// (function, reason, fingerprint), oldest first, the ids of page: the
 // selection a group retry or discard hands to Retry or DiscardDeadLetters.
-func DeadLetterGroupIDs(ctx context.Context, db inbox.Querier, function, reason, fingerprint string, limit int) ([]int64, error) {
-	if limit <= 0 {
-		limit = -1
-	}
+func DeadLetterGroupIDs(ctx context.Context, db inbox.Querier, function, reason, fingerprint string, page Page) ([]int64, error) {
 	rows, err := db.Query(ctx, `SELECT id FROM kfn.dead_letters
  WHERE consumer = $1 AND reason = $2 AND `+fingerprintSQL+` = $3
  ORDER BY consumer, topic, partition, "offset"
- LIMIT CASE WHEN $4 < 0 THEN NULL ELSE $4 END`, function, reason, fingerprint, limit)
+ LIMIT CASE WHEN $4 <= 0 THEN NULL ELSE $4 END OFFSET $5`, function, reason, fingerprint, page.Limit, page.Offset)
 	if err != nil {
 		return nil, fmt.Errorf("select the dead letter group: %w", err)
 	}
@@ -109,11 +107,8 @@ type ParkedKey struct {
 }
 
 // ParkedKeys lists the parked keys of function (every function's when it
-// is empty), the oldest first, at most limit (0: all).
-func ParkedKeys(ctx context.Context, db inbox.Querier, function string, limit int) ([]ParkedKey, error) {
-	if limit <= 0 {
-		limit = -1
-	}
+// is empty), the oldest first, the keys of page.
+func ParkedKeys(ctx context.Context, db inbox.Querier, function string, page Page) ([]ParkedKey, error) {
 	rows, err := db.Query(ctx, `SELECT p.consumer, p.topic, p.partition, p.record_key, p.blocking_offset, p.parked_at,
   coalesce((SELECT d.id FROM kfn.dead_letters d WHERE d.consumer = p.consumer AND d.topic = p.topic
              AND d.partition = p.partition AND d."offset" = p.blocking_offset), 0),
@@ -121,7 +116,7 @@ func ParkedKeys(ctx context.Context, db inbox.Querier, function string, limit in
              AND d.partition = p.partition AND d.reason = 'key_parked' AND d.record_key = p.record_key)
  FROM kfn.parked_keys p WHERE $1 = '' OR p.consumer = $1
  ORDER BY p.parked_at, p.consumer, p.topic, p.partition
- LIMIT CASE WHEN $2 < 0 THEN NULL ELSE $2 END`, function, limit)
+ LIMIT CASE WHEN $2 <= 0 THEN NULL ELSE $2 END OFFSET $3`, function, page.Limit, page.Offset)
 	if err != nil {
 		return nil, fmt.Errorf("list parked keys: %w", err)
 	}

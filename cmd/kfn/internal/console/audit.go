@@ -3,7 +3,7 @@ package console
 import (
 	"encoding/json"
 	"net/http"
-	"strconv"
+	"slices"
 	"time"
 
 	"github.com/kfn-dev/kfn/inbox"
@@ -18,8 +18,13 @@ type auditRow struct {
 // audit shows kfn.audit_log through operator.AuditLog, as kfn audit does,
 // filtered by actor, action, function and time.
 func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
+	at, ok := s.pageAt(w, r)
+	if !ok {
+		return
+	}
 	q := r.URL.Query()
-	f := operator.AuditFilter{Consumer: q.Get("function"), Action: q.Get("action"), ActorContains: q.Get("actor"), Limit: 200}
+	window := at.window()
+	f := operator.AuditFilter{Consumer: q.Get("function"), Action: q.Get("action"), ActorContains: q.Get("actor"), Limit: window.Limit, Offset: window.Offset}
 	p := s.newPage(r, "audit", "Audit log", nil)
 	err := operator.CheckAuditAction(f.Action)
 	if err == nil && q.Get("since") != "" {
@@ -28,9 +33,6 @@ func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
 			f.Since = time.Now().Add(-d)
 		}
 	}
-	if n, e := strconv.Atoi(q.Get("limit")); e == nil && n > 0 && n <= 5000 {
-		f.Limit = n
-	}
 	var entries []inbox.AuditEntry
 	if err == nil {
 		entries, err = operator.AuditLog(r.Context(), s.cfg.Pool, f)
@@ -38,9 +40,10 @@ func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		p.Error = problem(err)
 	}
+	slices.Reverse(entries) // newest first
+	entries, pages := pageOf(r, at, entries)
 	rows := make([]auditRow, len(entries))
-	for i := range entries { // newest first
-		e := entries[len(entries)-1-i]
+	for i, e := range entries {
 		var details map[string]any
 		text := string(e.Details)
 		if json.Unmarshal(e.Details, &details) == nil {
@@ -54,6 +57,7 @@ func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
 		Function, Action, Actor, Since string
 		Actions                        []string
 		Rows                           []auditRow
-	}{f.Consumer, f.Action, f.ActorContains, q.Get("since"), operator.AuditActions, rows}
+		Pages                          pager
+	}{f.Consumer, f.Action, f.ActorContains, q.Get("since"), operator.AuditActions, rows, pages}
 	s.render(w, http.StatusOK, "audit", p)
 }

@@ -402,7 +402,7 @@ func TestDeadLetterGroupsNormaliseNumbersAndIDs(t *testing.T) {
 		letter{fn: "pay", topic: "pay", offset: 3, reason: "permanent", errText: "charge 123e4567-e89b-12d3-a456-426614174000 failed: HTTP 503 after 12 tries (req 9f8e7d6c)"},
 		letter{fn: "pay", topic: "pay", offset: 4, reason: "handler_error", errText: "utf8 decoder: bad input"},
 	)
-	groups, err := operator.DeadLetterGroups(context.Background(), db.Pool, "pay", 0)
+	groups, err := operator.DeadLetterGroups(context.Background(), db.Pool, "pay", operator.Page{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -423,7 +423,7 @@ func TestDeadLetterGroupsNormaliseNumbersAndIDs(t *testing.T) {
 			t.Errorf("group %q: %d letters, want %d (groups: %v)", k, got[k], n, got)
 		}
 	}
-	ids, err := operator.DeadLetterGroupIDs(context.Background(), db.Pool, "pay", "handler_error", "charge <id> failed: HTTP <n> after <n> tries (req <n>)", 0)
+	ids, err := operator.DeadLetterGroupIDs(context.Background(), db.Pool, "pay", "handler_error", "charge <id> failed: HTTP <n> after <n> tries (req <n>)", operator.Page{})
 	if err != nil || len(ids) != 2 {
 		t.Fatalf("the group's ids: %v, %v; want 2", ids, err)
 	}

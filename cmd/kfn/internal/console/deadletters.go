@@ -10,21 +10,24 @@ import (
 	"github.com/kfn-dev/kfn/operator"
 )
 
-// groupLimit bounds the groups and the letters of a group one page shows.
-const groupLimit = 500
-
 // groupRef names one dead letter group in a URL or a form.
 type groupRef struct {
 	Function, Reason, Fingerprint string
 }
 
 func (s *Server) deadLetterGroups(w http.ResponseWriter, r *http.Request) {
+	at, ok := s.pageAt(w, r)
+	if !ok {
+		return
+	}
 	function := r.URL.Query().Get("function")
-	groups, err := operator.DeadLetterGroups(r.Context(), s.cfg.Pool, function, groupLimit)
+	groups, err := operator.DeadLetterGroups(r.Context(), s.cfg.Pool, function, at.window())
+	groups, pages := pageOf(r, at, groups)
 	p := s.newPage(r, "deadletters", "Dead letters", struct {
 		Function string
 		Groups   []operator.DeadLetterGroup
-	}{function, groups})
+		Pages    pager
+	}{function, groups, pages})
 	if err != nil {
 		p.Error = problem(err)
 	}
@@ -32,19 +35,21 @@ func (s *Server) deadLetterGroups(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deadLetterGroup(w http.ResponseWriter, r *http.Request) {
+	at, ok := s.pageAt(w, r)
+	if !ok {
+		return
+	}
 	q := r.URL.Query()
 	ref := groupRef{q.Get("function"), q.Get("reason"), q.Get("fp")}
 	data := struct {
 		Ref     groupRef
 		Letters []inbox.DeadLetter
-		More    bool
+		Pages   pager
 	}{Ref: ref}
 	p := s.newPage(r, "deadletters", "Dead letter group", nil)
-	ids, err := operator.DeadLetterGroupIDs(r.Context(), s.cfg.Pool, ref.Function, ref.Reason, ref.Fingerprint, groupLimit+1)
+	ids, err := operator.DeadLetterGroupIDs(r.Context(), s.cfg.Pool, ref.Function, ref.Reason, ref.Fingerprint, at.window())
+	ids, data.Pages = pageOf(r, at, ids)
 	if err == nil && len(ids) > 0 {
-		if len(ids) > groupLimit {
-			ids, data.More = ids[:groupLimit], true
-		}
 		data.Letters, err = operator.ListDeadLetters(r.Context(), s.cfg.Pool, operator.DeadLetterFilter{IDs: ids, WithoutValue: true})
 	}
 	if err != nil {
@@ -118,7 +123,7 @@ func (s *Server) selection(r *http.Request) ([]int64, error) {
 	if ref.Function == "" || ref.Reason == "" {
 		return nil, fmt.Errorf("say which dead letters: tick them, or act on a whole group")
 	}
-	ids, err := operator.DeadLetterGroupIDs(r.Context(), s.cfg.Pool, ref.Function, ref.Reason, ref.Fingerprint, 0)
+	ids, err := operator.DeadLetterGroupIDs(r.Context(), s.cfg.Pool, ref.Function, ref.Reason, ref.Fingerprint, operator.Page{})
 	if err == nil && len(ids) == 0 {
 		err = fmt.Errorf("the group is empty now (retried or discarded already?)")
 	}
@@ -177,8 +182,16 @@ func (s *Server) discard(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) parkedKeys(w http.ResponseWriter, r *http.Request) {
-	keys, err := operator.ParkedKeys(r.Context(), s.cfg.Pool, r.URL.Query().Get("function"), groupLimit)
-	p := s.newPage(r, "parked", "Parked keys", keys)
+	at, ok := s.pageAt(w, r)
+	if !ok {
+		return
+	}
+	keys, err := operator.ParkedKeys(r.Context(), s.cfg.Pool, r.URL.Query().Get("function"), at.window())
+	keys, pages := pageOf(r, at, keys)
+	p := s.newPage(r, "parked", "Parked keys", struct {
+		Keys  []operator.ParkedKey
+		Pages pager
+	}{keys, pages})
 	if err != nil {
 		p.Error = problem(err)
 	}

@@ -47,7 +47,7 @@ func (s *Server) readOverview(ctx context.Context) overviewData {
 	var e error
 	d.DeadTotal, d.DeadLastHour, e = operator.DeadLetterCounts(ctx, s.cfg.Pool, start.Add(-time.Hour))
 	errs = append(errs, e)
-	parked, e := operator.ParkedKeys(ctx, s.cfg.Pool, "", 0)
+	parked, e := operator.ParkedKeys(ctx, s.cfg.Pool, "", operator.Page{})
 	d.ParkedKeys = len(parked)
 	errs = append(errs, e)
 	d.Backlog, e = operator.ReadRelayBacklog(ctx, s.cfg.Pool)

@@ -54,7 +54,11 @@ type Config struct {
 	AllowWrites bool
 	// TLS says the console is served over TLS: its cookies are Secure.
 	TLS bool
-	Log *slog.Logger
+	// PageSize is how many rows a page of a list shows (dead letter
+	// groups, a group's letters, parked keys, the audit log); default
+	// DefaultPageSize.
+	PageSize int
+	Log      *slog.Logger
 }
 
 // ErrNoAuth refuses a console that would let anyone in.
@@ -83,6 +87,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.EventStream == "" {
 		cfg.EventStream = outbox.DefaultStream
+	}
+	if cfg.PageSize <= 0 {
+		cfg.PageSize = DefaultPageSize
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
