@@ -130,10 +130,10 @@ func (s *Server) selection(r *http.Request) ([]int64, error) {
 	return ids, err
 }
 
-// retry marks the selected dead letters for retry with operator.Retry, as
-// kfn dlq retry does, the console user as the actor.
-func (s *Server) retry(w http.ResponseWriter, r *http.Request) {
-	p := s.newPage(r, "deadletters", "Retry", nil)
+// selectionWithReason is what a retry or discard form asks for: the
+// dead letters it selects and the reason for the audit log. When either
+// is missing it answers 400 on page p and returns false.
+func (s *Server) selectionWithReason(w http.ResponseWriter, r *http.Request, p *page) ([]int64, string, bool) {
 	ids, err := s.selection(r)
 	reason := strings.TrimSpace(r.PostFormValue("reason"))
 	if err == nil && reason == "" {
@@ -141,7 +141,18 @@ func (s *Server) retry(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		p.Error = err.Error()
-		s.render(w, http.StatusBadRequest, "message", p)
+		s.render(w, http.StatusBadRequest, "message", *p)
+		return nil, "", false
+	}
+	return ids, reason, true
+}
+
+// retry marks the selected dead letters for retry with operator.Retry, as
+// kfn dlq retry does, the console user as the actor.
+func (s *Server) retry(w http.ResponseWriter, r *http.Request) {
+	p := s.newPage(r, "deadletters", "Retry", nil)
+	ids, reason, ok := s.selectionWithReason(w, r, &p)
+	if !ok {
 		return
 	}
 	marks, err := operator.Retry(r.Context(), s.cfg.Pool, operator.RetryRequest{IDs: ids, Limit: len(ids), Partition: -1, Reason: reason, Actor: who(r).Actor()})
@@ -160,14 +171,8 @@ func (s *Server) retry(w http.ResponseWriter, r *http.Request) {
 // operator.DiscardDeadLetters, as kfn dlq discard does.
 func (s *Server) discard(w http.ResponseWriter, r *http.Request) {
 	p := s.newPage(r, "deadletters", "Discard", nil)
-	ids, err := s.selection(r)
-	reason := strings.TrimSpace(r.PostFormValue("reason"))
-	if err == nil && reason == "" {
-		err = fmt.Errorf("say why, for the audit log: the reason is required")
-	}
-	if err != nil {
-		p.Error = err.Error()
-		s.render(w, http.StatusBadRequest, "message", p)
+	ids, reason, ok := s.selectionWithReason(w, r, &p)
+	if !ok {
 		return
 	}
 	res, err := operator.DiscardDeadLetters(r.Context(), s.cfg.Pool, operator.DiscardRequest{Filter: operator.DeadLetterFilter{IDs: ids}, Reason: reason, Actor: who(r).Actor()})
