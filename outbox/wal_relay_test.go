@@ -148,6 +148,15 @@ func TestWALRelayWithAnOlderTokenIsFencedOffTheSlot(t *testing.T) {
 		committed = append(committed, rows...)
 	}
 	f.waitDelivered(len(committed), 30*time.Second)
+	// The stream holds them before A has taken every ack: wait until A
+	// counts them all, so that none of them counts as published after
+	// the takeover.
+	for deadline := time.Now().Add(30 * time.Second); relayA.Stats().Published+relayA.Stats().Duplicates < uint64(len(committed)); {
+		if time.Now().After(deadline) {
+			t.Fatalf("relay A counts %+v after 30s, want %d published", relayA.Stats(), len(committed))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 
 	cfgB := f.walConfig()
 	cfgB.SlotLease, cfgB.WorkerID = fixedLease{token: 2}, "relay-b"
@@ -160,7 +169,13 @@ func TestWALRelayWithAnOlderTokenIsFencedOffTheSlot(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.Reader == "relay-b" && st.ActivePID != 0 {
+		// B's walsender is the one on the slot: the fence names B at once,
+		// while A's walsender, terminated by B, may still hold the slot.
+		var readerPID int
+		if err := f.db.Pool.QueryRow(ctx, `SELECT coalesce(reader_pid, 0) FROM kfn.wal_outbox`).Scan(&readerPID); err != nil {
+			t.Fatal(err)
+		}
+		if st.Reader == "relay-b" && st.ActivePID != 0 && st.ActivePID == readerPID {
 			t.Logf("relay B reads the slot %v after it started", time.Since(tookOver).Round(time.Millisecond))
 			break
 		}
