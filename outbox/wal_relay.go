@@ -211,8 +211,10 @@ func (r *Relay) startReplication(ctx context.Context, conn *pgconn.PgConn, slot,
 		return fmt.Errorf("read the WAL outbox's slot: %w", err)
 	}
 	if len(state) == 0 || state[0][0] == "lost" {
-		r.counters.slotLost.Store(true)
+		// Recorded before the flag goes up, so that whoever sees the flag
+		// finds lost_at set too.
 		simpleQuery(ctx, conn, `UPDATE kfn.wal_outbox SET lost_at = coalesce(lost_at, now())`) //nolint:errcheck // the report is best effort; the error below is the news
+		r.counters.slotLost.Store(true)
 		what := "does not exist"
 		if len(state) > 0 {
 			what = "lost the WAL it needed (max_slot_wal_keep_size)"
