@@ -59,51 +59,15 @@ const (
 // by B.
 func TestFenceRefusesWokenZombieOnPartition(t *testing.T) {
 	b := setup(t, 1)
-	b.cfg.LeaseTTL, b.cfg.LeaseRenew = fenceTTL, fenceRenew
-	gate, freezer := newLaneGate(t, b.fn), newLeaseFreezer(t)
-	defer freezer.end()
-	defer gate.releaseAll()
-	idA, idB := fenceWorkerIDs(b.fn)
 	fn := effects.Function(b.fn, b.topic)
 	const n = 30
 	produced := b.produceN(t, 1, n)
 
-	holdA := gate.hold(faults.BeforeFence, func(int64) bool { return true })
-	wa, stopA := b.runAs(t, b.cfg, idA, fn)
-	tA := holdA.wait(t, 30*time.Second, "A's lane to reach the fence of its first batch")
-	freezer.freeze(tA)
-
-	holdB := gate.hold(faults.BeforeFence, func(token int64) bool { return token != tA })
-	wb, stopB := b.runAs(t, b.cfg, idB, fn)
-	tB := holdB.wait(t, fenceTakeover, "B to claim the partition and reach its own fence")
 	lane := inbox.Partition{Consumer: b.fn, Topic: b.topic, Partition: 0}
-	if cur := readCursor(t, b, lane); cur.Epoch != tB || cur.Owner != idB || tB <= tA {
-		t.Fatalf("cursor after B's claim: epoch %d owner %q; want B's token %d (A's is %d) and owner %q", cur.Epoch, cur.Owner, tB, tA, idB)
-	}
-
-	holdA.free()
-	stoodStill := time.Since(holdA.at)
-	switch gate.waitPassage(t, 10*time.Second, tA, faults.FenceRefused, faults.AfterFence) {
-	case faults.AfterFence:
-		t.Errorf("Postgres accepted the fence of A's woken transaction under its stale token %d, after B claimed the partition with %d", tA, tB)
-	case faults.FenceRefused:
-		waitFor(t, 10*time.Second, "A to drop the partition as fenced", func() bool { return wa.Stats().Fenced.Load() == 1 })
-	}
-	holdB.free()
-	freezer.end()
+	race := raceZombie(t, b, lane, "the partition", fn, fn)
 	b.waitCaughtUp(t, b.fn)
-	awaitApplied(wb, n)
-	stopB()
-	stopA()
-
-	t.Logf("A's lane stood still %s before its fence (lease TTL %s, renewed every %s); B reached its fence %s after A froze",
-		stoodStill.Round(time.Millisecond), fenceTTL, fenceRenew, holdB.at.Sub(holdA.at).Round(time.Millisecond))
-	wantStats(t, "A", wa, stats{fenced: 1})
-	wantStats(t, "B", wb, stats{applied: n})
-	if got := gate.count(tA, faults.AfterFence); got != 0 {
-		t.Errorf("A passed %d fences under its stale token", got)
-	}
-	if got, want := effectTokens(t, b), map[int64]int{tB: n}; !maps.Equal(got, want) {
+	race.finish(t, n)
+	if got, want := effectTokens(t, b), map[int64]int{race.tB: n}; !maps.Equal(got, want) {
 		t.Errorf("effects by the epoch their transaction saw after its fence: %v, want %v (all under B's)", got, want)
 	}
 	b.check(t, b.fn, produced)
@@ -119,59 +83,27 @@ func TestFenceRefusesWokenZombieOnPartition(t *testing.T) {
 // transaction after it is applied once, by B.
 func TestFenceRefusesWokenZombieOnMarkerPass(t *testing.T) {
 	b := setup(t, 1)
-	b.cfg.LeaseTTL, b.cfg.LeaseRenew = fenceTTL, fenceRenew
-	gate, freezer := newLaneGate(t, b.fn), newLeaseFreezer(t)
-	defer freezer.end()
-	defer gate.releaseAll()
-	idA, idB := fenceWorkerIDs(b.fn)
 	fn, table := valueRecorder(b)
 	producer := newTxProducer(t, b)
 	producer.write(false, "x0", "x1")
 
-	holdA := gate.hold(faults.BeforeFence, func(int64) bool { return true })
-	wa, stopA := b.runAs(t, b.cfg, idA, fn)
-	tA := holdA.wait(t, 30*time.Second, "A's lane to reach the fence of its move past the aborted transaction")
-	freezer.freeze(tA)
-
-	holdB := gate.hold(faults.BeforeFence, func(token int64) bool { return token != tA })
-	wb, stopB := b.runAs(t, b.cfg, idB, fn)
-	tB := holdB.wait(t, fenceTakeover, "B to claim the partition and reach its own fence")
 	lane := inbox.Partition{Consumer: b.fn, Topic: b.topic, Partition: 0}
-	if cur := readCursor(t, b, lane); cur.Epoch != tB || cur.NextOffset != 0 {
-		t.Fatalf("cursor after B's claim: epoch %d, next offset %d; want B's token %d (A's is %d) and 0", cur.Epoch, cur.NextOffset, tB, tA)
+	race := raceZombie(t, b, lane, "the partition, past the aborted transaction", fn, fn)
+	if race.claimed.NextOffset != 0 {
+		t.Fatalf("cursor after B's claim: next offset %d, want 0 (A's move past the aborted transaction never committed)", race.claimed.NextOffset)
 	}
-
-	holdA.free()
-	stoodStill := time.Since(holdA.at)
-	switch gate.waitPassage(t, 10*time.Second, tA, faults.FenceRefused, faults.AfterFence) {
-	case faults.AfterFence:
-		t.Errorf("Postgres accepted A's move of the cursor past the aborted transaction under its stale token %d, after B claimed the partition with %d", tA, tB)
-	case faults.FenceRefused:
-		waitFor(t, 10*time.Second, "A to drop the partition as fenced", func() bool { return wa.Stats().Fenced.Load() == 1 })
-	}
-	holdB.free()
-	freezer.end()
 	// Kafka writes a transaction's markers after EndTransaction returns:
 	// the log end is read again until the cursor is there.
 	waitFor(t, 10*time.Second, "B to move the cursor to the log end", func() bool {
 		cur := readCursor(t, b, lane)
-		return cur.NextOffset == b.kafka.HighWatermarks(t, b.topic)[0] && cur.NextOffset > 2 && cur.Epoch == tB
+		return cur.NextOffset == b.kafka.HighWatermarks(t, b.topic)[0] && cur.NextOffset > 2 && cur.Epoch == race.tB
 	})
 	producer.write(true, "a0")
 	waitFor(t, 10*time.Second, "B to apply the committed record", func() bool { return len(appliedValues(t, b, table)) > 0 })
 	b.waitCaughtUp(t, b.fn)
-	stopB()
-	stopA()
-
-	t.Logf("A's lane stood still %s before its fence (lease TTL %s, renewed every %s); B reached its fence %s after A froze",
-		stoodStill.Round(time.Millisecond), fenceTTL, fenceRenew, holdB.at.Sub(holdA.at).Round(time.Millisecond))
+	race.finish(t, 1)
 	if got := appliedValues(t, b, table); !slices.Equal(got, []string{"a0"}) {
 		t.Errorf("applied %q, want [a0]", got)
-	}
-	wantStats(t, "A", wa, stats{fenced: 1})
-	wantStats(t, "B", wb, stats{applied: 1})
-	if got := gate.count(tA, faults.AfterFence); got != 0 {
-		t.Errorf("A passed %d fences under its stale token", got)
 	}
 }
 
@@ -180,11 +112,6 @@ func TestFenceRefusesWokenZombieOnMarkerPass(t *testing.T) {
 // after B claimed the subject and recreated its durable consumer.
 func TestFenceRefusesWokenZombieOnSubject(t *testing.T) {
 	b := setup(t, 1)
-	b.cfg.LeaseTTL, b.cfg.LeaseRenew = fenceTTL, fenceRenew
-	gate, freezer := newLaneGate(t, b.fn), newLeaseFreezer(t)
-	defer freezer.end()
-	defer gate.releaseAll()
-	idA, idB := fenceWorkerIDs(b.fn)
 	ctx := context.Background()
 	js := jetStream(t, b.cfg.NATSURL)
 	stream, subject := kfntest.Name(t, "stream"), kfntest.Name(t, "subj")+".created"
@@ -219,29 +146,8 @@ SELECT $1::text, $2::text, c.epoch, c.xmin = pg_current_xact_id()::xid
 		}
 	}
 
-	holdA := gate.hold(faults.BeforeFence, func(int64) bool { return true })
-	wa, stopA := b.runAs(t, b.cfg, idA, fn("A"))
-	tA := holdA.wait(t, 30*time.Second, "A's lane to reach the fence of its first events")
-	freezer.freeze(tA)
-
-	holdB := gate.hold(faults.BeforeFence, func(token int64) bool { return token != tA })
-	wb, stopB := b.runAs(t, b.cfg, idB, fn("B"))
-	tB := holdB.wait(t, fenceTakeover, "B to claim the subject and reach its own fence")
 	lane := inbox.Partition{Consumer: b.fn, Topic: subject, Partition: 0}
-	if cur := readCursor(t, b, lane); cur.Epoch != tB || cur.Owner != idB || tB <= tA {
-		t.Fatalf("cursor after B's claim: epoch %d owner %q; want B's token %d (A's is %d) and owner %q", cur.Epoch, cur.Owner, tB, tA, idB)
-	}
-
-	holdA.free()
-	stoodStill := time.Since(holdA.at)
-	switch gate.waitPassage(t, 10*time.Second, tA, faults.FenceRefused, faults.AfterFence) {
-	case faults.AfterFence:
-		t.Errorf("Postgres accepted the fence of A's resumed transaction under its stale token %d, after B claimed the subject with %d", tA, tB)
-	case faults.FenceRefused:
-		waitFor(t, 10*time.Second, "A to drop the subject as fenced", func() bool { return wa.Stats().Fenced.Load() == 1 })
-	}
-	holdB.free()
-	freezer.end()
+	race := raceZombie(t, b, lane, "the subject", fn("A"), fn("B"))
 	waitFor(t, 30*time.Second, "every event handled", func() bool {
 		var handled int
 		err := b.pg.Pool.QueryRow(ctx, `SELECT count(*) FROM kfn.event_inbox WHERE consumer = $1`, b.fn).Scan(&handled)
@@ -255,16 +161,7 @@ SELECT $1::text, $2::text, c.epoch, c.xmin = pg_current_xact_id()::xid
 		ci, err := cons.Info(ctx)
 		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
 	})
-	stopB()
-	stopA()
-
-	t.Logf("A's lane stood still %s before its fence (lease TTL %s, renewed every %s); B reached its fence %s after A froze",
-		stoodStill.Round(time.Millisecond), fenceTTL, fenceRenew, holdB.at.Sub(holdA.at).Round(time.Millisecond))
-	wantStats(t, "A", wa, stats{fenced: 1})
-	wantStats(t, "B", wb, stats{applied: n})
-	if got := gate.count(tA, faults.AfterFence); got != 0 {
-		t.Errorf("A passed %d fences under its stale token", got)
-	}
+	race.finish(t, n)
 	type row struct {
 		Event, Worker string
 		Token         int64
@@ -280,7 +177,7 @@ SELECT $1::text, $2::text, c.epoch, c.xmin = pg_current_xact_id()::xid
 	}
 	var want []row
 	for i := range n {
-		want = append(want, row{fmt.Sprintf("ev-%02d", i), "B", tB, true})
+		want = append(want, row{fmt.Sprintf("ev-%02d", i), "B", race.tB, true})
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("applied events (id, worker, token, fenced):\n got %v\nwant %v (each event once, by B under its fenced token)", got, want)
@@ -471,6 +368,78 @@ func TestTakeOverEndsAnotherRolesSessionWithPgSignalBackend(t *testing.T) {
 		t.Errorf("effects by the epoch their transaction saw after its fence: %v, want %v (all B's)", got, want)
 	}
 	b.check(t, b.fn, a.produced)
+}
+
+// zombieRace is the race each fence test stages on one lane: worker A is
+// frozen, its lane and its lease, right before its first fence; B claims
+// the lane and is held at its own fence; then A is woken, and Postgres
+// alone must refuse A's fence under its stale token.
+type zombieRace struct {
+	gate         *laneGate
+	wa, wb       *worker.Worker
+	stopA, stopB func()
+	tA, tB       int64
+	// claimed is the lane's cursor right after B's claim.
+	claimed inbox.Cursor
+	// stoodStill is how long A's lane was held before its fence;
+	// bReachedFence how long after A froze B was at its own.
+	stoodStill, bReachedFence time.Duration
+}
+
+// raceZombie runs A (fnA) and B (fnB) on lane, named where in messages,
+// through A's refused fence, then lets B go on. The caller waits for B's
+// work, then calls finish.
+func raceZombie(t *testing.T, b *bundle, lane inbox.Partition, where string, fnA, fnB runtime.Function) *zombieRace {
+	t.Helper()
+	b.cfg.LeaseTTL, b.cfg.LeaseRenew = fenceTTL, fenceRenew
+	r := &zombieRace{gate: newLaneGate(t, b.fn)}
+	freezer := newLeaseFreezer(t)
+	t.Cleanup(r.gate.releaseAll)
+	t.Cleanup(freezer.end)
+	idA, idB := fenceWorkerIDs(b.fn)
+
+	holdA := r.gate.hold(faults.BeforeFence, func(int64) bool { return true })
+	r.wa, r.stopA = b.runAs(t, b.cfg, idA, fnA)
+	r.tA = holdA.wait(t, 30*time.Second, "A to reach its first fence on "+where)
+	freezer.freeze(r.tA)
+
+	holdB := r.gate.hold(faults.BeforeFence, func(token int64) bool { return token != r.tA })
+	r.wb, r.stopB = b.runAs(t, b.cfg, idB, fnB)
+	r.tB = holdB.wait(t, fenceTakeover, "B to claim "+where+" and reach its own fence")
+	r.claimed = readCursor(t, b, lane)
+	if r.claimed.Epoch != r.tB || r.claimed.Owner != idB || r.tB <= r.tA {
+		t.Fatalf("cursor after B's claim of %s: epoch %d owner %q; want B's token %d (A's is %d) and owner %q",
+			where, r.claimed.Epoch, r.claimed.Owner, r.tB, r.tA, idB)
+	}
+
+	holdA.free()
+	r.stoodStill = time.Since(holdA.at)
+	switch r.gate.waitPassage(t, 10*time.Second, r.tA, faults.FenceRefused, faults.AfterFence) {
+	case faults.AfterFence:
+		t.Errorf("Postgres accepted the fence of A's woken transaction on %s under its stale token %d, after B claimed it with %d", where, r.tA, r.tB)
+	case faults.FenceRefused:
+		waitFor(t, 10*time.Second, "A to drop "+where+" as fenced", func() bool { return r.wa.Stats().Fenced.Load() == 1 })
+	}
+	r.bReachedFence = holdB.at.Sub(holdA.at)
+	holdB.free()
+	freezer.end()
+	return r
+}
+
+// finish stops both workers once B has counted appliedByB records, and
+// checks that A was fenced once and never passed a fence under its token.
+func (r *zombieRace) finish(t *testing.T, appliedByB int64) {
+	t.Helper()
+	awaitApplied(r.wb, appliedByB)
+	r.stopB()
+	r.stopA()
+	t.Logf("A's lane stood still %s before its fence (lease TTL %s, renewed every %s); B reached its fence %s after A froze",
+		r.stoodStill.Round(time.Millisecond), fenceTTL, fenceRenew, r.bReachedFence.Round(time.Millisecond))
+	wantStats(t, "A", r.wa, stats{fenced: 1})
+	wantStats(t, "B", r.wb, stats{applied: appliedByB})
+	if got := r.gate.count(r.tA, faults.AfterFence); got != 0 {
+		t.Errorf("A passed %d fences under its stale token", got)
+	}
 }
 
 // fenceWorkerIDs names workers A and B so that the lease item "0" (the

@@ -21,7 +21,6 @@ import (
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/internal/devstack"
 	"github.com/kfn-dev/kfn/internal/effects"
-	"github.com/kfn-dev/kfn/internal/faults"
 	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/operator/verify"
@@ -220,11 +219,6 @@ func TestKeyLanesZombieWakesAfterTakeover(t *testing.T) {
 // record be applied once, by B.
 func TestFenceRefusesWokenZombieOnKeyLane(t *testing.T) {
 	b := setup(t, 1)
-	b.cfg.LeaseTTL, b.cfg.LeaseRenew = fenceTTL, fenceRenew
-	gate, freezer := newLaneGate(t, b.fn), newLeaseFreezer(t)
-	defer freezer.end()
-	defer gate.releaseAll()
-	idA, idB := fenceWorkerIDs(b.fn)
 	fn := effects.Function(b.fn, b.topic)
 	fn.KeyConcurrency = keyLaneCount
 	const n = 30
@@ -238,39 +232,11 @@ func TestFenceRefusesWokenZombieOnKeyLane(t *testing.T) {
 		produced[i] = effects.Produced{Partition: 0, Offset: int64(i)}
 	}
 
-	holdA := gate.hold(faults.BeforeFence, func(int64) bool { return true })
-	wa, stopA := b.runAs(t, b.cfg, idA, fn)
-	tA := holdA.wait(t, 30*time.Second, "A's key-lane to reach the fence of its first transaction")
-	freezer.freeze(tA)
-
-	holdB := gate.hold(faults.BeforeFence, func(token int64) bool { return token != tA })
-	wb, stopB := b.runAs(t, b.cfg, idB, fn)
-	tB := holdB.wait(t, fenceTakeover, "B to claim the partition and reach its own key-lane's fence")
 	part := inbox.Partition{Consumer: b.fn, Topic: b.topic, Partition: 0}
-	if cur := readCursor(t, b, part); cur.Epoch != tB || cur.Owner != idB || tB <= tA {
-		t.Fatalf("cursor after B's claim: epoch %d owner %q; want B's token %d (A's is %d) and owner %q", cur.Epoch, cur.Owner, tB, tA, idB)
-	}
-
-	holdA.free()
-	switch gate.waitPassage(t, 10*time.Second, tA, faults.FenceRefused, faults.AfterFence) {
-	case faults.AfterFence:
-		t.Errorf("Postgres accepted the fence of A's woken key-lane under its stale token %d, after B claimed the partition with %d", tA, tB)
-	case faults.FenceRefused:
-		waitFor(t, 10*time.Second, "A to drop the partition as fenced", func() bool { return wa.Stats().Fenced.Load() == 1 })
-	}
-	holdB.free()
-	freezer.end()
+	race := raceZombie(t, b, part, "the partition's key-lane", fn, fn)
 	b.waitCaughtUp(t, b.fn)
-	awaitApplied(wb, n)
-	stopB()
-	stopA()
-
-	wantStats(t, "A", wa, stats{fenced: 1})
-	wantStats(t, "B", wb, stats{applied: n})
-	if got := gate.count(tA, faults.AfterFence); got != 0 {
-		t.Errorf("A passed %d fences under its stale token", got)
-	}
-	if got, want := effectTokens(t, b), map[int64]int{tB: n}; !maps.Equal(got, want) {
+	race.finish(t, n)
+	if got, want := effectTokens(t, b), map[int64]int{race.tB: n}; !maps.Equal(got, want) {
 		t.Errorf("effects by the epoch their transaction saw after its fence: %v, want %v (all under B's)", got, want)
 	}
 	b.check(t, b.fn, produced)
