@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -369,6 +370,107 @@ func ids(ps []*proc) []string {
 		out[i] = p.id
 	}
 	return out
+}
+
+// frozenZombie is a worker frozen inside a transaction (as a SIGSTOP
+// would) whose partitions the other workers have taken over.
+type frozenZombie struct {
+	c      *cluster
+	p      *proc
+	paused time.Time
+	// before holds the zombie's cursors when it froze, and oldTokens
+	// their epochs; takeover is how long after the freeze every one of
+	// them had moved under another owner.
+	before    map[int]cursor
+	oldTokens []int64
+	takeover  time.Duration
+	// oldRows counts the inbox rows under the old tokens when it woke;
+	// dropLog is what it logged from its wake until it had stopped every
+	// old term.
+	oldRows int
+	dropLog []logEntry
+}
+
+// freezeZombie freezes one of workers, at random, inside a transaction
+// that holds a row of table, checks that it owned `owned` partitions, and
+// waits (what) until other workers own each of them under a newer token
+// and have committed past where it stood, which must not be before its
+// leases could have expired.
+func (c *cluster) freezeZombie(workers []*proc, table string, owned int, what string) *frozenZombie {
+	t := c.t
+	t.Helper()
+	z := &frozenZombie{c: c, p: workers[rand.N(len(workers))]}
+	if !c.pauseInTransaction(z.p, table, 30*time.Second) {
+		t.Fatalf("could not freeze %s inside a transaction that holds a row of %s within 30s", z.p.id, table)
+	}
+	z.paused = time.Now()
+	z.before = ownedBy(c.cursors(), z.p.id)
+	if len(z.before) != owned {
+		t.Fatalf("the zombie %s owned %d partitions when it was frozen, want %d", z.p.id, len(z.before), owned)
+	}
+	for _, cur := range z.before {
+		z.oldTokens = append(z.oldTokens, cur.epoch)
+	}
+	waitUntil(t, failoverTTL+15*time.Second, what, func() (bool, string) {
+		curs := c.cursors()
+		for p, old := range z.before {
+			if cur := curs[p]; cur.owner == z.p.id || cur.epoch <= old.epoch || !cur.committed || cur.next <= old.next {
+				why := fmt.Sprintf("partition %d: %+v (at the pause: %+v)", p, cur, old)
+				if time.Since(z.paused) > failoverTTL+5*time.Second {
+					why += "\nsessions:\n" + c.blockedSessions()
+				}
+				return false, why
+			}
+		}
+		return true, ""
+	})
+	z.takeover = time.Since(z.paused)
+	if z.takeover < failoverTTL-failoverRenew {
+		t.Fatalf("the zombie's partitions were taken over %s after the pause, before its leases could have expired (TTL %s, renewed every %s)", z.takeover, failoverTTL, failoverRenew)
+	}
+	return z
+}
+
+// wake lets records pile up on the zombie's old partitions for a second,
+// wakes it, and waits until it has logged that it stopped each old term:
+// its lease watchdog (validity ran out), a renewal (key taken) or Postgres
+// (a fenced commit) stops each one.
+func (z *frozenZombie) wake() {
+	t := z.c.t
+	t.Helper()
+	time.Sleep(time.Second)
+	z.oldRows = z.c.inboxRowsWithEpochs(z.oldTokens)
+	mark := logSize(t, z.p)
+	z.p.Resume()
+	t.Logf("zombie %s paused %s (partitions %v, tokens %v); taken over after %s",
+		z.p.id, time.Since(z.paused).Round(time.Millisecond), slices.Sorted(maps.Keys(z.before)), z.oldTokens, z.takeover.Round(time.Millisecond))
+	waitFor(t, 10*time.Second, "the zombie to log that it stopped each of its old terms", func() bool {
+		z.dropLog = logSince(t, z.p, mark)
+		for p, old := range z.before {
+			if !slices.ContainsFunc(z.dropLog, func(e logEntry) bool { return droppedTerm(e, p, old.epoch) }) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// finish lets the woken zombie rejoin, stops production and the workers
+// once every acknowledged record is applied, checks that the zombie
+// committed nothing under its old tokens after it woke, and returns the
+// high-water marks for the check of every record.
+func (z *frozenZombie) finish(workers []*proc, prod *producer) map[int]int64 {
+	t := z.c.t
+	t.Helper()
+	z.c.waitBalanced(ids(workers), 30*time.Second)
+	requireAlive(t, workers...)
+	hw := z.c.finishProduction(prod)
+	z.c.waitCaughtUp(hw, 60*time.Second)
+	stopClean(t, workers...)
+	if n := z.c.inboxRowsWithEpochs(z.oldTokens); n != z.oldRows {
+		t.Errorf("the zombie committed %d records under its old tokens after it woke", n-z.oldRows)
+	}
+	return hw
 }
 
 // requireAlive fails the test if a process has exited.

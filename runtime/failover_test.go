@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"testing"
@@ -91,79 +90,23 @@ func zombieKfn(t *testing.T) *effects.Report {
 	prod := c.startProducer()
 	c.waitBalanced(ids(workers), 30*time.Second)
 
-	zombie := workers[rand.N(len(workers))]
-	if !c.pauseInTransaction(zombie, "kfn.cursors", 30*time.Second) {
-		t.Fatalf("could not freeze %s inside a transaction that holds a cursor row's lock within 30s", zombie.id)
-	}
-	paused := time.Now()
-	before := ownedBy(c.cursors(), zombie.id)
-	if len(before) != failoverPartitions/3 {
-		t.Fatalf("the zombie %s owned %d partitions when it was frozen, want %d", zombie.id, len(before), failoverPartitions/3)
-	}
-	oldTokens := make([]int64, 0, len(before))
-	for _, cur := range before {
-		oldTokens = append(oldTokens, cur.epoch)
-	}
-	waitUntil(t, failoverTTL+15*time.Second, "the other workers to take over the zombie's partitions and commit on them", func() (bool, string) {
-		curs := c.cursors()
-		for p, old := range before {
-			if cur := curs[p]; cur.owner == zombie.id || cur.epoch <= old.epoch || !cur.committed || cur.next <= old.next {
-				why := fmt.Sprintf("partition %d: %+v (at the pause: %+v)", p, cur, old)
-				if time.Since(paused) > failoverTTL+5*time.Second {
-					why += "\nsessions:\n" + c.blockedSessions()
-				}
-				return false, why
-			}
-		}
-		return true, ""
-	})
-	takeover := time.Since(paused)
-	if takeover < failoverTTL-failoverRenew {
-		t.Fatalf("partitions were taken over %s after the pause, before the zombie's leases could have expired (TTL %s, renewed every %s)", takeover, failoverTTL, failoverRenew)
-	}
-	// Records pile up on the zombie's old partitions while it sleeps.
-	time.Sleep(time.Second)
-
-	oldRows := c.inboxRowsWithEpochs(oldTokens)
-	mark := logSize(t, zombie)
-	zombie.Resume()
-	t.Logf("zombie %s paused %s (partitions %v, tokens %v); taken over after %s",
-		zombie.id, time.Since(paused).Round(time.Millisecond), slices.Sorted(maps.Keys(before)), oldTokens, takeover.Round(time.Millisecond))
-
-	// It drops every old term: the watchdog (validity ran out), a renewal
-	// (key taken), or Postgres (fenced commit) stops each one.
+	z := c.freezeZombie(workers, "kfn.cursors", failoverPartitions/3, "the other workers to take over the zombie's partitions and commit on them")
+	z.wake()
 	var fenced int
-	waitFor(t, 10*time.Second, "the zombie to log that it stopped each of its old terms", func() bool {
-		entries := logSince(t, zombie, mark)
-		fenced = 0
-		for _, e := range entries {
-			if e.str("msg") == "fenced by a newer owner: dropping it" {
-				fenced++
-			}
+	for _, e := range z.dropLog {
+		if e.str("msg") == "fenced by a newer owner: dropping it" {
+			fenced++
 		}
-		for p, old := range before {
-			if !slices.ContainsFunc(entries, func(e logEntry) bool { return droppedTerm(e, p, old.epoch) }) {
-				return false
-			}
-		}
-		return true
-	})
+	}
 	t.Logf("zombie's commits refused by Postgres after waking: %d (the rest stopped on the lease watchdog first)", fenced)
-	for p, old := range before {
+	for p, old := range z.before {
 		if cur := c.cursors()[p]; cur.epoch <= old.epoch {
 			t.Errorf("partition %d: cursor %+v is back at the zombie's old epoch %d", p, cur, old.epoch)
 		}
 	}
 
 	// It rejoins and gets partitions again, under new terms.
-	c.waitBalanced(ids(workers), 30*time.Second)
-	requireAlive(t, workers...)
-	hw := c.finishProduction(prod)
-	c.waitCaughtUp(hw, 60*time.Second)
-	stopClean(t, workers...)
-	if n := c.inboxRowsWithEpochs(oldTokens); n != oldRows {
-		t.Errorf("the zombie committed %d records under its old tokens after it woke", n-oldRows)
-	}
+	hw := z.finish(workers, prod)
 	rep := c.check(hw)
 	return &rep
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -144,36 +143,8 @@ func TestKeyLanesZombieWakesAfterTakeover(t *testing.T) {
 	prod := c.startProducer()
 	c.waitBalanced(ids(workers), 30*time.Second)
 
-	zombie := workers[rand.N(len(workers))]
-	if !c.pauseInTransaction(zombie, "kfn.inbox", 30*time.Second) {
-		t.Fatalf("could not freeze %s inside a key-lane's transaction past its inbox claim within 30s", zombie.id)
-	}
-	paused := time.Now()
-	before := ownedBy(c.cursors(), zombie.id)
-	if len(before) != 1 {
-		t.Fatalf("the zombie %s owned %d partitions when it was frozen, want 1", zombie.id, len(before))
-	}
-	var oldTokens []int64
-	for _, cur := range before {
-		oldTokens = append(oldTokens, cur.epoch)
-	}
-	waitUntil(t, failoverTTL+15*time.Second, "the other worker to take over the zombie's partition and move its cursor", func() (bool, string) {
-		curs := c.cursors()
-		for p, old := range before {
-			if cur := curs[p]; cur.owner == zombie.id || cur.epoch <= old.epoch || !cur.committed || cur.next <= old.next {
-				why := fmt.Sprintf("partition %d: %+v (at the pause: %+v)", p, cur, old)
-				if time.Since(paused) > failoverTTL+5*time.Second {
-					why += "\nsessions:\n" + c.blockedSessions()
-				}
-				return false, why
-			}
-		}
-		return true, ""
-	})
-	stall := time.Since(paused)
-	if stall < failoverTTL-failoverRenew {
-		t.Fatalf("the partition was taken over %s after the pause, before the zombie's lease could have expired (TTL %s, renewed every %s)", stall, failoverTTL, failoverRenew)
-	}
+	z := c.freezeZombie(workers, "kfn.inbox", 1, "the other worker to take over the zombie's partition and move its cursor")
+	stall := z.takeover
 	line := fmt.Sprintf("key-lanes (%d per partition): a zombie's partition stood still %s from the freeze to the new owner's first cursor move (lease TTL %s, renew %s)",
 		keyLaneCount, stall.Round(time.Millisecond), failoverTTL, failoverRenew)
 	t.Log(line)
@@ -183,30 +154,8 @@ func TestKeyLanesZombieWakesAfterTakeover(t *testing.T) {
 	}
 	// Records pile up on the zombie's old partition while it sleeps, for
 	// its key-lanes to find when they wake.
-	time.Sleep(time.Second)
-
-	oldRows := c.inboxRowsWithEpochs(oldTokens)
-	mark := logSize(t, zombie)
-	zombie.Resume()
-	t.Logf("zombie %s paused %s (partitions %v, tokens %v)", zombie.id, time.Since(paused).Round(time.Millisecond), slices.Sorted(maps.Keys(before)), oldTokens)
-	waitFor(t, 10*time.Second, "the zombie to log that it stopped its old term", func() bool {
-		entries := logSince(t, zombie, mark)
-		for p, old := range before {
-			if !slices.ContainsFunc(entries, func(e logEntry) bool { return droppedTerm(e, p, old.epoch) }) {
-				return false
-			}
-		}
-		return true
-	})
-
-	c.waitBalanced(ids(workers), 30*time.Second)
-	requireAlive(t, workers...)
-	hw := c.finishProduction(prod)
-	c.waitCaughtUp(hw, 60*time.Second)
-	stopClean(t, workers...)
-	if n := c.inboxRowsWithEpochs(oldTokens); n != oldRows {
-		t.Errorf("the zombie's key-lanes committed %d records under the old token after it woke", n-oldRows)
-	}
+	z.wake()
+	hw := z.finish(workers, prod)
 	c.check(hw)
 }
 
