@@ -148,19 +148,7 @@ SELECT $1::text, $2::text, c.epoch, c.xmin = pg_current_xact_id()::xid
 
 	lane := inbox.Partition{Consumer: b.fn, Topic: subject, Partition: 0}
 	race := raceZombie(t, b, lane, "the subject", fn("A"), fn("B"))
-	waitFor(t, 30*time.Second, "every event handled", func() bool {
-		var handled int
-		err := b.pg.Pool.QueryRow(ctx, `SELECT count(*) FROM kfn.event_inbox WHERE consumer = $1`, b.fn).Scan(&handled)
-		return err == nil && handled == n
-	})
-	cons, err := js.Consumer(ctx, stream, b.fn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 30*time.Second, "every event acked", func() bool {
-		ci, err := cons.Info(ctx)
-		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
-	})
+	b.waitEventsDone(t, js, stream, n, 30*time.Second)
 	race.finish(t, n)
 	type row struct {
 		Event, Worker string

@@ -304,21 +304,7 @@ func TestNATSTriggeredFunctionWithKeyLanesKeepsKeyOrder(t *testing.T) {
 		},
 	}
 	w, stop := b.run(t, fn)
-	cons := func() jetstream.Consumer {
-		c, err := js.Consumer(ctx, stream, b.fn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	waitFor(t, 60*time.Second, "every event handled and acked", func() bool {
-		var n int
-		if err := b.pg.Pool.QueryRow(ctx, `SELECT count(*) FROM kfn.event_inbox WHERE consumer = $1`, b.fn).Scan(&n); err != nil || n != events {
-			return false
-		}
-		ci, err := cons().Info(ctx)
-		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
-	})
+	b.waitEventsDone(t, js, stream, events, 60*time.Second)
 	stop()
 	wantDuplicates(t, w, events, "the inbox skips the second copy of each event")
 

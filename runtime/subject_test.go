@@ -82,19 +82,7 @@ func TestNATSTriggeredFunctionAppliesEachEventOnce(t *testing.T) {
 		},
 	}
 	w, stop := b.run(t, fn)
-	waitFor(t, 30*time.Second, "every event handled", func() bool {
-		var n int
-		err := b.pg.Pool.QueryRow(ctx, `SELECT count(*) FROM kfn.event_inbox WHERE consumer = $1`, b.fn).Scan(&n)
-		return err == nil && n == events
-	})
-	cons, err := js.Consumer(ctx, stream, b.fn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 30*time.Second, "every message acked", func() bool {
-		ci, err := cons.Info(ctx)
-		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
-	})
+	b.waitEventsDone(t, js, stream, events, 30*time.Second)
 	stop()
 	// JetStream stored each event twice; the inbox is what kept the second
 	// copies out, so it must have skipped exactly those.
@@ -215,6 +203,26 @@ func eventRecorder(b *bundle, subject, stream string) (fn runtime.Function, tabl
 }
 
 // jetStream connects to NATS for the duration of the test.
+// waitEventsDone waits until the test's function has handled `handled`
+// events (its event inbox rows) and its durable consumer on stream has
+// none left pending or unacknowledged.
+func (b *bundle) waitEventsDone(t *testing.T, js jetstream.JetStream, stream string, handled int, limit time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	waitFor(t, limit, fmt.Sprintf("%d events handled and every one acked", handled), func() bool {
+		var n int
+		if err := b.pg.Pool.QueryRow(ctx, `SELECT count(*) FROM kfn.event_inbox WHERE consumer = $1`, b.fn).Scan(&n); err != nil || n != handled {
+			return false
+		}
+		cons, err := js.Consumer(ctx, stream, b.fn)
+		if err != nil {
+			return false
+		}
+		ci, err := cons.Info(ctx)
+		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
+	})
+}
+
 func jetStream(t *testing.T, url string) jetstream.JetStream {
 	t.Helper()
 	nc, err := nats.Connect(url)
