@@ -261,6 +261,43 @@ func (c *cluster) killInTransaction(ps []*proc, limit time.Duration) (int, time.
 	return c.killInTransactionOn(ps, "kfn.cursors", limit)
 }
 
+// killed is one kill of killAndReplace: the victim's id, the partitions it
+// owned, and how long from the moment it was frozen until a new owner
+// committed on one of them.
+type killed struct {
+	victim     string
+	partitions []int
+	stoodStill time.Duration
+}
+
+// killAndReplace SIGKILLs one of workers inside a transaction that wrote
+// table (killInTransactionOn), waits up to limit for a new owner to commit
+// past where it stood on one of its partitions, then puts a new worker in
+// its place in workers and waits for the partitions to be balanced again.
+func (c *cluster) killAndReplace(workers []*proc, table string, limit time.Duration) killed {
+	c.t.Helper()
+	vi, frozen := c.killInTransactionOn(workers, table, 30*time.Second)
+	k := killed{victim: workers[vi].id}
+	before := ownedBy(c.cursors(), k.victim)
+	if len(before) == 0 {
+		c.t.Fatalf("victim %s owned no partition", k.victim)
+	}
+	k.partitions = slices.Sorted(maps.Keys(before))
+	waitFor(c.t, limit, "a new owner to commit on one of "+k.victim+"'s partitions", func() bool {
+		curs := c.cursors()
+		for p, old := range before {
+			if cur := curs[p]; cur.owner != k.victim && cur.committed && cur.next > old.next {
+				k.stoodStill = time.Since(frozen)
+				return true
+			}
+		}
+		return false
+	})
+	workers[vi] = c.startWorker(c.nextID())
+	c.waitBalanced(ids(workers), 30*time.Second)
+	return k
+}
+
 // killInTransactionOn is killInTransaction for a transaction that wrote
 // table (kfn.key_lanes: a key-lane's, past its fence).
 func (c *cluster) killInTransactionOn(ps []*proc, table string, limit time.Duration) (int, time.Time) {

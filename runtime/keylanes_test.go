@@ -70,25 +70,10 @@ func TestKeyLanesKillOwnerMidCommit(t *testing.T) {
 	for i := range kills {
 		time.Sleep(randomDuration(300*time.Millisecond, 1500*time.Millisecond))
 		requireAlive(t, workers...)
-		vi, killed := c.killInTransactionOn(workers, "kfn.key_lanes", 30*time.Second)
-		victim := workers[vi]
-		before := ownedBy(c.cursors(), victim.id)
-		var stall time.Duration
-		waitFor(t, stallBound+10*time.Second, "a new owner to move the cursor of one of "+victim.id+"'s partitions", func() bool {
-			curs := c.cursors()
-			for p, old := range before {
-				if cur := curs[p]; cur.owner != victim.id && cur.committed && cur.next > old.next {
-					stall = time.Since(killed)
-					return true
-				}
-			}
-			return false
-		})
-		stalls = append(stalls, stall)
+		kill := c.killAndReplace(workers, "kfn.key_lanes", stallBound+10*time.Second)
+		stalls = append(stalls, kill.stoodStill)
 		t.Logf("kill %d: SIGKILL %s inside a key-lane's fenced transaction (partitions %v); a new owner moved the cursor %s later",
-			i+1, victim.id, slices.Sorted(maps.Keys(before)), stall.Round(time.Millisecond))
-		workers[vi] = c.startWorker(c.nextID())
-		c.waitBalanced(ids(workers), 30*time.Second)
+			i+1, kill.victim, kill.partitions, kill.stoodStill.Round(time.Millisecond))
 	}
 	slices.Sort(stalls)
 	line := fmt.Sprintf("key-lanes (%d per partition): partition stood still after a SIGKILL mid-commit: median %s, max %s over %d kills (lease TTL %s, renew %s)",
