@@ -261,6 +261,27 @@ func (c *cluster) killInTransaction(ps []*proc, limit time.Duration) (int, time.
 	return c.killInTransactionOn(ps, "kfn.cursors", limit)
 }
 
+// startLoad starts n workers and the producer, and waits until the
+// workers share the partitions.
+func (c *cluster) startLoad(n int) ([]*proc, *producer) {
+	c.t.Helper()
+	workers := c.startWorkers(n)
+	prod := c.startProducer()
+	c.waitBalanced(ids(workers), 30*time.Second)
+	return workers, prod
+}
+
+// finishLoad stops the producer, waits until every record it had
+// acknowledged is applied, stops workers (each must exit cleanly), and
+// returns the high-water marks it waited for, for c.check.
+func (c *cluster) finishLoad(prod *producer, workers ...*proc) map[int]int64 {
+	c.t.Helper()
+	hw := c.finishProduction(prod)
+	c.waitCaughtUp(hw, 60*time.Second)
+	stopClean(c.t, workers...)
+	return hw
+}
+
 // killed is one kill of killAndReplace: the victim's id, the partitions it
 // owned, and how long from the moment it was frozen until a new owner
 // committed on one of them.
@@ -501,9 +522,7 @@ func (z *frozenZombie) finish(workers []*proc, prod *producer) map[int]int64 {
 	t.Helper()
 	z.c.waitBalanced(ids(workers), 30*time.Second)
 	requireAlive(t, workers...)
-	hw := z.c.finishProduction(prod)
-	z.c.waitCaughtUp(hw, 60*time.Second)
-	stopClean(t, workers...)
+	hw := z.c.finishLoad(prod, workers...)
 	if n := z.c.inboxRowsWithEpochs(z.oldTokens); n != z.oldRows {
 		t.Errorf("the zombie committed %d records under its old tokens after it woke", n-z.oldRows)
 	}

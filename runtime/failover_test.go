@@ -28,9 +28,7 @@ import (
 // it owns for the next owner to redo.
 func TestFailoverKillWorkersRepeatedly(t *testing.T) {
 	c := newCluster(t)
-	workers := c.startWorkers(3)
-	prod := c.startProducer()
-	c.waitBalanced(ids(workers), 30*time.Second)
+	workers, prod := c.startLoad(3)
 
 	const kills = 10
 	for i := range kills {
@@ -47,9 +45,7 @@ func TestFailoverKillWorkersRepeatedly(t *testing.T) {
 	c.waitBalanced(ids(workers), 30*time.Second)
 	requireAlive(t, workers...)
 
-	hw := c.finishProduction(prod)
-	c.waitCaughtUp(hw, 60*time.Second)
-	stopClean(t, workers...)
+	hw := c.finishLoad(prod, workers...)
 	c.check(hw)
 }
 
@@ -86,9 +82,7 @@ func TestFailoverZombie(t *testing.T) {
 
 func zombieKfn(t *testing.T) *effects.Report {
 	c := newCluster(t)
-	workers := c.startWorkers(3)
-	prod := c.startProducer()
-	c.waitBalanced(ids(workers), 30*time.Second)
+	workers, prod := c.startLoad(3)
 
 	z := c.freezeZombie(workers, "kfn.cursors", failoverPartitions/3, "the other workers to take over the zombie's partitions and commit on them")
 	z.wake()
@@ -272,9 +266,7 @@ func (c *cluster) inboxRowsWithEpochs(tokens []int64) int {
 // once) under load; each change rebalances by clean handoffs.
 func TestFailoverWorkersComeAndGo(t *testing.T) {
 	c := newCluster(t)
-	workers := c.startWorkers(3)
-	prod := c.startProducer()
-	c.waitBalanced(ids(workers), 30*time.Second)
+	workers, prod := c.startLoad(3)
 
 	for range 2 {
 		start := time.Now()
@@ -299,9 +291,7 @@ func TestFailoverWorkersComeAndGo(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	requireAlive(t, live...)
 
-	hw := c.finishProduction(prod)
-	c.waitCaughtUp(hw, 60*time.Second)
-	stopClean(t, live...)
+	hw := c.finishLoad(prod, live...)
 	c.check(hw)
 }
 
@@ -310,9 +300,7 @@ func TestFailoverWorkersComeAndGo(t *testing.T) {
 // renew, survive, and claim every partition again with newer tokens.
 func TestFailoverNATSRestart(t *testing.T) {
 	c := newCluster(t)
-	workers := c.startWorkers(3)
-	prod := c.startProducer()
-	c.waitBalanced(ids(workers), 30*time.Second)
+	workers, prod := c.startLoad(3)
 	var maxEpoch int64
 	for _, cur := range c.cursors() {
 		maxEpoch = max(maxEpoch, cur.epoch)
@@ -370,9 +358,7 @@ func TestFailoverNATSRestart(t *testing.T) {
 // busy machine does not cause across half of the kills.
 func TestFailoverTime(t *testing.T) {
 	c := newCluster(t)
-	workers := c.startWorkers(3)
-	prod := c.startProducer()
-	c.waitBalanced(ids(workers), 30*time.Second)
+	workers, prod := c.startLoad(3)
 
 	const kills = 20
 	const failoverBound = 5 * failoverTTL
@@ -402,8 +388,6 @@ func TestFailoverTime(t *testing.T) {
 		t.Errorf("median failover %s is over 2×TTL = %s: most lanes stood still a TTL longer than they had to; all: %v", p50, 2*failoverTTL, took)
 	}
 
-	hw := c.finishProduction(prod)
-	c.waitCaughtUp(hw, 60*time.Second)
-	stopClean(t, workers...)
+	hw := c.finishLoad(prod, workers...)
 	c.check(hw)
 }

@@ -60,9 +60,7 @@ func newKeyLaneCluster(t *testing.T) *cluster {
 // TTL.
 func TestKeyLanesKillOwnerMidCommit(t *testing.T) {
 	c := newKeyLaneCluster(t)
-	workers := c.startWorkers(2)
-	prod := c.startProducer()
-	c.waitBalanced(ids(workers), 30*time.Second)
+	workers, prod := c.startLoad(2)
 
 	const kills = 5
 	const stallBound = 5 * failoverTTL
@@ -88,9 +86,7 @@ func TestKeyLanesKillOwnerMidCommit(t *testing.T) {
 	// older owners' key-lane commits ended.
 	c.verify("under load")
 
-	hw := c.finishProduction(prod)
-	c.waitCaughtUp(hw, 60*time.Second)
-	stopClean(t, workers...)
+	hw := c.finishLoad(prod, workers...)
 	c.check(hw)
 	c.verify("caught up")
 }
@@ -124,9 +120,7 @@ func (c *cluster) verify(when string) {
 // cursor move) is measured against the lease TTL.
 func TestKeyLanesZombieWakesAfterTakeover(t *testing.T) {
 	c := newKeyLaneCluster(t)
-	workers := c.startWorkers(2)
-	prod := c.startProducer()
-	c.waitBalanced(ids(workers), 30*time.Second)
+	workers, prod := c.startLoad(2)
 
 	z := c.freezeZombie(workers, "kfn.inbox", 1, "the other worker to take over the zombie's partition and move its cursor")
 	stall := z.takeover
@@ -205,9 +199,7 @@ func TestKeyLanesSurvivePostgresRestart(t *testing.T) {
 	}
 	c := newKeyLaneCluster(t)
 	c.pg = &kfntest.PG{Pool: pool, URL: srv.URL}
-	workers := c.startWorkers(2)
-	prod := c.startProducer()
-	c.waitBalanced(ids(workers), 30*time.Second)
+	workers, prod := c.startLoad(2)
 
 	before := c.cursors()
 	restarted := time.Now()
@@ -239,9 +231,7 @@ func TestKeyLanesSurvivePostgresRestart(t *testing.T) {
 	c.waitBalanced(ids(workers), 30*time.Second)
 	requireAlive(t, workers...)
 
-	hw := c.finishProduction(prod)
-	c.waitCaughtUp(hw, 60*time.Second)
-	stopClean(t, workers...)
+	hw := c.finishLoad(prod, workers...)
 	c.check(hw)
 	c.verify("after the restart")
 }

@@ -76,9 +76,7 @@ func TestLivenessFrozenPostgresPath(t *testing.T) {
 		thawed.Sub(frozenAt).Round(time.Millisecond), frozen.id, time.Since(thawed).Round(time.Millisecond))
 	requireAlive(t, workers...)
 
-	hw := c.finishProduction(prod)
-	c.waitCaughtUp(hw, 60*time.Second)
-	stopClean(t, workers...)
+	hw := c.finishLoad(prod, workers...)
 	if n := c.inboxRowsWithEpochs(oldTokens); n != oldRows {
 		t.Errorf("%s committed %d records under its old tokens %v after the thaw", frozen.id, n-oldRows, oldTokens)
 	}
@@ -140,9 +138,7 @@ func TestLivenessKafkaOutage(t *testing.T) {
 	t.Logf("producer writes that failed during the outage: %d", prod.expected.Load())
 
 	requireAlive(t, workers...)
-	hw := c.finishProduction(prod)
-	c.waitCaughtUp(hw, 60*time.Second)
-	stopClean(t, workers...)
+	hw := c.finishLoad(prod, workers...)
 	c.check(hw)
 }
 
@@ -152,9 +148,7 @@ func TestLivenessKafkaOutage(t *testing.T) {
 // resumes within 2 × TTL, with no manual step and no stale-epoch commit.
 func TestLivenessLeaseBucketDeleted(t *testing.T) {
 	c := newCluster(t)
-	workers := c.startWorkers(3)
-	prod := c.startProducer()
-	c.waitBalanced(ids(workers), 30*time.Second)
+	workers, prod := c.startLoad(3)
 
 	nc, err := nats.Connect(c.nats.URL)
 	if err != nil {
@@ -201,9 +195,7 @@ func TestLivenessLeaseBucketDeleted(t *testing.T) {
 
 	c.waitBalanced(ids(workers), 30*time.Second)
 	requireAlive(t, workers...)
-	hw := c.finishProduction(prod)
-	c.waitCaughtUp(hw, 60*time.Second)
-	stopClean(t, workers...)
+	hw := c.finishLoad(prod, workers...)
 	c.check(hw)
 }
 
