@@ -13,6 +13,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kfn-dev/kfn/internal/repeatlog"
 	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
@@ -73,6 +75,8 @@ type Server struct {
 	sessions sessions
 	status   *operator.StatusReader
 	rates    rates
+	logins   *loginLimiter
+	lockouts *repeatlog.Log // one line per lockout, fewer when many come at once
 }
 
 // New checks cfg and makes the console.
@@ -94,7 +98,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, mux: http.NewServeMux(), secret: make([]byte, 32), sessions: sessions{byID: map[string]session{}}}
+	s := &Server{cfg: cfg, mux: http.NewServeMux(), secret: make([]byte, 32), sessions: sessions{byID: map[string]session{}},
+		logins: newLoginLimiter(), lockouts: repeatlog.New()}
 	if _, err := rand.Read(s.secret); err != nil {
 		return nil, err
 	}
@@ -382,8 +387,25 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "403 forbidden: missing or wrong CSRF token (reload the login page)", http.StatusForbidden)
 		return
 	}
-	u, ok := authenticate(s.cfg.Users, r.PostFormValue("user"), r.PostFormValue("secret"))
-	if !ok {
+	name, addr := r.PostFormValue("user"), clientAddress(r)
+	var u User
+	res := s.logins.attempt(name, addr, func() bool {
+		var ok bool
+		u, ok = authenticate(s.cfg.Users, name, r.PostFormValue("secret"))
+		return ok
+	})
+	for _, lo := range res.Lockouts {
+		s.lockouts.Failed(r.Context(), s.cfg.Log, slog.LevelWarn, "console login locked out after failed logins",
+			"kind", lo.Kind, lo.Kind, lo.Name, "failures", lo.Failures, "for", lo.For, "lockout", lo.Nth)
+	}
+	switch {
+	case res.RetryAfter > 0:
+		// The same answer for a name that exists and one that does not.
+		secs := int((res.RetryAfter + time.Second - 1) / time.Second)
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		s.renderLogin(w, r, http.StatusTooManyRequests, fmt.Sprintf("too many failed logins: try again in %s", time.Duration(secs)*time.Second))
+		return
+	case !res.OK:
 		s.renderLogin(w, r, http.StatusUnauthorized, "wrong user or secret")
 		return
 	}
