@@ -10,7 +10,7 @@ import (
 // clock is a limiter's injected time, moved by hand.
 type clock struct{ t time.Time }
 
-func (c *clock) now() time.Time           { return c.t }
+func (c *clock) now() time.Time          { return c.t }
 func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
 
 func limiterAt(c *clock) *loginLimiter {
