@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kfn-dev/kfn/cmd/kfn/internal/console"
@@ -34,13 +35,19 @@ It never runs open: give --auth-file (users log in with a secret; each line
 is name:role:sha256:HEX, role viewer or writer, HEX the SHA-256 of the
 secret) or --trust-proxy-header when an auth proxy in front of it sets the
 user's name. It is read-only unless started with --allow-writes, and a write
-also needs the writer role. See docs/console.md for the security model.`,
+also needs the writer role. Five failed logins of a name (twenty from an
+address) lock it out, for longer each time. See docs/console.md for the
+security model.
+
+With --function-databases it reads and acts on each function's own
+database, and shows every database's functions together.`,
 		examples: `
 kfn console --auth-file /etc/kfn/console-users --listen 127.0.0.1:8080
 kfn console --auth-file users --allow-writes --tls-cert cert.pem --tls-key key.pem --listen :8443
-kfn console --trust-proxy-header X-Forwarded-User --proxy-writers alice,bob --allow-writes`,
+kfn console --trust-proxy-header X-Forwarded-User --proxy-writers alice,bob --allow-writes
+kfn console --auth-file users --database-url "$ORDERS_DB" --function-databases "ledger=$LEDGER_DB"`,
 	}, stderr)
-	dbURL := bind(fs, settings.DatabaseURL)
+	databases := bindDatabases(fs)
 	brokersSetting := settings.KafkaBrokers
 	brokersSetting.Usage += "; with it the overview shows the lag, and replays are possible"
 	brokers := bind(fs, brokersSetting)
@@ -61,7 +68,8 @@ kfn console --trust-proxy-header X-Forwarded-User --proxy-writers alice,bob --al
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := requiredSetting(settings.DatabaseURL, *dbURL); err != nil {
+	urls, err := databases.all()
+	if err != nil {
 		return err
 	}
 	cfg := console.Config{KafkaBrokers: *brokers, KafkaSecurity: *sec, LeaseBucket: *bucket, EventStream: *stream, AllowWrites: *allowWrites,
@@ -93,12 +101,24 @@ kfn console --trust-proxy-header X-Forwarded-User --proxy-writers alice,bob --al
 			return &usageError{msg: fmt.Sprintf("--auth-file %s: %v", *authFile, err)}
 		}
 	}
-	pool, err := connectPostgres(ctx, *dbURL)
-	if err != nil {
-		return err
+	pools := make(map[string]*pgxpool.Pool, len(urls))
+	defer func() {
+		for _, p := range pools {
+			p.Close()
+		}
+	}()
+	for _, url := range urls {
+		pool, err := connectPostgres(ctx, url)
+		if err != nil {
+			return err
+		}
+		pools[url] = pool
 	}
-	defer pool.Close()
-	cfg.Pool = pool
+	cfg.Pool = pools[*databases.url] // nil without --database-url
+	cfg.FunctionPools = map[string]*pgxpool.Pool{}
+	for function, url := range databases.own() {
+		cfg.FunctionPools[function] = pools[url]
+	}
 	if *natsURL != "" {
 		var js jetstream.JetStream
 		var closeNATS func()
@@ -114,6 +134,9 @@ kfn console --trust-proxy-header X-Forwarded-User --proxy-writers alice,bob --al
 		return err
 	}
 	defer srv.Close()
+	if err := srv.CheckDatabases(ctx); err != nil {
+		return err
+	}
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	if cfg.TLS {
 		cert, err := tls.LoadX509KeyPair(*tlsCert, *tlsKey)

@@ -36,7 +36,14 @@ var staticFS embed.FS
 
 // Config is what the console serves from and how it lets people in.
 type Config struct {
+	// Pool is --database-url's database, where the functions with no
+	// database of their own keep their kfn tables; nil when every
+	// function has its own.
 	Pool *pgxpool.Pool
+	// FunctionPools are the functions with a database of their own
+	// (--function-databases): the pages and actions of such a function
+	// use its pool. One pool may serve several functions.
+	FunctionPools map[string]*pgxpool.Pool
 	// JS reaches NATS: the lease holders on the overview, and replays
 	// (which take the partition's lease). Nil: no lease holders, no replay.
 	JS jetstream.JetStream
@@ -73,7 +80,7 @@ type Server struct {
 	pages    map[string]*template.Template
 	secret   []byte // signs CSRF tokens
 	sessions sessions
-	status   *operator.StatusReader
+	statuses []*operator.StatusReader // one per database, as in databases()
 	rates    rates
 	logins   *loginLimiter
 	lockouts *repeatlog.Log // one line per lockout, fewer when many come at once
@@ -86,7 +93,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, ErrNoAuth
 	case len(cfg.Users) > 0 && cfg.ProxyHeader != "":
 		return nil, errors.New("--auth-file and --trust-proxy-header exclude each other: pick how users are known")
-	case cfg.Pool == nil:
+	case cfg.Pool == nil && len(cfg.FunctionPools) == 0:
 		return nil, errors.New("the console needs a database")
 	}
 	if cfg.EventStream == "" {
@@ -108,13 +115,19 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.pages = pages
-	s.status = operator.NewStatusReaderSecure(cfg.Pool, cfg.KafkaBrokers, cfg.KafkaSecurity, cfg.JS, cfg.LeaseBucket)
+	for _, pool := range s.databases() {
+		s.statuses = append(s.statuses, operator.NewStatusReaderSecure(pool, cfg.KafkaBrokers, cfg.KafkaSecurity, cfg.JS, cfg.LeaseBucket))
+	}
 	s.routes()
 	return s, nil
 }
 
-// Close closes the status reader's Kafka connections.
-func (s *Server) Close() { s.status.Close() }
+// Close closes the status readers' Kafka connections.
+func (s *Server) Close() {
+	for _, r := range s.statuses {
+		r.Close()
+	}
+}
 
 func (s *Server) routes() {
 	static, _ := fs.Sub(staticFS, "static")
