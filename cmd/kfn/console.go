@@ -101,23 +101,19 @@ kfn console --auth-file users --database-url "$ORDERS_DB" --function-databases "
 			return &usageError{msg: fmt.Sprintf("--auth-file %s: %v", *authFile, err)}
 		}
 	}
-	pools := make(map[string]*pgxpool.Pool, len(urls))
-	defer func() {
-		for _, p := range pools {
-			p.Close()
-		}
-	}()
-	for _, url := range urls {
-		pool, err := connectPostgres(ctx, url)
-		if err != nil {
-			return err
-		}
-		pools[url] = pool
+	pools, closeAll, err := connectAll(ctx, urls)
+	defer closeAll()
+	if err != nil {
+		return err
 	}
-	cfg.Pool = pools[*databases.url] // nil without --database-url
+	byURL := make(map[string]*pgxpool.Pool, len(urls))
+	for i, url := range urls {
+		byURL[url] = pools[i]
+	}
+	cfg.Pool = byURL[*databases.url] // nil without --database-url
 	cfg.FunctionPools = map[string]*pgxpool.Pool{}
 	for function, url := range databases.own() {
-		cfg.FunctionPools[function] = pools[url]
+		cfg.FunctionPools[function] = byURL[url]
 	}
 	if *natsURL != "" {
 		var js jetstream.JetStream

@@ -109,3 +109,21 @@ func (d databaseFlags) eachDatabase(ctx context.Context, function string, f func
 	}
 	return nil
 }
+
+// connectAll connects to each of urls, in order. closeAll closes the
+// pools it made, after an error too.
+func connectAll(ctx context.Context, urls []string) (pools []*pgxpool.Pool, closeAll func(), err error) {
+	closeAll = func() {
+		for _, p := range pools {
+			p.Close()
+		}
+	}
+	for _, url := range urls {
+		pool, err := connectPostgres(ctx, url)
+		if err != nil {
+			return pools, closeAll, err
+		}
+		pools = append(pools, pool)
+	}
+	return pools, closeAll, nil
+}

@@ -125,6 +125,18 @@ func (s *Server) describeOther(pool *pgxpool.Pool) string {
 	return "another"
 }
 
+// readOwnRows reads the rows of page of function (every function's when
+// it is "") from its database, or from each database, keeping only the
+// rows of the functions whose database it is.
+func readOwnRows[T any](s *Server, function string, page operator.Page, read func(*pgxpool.Pool, operator.Page) ([]T, error),
+	functionOf func(T) string, order func(a, b T) int) ([]T, error) {
+	pools, err := s.databasesOf(function)
+	if err != nil {
+		return nil, err
+	}
+	return readPage(pools, page, read, func(pool *pgxpool.Pool, row T) bool { return s.owns(pool, functionOf(row)) }, order)
+}
+
 // readPage reads the rows of page from each of pools, keeping those keep
 // says are the database's own (nil: all), in order: from one database the
 // page as it is, from several the first page.Offset+page.Limit of each,

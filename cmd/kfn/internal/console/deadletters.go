@@ -24,16 +24,11 @@ func (s *Server) deadLetterGroups(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	function := r.URL.Query().Get("function")
-	pools, err := s.databasesOf(function)
-	var groups []operator.DeadLetterGroup
-	if err == nil {
-		groups, err = readPage(pools, at.window(), func(pool *pgxpool.Pool, page operator.Page) ([]operator.DeadLetterGroup, error) {
-			return operator.DeadLetterGroups(r.Context(), pool, function, page)
-		}, func(pool *pgxpool.Pool, g operator.DeadLetterGroup) bool { return s.owns(pool, g.Function) },
-			func(a, b operator.DeadLetterGroup) int {
-				return cmp.Or(cmp.Compare(b.Count, a.Count), cmp.Compare(a.Function, b.Function), cmp.Compare(a.Reason, b.Reason), cmp.Compare(a.Fingerprint, b.Fingerprint))
-			})
-	}
+	groups, err := readOwnRows(s, function, at.window(), func(pool *pgxpool.Pool, page operator.Page) ([]operator.DeadLetterGroup, error) {
+		return operator.DeadLetterGroups(r.Context(), pool, function, page)
+	}, func(g operator.DeadLetterGroup) string { return g.Function }, func(a, b operator.DeadLetterGroup) int {
+		return cmp.Or(cmp.Compare(b.Count, a.Count), cmp.Compare(a.Function, b.Function), cmp.Compare(a.Reason, b.Reason), cmp.Compare(a.Fingerprint, b.Fingerprint))
+	})
 	groups, pages := pageOf(r, at, groups)
 	p := s.newPage(r, "deadletters", "Dead letters", struct {
 		Function string
@@ -230,17 +225,12 @@ func (s *Server) parkedKeys(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	function := r.URL.Query().Get("function")
-	pools, err := s.databasesOf(function)
-	var keys []operator.ParkedKey
-	if err == nil {
-		keys, err = readPage(pools, at.window(), func(pool *pgxpool.Pool, page operator.Page) ([]operator.ParkedKey, error) {
-			return operator.ParkedKeys(r.Context(), pool, function, page)
-		}, func(pool *pgxpool.Pool, k operator.ParkedKey) bool { return s.owns(pool, k.Partition.Consumer) },
-			func(a, b operator.ParkedKey) int {
-				return cmp.Or(a.ParkedAt.Compare(b.ParkedAt), cmp.Compare(a.Partition.Consumer, b.Partition.Consumer),
-					cmp.Compare(a.Partition.Topic, b.Partition.Topic), cmp.Compare(a.Partition.Partition, b.Partition.Partition))
-			})
-	}
+	keys, err := readOwnRows(s, function, at.window(), func(pool *pgxpool.Pool, page operator.Page) ([]operator.ParkedKey, error) {
+		return operator.ParkedKeys(r.Context(), pool, function, page)
+	}, func(k operator.ParkedKey) string { return k.Partition.Consumer }, func(a, b operator.ParkedKey) int {
+		return cmp.Or(a.ParkedAt.Compare(b.ParkedAt), cmp.Compare(a.Partition.Consumer, b.Partition.Consumer),
+			cmp.Compare(a.Partition.Topic, b.Partition.Topic), cmp.Compare(a.Partition.Partition, b.Partition.Partition))
+	})
 	keys, pages := pageOf(r, at, keys)
 	p := s.newPage(r, "parked", "Parked keys", struct {
 		Keys  []operator.ParkedKey

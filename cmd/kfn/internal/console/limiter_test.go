@@ -57,12 +57,18 @@ func TestLoginLimiterLocksAUserOutAndLetsTheRightSecretInOnceTheLockoutIsOver(t 
 	}
 }
 
-func TestLoginLimiterLockoutsDoubleUpToTheCapAndASuccessResetsThem(t *testing.T) {
+// lockedOut is a limiter at a clock of its own with user locked out.
+func lockedOut(user string) (*clock, *loginLimiter) {
 	c := &clock{t: time.Unix(1_700_000_000, 0)}
 	l := limiterAt(c)
 	for range userFailures {
-		try(l, "bob", "192.0.2.1", false)
+		try(l, user, "192.0.2.1", false)
 	}
+	return c, l
+}
+
+func TestLoginLimiterLockoutsDoubleUpToTheCapAndASuccessResetsThem(t *testing.T) {
+	c, l := lockedOut("bob")
 	// Each failure after a lockout locks again, for twice as long, up to
 	// the cap.
 	want := []time.Duration{2 * time.Minute, 4 * time.Minute, 8 * time.Minute, 16 * time.Minute, maxLockout, maxLockout}
@@ -108,11 +114,7 @@ func TestLoginLimiterLocksAnAddressThatGuessesManyNames(t *testing.T) {
 }
 
 func TestLoginLimiterStaysBoundedUnderASprayOfNamesAndAddresses(t *testing.T) {
-	c := &clock{t: time.Unix(1_700_000_000, 0)}
-	l := limiterAt(c)
-	for range userFailures {
-		try(l, "alice", "192.0.2.1", false)
-	}
+	_, l := lockedOut("alice")
 	// Three times the table's size of fresh names, each from a fresh
 	// address, within one window.
 	for i := range 3 * maxTracked {
