@@ -197,3 +197,16 @@ func TestMigrationsKeepExistingDeadLetters(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkMigration15 measures migration 0015 on 100,000 dead letters of
+// schema 14 (the console benchmark's error texts): the fingerprint of
+// every letter and its index, in the migration's transaction, which holds
+// the dead letters' lock.
+//
+//	go test ./internal/schema -run '^$' -bench BenchmarkMigration15 -benchtime 3x
+func BenchmarkMigration15(b *testing.B) {
+	benchMigration(b, 15, 100_000, `INSERT INTO kfn.dead_letters (consumer, topic, partition, "offset", value, reason, error, attempts)
+SELECT 'bench', 'orders', i % 64, i, convert_to('{"order":' || i || '}', 'UTF8'), (ARRAY['handler_error', 'permanent', 'data_error'])[1 + i % 3],
+       (ARRAY['order ', 'decode: bad byte at ', 'timeout after '])[1 + i % 3] || i || ' in ' || md5(i::text), 5
+  FROM generate_series(1, $1) AS i`)
+}

@@ -32,9 +32,10 @@ CREATE TRIGGER dead_letters_error_fingerprint
     BEFORE INSERT OR UPDATE OF error ON kfn.dead_letters
     FOR EACH ROW EXECUTE FUNCTION kfn.set_error_fingerprint();
 
--- The letters already there. (This holds the table's lock until the
--- migration commits: about a second per 100,000 letters, during which a
--- worker that dead-letters a record waits.)
+-- The letters already there. (The migration holds the table's lock until
+-- it commits: about 2 s per 100,000 letters on a 2-core machine, during
+-- which a worker that dead-letters or retries a record waits;
+-- BenchmarkMigration15.)
 UPDATE kfn.dead_letters SET error_fingerprint = kfn.error_fingerprint(error);
 
 -- A group's letters, and its newest letter, by index. The fingerprint is
