@@ -116,8 +116,20 @@ func TestConsoleActsInEachFunctionsDatabase(t *testing.T) {
 		t.Errorf("letter %d without its function over two databases: %d, want 404 asking for the function:\n%s", bLetter, code, body)
 	}
 
+	// Ids without their function: ambiguous over two databases, refused,
+	// nothing marked.
+	code, body := post(t, c, srv.URL, "/deadletters/retry", url.Values{"csrf": {token}, "id": {itoa(bLetter)}, "reason": {"which one?"}})
+	if code != http.StatusBadRequest || !strings.Contains(body, "say which function") {
+		t.Errorf("retry of letter %d without its function: %d, want 400 asking for the function:\n%s", bLetter, code, body)
+	}
+	for _, pool := range []*pgxpool.Pool{dbA.Pool, dbB.Pool} {
+		if n := count(pool, `SELECT count(*) FROM kfn.dead_letters WHERE retry_requested_at IS NOT NULL`); n != 0 {
+			t.Fatalf("%d letters marked by a refused retry", n)
+		}
+	}
+
 	fixed.Store(true)
-	code, body := post(t, c, srv.URL, "/deadletters/retry", url.Values{"csrf": {token}, "function": {b}, "id": {itoa(bLetter)}, "reason": {"INC-9 decoder fixed"}})
+	code, body = post(t, c, srv.URL, "/deadletters/retry", url.Values{"csrf": {token}, "function": {b}, "id": {itoa(bLetter)}, "reason": {"INC-9 decoder fixed"}})
 	if code != http.StatusOK || !strings.Contains(body, "Marked 1 dead letters for retry") {
 		t.Fatalf("retry b's letter: %d\n%s", code, body)
 	}
@@ -146,5 +158,32 @@ func TestConsoleActsInEachFunctionsDatabase(t *testing.T) {
 	err = s.CheckDatabases(ctx)
 	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("function %q is in two databases: its own in --function-databases, and --database-url's too", b)) {
 		t.Fatalf("CheckDatabases with b's letter in a's database: %v", err)
+	}
+}
+
+// TestConsoleWithOnlyFunctionDatabasesRefusesAnUnlistedFunction is a
+// console given no --database-url, only b's own database: a page about a
+// function it has no database for says so and names the flags, and the
+// pages about every function show b's.
+func TestConsoleWithOnlyFunctionDatabasesRefusesAnUnlistedFunction(t *testing.T) {
+	db := kfntest.Postgres(t)
+	seed(t, db, letter{fn: "b", topic: "src", offset: 1, reason: "permanent", errText: "b's letter"})
+	s, err := New(Config{FunctionPools: map[string]*pgxpool.Pool{"b": db.Pool}, Users: testUsers(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	c := client(t)
+	login(t, c, srv.URL, "victor", "victor-secret")
+	for _, path := range []string{"/deadletters?function=a", "/parked?function=a", "/audit?function=a", "/deadletters/group?function=a&reason=permanent&fp=x"} {
+		_, body := get(t, c, srv.URL, path)
+		if !strings.Contains(body, `function &#34;a&#34; has no database: it is not in --function-databases, and the console has no --database-url`) {
+			t.Errorf("GET %s: no error naming the flags:\n%s", path, body)
+		}
+	}
+	if _, body := get(t, c, srv.URL, "/deadletters"); !strings.Contains(body, "b&#39;s letter") {
+		t.Errorf("the dead letters page lacks b's letter:\n%s", body)
 	}
 }
