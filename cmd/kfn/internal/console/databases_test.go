@@ -1,6 +1,7 @@
 package console
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/internal/effects"
+	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 	"github.com/kfn-dev/kfn/runtime/worker"
@@ -185,5 +187,34 @@ func TestConsoleWithOnlyFunctionDatabasesRefusesAnUnlistedFunction(t *testing.T)
 	}
 	if _, body := get(t, c, srv.URL, "/deadletters"); !strings.Contains(body, "b&#39;s letter") {
 		t.Errorf("the dead letters page lacks b's letter:\n%s", body)
+	}
+}
+
+// TestReadPageMergesTheDatabasesPageByPage pages through the rows of two
+// databases (stand-ins: each pool pointer keys its own sorted rows) two
+// at a time: every row shows once, in the merged order, and the rows
+// keep leaves out are left out.
+func TestReadPageMergesTheDatabasesPageByPage(t *testing.T) {
+	one, two := &pgxpool.Pool{}, &pgxpool.Pool{}
+	rows := map[*pgxpool.Pool][]int{one: {1, 3, 5, 7, 8}, two: {2, 4, 6}}
+	read := func(pool *pgxpool.Pool, page operator.Page) ([]int, error) {
+		all := rows[pool]
+		all = all[min(page.Offset, len(all)):]
+		if page.Limit > 0 {
+			all = all[:min(page.Limit, len(all))]
+		}
+		return all, nil
+	}
+	notEight := func(_ *pgxpool.Pool, n int) bool { return n != 8 }
+	var got [][]int
+	for offset := 0; offset < 10; offset += 2 {
+		page, err := readPage([]*pgxpool.Pool{one, two}, operator.Page{Limit: 2, Offset: offset}, read, notEight, cmp.Compare[int])
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, page)
+	}
+	if fmt.Sprint(got) != "[[1 2] [3 4] [5 6] [7] []]" {
+		t.Fatalf("pages of two databases: %v, want [[1 2] [3 4] [5 6] [7] []]", got)
 	}
 }
