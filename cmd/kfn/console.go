@@ -62,6 +62,7 @@ kfn console --auth-file users --database-url "$ORDERS_DB" --function-databases "
 	authFile := fs.String("auth-file", "", "the `file` of users: one name:role:sha256:HEX a line (see above)")
 	proxyHeader := fs.String("trust-proxy-header", "", "take the user's name from this request `header`, set by an auth proxy in front of the console (never expose the console itself then)")
 	proxyWriters := fs.String("proxy-writers", "", "with --trust-proxy-header: the comma-separated `users` with the writer role (the others are viewers)")
+	clientAddressHeader := fs.String("client-address-header", "", "with --auth-file behind a reverse proxy: the request `header` the proxy sets to the client's address (its last comma-separated entry), which failed logins count against instead of the proxy's (default: the TCP peer's address; X-Forwarded-For is never read unless named here)")
 	allowWrites := fs.Bool("allow-writes", false, "let writers retry, discard and replay (default: read-only)")
 	tlsCert := fs.String("tls-cert", "", "serve TLS with this certificate `file` (PEM); needs --tls-key")
 	tlsKey := fs.String("tls-key", "", "the private key `file` of --tls-cert (PEM)")
@@ -73,13 +74,15 @@ kfn console --auth-file users --database-url "$ORDERS_DB" --function-databases "
 		return err
 	}
 	cfg := console.Config{KafkaBrokers: *brokers, KafkaSecurity: *sec, LeaseBucket: *bucket, EventStream: *stream, AllowWrites: *allowWrites,
-		ProxyHeader: strings.TrimSpace(*proxyHeader), TLS: *tlsCert != "",
+		ProxyHeader: strings.TrimSpace(*proxyHeader), ClientAddressHeader: strings.TrimSpace(*clientAddressHeader), TLS: *tlsCert != "",
 		Log: slog.New(slog.NewTextHandler(stderr, nil))}
 	switch {
 	case *authFile == "" && cfg.ProxyHeader == "":
 		return &usageError{msg: console.ErrNoAuth.Error()}
 	case *authFile != "" && cfg.ProxyHeader != "":
 		return &usageError{msg: "--auth-file and --trust-proxy-header exclude each other"}
+	case *clientAddressHeader != "" && cfg.ProxyHeader != "":
+		return &usageError{msg: "--client-address-header is for the login form of --auth-file; behind --trust-proxy-header the proxy logs users in and limits their failures"}
 	case *proxyWriters != "" && cfg.ProxyHeader == "":
 		return &usageError{msg: "--proxy-writers needs --trust-proxy-header (with --auth-file, the file gives the roles)"}
 	case (*tlsCert == "") != (*tlsKey == ""):

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"net/http"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 )
@@ -101,15 +102,33 @@ func keyOf(name string) string {
 	return string(sum[:])
 }
 
-// clientAddress is the address a login counts against: the TCP peer's
-// (never a header such as X-Forwarded-For, which the client writes), an
-// IPv6 peer by its /64, which one host usually has whole.
-func clientAddress(r *http.Request) string {
+// clientAddress is the address a login counts against: the TCP peer's,
+// or, when the console is told the header its reverse proxy sets
+// (Config.ClientAddressHeader), the last address in that header, the one
+// the nearest proxy wrote (one the header does not hold as an address
+// leaves the peer's). Never a header it was not told of: a client writes
+// X-Forwarded-For as it likes. An IPv6 address counts by its /64, which
+// one host usually has whole.
+func clientAddress(r *http.Request, header string) string {
+	if header != "" {
+		values := r.Header.Values(header)
+		if len(values) > 0 {
+			entries := strings.Split(values[len(values)-1], ",")
+			if a, err := netip.ParseAddr(strings.TrimSpace(entries[len(entries)-1])); err == nil {
+				return addressKey(a)
+			}
+		}
+	}
 	ap, err := netip.ParseAddrPort(r.RemoteAddr)
 	if err != nil {
 		return r.RemoteAddr
 	}
-	a := ap.Addr().Unmap()
+	return addressKey(ap.Addr())
+}
+
+// addressKey is a's key in the address table: an IPv6 address's /64.
+func addressKey(a netip.Addr) string {
+	a = a.Unmap()
 	if a.Is6() {
 		p, _ := a.Prefix(64)
 		return p.String()

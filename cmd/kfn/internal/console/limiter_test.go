@@ -132,18 +132,25 @@ func TestLoginLimiterStaysBoundedUnderASprayOfNamesAndAddresses(t *testing.T) {
 	}
 }
 
-func TestLoginsCountAgainstThePeerAddressNotAHeader(t *testing.T) {
-	for _, c := range []struct{ remote, forwarded, want string }{
-		{"192.0.2.1:5555", "203.0.113.9", "192.0.2.1"},
-		{"[2001:db8:1:2:3:4:5:6]:443", "", "2001:db8:1:2::/64"},
-		{"[2001:db8:1:2:ffff::1]:443", "", "2001:db8:1:2::/64"},
-		{"[::ffff:192.0.2.1]:80", "", "192.0.2.1"},
+func TestLoginsCountAgainstThePeerAddressOrTheHeaderTheConsoleIsTold(t *testing.T) {
+	for _, c := range []struct{ header, remote, forwarded, want string }{
+		{"", "192.0.2.1:5555", "203.0.113.9", "192.0.2.1"},
+		{"", "[2001:db8:1:2:3:4:5:6]:443", "", "2001:db8:1:2::/64"},
+		{"", "[2001:db8:1:2:ffff::1]:443", "", "2001:db8:1:2::/64"},
+		{"", "[::ffff:192.0.2.1]:80", "", "192.0.2.1"},
+		// Told: the last entry, which the nearest proxy appended.
+		{"X-Forwarded-For", "10.0.0.2:80", "203.0.113.9, 198.51.100.2", "198.51.100.2"},
+		{"X-Forwarded-For", "10.0.0.2:80", "2001:db8:9::1", "2001:db8:9::/64"},
+		{"X-Forwarded-For", "10.0.0.2:80", "", "10.0.0.2"},
+		{"X-Forwarded-For", "10.0.0.2:80", "198.51.100.2, not-an-address", "10.0.0.2"},
 	} {
 		r, _ := http.NewRequest(http.MethodPost, "/login", nil)
 		r.RemoteAddr = c.remote
-		r.Header.Set("X-Forwarded-For", c.forwarded)
-		if got := clientAddress(r); got != c.want {
-			t.Errorf("peer %s, X-Forwarded-For %q: counted against %q, want %q", c.remote, c.forwarded, got, c.want)
+		if c.forwarded != "" {
+			r.Header.Set("X-Forwarded-For", c.forwarded)
+		}
+		if got := clientAddress(r, c.header); got != c.want {
+			t.Errorf("told %q, peer %s, X-Forwarded-For %q: counted against %q, want %q", c.header, c.remote, c.forwarded, got, c.want)
 		}
 	}
 }

@@ -85,3 +85,36 @@ func TestFiveWrongSecretsLockTheUserOutEvenFromTheRightSecret(t *testing.T) {
 		t.Fatalf("GET after logging in: %d", code)
 	}
 }
+
+// TestLoginsCountAgainstTheAddressTheProxyHeaderGives serves a console
+// told that its proxy sets X-Real-IP: twenty failures of twenty names
+// from one client lock that client out, and another client behind the
+// same proxy (the same TCP peer) logs in.
+func TestLoginsCountAgainstTheAddressTheProxyHeaderGives(t *testing.T) {
+	st := setup(t, func(c *Config) { c.ClientAddressHeader = "X-Real-IP" })
+	c := client(t)
+	token := loginForm(t, c, st.srv.URL)
+	attempt := func(client, user, secret string) int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, st.srv.URL+"/login", strings.NewReader(url.Values{"csrf": {token}, "user": {user}, "secret": {secret}}.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("X-Real-IP", client)
+		res, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	for i := range addressFailures {
+		if code := attempt("198.51.100.1", "guess-"+itoa(int64(i)), "x"); code != http.StatusUnauthorized {
+			t.Fatalf("failure %d: %d, want 401", i+1, code)
+		}
+	}
+	if code := attempt("198.51.100.1", "alice", "alice-secret"); code != http.StatusTooManyRequests {
+		t.Fatalf("alice from the locked-out client: %d, want 429", code)
+	}
+	if code := attempt("198.51.100.2", "alice", "alice-secret"); code != http.StatusOK {
+		t.Fatalf("alice from another client behind the proxy: %d, want 200", code)
+	}
+}

@@ -59,6 +59,11 @@ type Config struct {
 	ProxyHeader string
 	// ProxyWriters are the proxy users with the writer role.
 	ProxyWriters []string
+	// ClientAddressHeader names the header a reverse proxy in front of an
+	// auth-file console sets to the client's address, which the login
+	// limits then count against instead of the proxy's; "" counts the TCP
+	// peer's.
+	ClientAddressHeader string
 	// AllowWrites lets writers retry, discard and replay.
 	AllowWrites bool
 	// TLS says the console is served over TLS: its cookies are Secure.
@@ -400,7 +405,7 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "403 forbidden: missing or wrong CSRF token (reload the login page)", http.StatusForbidden)
 		return
 	}
-	name, addr := r.PostFormValue("user"), clientAddress(r)
+	name, addr := r.PostFormValue("user"), clientAddress(r, s.cfg.ClientAddressHeader)
 	var u User
 	res := s.logins.attempt(name, addr, func() bool {
 		var ok bool
