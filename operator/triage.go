@@ -8,14 +8,6 @@ import (
 	"github.com/kfn-dev/kfn/inbox"
 )
 
-// fingerprintSQL normalises a dead letter's error text into its
-// fingerprint: UUIDs become <id>, and every word that is a number or a hex
-// string with a digit (an offset, an order number, a hash) becomes <n>, so
-// "order 4411 not found" and "order 9 not found" fall into one group.
-const fingerprintSQL = `regexp_replace(regexp_replace(error,
-  '[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}', '<id>', 'g'),
-  '\m[0-9a-fA-F]*[0-9][0-9a-fA-F]*\M', '<n>', 'g')`
-
 // Page is a window of a listing: at most Limit rows (0: all of them) after
 // the first Offset.
 type Page struct{ Limit, Offset int }
@@ -25,7 +17,7 @@ type Page struct{ Limit, Offset int }
 type DeadLetterGroup struct {
 	Function    string
 	Reason      string // the dead letter reason: handler_error, parked, …
-	Fingerprint string // the error text with numbers and ids normalised
+	Fingerprint string // the error text with numbers and ids normalised (kfn.error_fingerprint, migration 0015)
 	Example     string // the error text of the newest letter of the group
 	Count       int64
 	FirstSeen   time.Time
@@ -36,13 +28,18 @@ type DeadLetterGroup struct {
 // when it is empty) by function, reason and error fingerprint, the largest
 // group first, the groups of page.
 func DeadLetterGroups(ctx context.Context, db inbox.Querier, function string, page Page) ([]DeadLetterGroup, error) {
-	rows, err := db.Query(ctx, `SELECT consumer, reason, fp, count(*), min(dead_at), max(dead_at),
-  (array_agg(error ORDER BY dead_at DESC, id DESC))[1]
- FROM (SELECT consumer, reason, error, dead_at, id, `+fingerprintSQL+` AS fp
-        FROM kfn.dead_letters WHERE $1 = '' OR consumer = $1) d
- GROUP BY consumer, reason, fp
- ORDER BY count(*) DESC, consumer, reason, fp
- LIMIT CASE WHEN $2 <= 0 THEN NULL ELSE $2 END OFFSET $3`, function, page.Limit, page.Offset)
+	// The groups of the page first, then each one's newest error through
+	// the dead_letters_group index.
+	rows, err := db.Query(ctx, `SELECT g.consumer, g.reason, g.fp, g.n, g.first_seen, g.last_seen, e.error
+ FROM (SELECT consumer, reason, error_fingerprint AS fp, count(*) AS n, min(dead_at) AS first_seen, max(dead_at) AS last_seen
+         FROM kfn.dead_letters WHERE $1 = '' OR consumer = $1
+        GROUP BY consumer, reason, error_fingerprint
+        ORDER BY count(*) DESC, consumer, reason, error_fingerprint
+        LIMIT CASE WHEN $2 <= 0 THEN NULL ELSE $2 END OFFSET $3) g
+ CROSS JOIN LATERAL (SELECT d.error FROM kfn.dead_letters d
+        WHERE d.consumer = g.consumer AND d.reason = g.reason AND md5(d.error_fingerprint) = md5(g.fp) AND d.error_fingerprint = g.fp
+        ORDER BY d.dead_at DESC, d.id DESC LIMIT 1) e
+ ORDER BY g.n DESC, g.consumer, g.reason, g.fp`, function, page.Limit, page.Offset)
 	if err != nil {
 		return nil, fmt.Errorf("group dead letters: %w", err)
 	}
@@ -66,7 +63,7 @@ func DeadLetterGroups(ctx context.Context, db inbox.Querier, function string, pa
 // selection a group retry or discard hands to Retry or DiscardDeadLetters.
 func DeadLetterGroupIDs(ctx context.Context, db inbox.Querier, function, reason, fingerprint string, page Page) ([]int64, error) {
 	rows, err := db.Query(ctx, `SELECT id FROM kfn.dead_letters
- WHERE consumer = $1 AND reason = $2 AND `+fingerprintSQL+` = $3
+ WHERE consumer = $1 AND reason = $2 AND md5(error_fingerprint) = md5($3) AND error_fingerprint = $3
  ORDER BY consumer, topic, partition, "offset"
  LIMIT CASE WHEN $4 <= 0 THEN NULL ELSE $4 END OFFSET $5`, function, reason, fingerprint, page.Limit, page.Offset)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -71,5 +72,31 @@ func TestConsoleServesItsLoginPageUntilStopped(t *testing.T) {
 	cancel()
 	if code := <-done; code != 0 {
 		t.Fatalf("kfn console stopped with exit %d", code)
+	}
+}
+
+// TestConsoleRefusesAFunctionInTwoDatabases starts kfn console with
+// --function-databases: a function given twice is a usage error, as in
+// every command, and a function whose dead letters are in its own
+// database and in --database-url's is refused before the console serves.
+func TestConsoleRefusesAFunctionInTwoDatabases(t *testing.T) {
+	dbA, dbB := kfntest.Postgres(t), kfntest.Postgres(t)
+	b := kfntest.Name(t, "b")
+	file := filepath.Join(t.TempDir(), "users")
+	sum := sha256.Sum256([]byte("s3cret"))
+	if err := os.WriteFile(file, []byte("alice:writer:sha256:"+hex.EncodeToString(sum[:])+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"console", "--auth-file", file, "--listen", "127.0.0.1:0", "--database-url", dbA.URL}
+	code, _, stderr := kfn(t, append(args, "--function-databases", b+"="+dbB.URL+","+b+"="+dbA.URL)...)
+	if want := "function " + b + " is given twice"; code != 2 || !strings.Contains(stderr, want) {
+		t.Errorf("kfn console with %s given twice: exit %d, %q; want 2 and %q", b, code, stderr, want)
+	}
+	for _, db := range []*kfntest.PG{dbA, dbB} {
+		seed(t, db, seedLetter{fn: b, topic: "src", partition: 0, offset: 1, reason: "permanent", err: "bad"})
+	}
+	code, stdout, stderr := kfn(t, append(args, "--function-databases", b+"="+dbB.URL)...)
+	if want := fmt.Sprintf("function %q is in two databases", b); code != 1 || !strings.Contains(stderr, want) || strings.Contains(stdout, "kfn console on") {
+		t.Errorf("kfn console with %s's letters in both databases: exit %d, %q%q; want 1, %q, and no console served", b, code, stdout, stderr, want)
 	}
 }

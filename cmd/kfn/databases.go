@@ -29,11 +29,8 @@ func bindDatabases(fs *flagSet) databaseFlags {
 // of is function's database: its own, else --database-url's (a usage error
 // when neither is given). Function "" is --database-url's.
 func (d databaseFlags) of(function string) (string, error) {
-	for _, item := range *d.functions {
-		name, url, _ := strings.Cut(item, "=")
-		if function != "" && strings.TrimSpace(name) == function {
-			return strings.TrimSpace(url), nil
-		}
+	if url, ok := d.own()[function]; ok && function != "" {
+		return url, nil
 	}
 	if strings.TrimSpace(*d.url) != "" {
 		return *d.url, nil
@@ -43,6 +40,16 @@ func (d databaseFlags) of(function string) (string, error) {
 			function, settings.FunctionDatabases.Flag, settings.DatabaseURL.Flag, settings.DatabaseURL.Env)}
 	}
 	return "", requiredSetting(settings.DatabaseURL, "")
+}
+
+// own is the database URL of each function that has one of its own.
+func (d databaseFlags) own() map[string]string {
+	urls := make(map[string]string, len(*d.functions))
+	for _, item := range *d.functions {
+		name, url, _ := strings.Cut(item, "=")
+		urls[strings.TrimSpace(name)] = strings.TrimSpace(url)
+	}
+	return urls
 }
 
 // all is every database: --database-url's, if given, then each function's
@@ -101,4 +108,22 @@ func (d databaseFlags) eachDatabase(ctx context.Context, function string, f func
 		}
 	}
 	return nil
+}
+
+// connectAll connects to each of urls, in order. closeAll closes the
+// pools it made, after an error too.
+func connectAll(ctx context.Context, urls []string) (pools []*pgxpool.Pool, closeAll func(), err error) {
+	closeAll = func() {
+		for _, p := range pools {
+			p.Close()
+		}
+	}
+	for _, url := range urls {
+		pool, err := connectPostgres(ctx, url)
+		if err != nil {
+			return pools, closeAll, err
+		}
+		pools = append(pools, pool)
+	}
+	return pools, closeAll, nil
 }

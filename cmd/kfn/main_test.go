@@ -57,6 +57,7 @@ func TestBadInvocationsExitWithUsageErrors(t *testing.T) {
 		{[]string{"migrate", "--no-such-flag"}, "unknown flag --no-such-flag"},
 		{[]string{"migrate", "--database-url", "postgres://x@y/z", "extra"}, `unexpected argument "extra"`},
 		{[]string{"status", "--database-url", ""}, "--database-url is required"},
+		{[]string{"console", "--database-url", "postgres://x@y/z", "--trust-proxy-header", "X-User", "--client-address-header", "X-Real-IP"}, "--client-address-header is for the login form of --auth-file"},
 		{[]string{"replay", "--database-url", "postgres://x@y/z", "--nats-url", "nats://n", "--function", "f", "--topic", "t", "--partition", "0"}, "--from-offset is required"},
 		{[]string{"replay", "--database-url", "postgres://x@y/z", "--nats-url", "nats://n", "--function", "f", "--topic", "t", "--partition", "0", "--from-offset", "0", "--reexecute"}, "say why with --reason"},
 		{[]string{"dev", "--rate", "0"}, "--rate 0 is out of range"},

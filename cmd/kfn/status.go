@@ -53,18 +53,12 @@ kfn status --database-url "$ORDERS_DB" --function-databases "ledger=$LEDGER_DB"`
 	if err != nil {
 		return err
 	}
-	pools := make([]*pgxpool.Pool, 0, len(urls))
-	defer func() {
-		for _, p := range pools {
-			p.Close()
-		}
-	}()
-	for _, url := range urls {
-		pool, err := connectPostgres(ctx, url)
-		if err != nil {
-			return err
-		}
-		pools = append(pools, pool)
+	pools, closeAll, err := connectAll(ctx, urls)
+	defer closeAll()
+	if err != nil {
+		return err
+	}
+	for _, pool := range pools {
 		if err := operator.CheckFunction(ctx, pool, *function); err != nil {
 			return err
 		}

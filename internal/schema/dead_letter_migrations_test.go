@@ -88,6 +88,63 @@ func TestMigrationsKeepExistingDeadLetters(t *testing.T) {
 					t.Fatalf("discard of the blocker released %+v, %v; want the key with its parked record marked", released, err)
 				}
 			}},
+		{name: "15 stores the error fingerprint", version: 15,
+			before: func(t *testing.T, db *kfntest.PG) {
+				if _, err := db.Pool.Exec(context.Background(), `UPDATE kfn.dead_letters SET error = 'order ' || (4411 * "offset") || ' not found'`); err != nil {
+					t.Fatal(err)
+				}
+			},
+			after: func(t *testing.T, db *kfntest.PG, _ []inbox.DeadLetter) {
+				ctx := context.Background()
+				fingerprints := func() map[int64]string {
+					t.Helper()
+					rows, err := db.Pool.Query(ctx, `SELECT "offset", coalesce(error_fingerprint, 'NULL') FROM kfn.dead_letters`)
+					if err != nil {
+						t.Fatal(err)
+					}
+					got := map[int64]string{}
+					for rows.Next() {
+						var offset int64
+						var fp string
+						if err := rows.Scan(&offset, &fp); err != nil {
+							t.Fatal(err)
+						}
+						got[offset] = fp
+					}
+					return got
+				}
+				// The migration fills the letters already there.
+				if got := fingerprints(); got[1] != "order <n> not found" || got[2] != "order <n> not found" {
+					t.Fatalf("fingerprints of the migrated letters = %v, want order <n> not found", got)
+				}
+				// A letter written as every worker writes one (a worker built
+				// for version 14 the same: the column is not in its INSERT),
+				// written again over its conflict, and its error rewritten.
+				write := func(errText string) {
+					t.Helper()
+					err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+						_, err := inbox.WriteDeadLetter(ctx, tx, inbox.DeadLetter{Partition: part, Offset: 3, Value: []byte("v3"), Reason: "permanent", Error: errText})
+						return err
+					})
+					if err != nil {
+						t.Fatal(err)
+					}
+				}
+				write("charge 550e8400-e29b-41d4-a716-446655440000 failed: HTTP 502")
+				if got := fingerprints()[3]; got != "charge <id> failed: HTTP <n>" {
+					t.Errorf("the fingerprint of a new letter = %q", got)
+				}
+				write("timeout after 30 s")
+				if got := fingerprints()[3]; got != "timeout after <n> s" {
+					t.Errorf("the fingerprint of a letter written again = %q", got)
+				}
+				if _, err := db.Pool.Exec(ctx, `UPDATE kfn.dead_letters SET error = 'key 77 blocked' WHERE "offset" = 3`); err != nil {
+					t.Fatal(err)
+				}
+				if got := fingerprints()[3]; got != "key <n> blocked" {
+					t.Errorf("the fingerprint after the error is rewritten = %q", got)
+				}
+			}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -139,4 +196,17 @@ func TestMigrationsKeepExistingDeadLetters(t *testing.T) {
 			tc.after(t, db, dead)
 		})
 	}
+}
+
+// BenchmarkMigration15 measures migration 0015 on 100,000 dead letters of
+// schema 14 (the console benchmark's error texts): the fingerprint of
+// every letter and its index, in the migration's transaction, which holds
+// the dead letters' lock.
+//
+//	go test ./internal/schema -run '^$' -bench BenchmarkMigration15 -benchtime 3x
+func BenchmarkMigration15(b *testing.B) {
+	benchMigration(b, 15, 100_000, `INSERT INTO kfn.dead_letters (consumer, topic, partition, "offset", value, reason, error, attempts)
+SELECT 'bench', 'orders', i % 64, i, convert_to('{"order":' || i || '}', 'UTF8'), (ARRAY['handler_error', 'permanent', 'data_error'])[1 + i % 3],
+       (ARRAY['order ', 'decode: bad byte at ', 'timeout after '])[1 + i % 3] || i || ' in ' || md5(i::text), 5
+  FROM generate_series(1, $1) AS i`)
 }

@@ -1,10 +1,13 @@
 package console
 
 import (
+	"cmp"
 	"encoding/json"
 	"net/http"
 	"slices"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/operator"
@@ -24,7 +27,7 @@ func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
 	}
 	q := r.URL.Query()
 	window := at.window()
-	f := operator.AuditFilter{Consumer: q.Get("function"), Action: q.Get("action"), ActorContains: q.Get("actor"), Limit: window.Limit, Offset: window.Offset}
+	f := operator.AuditFilter{Consumer: q.Get("function"), Action: q.Get("action"), ActorContains: q.Get("actor")}
 	p := s.newPage(r, "audit", "Audit log", nil)
 	err := operator.CheckAuditAction(f.Action)
 	if err == nil && q.Get("since") != "" {
@@ -33,14 +36,24 @@ func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
 			f.Since = time.Now().Add(-d)
 		}
 	}
+	var pools []*pgxpool.Pool
+	if err == nil {
+		pools, err = s.databasesOf(f.Consumer)
+	}
 	var entries []inbox.AuditEntry
 	if err == nil {
-		entries, err = operator.AuditLog(r.Context(), s.cfg.Pool, f)
+		// Newest first, from every database when no function is given,
+		// as kfn audit reads them.
+		entries, err = readPage(pools, window, func(pool *pgxpool.Pool, page operator.Page) ([]inbox.AuditEntry, error) {
+			f.Limit, f.Offset = page.Limit, page.Offset
+			these, err := operator.AuditLog(r.Context(), pool, f)
+			slices.Reverse(these)
+			return these, err
+		}, nil, func(a, b inbox.AuditEntry) int { return cmp.Or(b.At.Compare(a.At), cmp.Compare(b.ID, a.ID)) })
 	}
 	if err != nil {
 		p.Error = problem(err)
 	}
-	slices.Reverse(entries) // newest first
 	entries, pages := pageOf(r, at, entries)
 	rows := make([]auditRow, len(entries))
 	for i, e := range entries {

@@ -80,9 +80,10 @@ func seed(t testing.TB, db *kfntest.PG, letters ...letter) []int64 {
 // stack is a console over a fresh database with three dead letters of
 // "orders": two of one group, one of another.
 type stack struct {
-	db  *kfntest.PG
-	srv *httptest.Server
-	ids []int64
+	db      *kfntest.PG
+	console *Server
+	srv     *httptest.Server
+	ids     []int64
 }
 
 func setup(t *testing.T, mutate func(*Config)) stack {
@@ -104,7 +105,7 @@ func setup(t *testing.T, mutate func(*Config)) stack {
 	t.Cleanup(s.Close)
 	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)
-	return stack{db: db, srv: srv, ids: ids}
+	return stack{db: db, console: s, srv: srv, ids: ids}
 }
 
 // client is a browser-like client: a cookie jar, no redirects followed

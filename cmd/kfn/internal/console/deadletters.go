@@ -1,10 +1,13 @@
 package console
 
 import (
+	"cmp"
 	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kfn-dev/kfn/inbox"
 	"github.com/kfn-dev/kfn/operator"
@@ -21,7 +24,11 @@ func (s *Server) deadLetterGroups(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	function := r.URL.Query().Get("function")
-	groups, err := operator.DeadLetterGroups(r.Context(), s.cfg.Pool, function, at.window())
+	groups, err := readOwnRows(s, function, at.window(), func(pool *pgxpool.Pool, page operator.Page) ([]operator.DeadLetterGroup, error) {
+		return operator.DeadLetterGroups(r.Context(), pool, function, page)
+	}, func(g operator.DeadLetterGroup) string { return g.Function }, func(a, b operator.DeadLetterGroup) int {
+		return cmp.Or(cmp.Compare(b.Count, a.Count), cmp.Compare(a.Function, b.Function), cmp.Compare(a.Reason, b.Reason), cmp.Compare(a.Fingerprint, b.Fingerprint))
+	})
 	groups, pages := pageOf(r, at, groups)
 	p := s.newPage(r, "deadletters", "Dead letters", struct {
 		Function string
@@ -47,10 +54,14 @@ func (s *Server) deadLetterGroup(w http.ResponseWriter, r *http.Request) {
 		Pages   pager
 	}{Ref: ref}
 	p := s.newPage(r, "deadletters", "Dead letter group", nil)
-	ids, err := operator.DeadLetterGroupIDs(r.Context(), s.cfg.Pool, ref.Function, ref.Reason, ref.Fingerprint, at.window())
+	pool, err := s.poolOf(ref.Function)
+	var ids []int64
+	if err == nil {
+		ids, err = operator.DeadLetterGroupIDs(r.Context(), pool, ref.Function, ref.Reason, ref.Fingerprint, at.window())
+	}
 	ids, data.Pages = pageOf(r, at, ids)
 	if err == nil && len(ids) > 0 {
-		data.Letters, err = operator.ListDeadLetters(r.Context(), s.cfg.Pool, operator.DeadLetterFilter{IDs: ids, WithoutValue: true})
+		data.Letters, err = operator.ListDeadLetters(r.Context(), pool, operator.DeadLetterFilter{IDs: ids, WithoutValue: true})
 	}
 	if err != nil {
 		p.Error = problem(err)
@@ -68,7 +79,15 @@ func (s *Server) deadLetter(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "400 bad request: a dead letter id is a positive number", http.StatusBadRequest)
 		return
 	}
-	d, err := operator.ShowDeadLetter(r.Context(), s.cfg.Pool, id)
+	function := r.URL.Query().Get("function")
+	pool, err := s.letterPool(function)
+	var d inbox.DeadLetter
+	if err == nil {
+		d, err = operator.ShowDeadLetter(r.Context(), pool, id)
+	}
+	if err == nil && (function != "" && d.Partition.Consumer != function || !s.owns(pool, d.Partition.Consumer)) {
+		err = &operator.NotFoundError{IDs: []int64{id}}
+	}
 	if err != nil {
 		p := s.newPage(r, "deadletters", "Dead letter", nil)
 		p.Error = problem(err)
@@ -105,57 +124,70 @@ func traceID(headers []inbox.Header) string {
 	return ""
 }
 
-// selection is the dead letters a retry or discard form names: the ids
-// ticked, or else a whole group.
-func (s *Server) selection(r *http.Request) ([]int64, error) {
-	var ids []int64
+// selection is the dead letters a retry or discard form names, in the
+// database of its function: the ids ticked, or else a whole group.
+type selection struct {
+	pool     *pgxpool.Pool
+	function string // "" for ids in the console's one database
+	ids      []int64
+	reason   string // for the audit log
+}
+
+func (s *Server) selection(r *http.Request) (selection, error) {
+	sel := selection{function: r.PostFormValue("function")}
 	for _, v := range r.PostForm["id"] {
 		id, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || id < 1 {
-			return nil, fmt.Errorf("dead letter id %q is not a positive number", v)
+			return sel, fmt.Errorf("dead letter id %q is not a positive number", v)
 		}
-		ids = append(ids, id)
+		sel.ids = append(sel.ids, id)
 	}
-	if len(ids) > 0 {
-		return ids, nil
+	var err error
+	if len(sel.ids) > 0 {
+		sel.pool, err = s.letterPool(sel.function)
+		return sel, err
 	}
-	ref := groupRef{r.PostFormValue("function"), r.PostFormValue("dead_reason"), r.PostFormValue("fp")}
+	ref := groupRef{sel.function, r.PostFormValue("dead_reason"), r.PostFormValue("fp")}
 	if ref.Function == "" || ref.Reason == "" {
-		return nil, fmt.Errorf("say which dead letters: tick them, or act on a whole group")
+		return sel, fmt.Errorf("say which dead letters: tick them, or act on a whole group")
 	}
-	ids, err := operator.DeadLetterGroupIDs(r.Context(), s.cfg.Pool, ref.Function, ref.Reason, ref.Fingerprint, operator.Page{})
-	if err == nil && len(ids) == 0 {
+	if sel.pool, err = s.poolOf(ref.Function); err != nil {
+		return sel, err
+	}
+	sel.ids, err = operator.DeadLetterGroupIDs(r.Context(), sel.pool, ref.Function, ref.Reason, ref.Fingerprint, operator.Page{})
+	if err == nil && len(sel.ids) == 0 {
 		err = fmt.Errorf("the group is empty now (retried or discarded already?)")
 	}
-	return ids, err
+	return sel, err
 }
 
 // selectionWithReason is what a retry or discard form asks for: the
 // dead letters it selects and the reason for the audit log. When either
 // is missing it answers 400 on page p and returns false.
-func (s *Server) selectionWithReason(w http.ResponseWriter, r *http.Request, p *page) ([]int64, string, bool) {
-	ids, err := s.selection(r)
-	reason := strings.TrimSpace(r.PostFormValue("reason"))
-	if err == nil && reason == "" {
+func (s *Server) selectionWithReason(w http.ResponseWriter, r *http.Request, p *page) (selection, bool) {
+	sel, err := s.selection(r)
+	sel.reason = strings.TrimSpace(r.PostFormValue("reason"))
+	if err == nil && sel.reason == "" {
 		err = fmt.Errorf("say why, for the audit log: the reason is required")
 	}
 	if err != nil {
 		p.Error = err.Error()
 		s.render(w, http.StatusBadRequest, "message", *p)
-		return nil, "", false
+		return sel, false
 	}
-	return ids, reason, true
+	return sel, true
 }
 
 // retry marks the selected dead letters for retry with operator.Retry, as
 // kfn dlq retry does, the console user as the actor.
 func (s *Server) retry(w http.ResponseWriter, r *http.Request) {
 	p := s.newPage(r, "deadletters", "Retry", nil)
-	ids, reason, ok := s.selectionWithReason(w, r, &p)
+	sel, ok := s.selectionWithReason(w, r, &p)
 	if !ok {
 		return
 	}
-	marks, err := operator.Retry(r.Context(), s.cfg.Pool, operator.RetryRequest{IDs: ids, Limit: len(ids), Partition: -1, Reason: reason, Actor: who(r).Actor()})
+	marks, err := operator.Retry(r.Context(), sel.pool, operator.RetryRequest{Function: sel.function, IDs: sel.ids, Limit: len(sel.ids), Partition: -1,
+		Reason: sel.reason, Actor: who(r).Actor()})
 	if err != nil {
 		p.Error = problem(err)
 		s.render(w, http.StatusBadRequest, "message", p)
@@ -171,11 +203,12 @@ func (s *Server) retry(w http.ResponseWriter, r *http.Request) {
 // operator.DiscardDeadLetters, as kfn dlq discard does.
 func (s *Server) discard(w http.ResponseWriter, r *http.Request) {
 	p := s.newPage(r, "deadletters", "Discard", nil)
-	ids, reason, ok := s.selectionWithReason(w, r, &p)
+	sel, ok := s.selectionWithReason(w, r, &p)
 	if !ok {
 		return
 	}
-	res, err := operator.DiscardDeadLetters(r.Context(), s.cfg.Pool, operator.DiscardRequest{Filter: operator.DeadLetterFilter{IDs: ids}, Reason: reason, Actor: who(r).Actor()})
+	res, err := operator.DiscardDeadLetters(r.Context(), sel.pool, operator.DiscardRequest{Filter: operator.DeadLetterFilter{Consumer: sel.function, IDs: sel.ids},
+		Reason: sel.reason, Actor: who(r).Actor()})
 	if err != nil {
 		p.Error = problem(err)
 		s.render(w, http.StatusBadRequest, "message", p)
@@ -191,7 +224,13 @@ func (s *Server) parkedKeys(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	keys, err := operator.ParkedKeys(r.Context(), s.cfg.Pool, r.URL.Query().Get("function"), at.window())
+	function := r.URL.Query().Get("function")
+	keys, err := readOwnRows(s, function, at.window(), func(pool *pgxpool.Pool, page operator.Page) ([]operator.ParkedKey, error) {
+		return operator.ParkedKeys(r.Context(), pool, function, page)
+	}, func(k operator.ParkedKey) string { return k.Partition.Consumer }, func(a, b operator.ParkedKey) int {
+		return cmp.Or(a.ParkedAt.Compare(b.ParkedAt), cmp.Compare(a.Partition.Consumer, b.Partition.Consumer),
+			cmp.Compare(a.Partition.Topic, b.Partition.Topic), cmp.Compare(a.Partition.Partition, b.Partition.Partition))
+	})
 	keys, pages := pageOf(r, at, keys)
 	p := s.newPage(r, "parked", "Parked keys", struct {
 		Keys  []operator.ParkedKey

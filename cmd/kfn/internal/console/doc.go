@@ -5,9 +5,13 @@
 // same operator functions the CLI calls, so each action is audited with the
 // console user as its actor.
 //
+// It reads and acts on each function's own database (--function-databases)
+// and merges the databases on the pages about every function.
+//
 // It owns the console's security model: every request is authenticated
 // (an auth file of users and roles, or an explicitly trusted proxy
-// header), the console is read-only unless started with writes allowed and
+// header), failed logins lock a user name or a client address out for a
+// growing time, the console is read-only unless started with writes allowed and
 // a write also needs the writer role, every POST carries a CSRF token, and
 // every page is sent with a strict Content-Security-Policy that allows no
 // inline script or style. Templates are html/template, so record bytes are

@@ -1,10 +1,12 @@
 package console
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -29,34 +31,48 @@ type laneRow struct {
 	Rate string // commits (cursor moves) per second since the last refresh; "" before a second one
 }
 
-// readOverview reads everything the overview shows: the lanes through the
-// same operator.StatusReader as kfn status, the dead letters of the last
-// hour, the parked keys and the relay's backlog.
+// readOverview reads everything the overview shows, from every database:
+// the lanes through the same operator.StatusReader as kfn status, the dead
+// letters of the last hour, the parked keys and the relay's backlog.
 func (s *Server) readOverview(ctx context.Context) overviewData {
 	start := time.Now()
 	d := overviewData{ReadAt: start}
 	// Kafka and NATS (the lanes) are asked while Postgres counts.
-	var lanes []operator.PartitionStatus
-	var statusErr error
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		lanes, statusErr = s.status.Read(ctx, "")
-	}()
-	var errs []error
-	var e error
-	d.DeadTotal, d.DeadLastHour, e = operator.DeadLetterCounts(ctx, s.cfg.Pool, start.Add(-time.Hour))
-	errs = append(errs, e)
-	parked, e := operator.ParkedKeys(ctx, s.cfg.Pool, "", operator.Page{})
-	d.ParkedKeys = len(parked)
-	errs = append(errs, e)
-	d.Backlog, e = operator.ReadRelayBacklog(ctx, s.cfg.Pool)
-	errs = append(errs, e)
-	<-done
-	if statusErr != nil {
-		d.Problems = append(d.Problems, problem(statusErr))
+	pools := s.databases()
+	lanes := make([][]operator.PartitionStatus, len(pools))
+	statusErrs := make([]error, len(pools))
+	var wg sync.WaitGroup
+	for i, reader := range s.statuses {
+		wg.Go(func() { lanes[i], statusErrs[i] = reader.Read(ctx, "") })
 	}
-	d.Lanes = s.rates.annotate(lanes, start)
+	var errs []error
+	for _, pool := range pools {
+		total, lastHour, err := operator.DeadLetterCounts(ctx, pool, start.Add(-time.Hour))
+		d.DeadTotal, d.DeadLastHour, errs = d.DeadTotal+total, d.DeadLastHour+lastHour, append(errs, err)
+		parked, err := operator.ParkedKeys(ctx, pool, "", operator.Page{})
+		d.ParkedKeys, errs = d.ParkedKeys+len(parked), append(errs, err)
+		backlog, err := operator.ReadRelayBacklog(ctx, pool)
+		d.Backlog.Events, errs = d.Backlog.Events+backlog.Events, append(errs, err)
+		if !backlog.Oldest.IsZero() && (d.Backlog.Oldest.IsZero() || backlog.Oldest.Before(d.Backlog.Oldest)) {
+			d.Backlog.Oldest = backlog.Oldest
+		}
+	}
+	wg.Wait()
+	var all []operator.PartitionStatus
+	for i, pool := range pools {
+		if statusErrs[i] != nil {
+			d.Problems = append(d.Problems, problem(statusErrs[i]))
+		}
+		for _, l := range lanes[i] {
+			if s.owns(pool, l.Function) {
+				all = append(all, l)
+			}
+		}
+	}
+	slices.SortStableFunc(all, func(a, b operator.PartitionStatus) int {
+		return cmp.Or(cmp.Compare(a.Function, b.Function), cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+	})
+	d.Lanes = s.rates.annotate(all, start)
 	if err := errors.Join(errs...); err != nil {
 		d.Problems = append(d.Problems, problem(err))
 	}

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -85,7 +86,7 @@ func (s *Server) replayForm(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Query().Get("plan") != "" {
 		spec, err := s.spec(f, who(r).Actor(), true)
 		if err == nil {
-			data.Plans, err = operator.ReplayPartitions(r.Context(), s.cfg.Pool, s.cfg.JS, spec)
+			data.Plans, err = s.replayPartitions(r.Context(), spec)
 		}
 		if err != nil {
 			p.Error = problem(err)
@@ -95,6 +96,16 @@ func (s *Server) replayForm(w http.ResponseWriter, r *http.Request) {
 	}
 	p.Data = data
 	s.render(w, http.StatusOK, "replay", p)
+}
+
+// replayPartitions plans (a dry run) or runs spec with
+// operator.ReplayPartitions in its function's database.
+func (s *Server) replayPartitions(ctx context.Context, spec operator.ReplaySpec) ([]operator.PartitionReplay, error) {
+	pool, err := s.poolOf(spec.Function)
+	if err != nil {
+		return nil, err
+	}
+	return operator.ReplayPartitions(ctx, pool, s.cfg.JS, spec)
 }
 
 // replay runs the confirmed replay, the console user as the actor.
@@ -107,7 +118,7 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 		err = errors.New("a replay takes the partition's lease: start the console with --nats-url")
 	}
 	if err == nil {
-		data.Plans, err = operator.ReplayPartitions(r.Context(), s.cfg.Pool, s.cfg.JS, spec)
+		data.Plans, err = s.replayPartitions(r.Context(), spec)
 	}
 	status := http.StatusOK
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kfn-dev/kfn/internal/repeatlog"
 	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
@@ -34,7 +36,14 @@ var staticFS embed.FS
 
 // Config is what the console serves from and how it lets people in.
 type Config struct {
+	// Pool is --database-url's database, where the functions with no
+	// database of their own keep their kfn tables; nil when every
+	// function has its own.
 	Pool *pgxpool.Pool
+	// FunctionPools are the functions with a database of their own
+	// (--function-databases): the pages and actions of such a function
+	// use its pool. One pool may serve several functions.
+	FunctionPools map[string]*pgxpool.Pool
 	// JS reaches NATS: the lease holders on the overview, and replays
 	// (which take the partition's lease). Nil: no lease holders, no replay.
 	JS jetstream.JetStream
@@ -50,6 +59,11 @@ type Config struct {
 	ProxyHeader string
 	// ProxyWriters are the proxy users with the writer role.
 	ProxyWriters []string
+	// ClientAddressHeader names the header a reverse proxy in front of an
+	// auth-file console sets to the client's address, which the login
+	// limits then count against instead of the proxy's; "" counts the TCP
+	// peer's.
+	ClientAddressHeader string
 	// AllowWrites lets writers retry, discard and replay.
 	AllowWrites bool
 	// TLS says the console is served over TLS: its cookies are Secure.
@@ -71,8 +85,10 @@ type Server struct {
 	pages    map[string]*template.Template
 	secret   []byte // signs CSRF tokens
 	sessions sessions
-	status   *operator.StatusReader
+	statuses []*operator.StatusReader // one per database, as in databases()
 	rates    rates
+	logins   *loginLimiter
+	lockouts *repeatlog.Log // one line per lockout, fewer when many come at once
 }
 
 // New checks cfg and makes the console.
@@ -82,7 +98,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, ErrNoAuth
 	case len(cfg.Users) > 0 && cfg.ProxyHeader != "":
 		return nil, errors.New("--auth-file and --trust-proxy-header exclude each other: pick how users are known")
-	case cfg.Pool == nil:
+	case cfg.Pool == nil && len(cfg.FunctionPools) == 0:
 		return nil, errors.New("the console needs a database")
 	}
 	if cfg.EventStream == "" {
@@ -94,7 +110,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, mux: http.NewServeMux(), secret: make([]byte, 32), sessions: sessions{byID: map[string]session{}}}
+	s := &Server{cfg: cfg, mux: http.NewServeMux(), secret: make([]byte, 32), sessions: sessions{byID: map[string]session{}},
+		logins: newLoginLimiter(), lockouts: repeatlog.New()}
 	if _, err := rand.Read(s.secret); err != nil {
 		return nil, err
 	}
@@ -103,13 +120,19 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.pages = pages
-	s.status = operator.NewStatusReaderSecure(cfg.Pool, cfg.KafkaBrokers, cfg.KafkaSecurity, cfg.JS, cfg.LeaseBucket)
+	for _, pool := range s.databases() {
+		s.statuses = append(s.statuses, operator.NewStatusReaderSecure(pool, cfg.KafkaBrokers, cfg.KafkaSecurity, cfg.JS, cfg.LeaseBucket))
+	}
 	s.routes()
 	return s, nil
 }
 
-// Close closes the status reader's Kafka connections.
-func (s *Server) Close() { s.status.Close() }
+// Close closes the status readers' Kafka connections.
+func (s *Server) Close() {
+	for _, r := range s.statuses {
+		r.Close()
+	}
+}
 
 func (s *Server) routes() {
 	static, _ := fs.Sub(staticFS, "static")
@@ -382,8 +405,25 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "403 forbidden: missing or wrong CSRF token (reload the login page)", http.StatusForbidden)
 		return
 	}
-	u, ok := authenticate(s.cfg.Users, r.PostFormValue("user"), r.PostFormValue("secret"))
-	if !ok {
+	name, addr := r.PostFormValue("user"), clientAddress(r, s.cfg.ClientAddressHeader)
+	var u User
+	res := s.logins.attempt(name, addr, func() bool {
+		var ok bool
+		u, ok = authenticate(s.cfg.Users, name, r.PostFormValue("secret"))
+		return ok
+	})
+	for _, lo := range res.Lockouts {
+		s.lockouts.Failed(r.Context(), s.cfg.Log, slog.LevelWarn, "console login locked out after failed logins",
+			"kind", lo.Kind, lo.Kind, lo.Name, "failures", lo.Failures, "for", lo.For, "lockout", lo.Nth)
+	}
+	switch {
+	case res.RetryAfter > 0:
+		// The same answer for a name that exists and one that does not.
+		secs := int((res.RetryAfter + time.Second - 1) / time.Second)
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		s.renderLogin(w, r, http.StatusTooManyRequests, fmt.Sprintf("too many failed logins: try again in %s", time.Duration(secs)*time.Second))
+		return
+	case !res.OK:
 		s.renderLogin(w, r, http.StatusUnauthorized, "wrong user or secret")
 		return
 	}
