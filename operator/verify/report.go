@@ -30,10 +30,10 @@ type Checked struct {
 
 // Cut states what the run read: below what, from where.
 type Cut struct {
-	Statement  string         `json:"statement"`
-	Snapshot   string         `json:"postgres_snapshot"`
-	Stream     *StreamCut     `json:"stream,omitempty"`
-	Effects    string         `json:"effects"`
+	Statement string     `json:"statement"`
+	Snapshot  string     `json:"postgres_snapshot"`
+	Stream    *StreamCut `json:"stream,omitempty"`
+	Effects   string     `json:"effects"`
 	// Range is the range asked for (kfn verify --partitions, --from,
 	// --to); nil: the whole source. Partitions then holds the range's
 	// partitions only.
