@@ -18,37 +18,6 @@ import (
 	"github.com/kfn-dev/kfn/outbox"
 )
 
-// found says what is wrong with rep unless its violations are exactly
-// want (kind: count; the kinds left out: none), each example of a kind
-// holding one of the texts in examples[kind], and every text there in one.
-func found(rep *verify.Report, want map[string]int64, examples map[string][]string) string {
-	all := map[string]verify.Violation{
-		"lost": rep.Violations.Lost, "duplicated": rep.Violations.Duplicated, "unexpected": rep.Violations.Unexpected,
-		"fenced_but_committed": rep.Violations.FencedButCommitted, "unpublished": rep.Violations.Unpublished, "out_of_order": rep.Violations.OutOfOrder,
-	}
-	var bad []string
-	for kind, v := range all {
-		if v.Count != want[kind] {
-			bad = append(bad, fmt.Sprintf("%s: %d (%q), want %d", kind, v.Count, v.Examples, want[kind]))
-			continue
-		}
-		got := strings.Join(v.Examples, "\n")
-		for _, text := range examples[kind] {
-			if !strings.Contains(got, text) {
-				bad = append(bad, fmt.Sprintf("%s examples %q, want one holding %q", kind, v.Examples, text))
-			}
-		}
-	}
-	var total int64
-	for _, n := range want {
-		total += n
-	}
-	if rep.OK != (total == 0) {
-		bad = append(bad, fmt.Sprintf("ok %v with %d violations", rep.OK, total))
-	}
-	return strings.Join(bad, "; ")
-}
-
 // rangeOf is the report's checked offsets per partition, as
 // "p:[from,below)".
 func rangeOf(rep *verify.Report) string {
@@ -161,6 +130,22 @@ VALUES ($1, $2, $2, 'k1', 0, '', $3, $4, $5, $6, now() - interval '2 minutes')`,
 	rep := d.check(t, d.spec)
 	if bad := found(rep, map[string]int64{"lost": 4, "duplicated": 4, "unexpected": 1, "unpublished": 2, "fenced_but_committed": 2}, nil); bad != "" || rep.Cut.Range != nil {
 		t.Errorf("the whole topic: %s; range %+v, want none", bad, rep.Cut.Range)
+	}
+
+	// The WAL outbox slot's backlog is the whole database's: a range
+	// leaves it out and says so, the whole topic counts it.
+	setup, err := outbox.SetUpWAL(ctx, d.db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.exec(t, `SELECT pg_drop_replication_slot($1)`, setup.Slot)
+	d.exec(t, `UPDATE kfn.wal_outbox SET pending_events = 7, oldest_pending = now() - interval '2 minutes', reported_at = now() - interval '1 second', reader = 'w-1'`)
+	rep = ranged([]int32{0}, verify.OffsetBound(18), verify.Bound{})
+	if bad := found(rep, nil, nil); bad != "" || !slices.ContainsFunc(rep.Cut.Notes, func(n string) bool { return strings.Contains(n, "not checked over a range") }) {
+		t.Errorf("a range with a WAL outbox backlog: %s; notes %q, want none and a note that the slot is not checked", bad, rep.Cut.Notes)
+	}
+	if rep := d.check(t, d.spec); rep.Violations.Unpublished.Count != 2+7 {
+		t.Errorf("the whole topic with a WAL outbox backlog: unpublished %+v, want 2 rows and 7 events in the slot", rep.Violations.Unpublished)
 	}
 }
 
