@@ -172,7 +172,7 @@ func resolveScope(ctx context.Context, klog *kafkasource.Log, spec Spec, parts [
 			byID[p.id] = p
 		}
 	}
-	selected := spec.Partitions
+	selected := slices.Compact(slices.Sorted(slices.Values(spec.Partitions))) // a caller's list may repeat an id
 	if len(selected) == 0 {
 		selected = listed
 	}

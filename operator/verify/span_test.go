@@ -116,6 +116,7 @@ VALUES ($1, $2, $2, 'k1', 0, '', $3, $4, $5, $6, now() - interval '2 minutes')`,
 			map[string]int64{"duplicated": 1, "unpublished": 1},
 			map[string][]string{"duplicated": {"1@3 has 2 effects"}, "unpublished": {"event stuck-1"}}},
 		{"both partitions, offsets [18, 20)", nil, verify.OffsetBound(18), verify.OffsetBound(20), "0:[18,20) 1:[18,20)", 4, nil, nil},
+		{"partitions 1, 0, 1 (a caller's list), offsets [18, 20)", []int32{1, 0, 1}, verify.OffsetBound(18), verify.OffsetBound(20), "0:[18,20) 1:[18,20)", 4, nil, nil},
 		{"partition 0, offsets [6, 7)", []int32{0}, verify.OffsetBound(6), verify.OffsetBound(7), "0:[6,7)", 1, nil, nil},
 	} {
 		rep := ranged(tc.parts, tc.from, tc.to)
