@@ -113,6 +113,31 @@ func TestVerifyExitCodesAndJSON(t *testing.T) {
 	if code != 1 || !strings.Contains(out, "FAILED: 1 violations") {
 		t.Errorf("kfn verify (table) with a lost record: exit %d, out %q; want 1, FAILED", code, out)
 	}
+	// A range holding the lost record finds it; one just past it does
+	// not, and says which offsets it checked.
+	code, out, stderr = kfn(t, append(cloneArgs(base), "--partitions", "1", "--from", "2", "--to", "3")...)
+	if code != 1 || !strings.Contains(out, "1@2 has no effect") || !strings.Contains(out, "range:    partitions 1 from 2 to 3 (only these records are checked)") {
+		t.Errorf("kfn verify --partitions 1 --from 2 --to 3: exit %d, out %q, err %q; want 1, the lost 1@2 and the range", code, out, stderr)
+	}
+	code, out, stderr = kfn(t, append(cloneArgs(base), "--partitions", "1", "--from", "3", "--json")...)
+	var ranged struct {
+		OK  bool `json:"ok"`
+		Cut struct {
+			Range struct {
+				Partitions []int32 `json:"partitions"`
+				From       string  `json:"from"`
+			} `json:"range"`
+			Partitions []struct {
+				Partition    int32 `json:"partition"`
+				CheckedFrom  int64 `json:"checked_from"`
+				CheckedBelow int64 `json:"checked_below"`
+			} `json:"partitions"`
+		} `json:"cut"`
+	}
+	if err := json.Unmarshal([]byte(out), &ranged); code != 0 || err != nil || !ranged.OK || ranged.Cut.Range.From != "3" || !slices.Equal(ranged.Cut.Range.Partitions, []int32{1}) ||
+		len(ranged.Cut.Partitions) != 1 || ranged.Cut.Partitions[0].CheckedFrom != 3 || ranged.Cut.Partitions[0].CheckedBelow != 10 {
+		t.Errorf("kfn verify --partitions 1 --from 3 --json: exit %d, out %q, err %q; want 0 and partition 1 checked over [3, 10)", code, out, stderr)
+	}
 
 	// A NATS-triggered function's lanes, as its first claim records them.
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO kfn.subject_lanes (consumer, subject, lanes, changed_at) VALUES ('booker', 'counted.accepted', 1, now())`); err != nil {
@@ -140,6 +165,12 @@ func TestVerifyExitCodesAndJSON(t *testing.T) {
 		{"Postgres down", replace("--database-url", "postgres://kfn@127.0.0.1:1/kfn?connect_timeout=2"), "cannot reach Postgres"},
 		{"Kafka down", replace("--kafka-brokers", "127.0.0.1:1"), "127.0.0.1:1"},
 		{"no Kafka", slices.Delete(cloneArgs(base), 3, 5), "--kafka-brokers: no brokers: " + topic + ` is a Kafka topic of "counter", whose records are read from Kafka (set it or KFN_KAFKA_BROKERS)`},
+		{"a bound of no form", append(cloneArgs(base), "--from", "yesterday"), `--from: "yesterday" is neither an offset (1200000), an RFC 3339 time (2026-12-05T03:00:00Z) nor an age (1h: an hour ago) (see kfn verify -h)`},
+		{"a bad partition", append(cloneArgs(base), "--partitions", "0,one"), `--partitions: "one" is not a partition id: give ids from 0, separated by commas (0,3,7)`},
+		{"a partition the topic does not have", append(cloneArgs(base), "--partitions", "0,5"), "--partitions: topic " + topic + " has no partition 5: its partitions are 0-1"},
+		{"from above to", append(cloneArgs(base), "--from", "8", "--to", "4"), "--from: 8 is not below --to 4: the range [from, to) would be empty"},
+		{"a range past the records", append(cloneArgs(base), "--from", "100"), "--from: the range holds no record of " + topic + " that Kafka holds: Kafka holds partition 0 offsets [0, 10), partition 1 offsets [0, 10)"},
+		{"a counting shape over a range", append(replace("--effects-sql", "SELECT count(*) FROM applied"), "--to", "5"), "--effects-sql: the query returns counts, which cannot be compared over a range"},
 		{"a NATS-triggered function without NATS", []string{"verify", "--database-url", db.URL, "--function", "booker", "--topic", "counted.accepted"},
 			`--nats-url: counted.accepted is the NATS subject of "booker", a NATS-triggered function, whose events are read from the event stream: give the NATS server (set it or KFN_NATS_URL)`},
 	} {

@@ -361,3 +361,34 @@ func (s *scan) run(ctx context.Context) error {
 	}
 	return nil
 }
+
+// OffsetAt asks Kafka's time index for the first offset of the partition
+// whose record's timestamp is at or after t, among the committed records.
+// found is false when no record is (all are older). Kafka answers with
+// the first such offset in offset order: with timestamps that go back
+// (a producer's own CreateTime), records before it may be newer than t.
+func (l *Log) OffsetAt(ctx context.Context, topic string, partition int32, t time.Time) (offset int64, found bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, offsetRangeTimeout)
+	defer cancel()
+	res, err := l.source.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{IsolationLevel: kafka.ReadCommitted,
+		Topics: map[string][]kafka.OffsetRequest{topic: {kafka.TimeOffsetOf(int(partition), t)}}})
+	if err != nil {
+		return 0, false, fmt.Errorf("list the offset of %s in %s/%d: %w", t.UTC().Format(time.RFC3339Nano), topic, partition, kafkaconn.Explain(err, l.source.brokers, l.source.security))
+	}
+	for _, p := range res.Topics[topic] {
+		if p.Partition != int(partition) {
+			continue
+		}
+		if p.Error != nil {
+			return 0, false, fmt.Errorf("list the offset of %s in %s/%d: %w", t.UTC().Format(time.RFC3339Nano), topic, partition, p.Error)
+		}
+		// kafka-go files an answer under its record's timestamp; Kafka's
+		// "no record" (offset -1, timestamp -1) lands on LastOffset
+		// instead, and leaves Offsets empty.
+		for o := range p.Offsets {
+			return o, o >= 0, nil
+		}
+		return 0, false, nil
+	}
+	return 0, false, fmt.Errorf("list the offset of %s in %s/%d: no answer for the partition", t.UTC().Format(time.RFC3339Nano), topic, partition)
+}

@@ -107,6 +107,21 @@
 // subject (its id, sequence and lane, and its key for the keyed shape),
 // and one small entry per event of the function, as above.
 //
+// # A range
+//
+// Spec.Partitions, From and To restrict a Kafka-triggered function's run
+// to the offsets [From, To) of some partitions; a time bound is each
+// partition's first offset whose record's timestamp is at or after it
+// (Kafka's time index, ListOffsets). The range is clipped to what Kafka
+// holds and to the cursor as above, and every stream is read within it:
+// the inbox (an index range per lane), the dead letters, the per-record
+// effects, the outbox rows and the events in the stream (by their source
+// record), so nothing outside it is compared. The counting shapes compare
+// totals that a range cannot split, and the WAL outbox slot's backlog is
+// the whole database's: a range refuses the first and leaves out the
+// second, with a note. The cut states the range and, per partition, the
+// offsets checked. A NATS-triggered function takes no range.
+//
 // Memory: the records, the inbox rows, the dead letters and per-record
 // effects are merged as ordered streams, one partition at a time; Postgres
 // reads them over one exported snapshot, on a connection each. What is

@@ -61,12 +61,12 @@ type streamEvents struct {
 }
 
 // read reads every message up to lastSeq and keeps those the function
-// emitted for the topic, then checks that the events of each key come in
-// their records' offset order.
-func (s *streamEvents) read(ctx context.Context, spec Spec, generations map[int32]int, hist *history, vs *Violations, progress io.Writer) error {
+// emitted for the records of the topic in sc, then checks that the events
+// of each key come in their records' offset order.
+func (s *streamEvents) read(ctx context.Context, spec Spec, sc *scope, generations map[int32]int, hist *history, vs *Violations, progress io.Writer) error {
 	source := outbox.CloudEventsSourcePrefix + spec.Function
 	err := scanStream(ctx, s.stream, spec.Stream, "", s.lastSeq, progress, func(msg jetstream.Msg, seq uint64) {
-		if e, id, ok := s.parse(msg, seq, spec, source, vs); ok {
+		if e, id, ok := s.parse(msg, seq, spec, source, vs); ok && sc.has(e.p, e.o) {
 			e.gen, e.idx = derive(spec.Function, spec.Topic, e.p, e.o, "", id, generations[e.p])
 			s.list = append(s.list, e)
 		}

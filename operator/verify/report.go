@@ -30,12 +30,37 @@ type Checked struct {
 
 // Cut states what the run read: below what, from where.
 type Cut struct {
-	Statement  string         `json:"statement"`
-	Snapshot   string         `json:"postgres_snapshot"`
-	Stream     *StreamCut     `json:"stream,omitempty"`
-	Effects    string         `json:"effects"`
+	Statement string     `json:"statement"`
+	Snapshot  string     `json:"postgres_snapshot"`
+	Stream    *StreamCut `json:"stream,omitempty"`
+	Effects   string     `json:"effects"`
+	// Range is the range asked for (kfn verify --partitions, --from,
+	// --to); nil: the whole source. Partitions then holds the range's
+	// partitions only.
+	Range      *RangeCut      `json:"range,omitempty"`
 	Partitions []PartitionCut `json:"partitions"`
 	Notes      []string       `json:"notes,omitempty"`
+}
+
+// RangeCut is the range a run was restricted to, as asked: its
+// partitions, and its bounds (an offset or an RFC 3339 time; empty: none).
+// Each partition's checked offsets are in its PartitionCut.
+type RangeCut struct {
+	Partitions []int32 `json:"partitions"`
+	From       string  `json:"from,omitempty"`
+	To         string  `json:"to,omitempty"`
+}
+
+// String writes the range as "partitions 0,3 from 100 to 200".
+func (r *RangeCut) String() string {
+	s := "partitions " + partitionList(r.Partitions)
+	if r.From != "" {
+		s += " from " + r.From
+	}
+	if r.To != "" {
+		s += " to " + r.To
+	}
+	return s
 }
 
 // StreamCut is the event stream's part of the cut.
@@ -54,9 +79,13 @@ type PartitionCut struct {
 	// both -1 when the function has no cursor there yet.
 	Cursor    int64 `json:"cursor"`
 	HighWater int64 `json:"high_water"`
-	// Checked is the offset range [KafkaFirst, CheckedBelow) compared.
+	// The offsets [CheckedFrom, CheckedBelow) were compared: from Kafka's
+	// first offset (or the range's start) to the cursor (or the range's
+	// end).
+	CheckedFrom  int64 `json:"checked_from"`
 	CheckedBelow int64 `json:"checked_below"`
-	// Pending counts the records from the cursor to the high watermark.
+	// Pending counts the records from the cursor to the high watermark
+	// (or the range's end).
 	Pending int64 `json:"pending"`
 }
 
@@ -122,9 +151,12 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintf(w, "  effects:  %s\n", r.Cut.Effects)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "  PARTITION\tKAFKA FIRST\tKAFKA HIGH\tCURSOR\tHIGH WATER\tCHECKED BELOW\tPENDING")
+	if r.Cut.Range != nil {
+		fmt.Fprintf(w, "  range:    %s (only these records are checked)\n", r.Cut.Range)
+	}
+	fmt.Fprintln(tw, "  PARTITION\tKAFKA FIRST\tKAFKA HIGH\tCURSOR\tHIGH WATER\tCHECKED FROM\tCHECKED BELOW\tPENDING")
 	for _, p := range r.Cut.Partitions {
-		fmt.Fprintf(tw, "  %d\t%d\t%d\t%s\t%s\t%d\t%d\n", p.Partition, p.KafkaFirst, p.KafkaHigh, orNone(p.Cursor), orNone(p.HighWater), p.CheckedBelow, p.Pending)
+		fmt.Fprintf(tw, "  %d\t%d\t%d\t%s\t%s\t%d\t%d\t%d\n", p.Partition, p.KafkaFirst, p.KafkaHigh, orNone(p.Cursor), orNone(p.HighWater), p.CheckedFrom, p.CheckedBelow, p.Pending)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

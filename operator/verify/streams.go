@@ -27,6 +27,24 @@ const (
  WHERE consumer = $1 AND topic = $2 ORDER BY partition, "offset"`
 	effectsSQL = `SELECT source_partition::int, source_offset::bigint FROM (%s) AS effects(source_topic, source_partition, source_offset)
  WHERE source_topic = $1 ORDER BY source_partition, source_offset`
+
+	// A ranged run's three streams read its scope only: its partitions
+	// and the [from, to) offsets of each, as three arrays (scope.args).
+	// The inbox then reads an index range per lane, the dead letters one
+	// per partition, and the effects the rows of each partition's span
+	// (Postgres pulls a plain query up into the join, so that an index on
+	// its columns reads the span only).
+	inboxInScopeSQL = `SELECT l.partition, i."offset", i.epoch, i.outcome = 'dead_lettered'
+  FROM (SELECT lanes.id, lanes.partition, r.lo, r.hi FROM unnest($3::int[], $4::bigint[], $5::bigint[]) AS r(p, lo, hi)
+          JOIN kfn.lanes ON lanes.consumer = $1 AND lanes.topic = $2 AND lanes.partition = r.p ORDER BY lanes.partition) l
+ CROSS JOIN LATERAL (SELECT "offset", epoch, outcome FROM kfn.inbox WHERE lane = l.id AND "offset" >= l.lo AND "offset" < l.hi ORDER BY "offset") i`
+	deadLettersInScopeSQL = `SELECT DISTINCT d.partition, d."offset" FROM unnest($3::int[], $4::bigint[], $5::bigint[]) AS r(p, lo, hi)
+  JOIN kfn.dead_letters d ON d.consumer = $1 AND d.topic = $2 AND d.partition = r.p AND d."offset" >= r.lo AND d."offset" < r.hi
+ ORDER BY d.partition, d."offset"`
+	effectsInScopeSQL = `SELECT r.p, e.source_offset::bigint FROM unnest($2::int[], $3::bigint[], $4::bigint[]) AS r(p, lo, hi)
+ CROSS JOIN LATERAL (SELECT source_offset FROM (%s) AS effects(source_topic, source_partition, source_offset)
+                      WHERE source_topic = $1 AND source_partition = r.p AND source_offset >= r.lo AND source_offset < r.hi) e
+ ORDER BY r.p, e.source_offset`
 	effectsWorkMem = `SET LOCAL work_mem = '64MB'`
 
 	// A NATS-triggered function's streams are keyed by event id, in byte
@@ -162,20 +180,26 @@ type records struct {
 	ibDead, sameLanes    bool
 }
 
-func openRecords(ctx context.Context, pool *pgxpool.Pool, snapshot string, spec Spec, eff *effects) (*records, error) {
+func openRecords(ctx context.Context, pool *pgxpool.Pool, snapshot string, spec Spec, eff *effects, sc *scope) (*records, error) {
 	r := &records{}
 	var err error
-	args := []any{spec.Function, spec.Topic}
-	if r.inbox, err = openStream(ctx, pool, snapshot, "the inbox", query{sql: inboxSQL, args: args, scan: []any{&r.epoch, &r.ibDead}, increasing: true}); err != nil {
+	args, inboxQ, deadQ := []any{spec.Function, spec.Topic}, inboxSQL, deadLettersSQL
+	if sc != nil {
+		args, inboxQ, deadQ = append(args, sc.args()...), inboxInScopeSQL, deadLettersInScopeSQL
+	}
+	if r.inbox, err = openStream(ctx, pool, snapshot, "the inbox", query{sql: inboxQ, args: args, scan: []any{&r.epoch, &r.ibDead}, increasing: true}); err != nil {
 		return nil, fmt.Errorf("read the inbox of %s: %w", spec.Function, err)
 	}
-	if r.dead, err = openStream(ctx, pool, snapshot, "the dead letters", query{sql: deadLettersSQL, args: args}); err != nil {
+	if r.dead, err = openStream(ctx, pool, snapshot, "the dead letters", query{sql: deadQ, args: args}); err != nil {
 		r.close(ctx)
 		return nil, fmt.Errorf("read the dead letters of %s: %w", spec.Function, err)
 	}
 	if eff.shape == shapePerRecord {
-		if r.effects, err = openStream(ctx, pool, snapshot, "the effects",
-			query{settings: []string{effectsWorkMem}, sql: fmt.Sprintf(effectsSQL, eff.sql), args: []any{spec.Topic}}); err != nil {
+		q := query{settings: []string{effectsWorkMem}, sql: fmt.Sprintf(effectsSQL, eff.sql), args: []any{spec.Topic}}
+		if sc != nil {
+			q.sql, q.args = fmt.Sprintf(effectsInScopeSQL, eff.sql), append(q.args, sc.args()...)
+		}
+		if r.effects, err = openStream(ctx, pool, snapshot, "the effects", q); err != nil {
 			r.close(ctx)
 			return nil, specError("effects-sql", "the query's rows do not read as (source_topic text, source_partition int, source_offset bigint): %v", err)
 		}

@@ -30,6 +30,9 @@ type trigger struct {
 // comes first here and the stream after it: every lane's cursor is then
 // at or below the stream's last sequence.
 func runSubject(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, spec Spec, rep *Report, start time.Time) (*Report, error) {
+	if spec.ranged() {
+		return nil, specError(spec.rangeFlag(), "a range applies to Kafka-sourced functions: %s is the NATS subject of %q, a NATS-triggered function, which is checked whole; leave out --partitions, --from and --to", spec.Topic, spec.Function)
+	}
 	if js == nil {
 		return nil, specError("nats-url", "%s is the NATS subject of %q, a NATS-triggered function, whose events are read from the event stream: give the NATS server", spec.Topic, spec.Function)
 	}
@@ -80,7 +83,7 @@ func runSubject(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream,
 	if err := w.runEvents(ctx, pool, exported, evs, cursors, lanes, first, last); err != nil {
 		return nil, err
 	}
-	if err := checkOutbox(ctx, tx, spec, &rep.Violations.Unpublished); err != nil {
+	if err := checkOutbox(ctx, tx, spec, nil, rep); err != nil {
 		return nil, err
 	}
 	rep.Cut.Statement = fmt.Sprintf("the events on %s in stream %s up to sequence %d, read after the snapshot, below their lane's cursor "+
@@ -197,7 +200,7 @@ func (w *walk) runEvents(ctx context.Context, pool *pgxpool.Pool, snapshot strin
 	w.finishCounts()
 	for lane := range lanes {
 		w.rep.Cut.Partitions = append(w.rep.Cut.Partitions, PartitionCut{Partition: int32(lane), KafkaFirst: int64(first), KafkaHigh: int64(last) + 1,
-			Cursor: -1, HighWater: -1, CheckedBelow: bounds[lane], Pending: pending[lane]})
+			Cursor: -1, HighWater: -1, CheckedFrom: int64(first), CheckedBelow: bounds[lane], Pending: pending[lane]})
 	}
 	for _, c := range cursors {
 		if int(c.partition) < lanes {

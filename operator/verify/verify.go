@@ -36,6 +36,12 @@ type Spec struct {
 	// Stream is the event stream the relay publishes to, read when Run is
 	// given a JetStream.
 	Stream string
+	// Partitions, From and To restrict the run to a range of a Kafka
+	// topic: the records of those partitions (empty: all) in offsets
+	// [From, To) (a zero Bound: no bound), and only what Postgres and the
+	// stream hold for them. A NATS-triggered function takes no range.
+	Partitions []int32
+	From, To   Bound
 	// Progress, when set, gets a line every few seconds while records are
 	// read.
 	Progress io.Writer
@@ -82,6 +88,9 @@ func Run(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, spec S
 	rep := &Report{Function: spec.Function, Source: "kafka topic " + spec.Topic}
 	rep.Violations.init(spec.Examples)
 	rep.Cut.Partitions = []PartitionCut{}
+	if err := spec.checkBounds(); err != nil {
+		return nil, err
+	}
 	if n := pool.Config().MaxConns; n < 4 {
 		return nil, specError("database-url", "it allows %d connections (pool_max_conns): the check reads its snapshot over 4", n)
 	}
@@ -118,6 +127,9 @@ func Run(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, spec S
 	if err != nil {
 		return nil, err
 	}
+	if spec.ranged() && (eff.shape == shapeKeyed || eff.shape == shapeTotal) {
+		return nil, specError("effects-sql", "the query returns counts, which cannot be compared over a range (--partitions, --from, --to): return one row per applied record (source_topic, source_partition, source_offset), which is checked over the range, or leave out the range")
+	}
 	var parked int64
 	if err := tx.QueryRow(ctx, `SELECT count(*) FROM kfn.parked_keys WHERE consumer = $1 AND topic = $2`, spec.Function, spec.Topic).Scan(&parked); err != nil {
 		return nil, fmt.Errorf("read the parked keys of %s: %w", spec.Function, err)
@@ -139,6 +151,10 @@ func Run(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, spec S
 	if err != nil {
 		return nil, err
 	}
+	sc, err := resolveScope(ctx, klog, spec, parts)
+	if err != nil {
+		return nil, err
+	}
 	if eff.shape == shapeKeyed || eff.shape == shapeTotal {
 		for _, p := range parts {
 			if p.first > 0 {
@@ -156,20 +172,25 @@ func Run(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, spec S
 		for _, c := range cursors {
 			generations[c.partition] = c.generation
 		}
-		if err := events.read(ctx, spec, generations, hist, &rep.Violations, spec.Progress); err != nil {
+		if err := events.read(ctx, spec, sc, generations, hist, &rep.Violations, spec.Progress); err != nil {
 			return nil, err
 		}
 		rep.Checked.Events = int64(len(events.list))
 	}
 
-	w := &walk{spec: spec, rep: rep, klog: klog, eff: eff, hist: hist, events: events, started: time.Now(), lastProgress: time.Now()}
+	w := &walk{spec: spec, rep: rep, klog: klog, eff: eff, hist: hist, events: events, scope: sc, started: time.Now(), lastProgress: time.Now()}
 	if err := w.run(ctx, pool, exported, parts); err != nil {
 		return nil, err
 	}
-	if err := checkOutbox(ctx, tx, spec, &rep.Violations.Unpublished); err != nil {
+	if err := checkOutbox(ctx, tx, spec, sc, rep); err != nil {
 		return nil, err
 	}
 	rep.Cut.Statement = fmt.Sprintf("the records of %s below each partition's cursor (the larger of next_offset and high_water) in the Postgres snapshot, from Kafka's first offset; records from the cursor on are pending", spec.Topic)
+	if sc != nil {
+		rep.Cut.Range = &RangeCut{Partitions: sc.parts, From: spec.From.String(), To: spec.To.String()}
+		rep.Cut.Statement = fmt.Sprintf("the records of %s in the range %s only, per partition the offsets [checked_from, checked_below): Kafka's range and the range given, below the partition's cursor (the larger of next_offset and high_water) in the Postgres snapshot; records from the cursor on are pending, and nothing outside the range is compared",
+			spec.Topic, rep.Cut.Range)
+	}
 	if events != nil {
 		rep.Cut.Statement += fmt.Sprintf("; the events of %s in stream %s up to sequence %d, read before the snapshot", spec.Function, spec.Stream, events.lastSeq)
 	}
@@ -272,6 +293,8 @@ type kafkaPartition struct {
 	id          int32
 	first, high int64
 	cursor      *cursor
+	// listed: Kafka lists the partition (else only a cursor names it).
+	listed bool
 }
 
 // readKafkaRanges asks Kafka for the range of every partition of the topic
@@ -291,7 +314,7 @@ func readKafkaRanges(ctx context.Context, klog *kafkasource.Log, topic string, c
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, kafkaPartition{id: id, first: first, high: high})
+		out = append(out, kafkaPartition{id: id, first: first, high: high, listed: true})
 	}
 	for i := range out {
 		byID[out[i].id] = &out[i]

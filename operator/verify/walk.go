@@ -64,6 +64,7 @@ type walk struct {
 	eff    *effects
 	hist   *history
 	events *streamEvents
+	scope  *scope // nil: the whole topic
 
 	pg     *records
 	row    pgRow
@@ -78,11 +79,13 @@ type walk struct {
 	toCheck               int64
 }
 
-// partState is the partition being walked.
+// partState is the partition being walked. Its high is Kafka's high
+// watermark, or the range's end below it.
 type partState struct {
 	kafkaPartition
+	from    int64 // Kafka's first offset, or the range's start above it
 	bound   int64 // the cursor (0 without one)
-	checkTo int64 // records in [first, checkTo) are checked
+	checkTo int64 // records in [from, checkTo) are checked
 	fence   *fence
 	// keyLanes: the partition runs as key-lanes, whose rows and events
 	// above the cursor (of records Kafka holds) are pending, not compared.
@@ -96,17 +99,26 @@ func (s *partState) pendingAbove(o int64) bool {
 }
 
 func (w *walk) run(ctx context.Context, pool *pgxpool.Pool, snapshot string, parts []kafkaPartition) error {
-	pg, err := openRecords(ctx, pool, snapshot, w.spec, w.eff)
+	pg, err := openRecords(ctx, pool, snapshot, w.spec, w.eff, w.scope)
 	if err != nil {
 		return err
 	}
 	w.pg = pg
 	defer pg.close(ctx)
 	w.initKeys()
-	states := make([]*partState, len(parts))
-	for i, p := range parts {
-		s := &partState{kafkaPartition: p}
-		pc := PartitionCut{Partition: p.id, KafkaFirst: p.first, KafkaHigh: p.high, Cursor: -1, HighWater: -1}
+	var states []*partState
+	for _, p := range parts {
+		sp := span{from: p.first, to: math.MaxInt64}
+		if w.scope != nil {
+			asked, ok := w.scope.spans[p.id]
+			if !ok {
+				continue
+			}
+			sp.from = max(sp.from, asked.from)
+			sp.to = asked.to
+		}
+		s := &partState{kafkaPartition: p, from: sp.from}
+		pc := PartitionCut{Partition: p.id, KafkaFirst: p.first, KafkaHigh: p.high, Cursor: -1, HighWater: -1, CheckedFrom: s.from}
 		epoch := int64(-1)
 		if p.cursor != nil {
 			s.bound, epoch = max(p.cursor.bound(), w.hist.handledBefore(p.id)), p.cursor.epoch
@@ -116,13 +128,14 @@ func (w *walk) run(ctx context.Context, pool *pgxpool.Pool, snapshot string, par
 				w.rep.Cut.Notes = append(w.rep.Cut.Notes, fmt.Sprintf("partition %d: the cursor %d is past Kafka's high watermark %d (was the topic recreated?)", p.id, s.bound, p.high))
 			}
 		}
-		s.checkTo = max(p.first, min(s.bound, p.high))
+		s.high = min(p.high, max(s.from, sp.to)) // the range's end, within Kafka's
+		s.checkTo = max(s.from, min(s.bound, s.high))
 		s.fence = newFence(p.id, w.hist, epoch)
 		pc.CheckedBelow = s.checkTo
-		pc.Pending = max(0, p.high-max(s.bound, p.first))
+		pc.Pending = max(0, s.high-max(s.bound, s.from))
 		w.rep.Cut.Partitions = append(w.rep.Cut.Partitions, pc)
-		w.toCheck += s.checkTo - p.first
-		states[i] = s
+		w.toCheck += s.checkTo - s.from
+		states = append(states, s)
 	}
 	w.nextRow()
 	for _, s := range states {
@@ -135,7 +148,7 @@ func (w *walk) run(ctx context.Context, pool *pgxpool.Pool, snapshot string, par
 		if s.keyLanes {
 			scanTo = max(s.checkTo, s.high)
 		}
-		err := w.klog.Scan(ctx, w.spec.Topic, s.id, s.first, scanTo, func(o int64, key []byte) error {
+		err := w.klog.Scan(ctx, w.spec.Topic, s.id, s.from, scanTo, func(o int64, key []byte) error {
 			if o >= s.checkTo {
 				w.orphansBefore(ctx, s, s.id, o)
 				if !w.rowOK || w.row.p != s.id || w.row.o != o {

@@ -9,16 +9,24 @@ import (
 )
 
 // verify runs operator/verify on a function, as kfn verify does (read-only),
-// and shows its verdict and violations.
+// over the whole source or a range of it (partitions, from, to: as kfn
+// verify's flags take them), and shows its verdict, the range checked and
+// the violations.
 func (s *Server) verify(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	function, topic := strings.TrimSpace(q.Get("function")), strings.TrimSpace(q.Get("topic"))
+	form := verifyForm{Function: strings.TrimSpace(q.Get("function")), Topic: strings.TrimSpace(q.Get("topic")),
+		Partitions: strings.TrimSpace(q.Get("partitions")), From: strings.TrimSpace(q.Get("from")), To: strings.TrimSpace(q.Get("to"))}
 	p := s.newPage(r, "verify", "Verify", nil)
 	var report *verify.Report
 	var table string
-	if function != "" || topic != "" {
-		rep, err := verify.Run(r.Context(), s.cfg.Pool, s.cfg.JS, verify.Spec{Function: function, Topic: topic, UnpublishedAfter: time.Minute,
-			Examples: 5, KafkaBrokers: s.cfg.KafkaBrokers, KafkaSecurity: s.cfg.KafkaSecurity, Stream: s.cfg.EventStream})
+	if form.Function != "" || form.Topic != "" {
+		spec, err := form.spec(time.Now())
+		var rep *verify.Report
+		if err == nil {
+			spec.UnpublishedAfter, spec.Examples, spec.Stream = time.Minute, 5, s.cfg.EventStream
+			spec.KafkaBrokers, spec.KafkaSecurity = s.cfg.KafkaBrokers, s.cfg.KafkaSecurity
+			rep, err = verify.Run(r.Context(), s.cfg.Pool, s.cfg.JS, spec)
+		}
 		if err != nil {
 			p.Error = problem(err)
 		} else {
@@ -31,9 +39,29 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	p.Data = struct {
-		Function, Topic string
-		Report          *verify.Report
-		Table           string
-	}{function, topic, report, table}
+		verifyForm
+		Report *verify.Report
+		Table  string
+	}{form, report, table}
 	s.render(w, http.StatusOK, "verify", p)
+}
+
+// verifyForm is the verify page's form, as given.
+type verifyForm struct {
+	Function, Topic, Partitions, From, To string
+}
+
+// spec reads the form's function and range into a Spec; a bad range is a
+// verify.SpecError naming its field.
+func (f verifyForm) spec(now time.Time) (verify.Spec, error) {
+	spec := verify.Spec{Function: f.Function, Topic: f.Topic}
+	var err error
+	if spec.Partitions, err = verify.ParsePartitions(f.Partitions); err != nil {
+		return spec, err
+	}
+	if spec.From, err = verify.ParseBound("from", f.From, now); err != nil {
+		return spec, err
+	}
+	spec.To, err = verify.ParseBound("to", f.To, now)
+	return spec, err
 }
