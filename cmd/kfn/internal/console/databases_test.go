@@ -88,7 +88,7 @@ func TestConsoleActsInEachFunctionsDatabase(t *testing.T) {
 		t.Fatalf("b's letter is %d and a's %d: the test needs the same id in both databases", bLetter, aLetter)
 	}
 
-	s, err := New(Config{Pool: dbA.Pool, FunctionPools: map[string]*pgxpool.Pool{b: dbB.Pool}, Users: testUsers(t), AllowWrites: true})
+	s, err := New(Config{Pool: dbA.Pool, FunctionPools: map[string]*pgxpool.Pool{b: dbB.Pool}, Users: testUsers(t), AllowWrites: true, KafkaBrokers: k.Brokers})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,6 +152,12 @@ func TestConsoleActsInEachFunctionsDatabase(t *testing.T) {
 	_, body = get(t, c, srv.URL, "/audit?actor=console:alice")
 	if strings.Count(body, `<td class="actor">console:alice</td>`) != 1 || !strings.Contains(body, b) {
 		t.Errorf("the audit page does not list alice's retry of b:\n%s", body)
+	}
+
+	// Verify reads b's own database: b's three records, one applied by
+	// the retry, are clean there (a's database has no cursor of b).
+	if _, body := get(t, c, srv.URL, "/verify?function="+b+"&topic="+topicB); !strings.Contains(body, "Clean: no violation") {
+		t.Errorf("the verify page on b does not find b clean in b's database:\n%s", body)
 	}
 
 	// b's letter written into a's database too: b is in two databases,

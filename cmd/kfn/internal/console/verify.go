@@ -5,13 +5,15 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/kfn-dev/kfn/operator/verify"
 )
 
-// verify runs operator/verify on a function, as kfn verify does (read-only),
-// over the whole source or a range of it (partitions, from, to: as kfn
-// verify's flags take them), and shows its verdict, the range checked and
-// the violations.
+// verify runs operator/verify on a function, in the function's own
+// database, as kfn verify does (read-only), over the whole source or a
+// range of it (partitions, from, to: as kfn verify's flags take them), and
+// shows its verdict, the range checked and the violations.
 func (s *Server) verify(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	form := verifyForm{Function: strings.TrimSpace(q.Get("function")), Topic: strings.TrimSpace(q.Get("topic")),
@@ -25,7 +27,10 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request) {
 		if err == nil {
 			spec.UnpublishedAfter, spec.Examples, spec.Stream = time.Minute, 5, s.cfg.EventStream
 			spec.KafkaBrokers, spec.KafkaSecurity = s.cfg.KafkaBrokers, s.cfg.KafkaSecurity
-			rep, err = verify.Run(r.Context(), s.cfg.Pool, s.cfg.JS, spec)
+			var pool *pgxpool.Pool
+			if pool, err = s.poolOf(spec.Function); err == nil {
+				rep, err = verify.Run(r.Context(), pool, s.cfg.JS, spec)
+			}
 		}
 		if err != nil {
 			p.Error = problem(err)
