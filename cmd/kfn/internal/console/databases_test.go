@@ -161,8 +161,16 @@ func TestConsoleActsInEachFunctionsDatabase(t *testing.T) {
 	}
 
 	// b's letter written into a's database too: b is in two databases,
-	// and the console refuses to start.
+	// and the console refuses to start. Until then the pages show only
+	// what each function's own database holds: a key of b parked in a's
+	// database is not counted.
 	seed(t, dbA, letter{fn: b, topic: topicB, partition: 0, offset: 1, reason: "permanent", errText: "stray"})
+	if _, err := dbA.Pool.Exec(ctx, `INSERT INTO kfn.parked_keys (consumer, topic, partition, record_key, blocking_offset) VALUES ($1, $2, 0, 'k', 1)`, b, topicB); err != nil {
+		t.Fatal(err)
+	}
+	if _, body := get(t, c, srv.URL, "/overview/live"); !strings.Contains(body, `<span class="n" id="parked-count">0</span>`) {
+		t.Errorf("the overview counts a key of b parked in a's database:\n%s", body)
+	}
 	err = s.CheckDatabases(ctx)
 	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("function %q is in two databases: its own in --function-databases, and --database-url's too", b)) {
 		t.Fatalf("CheckDatabases with b's letter in a's database: %v", err)

@@ -50,7 +50,12 @@ func (s *Server) readOverview(ctx context.Context) overviewData {
 		total, lastHour, err := operator.DeadLetterCounts(ctx, pool, start.Add(-time.Hour))
 		d.DeadTotal, d.DeadLastHour, errs = d.DeadTotal+total, d.DeadLastHour+lastHour, append(errs, err)
 		parked, err := operator.ParkedKeys(ctx, pool, "", operator.Page{})
-		d.ParkedKeys, errs = d.ParkedKeys+len(parked), append(errs, err)
+		for _, k := range parked {
+			if s.owns(pool, k.Partition.Consumer) {
+				d.ParkedKeys++
+			}
+		}
+		errs = append(errs, err)
 		backlog, err := operator.ReadRelayBacklog(ctx, pool)
 		d.Backlog.Events, errs = d.Backlog.Events+backlog.Events, append(errs, err)
 		if !backlog.Oldest.IsZero() && (d.Backlog.Oldest.IsZero() || backlog.Oldest.Before(d.Backlog.Oldest)) {
