@@ -488,6 +488,14 @@ func TestNextLingerGrowsWhileBusyAndStartsOverWhenIdle(t *testing.T) {
 	}
 }
 
+// TestCoversSubjectAllocatesNothing: the WAL relay asks for every event it
+// publishes (not parallel: AllocsPerRun counts the whole process).
+func TestCoversSubjectAllocatesNothing(t *testing.T) {
+	if n := testing.AllocsPerRun(100, func() { CoversSubject([]string{"kfn.>", "orders.*.x"}, "orders.created.x") }); n != 0 {
+		t.Errorf("CoversSubject allocates %v times per call, want 0", n)
+	}
+}
+
 func TestSubjectCovers(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
