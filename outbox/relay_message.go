@@ -71,10 +71,11 @@ func buildMessage(row *relayRow, stream, source string, buf *messageBuf) (*nats.
 	// message before (its key travels the same way), has its values
 	// written over the last ones in place: the map's value slices point
 	// into values, whose backing array stays, so the map is left as it is
-	// (clearing and filling it was a third of this function's CPU).
+	// (clearing and filling it was a third of this function's CPU). Not
+	// if the map holds more than the last message was built with: a
+	// publish span writes its trace context into it.
 	keyHeaders := keyHeadersOf(row.Key)
-	inPlace := len(h) > 0 && len(row.Headers) == 0 && buf.relayOnly && buf.keyHeaders == keyHeaders
-	buf.relayOnly, buf.keyHeaders = len(row.Headers) == 0, keyHeaders
+	inPlace := len(row.Headers) == 0 && buf.relayOnly > 0 && len(h) == buf.relayOnly && buf.keyHeaders == keyHeaders
 	if !inPlace {
 		clear(h)
 	}
@@ -114,6 +115,10 @@ func buildMessage(row *relayRow, stream, source string, buf *messageBuf) (*nats.
 	set(jetstream.ExpectedStreamHeader, stream)
 	buf.values = values
 	buf.msg = nats.Msg{Subject: row.Subject, Header: h, Data: row.Data}
+	buf.relayOnly, buf.keyHeaders = 0, keyHeaders
+	if len(row.Headers) == 0 {
+		buf.relayOnly = len(h)
+	}
 	return &buf.msg, dropped
 }
 
@@ -143,9 +148,10 @@ func keyHeadersOf(key string) keyHeaders {
 type messageBuf struct {
 	msg    nats.Msg
 	values []string
-	// relayOnly is set when msg holds the relay's headers only, and
-	// keyHeaders says which key headers are among them.
-	relayOnly  bool
+	// relayOnly is how many headers msg was built with when they were
+	// the relay's only (0 otherwise), and keyHeaders says which key
+	// headers were among them.
+	relayOnly  int
 	keyHeaders keyHeaders
 	// lastTime is the last ce-time formatted, lastTimeText its text: the
 	// rows of one transaction share their created_at, so most rows reuse it.
