@@ -255,11 +255,13 @@ func (r *Relay) streamReady(ctx context.Context) ([]string, error) {
 func (r *Relay) streamCovers(ctx context.Context, subject string) bool {
 	r.streamMu.Lock()
 	subjects := r.streamSubjects
-	missedAt, missed := r.missedAt[subject]
 	r.streamMu.Unlock()
 	if CoversSubject(subjects, subject) {
 		return true
 	}
+	r.streamMu.Lock()
+	missedAt, missed := r.missedAt[subject]
+	r.streamMu.Unlock()
 	// A subject not looked up yet is looked up now: another function may
 	// have added it to the stream since this relay read the subjects.
 	if missed && time.Since(missedAt) < min(5*time.Second, r.cfg.ParkFor) {

@@ -488,6 +488,14 @@ func TestNextLingerGrowsWhileBusyAndStartsOverWhenIdle(t *testing.T) {
 	}
 }
 
+// TestCoversSubjectAllocatesNothing: the WAL relay asks for every event it
+// publishes (not parallel: AllocsPerRun counts the whole process).
+func TestCoversSubjectAllocatesNothing(t *testing.T) {
+	if n := testing.AllocsPerRun(100, func() { CoversSubject([]string{"kfn.>", "orders.*.x"}, "orders.created.x") }); n != 0 {
+		t.Errorf("CoversSubject allocates %v times per call, want 0", n)
+	}
+}
+
 func TestSubjectCovers(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -573,6 +581,32 @@ func TestBuildMessageHeaders(t *testing.T) {
 	fresh, _ := buildMessage(next, "S2", CloudEventsSourcePrefix+next.Source, nil)
 	if msg.Subject != "a.c" || string(msg.Data) != "e" || !maps.EqualFunc(msg.Header, fresh.Header, slices.Equal) {
 		t.Errorf("message built in a reused buffer = %s %q %v, want %s %q %v", msg.Subject, msg.Data, msg.Header, fresh.Subject, fresh.Data, fresh.Header)
+	}
+	// Rows whose key travels one way, then another, with and without
+	// headers of their own, one after the other through one buffer: each
+	// message is the one a fresh buffer gives (those with the relay's
+	// headers only and the same key headers as the one before are written
+	// over it in place).
+	seq := []relayRow{
+		{EventID: "a1", Subject: "a.b", Key: "k1"}, {EventID: "a2", Subject: "a.c", Key: "k2"},
+		{EventID: "a3", Subject: "a.b", Key: "\x00bin"}, {EventID: "a4", Subject: "a.b", Key: "\x01bin"},
+		{EventID: "a5", Subject: "a.b", Key: ""}, {EventID: "a6", Subject: "a.b", Key: ""},
+		{EventID: "a7", Subject: "a.b", Key: "k7", Headers: map[string]string{"x-h": "1"}}, {EventID: "a8", Subject: "a.b", Key: "k8"},
+		{EventID: "a9", Subject: "a.b", Key: "k9"}, {EventID: "a10", Subject: "a.b", Key: "k10"},
+	}
+	for i := range seq {
+		r := &seq[i]
+		r.Type, r.Source, r.SourceTopic, r.SourceOffset, r.CreatedAt = r.Subject, "fn", "in", int64(i), row.CreatedAt.Add(time.Duration(i)*time.Second)
+		msg, _ = buildMessage(r, "S", CloudEventsSourcePrefix+r.Source, &buf)
+		fresh, _ := buildMessage(r, "S", CloudEventsSourcePrefix+r.Source, nil)
+		if !maps.EqualFunc(msg.Header, fresh.Header, slices.Equal) {
+			t.Errorf("%s (key %q) built after %s in a reused buffer: headers\n%v\nwant\n%v", r.EventID, r.Key, seq[max(i-1, 0)].EventID, msg.Header, fresh.Header)
+		}
+		if i == 8 {
+			// A publish span writes its trace context into the message
+			// (startPublish); the next message carries none of it.
+			natsHeaderCarrier(msg.Header).Set(HeaderTraceState, "vendor=stale")
+		}
 	}
 	// A row committed with the one before shares its ce-time; one committed
 	// at another time gets its own.

@@ -70,17 +70,17 @@ func CoversSubject(patterns []string, subject string) bool {
 	return false
 }
 
+// subjectCovers walks pattern and subject token by token without
+// splitting them: the WAL relay asks for every event it publishes, and
+// the two slices strings.Split made were its only allocations there.
 func subjectCovers(pattern, subject string) bool {
-	pt := strings.Split(pattern, ".")
-	st := strings.Split(subject, ".")
-	for i, p := range pt {
+	for {
+		p, pRest, pMore := strings.Cut(pattern, ".")
 		if p == ">" {
-			return len(st) > i // '>' needs at least one more token
+			return true // and subject has a token left here: '>' needs one
 		}
-		if i >= len(st) {
-			return false
-		}
-		switch s := st[i]; {
+		s, sRest, sMore := strings.Cut(subject, ".")
+		switch {
 		case p == "*":
 			if s == ">" {
 				return false
@@ -88,6 +88,9 @@ func subjectCovers(pattern, subject string) bool {
 		case p != s:
 			return false
 		}
+		if !pMore || !sMore {
+			return pMore == sMore
+		}
+		pattern, subject = pRest, sRest
 	}
-	return len(pt) == len(st)
 }

@@ -3,6 +3,8 @@ package outbox
 import (
 	"errors"
 	"maps"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,5 +90,33 @@ func TestWALSlotNameIsAValidSlotNamePerDatabase(t *testing.T) {
 			t.Errorf("databases %q and %q share slot %q", db, other, name)
 		}
 		seen[name] = db
+	}
+}
+
+// TestWALEventDecodesInThreeAllocationsIntoCopies: the relay decodes every
+// event it reads (not parallel: AllocsPerRun counts the whole process),
+// and the walsender's buffer it reads from is reused, so nothing decoded
+// may point into the payload.
+func TestWALEventDecodesInThreeAllocationsIntoCopies(t *testing.T) {
+	row := NewRow(Origin{Consumer: "orders", Topic: "in", SourceID: "orders/0/1"}, 0, "k", Event{Subject: "orders.accepted", Key: "customer-7", Data: []byte(`{"id":1}`)})
+	payload := encodeWALEvent(nil, row, time.Now())
+	if n := testing.AllocsPerRun(100, func() { decodeWALEvent(payload) }); n > 3 {
+		t.Errorf("decoding an event without headers allocates %v times, want at most 3 (the id, the text, the data)", n)
+	}
+	got, err := decodeWALEvent(payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := got
+	want.EventID, want.Subject, want.Key, want.Source = strings.Clone(got.EventID), strings.Clone(got.Subject), strings.Clone(got.Key), strings.Clone(got.Source)
+	want.Data = slices.Clone(got.Data)
+	for i := range payload {
+		payload[i] = 'x'
+	}
+	if got.EventID != want.EventID || got.Subject != want.Subject || got.Key != want.Key || got.Source != want.Source || string(got.Data) != string(want.Data) {
+		t.Errorf("the decoded event changed with its payload's buffer: %+v, was %+v", got, want)
+	}
+	if got.Key != "customer-7" || got.Subject != "orders.accepted" || got.EventID != row.EventID {
+		t.Errorf("decoded %+v from %+v", got, row)
 	}
 }

@@ -71,7 +71,8 @@ kfn bench --report-dir ''   # print the report only`,
 	relayEvents := fs.Int("relay-events", 0, "outbox backlog relayed by the relay benchmark (default: --records)")
 	relayFor := fs.Duration("relay-duration", 5*time.Second, "how long the naive relay and each relay latency run take")
 	relayRate := fs.Int("relay-rate", 0, "events committed per second in the relay latency runs, one per outbox mode (default: 50% and 80% of each mode's maximum rate, measured first)")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (the worker) during the first exactly-once round to this file")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (the worker) during the first round of --cpuprofile-mode to this file")
+	cpuProfileMode := fs.String("cpuprofile-mode", bench.ModeExactlyOnce, "the mode whose first round --cpuprofile profiles: "+strings.Join(bench.Modes(), ", "))
 	progressEvery := fs.Duration("progress-every", 10*time.Second, "while a mode runs, print how far it has come this often (stderr)")
 	reportDir := fs.String("report-dir", "testdata/bench", "write the report (what stdout shows) to <start time>-<machine class>.txt in this directory; '' writes none")
 	keyLanes := fs.Int("key-lanes", 16, "the key-lanes benchmark: a handler waiting 5 ms per record on one partition, as one lane and as this many key-lanes (KeyConcurrency); 0 skips it")
@@ -104,6 +105,9 @@ kfn bench --report-dir ''   # print the report only`,
 	}
 	if *progressEvery <= 0 {
 		return &usageError{msg: fmt.Sprintf("--progress-every %s: must be positive", *progressEvery)}
+	}
+	if !slices.Contains(bench.Modes(), *cpuProfileMode) {
+		return &usageError{msg: fmt.Sprintf("--cpuprofile-mode %q is not a mode: name one of %s", *cpuProfileMode, strings.Join(bench.Modes(), ", "))}
 	}
 	if *relayRate < 0 {
 		return &usageError{msg: fmt.Sprintf("--relay-rate %d: must be positive, or 0 for 50%% and 80%% of the maximum rate", *relayRate)}
@@ -209,7 +213,7 @@ kfn bench --report-dir ''   # print the report only`,
 		WALPipeline: walPipeline,
 		Function:    fn, Next: ledger.Function(), Partitions: *partitions,
 		Records: *records, NaiveRecords: *naive, Rounds: *rounds,
-		Limit: limitRows.copyOrders, WALLimit: limitRows.emitOrders, Processes: procs, Progress: stderr, ProgressEvery: *progressEvery, CPUProfile: *cpuProfile,
+		Limit: limitRows.copyOrders, WALLimit: limitRows.emitOrders, Processes: procs, Progress: stderr, ProgressEvery: *progressEvery, CPUProfile: *cpuProfile, CPUProfileMode: *cpuProfileMode,
 		Reset: func(ctx context.Context, tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `TRUNCATE orders, ledger_entries`); err != nil {
 				return err

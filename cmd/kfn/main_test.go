@@ -64,6 +64,7 @@ func TestBadInvocationsExitWithUsageErrors(t *testing.T) {
 		{[]string{"bench", "--records", "10", "--naive-records", "20"}, "--naive-records (20) <= --records (10)"},
 		{[]string{"bench", "--rounds", "0"}, "--rounds 0 is out of range"},
 		{[]string{"bench", "--relay-duration", "0s"}, "--relay-events and --relay-duration must be positive"},
+		{[]string{"bench", "--cpuprofile-mode", "wal"}, `--cpuprofile-mode "wal" is not a mode: name one of copy limit, wal limit, exactly-once`},
 		{[]string{"dlq", "--database-url", "postgres://x@y/z", "--limit", "0"}, "--limit must be at least 1"},
 		{[]string{"migrate", "--database-url", "postgres://x@y/z", "--nats"}, "--nats-url is required (or set KFN_NATS_URL)"},
 		{[]string{"tail", "orders.accepted", "--nats-url", "nats://127.0.0.1:1", "--nats-ca", "/nonexistent/ca.pem"}, "--nats-ca (KFN_NATS_CA): cannot read the CA file"},

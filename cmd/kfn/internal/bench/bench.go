@@ -17,6 +17,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -50,6 +51,12 @@ const (
 	ModePipelineWAL = "pipeline (wal)"
 	ModeChain       = "chain"
 )
+
+// Modes returns every mode's name, in the order they run in each round
+// (a mode the run's configuration leaves out does not run).
+func Modes() []string {
+	return []string{ModeCopy, ModeWALLimit, ModeExactlyOnce, ModeAtLeastOnce, ModeNaive, ModePipeline, ModePipelineWAL, ModeChain}
+}
 
 // Config describes one benchmark run: Records records already in
 // Function's Topic, applied in each mode.
@@ -90,8 +97,10 @@ type Config struct {
 	Progress      io.Writer
 	ProgressEvery time.Duration
 	// CPUProfile, when set, is where a CPU profile of this process during
-	// the first exactly-once round is written.
-	CPUProfile string
+	// the first round of CPUProfileMode (default ModeExactlyOnce) is
+	// written.
+	CPUProfile     string
+	CPUProfileMode string
 
 	done *atomic.Int64 // the records the running mode has done so far
 }
@@ -172,7 +181,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	for r := 0; r < max(1, cfg.Rounds); r++ {
 		for i, m := range modes {
 			consumer := fmt.Sprintf("%s-%s-%d", cfg.Function.Name, shortName(m.name), time.Now().UnixNano())
-			stopProfile, err := cfg.profile(r == 0 && m.name == ModeExactlyOnce)
+			stopProfile, err := cfg.profile(r == 0 && m.name == cmp.Or(cfg.CPUProfileMode, ModeExactlyOnce))
 			if err != nil {
 				return nil, err
 			}
