@@ -1,0 +1,262 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// errorCounter is a slog handler that counts the records at level Error.
+type errorCounter struct {
+	errors atomic.Int64
+	last   atomic.Value // string: the last error's message
+}
+
+func (c *errorCounter) Enabled(context.Context, slog.Level) bool { return true }
+func (c *errorCounter) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelError {
+		c.errors.Add(1)
+		c.last.Store(r.Message)
+	}
+	return nil
+}
+func (c *errorCounter) WithAttrs([]slog.Attr) slog.Handler { return c }
+func (c *errorCounter) WithGroup(string) slog.Handler      { return c }
+
+// retireAndDrop runs the retirement's steps as `kfn migrate
+// --drop-wal-outbox` does, with a relay reading the slot.
+func (f *relayFixture) retireAndDrop(timeout time.Duration) (WALState, WALDrop) {
+	f.t.Helper()
+	ctx := context.Background()
+	st, err := RetireWAL(ctx, f.db.Pool, timeout)
+	if err != nil {
+		f.t.Fatalf("retire: %v", err)
+	}
+	for deadline := time.Now().Add(timeout); !st.Drained(); {
+		if time.Now().After(deadline) {
+			f.t.Fatalf("not drained after %v: %+v", timeout, st)
+		}
+		time.Sleep(20 * time.Millisecond)
+		if st, err = ReadWALState(ctx, f.db.Pool); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	dropped, err := DropRetiredWAL(ctx, f.db.Pool)
+	if err != nil {
+		f.t.Fatalf("drop: %v", err)
+	}
+	return st, dropped
+}
+
+// requireWALGone checks that the slot, the publication and the row are gone.
+func (f *relayFixture) requireWALGone(slot string) {
+	f.t.Helper()
+	var slots, pubs, rows int
+	err := f.db.Pool.QueryRow(context.Background(), `
+SELECT (SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1),
+       (SELECT count(*) FROM pg_publication WHERE pubname = $2),
+       (SELECT count(*) FROM kfn.wal_outbox)`, slot, WALPublication).Scan(&slots, &pubs, &rows)
+	if err != nil || slots+pubs+rows != 0 {
+		f.t.Fatalf("after the drop: %d slots, %d publications, %d kfn.wal_outbox rows (%v); want none", slots, pubs, rows, err)
+	}
+}
+
+// TestRetiringTheWALOutboxUnderLoadRelaysEveryEventOnceThenDropsTheSlot
+// has writers emit into the WAL without pause, as workers in wal mode
+// do, while the relay reads the slot; then the writers switch to table
+// mode, one at a time, and the WAL outbox is retired and dropped with the
+// relay running: every event reaches the stream once, the slot, the
+// publication and the row are gone, and the relay never reports the slot
+// lost nor logs an error. A writer still in wal mode during the
+// retirement is refused with SQLSTATE 55000 (it retries, as a worker
+// does) until it switches, and its events are written once, in table
+// mode.
+func TestRetiringTheWALOutboxUnderLoadRelaysEveryEventOnceThenDropsTheSlot(t *testing.T) {
+	t.Parallel()
+	f := newWALFixture(t)
+	ctx := context.Background()
+	counter := &errorCounter{}
+	cfg := f.config() // a relay in table mode, as after the switch back: it drains the slot too
+	cfg.WorkerID, cfg.StatusInterval, cfg.Logger = t.Name(), 100*time.Millisecond, slog.New(counter)
+	relay, stop := f.startRelay(cfg)
+	defer stop()
+
+	const writers = 3
+	var mu sync.Mutex
+	var committed []Row
+	modes := make([]atomic.Value, writers)
+	var refused atomic.Int64
+	stopWriting := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := range writers {
+		modes[w].Store(ModeWAL)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			keys := keyNames(fmt.Sprintf("w%d-", w), 5)
+			for {
+				select {
+				case <-stopWriting:
+					return
+				default:
+				}
+				rows := f.newRows(keys, 1)
+				for {
+					m := modes[w].Load().(Mode)
+					err := pgx.BeginFunc(ctx, f.db.Pool, func(tx pgx.Tx) error { return Write(ctx, tx, m, rows) })
+					if err == nil {
+						break
+					}
+					var pgErr *pgconn.PgError
+					if m != ModeWAL || !errors.As(err, &pgErr) || pgErr.Code != "55000" || !strings.Contains(pgErr.Message, "is being retired") || !strings.Contains(pgErr.Hint, "--outbox table") {
+						errs <- fmt.Errorf("writer %d in %s mode: %w", w, m, err)
+						return
+					}
+					refused.Add(1) // retried, as a worker retries 55000
+					time.Sleep(5 * time.Millisecond)
+				}
+				mu.Lock()
+				committed = append(committed, rows...)
+				mu.Unlock()
+				time.Sleep(2 * time.Millisecond)
+			}
+		}()
+	}
+	time.Sleep(700 * time.Millisecond)
+	modes[0].Store(ModeTable)
+	modes[1].Store(ModeTable)
+	// Writer 2 stays in wal mode through the retirement, until its
+	// emits have been refused a few times.
+	retired := make(chan struct{})
+	go func() {
+		defer close(retired)
+		for deadline := time.Now().Add(20 * time.Second); refused.Load() < 3 && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
+		modes[2].Store(ModeTable)
+	}()
+	st, dropped := f.retireAndDrop(30 * time.Second)
+	<-retired
+	time.Sleep(300 * time.Millisecond) // table mode after the drop
+	close(stopWriting)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if refused.Load() < 3 {
+		t.Fatalf("the writer left in wal mode was refused %d times during the retirement, want at least 3", refused.Load())
+	}
+	mu.Lock()
+	all := slices.Clone(committed)
+	mu.Unlock()
+	f.waitDelivered(len(all), 30*time.Second)
+	rep := checkDelivery(f.readStream(), all)
+	if rep.lost+rep.duplicated+rep.unexpected != 0 {
+		t.Fatalf("%d events: lost %d, duplicated %d, unexpected %d\n%s", len(all), rep.lost, rep.duplicated, rep.unexpected, strings.Join(rep.problems, "\n"))
+	}
+	f.requireWALGone(dropped.Slot)
+	time.Sleep(3 * cfg.RetryMax) // the relay tries the slot again meanwhile
+	if s := relay.Stats(); s.WAL.SlotLost || counter.errors.Load() != 0 {
+		t.Fatalf("after the drop the relay reports slot lost %v, and logged %d errors (last %v)", s.WAL.SlotLost, counter.errors.Load(), counter.last.Load())
+	}
+	if !st.LostAt.IsZero() {
+		t.Fatalf("the retired outbox was marked lost at %v", st.LostAt)
+	}
+	t.Logf("%d events across the retirement, each once in the stream; the writer left in wal mode was refused %d times; walsender ended: pid %d", len(all), refused.Load(), dropped.Terminated)
+}
+
+// TestRetiringTheWALOutboxWaitsForTheTransactionsThatEmitted opens a
+// transaction that emits, then retires: the retirement waits for it (it
+// holds ACCESS SHARE on kfn.wal_outbox from its emit to its end), and
+// its events, committed before the retirement, are relayed. A
+// transaction begun before the retirement that first emits after it is
+// refused. Then the second retirement and drop find nothing to do.
+func TestRetiringTheWALOutboxWaitsForTheTransactionsThatEmitted(t *testing.T) {
+	t.Parallel()
+	f := newWALFixture(t)
+	ctx := context.Background()
+	open, err := f.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Rollback(ctx) //nolint:errcheck // committed below
+	early := f.newRows([]string{"early"}, 3)
+	if err := Write(ctx, open, ModeWAL, early); err != nil {
+		t.Fatal(err)
+	}
+	late, err := f.db.Pool.Begin(ctx) // begun before the retirement, emits after it
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Rollback(ctx) //nolint:errcheck // refused below
+	if _, err := late.Exec(ctx, `SELECT 1`); err != nil {
+		t.Fatal(err)
+	}
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := RetireWAL(ctx, f.db.Pool, 30*time.Second)
+		done <- err
+	}()
+	waitUntil(t, 10*time.Second, "the retirement to wait for the emitting transaction's lock", func() bool {
+		var waiting bool
+		err := f.db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE relation = 'kfn.wal_outbox'::regclass AND mode = 'AccessExclusiveLock' AND NOT granted)`).Scan(&waiting)
+		return err == nil && waiting
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("the retirement ended while a transaction that emitted was open: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := open.Commit(ctx); err != nil {
+		t.Fatalf("commit of the transaction that emitted before the retirement: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("retire: %v", err)
+	}
+	err = Write(ctx, late, ModeWAL, f.newRows([]string{"late"}, 1))
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "55000" || !strings.Contains(pgErr.Message, "being retired") {
+		t.Fatalf("an emit after the retirement: %v; want SQLSTATE 55000 saying it is being retired", err)
+	}
+	if err := CheckWAL(ctx, f.db.Pool); !errors.Is(err, ErrWALRetired) {
+		t.Fatalf("CheckWAL of a retired outbox: %v", err)
+	}
+	if _, err := DropRetiredWAL(ctx, f.db.Pool); !errors.Is(err, ErrWALNotDrained) {
+		t.Fatalf("drop before any relay read the slot: %v; want ErrWALNotDrained", err)
+	}
+
+	relay, stop := f.startRelay(f.walConfig())
+	defer stop()
+	_, dropped := f.retireAndDrop(30 * time.Second)
+	f.waitDelivered(len(early), 30*time.Second)
+	f.requireExactlyOnceInOrder(early)
+	f.requireWALGone(dropped.Slot)
+	if relay.Stats().WAL.SlotLost {
+		t.Error("the relay reports the retired slot lost")
+	}
+	if _, err := RetireWAL(ctx, f.db.Pool, time.Second); !errors.Is(err, ErrWALNotSetUp) {
+		t.Errorf("a second retirement: %v; want ErrWALNotSetUp", err)
+	}
+	if _, err := DropRetiredWAL(ctx, f.db.Pool); !errors.Is(err, ErrWALNotSetUp) {
+		t.Errorf("a second drop: %v; want ErrWALNotSetUp", err)
+	}
+	if _, err := SetUpWAL(ctx, f.db.Pool); err != nil {
+		t.Fatalf("set up afresh after the drop: %v", err)
+	}
+	if err := CheckWAL(ctx, f.db.Pool); err != nil {
+		t.Fatalf("CheckWAL after setting up afresh: %v", err)
+	}
+}
