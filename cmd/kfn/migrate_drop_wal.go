@@ -85,5 +85,9 @@ func drainReader(s outbox.WALState) string {
 	if s.ActivePID == 0 {
 		return "no relay reads it"
 	}
-	return fmt.Sprintf("read by %s (walsender pid %d)", s.Reader, s.ActivePID)
+	reader := s.Reader
+	if reader == "" {
+		reader = "a relay"
+	}
+	return fmt.Sprintf("read by %s (walsender pid %d)", reader, s.ActivePID)
 }
