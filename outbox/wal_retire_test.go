@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // errorCounter is a slog handler that counts the records at levels
@@ -300,6 +301,61 @@ func TestARetiredWALOutboxWhoseSlotIsGoneIsNotSlotLoss(t *testing.T) {
 	dropped, err := DropRetiredWAL(ctx, f.db.Pool)
 	if err != nil || dropped.SlotDropped {
 		t.Fatalf("drop after the slot went: %+v, %v; want the publication and the row dropped", dropped, err)
+	}
+	f.requireWALGone(st.Slot)
+}
+
+// roleWithoutReplication makes a login role with every right on kfn's
+// tables and CREATE on the database, but not REPLICATION, and returns it
+// with a pool connected as it.
+func (f *relayFixture) roleWithoutReplication() (string, *pgxpool.Pool) {
+	f.t.Helper()
+	ctx := context.Background()
+	role := fmt.Sprintf("norepl_%d", time.Now().UnixNano()%1e9)
+	if _, err := f.db.Pool.Exec(ctx, `CREATE ROLE `+role+` LOGIN; GRANT ALL ON SCHEMA kfn TO `+role+`; GRANT ALL ON ALL TABLES IN SCHEMA kfn TO `+role+`; GRANT CREATE ON DATABASE `+pgx.Identifier{f.db.Database}.Sanitize()+` TO `+role); err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() {
+		f.db.Pool.Exec(context.Background(), `DROP OWNED BY `+role+`; DROP ROLE `+role) //nolint:errcheck // best effort
+	})
+	cfg := f.db.Pool.Config().Copy()
+	cfg.ConnConfig.User = role
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(pool.Close)
+	return role, pool
+}
+
+// TestDropRetiredWALNamesTheMissingReplicationPrivilege drops a retired,
+// drained WAL outbox as a role without REPLICATION: it fails, says so,
+// and leaves the outbox retired (the row is kept), so that a run with
+// the right finishes it.
+func TestDropRetiredWALNamesTheMissingReplicationPrivilege(t *testing.T) {
+	t.Parallel()
+	f := newWALFixture(t)
+	ctx := context.Background()
+	_, pool := f.roleWithoutReplication()
+	_, stop := f.startRelay(f.walConfig())
+	st, err := RetireWAL(ctx, f.db.Pool, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 30*time.Second, "the slot to be drained", func() bool {
+		st, err = ReadWALState(ctx, f.db.Pool)
+		return err == nil && st.Drained()
+	})
+	stop()
+	_, err = DropRetiredWAL(ctx, pool)
+	if err == nil || !containsAll(err.Error(), "drop the replication slot", "lacks REPLICATION", "rds_replication") {
+		t.Fatalf("drop without REPLICATION: %v", err)
+	}
+	if st, err := ReadWALState(ctx, f.db.Pool); err != nil || !st.SetUp || !st.SlotExists || st.RetiredAt.IsZero() {
+		t.Fatalf("after the refused drop: %+v (%v); want it retired, with its slot", st, err)
+	}
+	if _, err := DropRetiredWAL(ctx, f.db.Pool); err != nil {
+		t.Fatalf("drop with REPLICATION: %v", err)
 	}
 	f.requireWALGone(st.Slot)
 }
