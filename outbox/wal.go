@@ -278,7 +278,8 @@ type WALSetup struct {
 // needs the REPLICATION attribute (or superuser, or the managed service's
 // replication role) to create the slot, and CREATE on the database for
 // the publication; a missing right is named in the error. The schema must
-// be migrated first.
+// be migrated first. A retired WAL outbox not yet dropped is taken back:
+// emits are accepted again.
 func SetUpWAL(ctx context.Context, pool *pgxpool.Pool) (WALSetup, error) {
 	var out WALSetup
 	if err := CheckWALLevel(ctx, pool); err != nil {

@@ -359,3 +359,32 @@ func TestDropRetiredWALNamesTheMissingReplicationPrivilege(t *testing.T) {
 	}
 	f.requireWALGone(st.Slot)
 }
+
+// TestSetUpWALTakesARetiredWALOutboxBack retires the WAL outbox, then
+// sets it up again before it is dropped: emits are accepted again, with
+// the same slot.
+func TestSetUpWALTakesARetiredWALOutboxBack(t *testing.T) {
+	t.Parallel()
+	f := newWALFixture(t)
+	ctx := context.Background()
+	retired, err := RetireWAL(ctx, f.db.Pool, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckWAL(ctx, f.db.Pool); !errors.Is(err, ErrWALRetired) {
+		t.Fatalf("CheckWAL when retired: %v", err)
+	}
+	setup, err := SetUpWAL(ctx, f.db.Pool)
+	if err != nil || setup.CreatedSlot || setup.Slot != retired.Slot {
+		t.Fatalf("set up after the retirement: %+v, %v; want the same slot, kept", setup, err)
+	}
+	if err := CheckWAL(ctx, f.db.Pool); err != nil {
+		t.Fatalf("CheckWAL after setting up again: %v", err)
+	}
+	rows := f.newRows([]string{"back"}, 2)
+	f.emit(rows)
+	_, stop := f.startRelay(f.walConfig())
+	defer stop()
+	f.waitDelivered(len(rows), 30*time.Second)
+	f.requireExactlyOnceInOrder(rows)
+}
