@@ -21,8 +21,11 @@ import (
 //     waits for all of them, and the WAL insert position taken under it
 //     (retired_lsn) lies past every event ever committed. A transaction
 //     that calls emit_events afterwards waits for the lock, then (at READ
-//     COMMITTED, the workers' level) sees the retirement and is refused
-//     with SQLSTATE 55000, which workers retry and never dead-letter.
+//     COMMITTED, Postgres's default, which workers use) sees the
+//     retirement and is refused with SQLSTATE 55000, which workers retry
+//     and never dead-letter. At REPEATABLE READ a transaction whose
+//     snapshot predates the retirement would not see it: emitting
+//     transactions must not run at that level.
 //  2. The relays keep reading the slot (a retired outbox is still set
 //     up) until its confirmed position passes retired_lsn: every event
 //     is then acked by the stream (WALState.Drained).
@@ -30,7 +33,8 @@ import (
 //     drops the slot and the publication, in one transaction whose row
 //     lock keeps a relay from fencing the slot again meanwhile. A relay
 //     then finds the WAL outbox retired or not set up, which is not slot
-//     loss: it stops reading quietly.
+//     loss: it logs nothing louder than debug and looks again only every
+//     RetryMax (a later SetUpWAL is read again).
 
 // ErrWALRetired is an emit, or a worker in ModeWAL, refused because the
 // WAL outbox is retired.
