@@ -59,19 +59,32 @@ func RetireWAL(ctx context.Context, pool *pgxpool.Pool, lockWait time.Duration) 
 		return before, nil
 	}
 	var role string
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, `SELECT current_user`).Scan(&role); err != nil {
+	// The lock request queues every reader of kfn.wal_outbox (kfn status,
+	// the metrics, the relay's report, new emits) behind it while it waits:
+	// it waits lockAttempt at a time and lets them through in between.
+	deadline := time.Now().Add(lockWait)
+	for {
+		attempt := min(time.Until(deadline), lockAttempt)
+		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if err := tx.QueryRow(ctx, `SELECT current_user`).Scan(&role); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, max(attempt.Milliseconds(), 1))); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `LOCK TABLE kfn.wal_outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `UPDATE kfn.wal_outbox SET retired_at = coalesce(retired_at, now()), retired_lsn = coalesce(retired_lsn, pg_current_wal_insert_lsn())`)
 			return err
+		})
+		if !isLockTimeout(err) || time.Until(deadline) <= 0 {
+			break
 		}
-		if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, max(lockWait.Milliseconds(), 1))); err != nil {
-			return err
+		if !sleepCtx(ctx, 50*time.Millisecond) {
+			return before, ctx.Err()
 		}
-		if _, err := tx.Exec(ctx, `LOCK TABLE kfn.wal_outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `UPDATE kfn.wal_outbox SET retired_at = coalesce(retired_at, now()), retired_lsn = coalesce(retired_lsn, pg_current_wal_insert_lsn())`)
-		return err
-	})
+	}
 	if isLockTimeout(err) {
 		return before, fmt.Errorf("retire the WAL outbox: transactions that emitted into the WAL did not end within %s (see pg_locks on kfn.wal_outbox); run it again when they have, or with a longer --wait: %w", lockWait, err)
 	}
@@ -80,6 +93,9 @@ func RetireWAL(ctx context.Context, pool *pgxpool.Pool, lockWait time.Duration) 
 	}
 	return ReadWALState(ctx, pool)
 }
+
+// lockAttempt bounds each wait for RetireWAL's lock.
+const lockAttempt = time.Second
 
 func isLockTimeout(err error) bool { return pgErrorCode(err) == "55P03" }
 

@@ -186,9 +186,11 @@ func TestRetiringTheWALOutboxUnderLoadRelaysEveryEventOnceThenDropsTheSlot(t *te
 }
 
 // TestRetiringTheWALOutboxWaitsForTheTransactionsThatEmitted opens a
-// transaction that emits, then retires: the retirement waits for it (it
-// holds ACCESS SHARE on kfn.wal_outbox from its emit to its end), and
-// its events, committed before the retirement, are relayed. A
+// transaction that emits, then retires: bound to 300ms, the retirement
+// fails and says why; unbound, it waits for it (it holds ACCESS SHARE on
+// kfn.wal_outbox from its emit to its end) while readers of the table
+// get through between its lock attempts, and the transaction's events,
+// committed before the retirement, are relayed. A
 // transaction begun before the retirement that first emits after it is
 // refused. Then the second retirement and drop find nothing to do.
 func TestRetiringTheWALOutboxWaitsForTheTransactionsThatEmitted(t *testing.T) {
@@ -213,6 +215,9 @@ func TestRetiringTheWALOutboxWaitsForTheTransactionsThatEmitted(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	if _, err := RetireWAL(ctx, f.db.Pool, 300*time.Millisecond); err == nil || !strings.Contains(err.Error(), "did not end within 300ms") {
+		t.Fatalf("a retirement bound to 300ms while a transaction that emitted is open: %v", err)
+	}
 	done := make(chan error, 1)
 	go func() {
 		_, err := RetireWAL(ctx, f.db.Pool, 30*time.Second)
@@ -223,10 +228,18 @@ func TestRetiringTheWALOutboxWaitsForTheTransactionsThatEmitted(t *testing.T) {
 		err := f.db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE relation = 'kfn.wal_outbox'::regclass AND mode = 'AccessExclusiveLock' AND NOT granted)`).Scan(&waiting)
 		return err == nil && waiting
 	})
+	// Readers of kfn.wal_outbox (kfn status, the metrics, the relay's
+	// report) get through between the retirement's lock attempts.
+	readCtx, cancel := context.WithTimeout(ctx, 3*time.Second) // lockAttempt is 1s
+	_, err = ReadWALState(readCtx, f.db.Pool)
+	cancel()
+	if err != nil {
+		t.Fatalf("reading the WAL outbox's state while the retirement waits: %v", err)
+	}
 	select {
 	case err := <-done:
 		t.Fatalf("the retirement ended while a transaction that emitted was open: %v", err)
-	case <-time.After(200 * time.Millisecond):
+	case <-time.After(lockAttempt + 200*time.Millisecond):
 	}
 	if err := open.Commit(ctx); err != nil {
 		t.Fatalf("commit of the transaction that emitted before the retirement: %v", err)
