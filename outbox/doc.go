@@ -63,4 +63,9 @@
 // slot is missing, so that nothing more is lost. SetUpWAL makes the slot
 // again and says since when events may be lost; docs/production/wal-outbox.md
 // has the recovery.
+//
+// Retirement. Going back to ModeTable for good, RetireWAL, a drain and
+// DropRetiredWAL take the slot away without losing an event (how, in
+// wal_retire.go); a relay that then finds no slot stops reading it
+// quietly: that is not slot loss.
 package outbox

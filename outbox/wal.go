@@ -160,10 +160,26 @@ type WALState struct {
 	Reader        string    // the reader's worker id
 	FenceToken    int64
 	LostAt        time.Time // when a reader found the slot gone
+	// RetiredAt is when `kfn migrate --drop-wal-outbox` retired it (zero
+	// if not): emits are refused since. RetireLeftBytes is the WAL from
+	// the slot's confirmed position up to the retirement's: what the
+	// relay has still to read and ack before the slot may be dropped.
+	RetiredAt       time.Time
+	RetireLeftBytes int64
 }
 
-// Lost reports whether the slot was set up and is gone or unusable.
-func (s WALState) Lost() bool { return s.SetUp && (!s.SlotExists || s.SlotStatus == "lost") }
+// Lost reports whether the slot was set up and is gone or unusable. A
+// retired WAL outbox is never lost: its slot goes when it is drained.
+func (s WALState) Lost() bool {
+	return s.SetUp && s.RetiredAt.IsZero() && (!s.SlotExists || s.SlotStatus == "lost")
+}
+
+// Drained reports whether the WAL outbox is retired and its slot holds
+// no event from before the retirement that the stream has not acked (or
+// the slot is gone already).
+func (s WALState) Drained() bool {
+	return s.SetUp && !s.RetiredAt.IsZero() && (!s.SlotExists || s.RetireLeftBytes <= 0)
+}
 
 // ReadWALState reads the database's WAL outbox state. A database
 // migrated before the WAL outbox existed reads as not set up.
@@ -181,15 +197,17 @@ func ReadWALState(ctx context.Context, db interface {
 	var status, reader *string
 	var pid *int32
 	var lag *int64
-	var oldest, confirmed, reported, lost *time.Time
+	var oldest, confirmed, reported, lost, retired *time.Time
+	var retireLeft *int64
 	err := db.QueryRow(ctx, `
 SELECT w.slot_name, w.publication, s.slot_name IS NOT NULL, s.wal_status, s.active_pid,
        (pg_current_wal_lsn() - coalesce(s.confirmed_flush_lsn, pg_current_wal_lsn()))::bigint,
-       w.pending_events, w.oldest_pending, w.confirmed_at, w.reported_at, w.reader, w.fence_token, w.lost_at
+       w.pending_events, w.oldest_pending, w.confirmed_at, w.reported_at, w.reader, w.fence_token, w.lost_at,
+       w.retired_at, (w.retired_lsn - coalesce(s.confirmed_flush_lsn, s.restart_lsn))::bigint
   FROM kfn.wal_outbox w
   LEFT JOIN pg_replication_slots s ON s.slot_name = w.slot_name AND s.database = current_database()`).Scan(
 		&s.Slot, &s.Publication, &s.SlotExists, &status, &pid, &lag,
-		&s.Pending, &oldest, &confirmed, &reported, &reader, &s.FenceToken, &lost)
+		&s.Pending, &oldest, &confirmed, &reported, &reader, &s.FenceToken, &lost, &retired, &retireLeft)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, nil
 	}
@@ -206,6 +224,7 @@ SELECT w.slot_name, w.publication, s.slot_name IS NOT NULL, s.wal_status, s.acti
 		s.LagBytes = *lag
 	}
 	s.OldestPending, s.ConfirmedAt, s.ReportedAt, s.LostAt = deref(oldest), deref(confirmed), deref(reported), deref(lost)
+	s.RetiredAt, s.RetireLeftBytes = deref(retired), deref(retireLeft)
 	return s, nil
 }
 
@@ -230,6 +249,8 @@ func CheckWAL(ctx context.Context, pool *pgxpool.Pool) error {
 	switch {
 	case !s.SetUp:
 		return ErrWALNotSetUp
+	case !s.RetiredAt.IsZero():
+		return fmt.Errorf("%w (retired %s by kfn migrate --drop-wal-outbox)", ErrWALRetired, s.RetiredAt.UTC().Format(time.RFC3339))
 	case s.Lost():
 		return fmt.Errorf("%w (slot %s): events written and not relayed before it went are lost; see \"Slot loss\" in docs/production/wal-outbox.md, and run `kfn migrate --outbox wal` to create it again", ErrSlotLost, s.Slot)
 	}
@@ -257,7 +278,8 @@ type WALSetup struct {
 // needs the REPLICATION attribute (or superuser, or the managed service's
 // replication role) to create the slot, and CREATE on the database for
 // the publication; a missing right is named in the error. The schema must
-// be migrated first.
+// be migrated first. A retired WAL outbox not yet dropped is taken back:
+// emits are accepted again.
 func SetUpWAL(ctx context.Context, pool *pgxpool.Pool) (WALSetup, error) {
 	var out WALSetup
 	if err := CheckWALLevel(ctx, pool); err != nil {
@@ -317,7 +339,8 @@ INSERT INTO kfn.wal_outbox (slot_name, publication, created_lsn) VALUES ($1, $2,
 ON CONFLICT (id) DO UPDATE SET slot_name = EXCLUDED.slot_name, publication = EXCLUDED.publication,
        created_lsn = coalesce(EXCLUDED.created_lsn, kfn.wal_outbox.created_lsn),
        created_at = CASE WHEN EXCLUDED.created_lsn IS NULL THEN kfn.wal_outbox.created_at ELSE now() END,
-       lost_at = CASE WHEN EXCLUDED.created_lsn IS NULL THEN kfn.wal_outbox.lost_at END`, out.Slot, out.Publication, lsn); err != nil {
+       lost_at = CASE WHEN EXCLUDED.created_lsn IS NULL THEN kfn.wal_outbox.lost_at END,
+       retired_at = NULL, retired_lsn = NULL`, out.Slot, out.Publication, lsn); err != nil {
 		return out, fmt.Errorf("record the WAL outbox's slot: %w", err)
 	}
 	return out, nil

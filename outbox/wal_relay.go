@@ -75,6 +75,9 @@ func (r *Relay) readSlotWhileHeld(ctx context.Context, token uint64) {
 				"err", err, "retry_in", delay)
 		case errors.Is(err, errFenced):
 			r.log.Warn("WAL outbox slot fenced by a newer reader; waiting", "err", err, "retry_in", delay)
+		case errors.Is(err, ErrWALRetired), errors.Is(err, ErrWALNotSetUp):
+			delay = r.cfg.RetryMax // retired and dropped (or never set up): no slot to read, and nothing lost
+			r.log.Debug("no WAL outbox slot to read", "err", err, "retry_in", delay)
 		default:
 			r.log.Warn("WAL outbox slot reading stopped; starting again", "err", err, "retry_in", delay)
 		}
@@ -209,6 +212,9 @@ func (r *Relay) startReplication(ctx context.Context, conn *pgconn.PgConn, slot,
 	state, err := simpleQuery(ctx, conn, `SELECT coalesce(wal_status, ''), coalesce(active_pid, 0), coalesce(confirmed_flush_lsn::text, '') FROM pg_replication_slots WHERE slot_name = '`+slot+`' AND database = current_database()`)
 	if err != nil {
 		return fmt.Errorf("read the WAL outbox's slot: %w", err)
+	}
+	if len(state) == 0 && retiredSlotGone(ctx, conn) {
+		return fmt.Errorf("%w: its slot %s is dropped", ErrWALRetired, slot)
 	}
 	if len(state) == 0 || state[0][0] == "lost" {
 		// Recorded before the flag goes up, so that whoever sees the flag

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 
 	"github.com/kfn-dev/kfn/runtime/kfntest"
@@ -254,21 +253,8 @@ func TestSetUpWALNamesTheMissingReplicationPrivilege(t *testing.T) {
 	t.Parallel()
 	f := newRelayFixture(t, kfntest.NATSURL(t))
 	ctx := context.Background()
-	role := fmt.Sprintf("norepl_%d", time.Now().UnixNano()%1e9)
-	if _, err := f.db.Pool.Exec(ctx, `CREATE ROLE `+role+` LOGIN; GRANT ALL ON SCHEMA kfn TO `+role+`; GRANT ALL ON ALL TABLES IN SCHEMA kfn TO `+role+`; GRANT CREATE ON DATABASE `+pgx.Identifier{f.db.Database}.Sanitize()+` TO `+role); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		f.db.Pool.Exec(context.Background(), `DROP OWNED BY `+role+`; DROP ROLE `+role) //nolint:errcheck // best effort
-	})
-	cfg := f.db.Pool.Config().Copy()
-	cfg.ConnConfig.User = role
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	_, err = SetUpWAL(ctx, pool)
+	role, pool := f.roleWithoutReplication()
+	_, err := SetUpWAL(ctx, pool)
 	if err == nil || !containsAll(err.Error(), "lacks REPLICATION", `ALTER ROLE "`+role+`" REPLICATION`, "rds_replication") {
 		t.Fatalf("SetUpWAL without REPLICATION: %v", err)
 	}

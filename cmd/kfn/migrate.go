@@ -28,6 +28,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := newFlags("migrate", help{
 		usage: []string{
 			"kfn migrate --database-url URL [--outbox wal] [--nats --nats-url URL --subjects S[,S…]]",
+			"kfn migrate --database-url URL --drop-wal-outbox [--wait 2m]",
 			"kfn migrate grants --function NAME --role ROLE [--tables T[,T…]] [--apply]",
 		},
 		commands: migrateCommands,
@@ -44,6 +45,14 @@ replication slot the relay reads (it needs the REPLICATION attribute, and
 says so when it lacks it). A slot that was lost is created again, and the
 output says how to recover the events lost with it.
 
+With --drop-wal-outbox it retires the WAL outbox once the workers run with
+--outbox table again: from then on an emit into the WAL is refused (a
+worker still in wal mode retries until it is restarted in table mode);
+it waits up to --wait for the relay (kfn relay, or a worker's own) to
+relay every event emitted before, then drops the slot and the
+publication. Without a relay reading the slot it says what to start and
+exits 1 after --wait, keeping the retirement: run it again.
+
 With --nats it also creates, once and with --nats-replicas, the JetStream
 state the workers use: the lease bucket and the event stream capturing
 --subjects (an existing stream gets the subjects it lacks). Run it with a
@@ -53,6 +62,7 @@ then need no such right.`,
 kfn migrate --database-url postgres://kfn@db:5432/kfn
 DATABASE_URL=postgres://kfn@db:5432/kfn kfn migrate
 kfn migrate --outbox wal --database-url postgres://kfn@db:5432/kfn
+kfn migrate --drop-wal-outbox --wait 5m --database-url postgres://kfn@db:5432/kfn
 kfn migrate --nats --nats-url nats://nats:4222 --nats-creds admin.creds --nats-replicas 3 --subjects 'orders.>,payments.>'`,
 	}, stderr)
 	dbURL := bind(fs, settings.DatabaseURL)
@@ -61,8 +71,16 @@ kfn migrate --nats --nats-url nats://nats:4222 --nats-creds admin.creds --nats-r
 	bindNATSState(fs.settings, &cfg)
 	subjects := bind(fs, settings.RelaySubjects)
 	outboxMode := bind(fs, settings.Outbox)
+	dropWAL := fs.Bool("drop-wal-outbox", false, "retire the WAL outbox: refuse new emits, wait for the relay to drain the slot, drop the slot and the publication")
+	drainWait := fs.Duration("wait", 2*time.Minute, "with --drop-wal-outbox: how long to wait for the transactions that emitted to end, and then for the relay to drain the slot")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *dropWAL && outbox.Mode(*outboxMode) == outbox.ModeWAL {
+		return &usageError{msg: fmt.Sprintf("--drop-wal-outbox retires the WAL outbox and --%s wal (%s) sets it up: use one of them", settings.Outbox.Flag, settings.Outbox.Env)}
+	}
+	if *drainWait <= 0 {
+		return &usageError{msg: fmt.Sprintf("--wait is %s: give a positive duration such as 2m", *drainWait)}
 	}
 	if *withNATS {
 		if err := requiredSetting(settings.NATSURL, cfg.NATSURL); err != nil {
@@ -84,6 +102,11 @@ kfn migrate --nats --nats-url nats://nats:4222 --nats-creds admin.creds --nats-r
 	fmt.Fprintln(stdout, schema.Outcome(applied))
 	if outbox.Mode(*outboxMode) == outbox.ModeWAL {
 		if err := setUpWAL(ctx, pool, stdout); err != nil {
+			return err
+		}
+	}
+	if *dropWAL {
+		if err := dropWALOutbox(ctx, pool, *drainWait, time.Second, stdout); err != nil {
 			return err
 		}
 	}

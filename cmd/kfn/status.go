@@ -208,6 +208,13 @@ func walStatusLine(w outbox.WALState, now time.Time) string {
 	if w.ActivePID != 0 {
 		reader = fmt.Sprintf("read by %s (token %d, walsender pid %d)", w.Reader, w.FenceToken, w.ActivePID)
 	}
+	if !w.RetiredAt.IsZero() {
+		left := "drained: run `kfn migrate --drop-wal-outbox` to drop it"
+		if !w.Drained() {
+			left = fmt.Sprintf("%d bytes of WAL from before the retirement left to relay, %d events read and not yet acked", w.RetireLeftBytes, w.Pending)
+		}
+		return fmt.Sprintf("WAL outbox: slot %s RETIRED since %s (emits refused); %s; %s", w.Slot, ago(w.RetiredAt, now), left, reader)
+	}
 	oldest := "none"
 	if w.Pending > 0 && !w.OldestPending.IsZero() {
 		oldest = "emitted " + ago(w.OldestPending, now)

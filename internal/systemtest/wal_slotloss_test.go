@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfn-dev/kfn/functions/ledger"
 	"github.com/kfn-dev/kfn/functions/orders"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
@@ -26,41 +25,12 @@ import (
 // end the ledger has booked every order exactly once.
 func TestWALSlotLossIsRecoveredByReplayingWithTheEventIDsKept(t *testing.T) {
 	const first, lost = 40, 40
-	c := newChain(t, 2)
-	c.setUpWAL()
-	js := c.jetStream()
-	kfnBin := kfntest.BuildBinary(t, "github.com/kfn-dev/kfn/cmd/kfn")
-	relayBin := kfntest.BuildBinary(t, relayProcPkg)
-	noRelay := "KFN_NO_RELAY=true"
-	l := c.startLedger(walOutbox, noRelay)
-	waitStreamCovers(t, js, ledger.CapturedSubject)
-	o := c.startOrders(walOutbox, noRelay)
-	waitStreamCovers(t, js, orders.AcceptedSubject)
-	relay := kfntest.StartProcess(t, relayCmd(relayBin, c))
-
-	var produced []orders.Order
-	produce := func(n int) {
-		batch := make([]orders.Order, n)
-		for j := range batch {
-			batch[j] = order(len(produced) + j)
-		}
-		c.produce(batch, len(produced))
-		produced = append(produced, batch...)
-	}
-	booked := func(what string, entries int64) {
-		t.Helper()
-		if !kfntest.Await(t, 60*time.Second, what, func() (bool, string) {
-			n := c.tableCount("ledger_entries")
-			c.requireEntriesAtMost(n, entries)
-			idle, consumer := consumerIdle(js)
-			return n == entries && idle, fmt.Sprintf("%d of %d ledger entries, %s, slot %+v", n, entries, consumer, c.walState())
-		}) {
-			t.Fatalf("relay log:\n%s\norders worker log:\n%s", relay.LogTail(30), o.LogTail(30))
-		}
-	}
+	c := newWALRelayedChain(t, walOutbox)
+	o, l := c.orders, c.ledger
+	produce, booked := c.produceOrders, c.waitBooked
 	produce(first)
-	booked("the first orders to go through the chain", 2*first)
-	relay.Stop()
+	booked("the first orders to go through the chain", 60*time.Second)
+	c.relay.Stop()
 
 	// Orders applied with no relay: their events wait in the slot.
 	produce(lost)
@@ -81,7 +51,7 @@ func TestWALSlotLossIsRecoveredByReplayingWithTheEventIDsKept(t *testing.T) {
 		return strings.Contains(log, "replication slot") && strings.Contains(log, "is gone"), "no refused emit in the log yet"
 	})
 
-	cmd := exec.Command(kfnBin, "migrate", "--outbox", "wal", "--database-url", c.pg.URL)
+	cmd := exec.Command(c.kfnBin, "migrate", "--outbox", "wal", "--database-url", c.pg.URL)
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "WARNING: the slot had been lost") {
 		t.Fatalf("kfn migrate --outbox wal after the loss: %v\n%s", err, out)
@@ -93,25 +63,25 @@ func TestWALSlotLossIsRecoveredByReplayingWithTheEventIDsKept(t *testing.T) {
 	// From a little before the last confirmation: the records behind the
 	// lost events were produced before they were applied.
 	from := st.ConfirmedAt.Add(-5 * time.Second).UTC().Format(time.RFC3339Nano)
-	replay := exec.Command(kfnBin, "replay", "--function", orders.Function().Name, "--topic", c.topic, "--from-time", from,
+	replay := exec.Command(c.kfnBin, "replay", "--function", orders.Function().Name, "--topic", c.topic, "--from-time", from,
 		"--reexecute", "--keep-event-ids", "--reason", "WAL outbox slot lost", "--wait", "--wait-timeout", "60s",
 		"--database-url", c.pg.URL, "--nats-url", c.nats.URL, "--kafka-brokers", strings.Join(c.kafka.Brokers, ","))
 	if out, err := replay.CombinedOutput(); err != nil {
 		t.Fatalf("kfn replay: %v\n%s", err, out)
 	}
-	relay = kfntest.StartProcess(t, relayCmd(relayBin, c))
-	booked("every order to be booked after the recovery", int64(2*len(produced)))
-	relay.Stop()
+	c.relay = kfntest.StartProcess(t, relayCmd(kfntest.BuildBinary(t, relayProcPkg), c.chain))
+	booked("every order to be booked after the recovery", 60*time.Second)
+	c.relay.Stop()
 	stopClean(t, o, l)
 
-	c.requireLedgerBalances(produced)
+	c.requireLedgerBalances(c.produced)
 	c.requireNoDeadLetters()
 	if _, err := outbox.ReadWALState(ctx, c.pg.Pool); err != nil {
 		t.Fatal(err)
 	}
-	ids, _ := streamIDs(t, js, orders.AcceptedSubject)
-	if len(ids) != len(produced) {
-		t.Errorf("%d distinct orders.accepted events in the stream, want one per order (%d)", len(ids), len(produced))
+	ids, _ := streamIDs(t, c.js, orders.AcceptedSubject)
+	if len(ids) != len(c.produced) {
+		t.Errorf("%d distinct orders.accepted events in the stream, want one per order (%d)", len(ids), len(c.produced))
 	}
-	t.Logf("%d orders, %d of whose events were lost with the slot; all booked once after kfn migrate --outbox wal and kfn replay --from-time %s --reexecute --keep-event-ids", len(produced), lost, from)
+	t.Logf("%d orders, %d of whose events were lost with the slot; all booked once after kfn migrate --outbox wal and kfn replay --from-time %s --reexecute --keep-event-ids", len(c.produced), lost, from)
 }
