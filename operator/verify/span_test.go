@@ -155,7 +155,9 @@ VALUES ($1, $2, $2, 'k1', 0, '', $3, $4, $5, $6, now() - interval '2 minutes')`,
 // --from's minute up to (not with) the --to's.
 func TestVerifyTimeRangeResolvesWithKafkasTimeIndex(t *testing.T) {
 	d := deploy(t, 20) // partitions 0 and 1, offsets 0-9 each, produced now
-	base := time.Now().Add(24 * time.Hour).Truncate(time.Minute)
+	// After the records produced now, and within the hour ahead that
+	// Apache Kafka 4 accepts (log.message.timestamp.after.max.ms).
+	base := time.Now().Add(2 * time.Minute).Truncate(time.Minute)
 	msgs := make([]kafka.Message, 10)
 	for i := range msgs {
 		msgs[i] = kafka.Message{Partition: 0, Key: []byte("t"), Value: []byte(fmt.Sprint("timed-", i)), Time: base.Add(time.Duration(i) * time.Minute)}
