@@ -15,9 +15,7 @@ import (
 
 	"github.com/kfn-dev/kfn/functions/orders"
 	"github.com/kfn-dev/kfn/inbox"
-	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
-	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // seedLetter is a dead letter written straight into the database, with its
@@ -479,28 +477,12 @@ func TestDLQDiscardedRecordIsNotAppliedAgain(t *testing.T) {
 	msgs = slices.Insert(msgs, 1, kafka.Message{Key: []byte("bad"), Value: []byte("{not json")}) // offset 1
 	k.Produce(t, topic, msgs...)
 
-	ctx := context.Background()
-	w, err := worker.New(ctx, runtime.Config{
-		KafkaBrokers: k.Brokers, DatabaseURL: db.URL, NATSURL: natsURL, WorkerID: "worker-1",
-		LeaseTTL: 2 * time.Second, LeaseRenew: 500 * time.Millisecond, LeaseBucket: bucket,
-	}, fn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kfntest.Background(t, "worker", w.Run)
-	waitUntil := func(what string, cond func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-		}
-	}
+	w, _ := startWorker(t, operatorTestConfig(k, db.URL, natsURL, bucket), fn)
 	cursor := func() int {
 		return countRows(t, db, `SELECT coalesce(max(next_offset), -1) FROM kfn.cursors WHERE consumer = $1`, fn.Name)
 	}
 	// The worker counts a batch just after its commit: wait for both.
-	waitUntil("the cursor to reach 5 and the bad order to be counted", func() bool { return cursor() == 5 && w.Stats().DeadLettered.Load() >= 1 })
+	waitFor(t, "the cursor to reach 5 and the bad order to be counted", func() bool { return cursor() == 5 && w.Stats().DeadLettered.Load() >= 1 })
 	dead := listedIDs(t, db, "--function", fn.Name)
 	if len(dead) != 1 || w.Stats().DeadLettered.Load() != 1 {
 		t.Fatalf("dead letters %v, dead-lettered %d; want the one bad order", dead, w.Stats().DeadLettered.Load())
@@ -516,7 +498,7 @@ func TestDLQDiscardedRecordIsNotAppliedAgain(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "cursor 5 -> 0 (idempotent") {
 		t.Fatalf("replay: exit %d, out %q, err %q", code, out, stderr)
 	}
-	waitUntil("the worker to read the 5 records again", func() bool { return cursor() == 5 && w.Stats().Duplicates.Load() == duplicates+5 })
+	waitFor(t, "the worker to read the 5 records again", func() bool { return cursor() == 5 && w.Stats().Duplicates.Load() == duplicates+5 })
 	if n := countRows(t, db, `SELECT count(*) FROM kfn.dead_letters WHERE consumer = $1`, fn.Name); n != 0 || w.Stats().DeadLettered.Load() != 1 {
 		t.Errorf("after the replay: %d dead letters, %d dead-lettered in all; want the discarded record not dead-lettered again", n, w.Stats().DeadLettered.Load())
 	}

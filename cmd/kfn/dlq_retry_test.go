@@ -22,7 +22,6 @@ import (
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
-	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // A poison record is dead-lettered. Retried before the fix, it fails
@@ -51,15 +50,9 @@ func TestDLQRetryAppliesAFixedRecordOnceAndAFailedRetryKeepsTheLetter(t *testing
 		k.Produce(t, topic, kafka.Message{Key: []byte("k"), Value: []byte(v), Headers: []kafka.Header{{Key: "h", Value: []byte{0, 0xff}}}})
 	}
 	ctx := context.Background()
-	w, err := worker.New(ctx, runtime.Config{
-		KafkaBrokers: k.Brokers, DatabaseURL: db.URL, NATSURL: natsURL, WorkerID: "worker-1",
-		LeaseTTL: 2 * time.Second, LeaseRenew: 500 * time.Millisecond, LeaseBucket: kfntest.Name(t, "leases"),
-		MaxRecordBytes: 4 << 10, RetryAttempts: 2, RetryInitial: 10 * time.Millisecond,
-	}, fn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := kfntest.Background(t, "worker", w.Run)
+	cfg := operatorTestConfig(k, db.URL, natsURL, kfntest.Name(t, "leases"))
+	cfg.MaxRecordBytes, cfg.RetryAttempts, cfg.RetryInitial = 4<<10, 2, 10*time.Millisecond
+	w, stop := startWorker(t, cfg, fn)
 	cursor := func() int64 {
 		var next int64
 		if err := db.Pool.QueryRow(ctx, `SELECT coalesce(max(next_offset), -1) FROM kfn.cursors WHERE consumer = $1`, name).Scan(&next); err != nil {
@@ -67,15 +60,7 @@ func TestDLQRetryAppliesAFixedRecordOnceAndAFailedRetryKeepsTheLetter(t *testing
 		}
 		return next
 	}
-	waitUntil := func(what string, cond func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-		}
-	}
-	waitUntil("the partition to reach offset 6", func() bool { return cursor() == 6 })
+	waitFor(t, "the partition to reach offset 6", func() bool { return cursor() == 6 })
 	letter := func(offset int) (id int64, attempts int, lastErr *string) {
 		err := db.Pool.QueryRow(ctx, `SELECT id, attempts, last_retry_error FROM kfn.dead_letters WHERE consumer = $1 AND "offset" = $2`, name, offset).
 			Scan(&id, &attempts, &lastErr)
@@ -125,7 +110,7 @@ func TestDLQRetryAppliesAFixedRecordOnceAndAFailedRetryKeepsTheLetter(t *testing
 		t.Errorf("letter after the failed retry: attempts %d, last error %v; want 2 and the error", attempts, lastErr)
 	}
 	k.Produce(t, topic, kafka.Message{Key: []byte("k"), Value: []byte("e")}, kafka.Message{Key: []byte("k"), Value: []byte("f")})
-	waitUntil("the records after the failed retry to be applied", func() bool { return cursor() == 8 })
+	waitFor(t, "the records after the failed retry to be applied", func() bool { return cursor() == 8 })
 
 	// After the fix: applied once.
 	fixed.Store(true)
@@ -159,7 +144,7 @@ func TestDLQRetryAppliesAFixedRecordOnceAndAFailedRetryKeepsTheLetter(t *testing
 		}
 	}
 
-	waitUntil("the relay to publish every event", func() bool {
+	waitFor(t, "the relay to publish every event", func() bool {
 		var n int
 		return db.Pool.QueryRow(ctx, `SELECT count(*) FROM kfn.outbox WHERE source = $1`, name).Scan(&n) == nil && n == 0
 	})

@@ -13,7 +13,6 @@ import (
 	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
-	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // A record whose handler ends its own Postgres session looks like an
@@ -49,14 +48,7 @@ func TestDLQParkMovesAPartitionPastARecordThatStallsIt(t *testing.T) {
 	k.Produce(t, topic, msgs...)
 
 	ctx := context.Background()
-	w, err := worker.New(ctx, runtime.Config{
-		KafkaBrokers: k.Brokers, DatabaseURL: db.URL, NATSURL: natsURL, WorkerID: "worker-1",
-		LeaseTTL: 2 * time.Second, LeaseRenew: 500 * time.Millisecond, LeaseBucket: bucket,
-	}, fn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kfntest.Background(t, "worker", w.Run)
+	w, _ := startWorker(t, operatorTestConfig(k, db.URL, natsURL, bucket), fn)
 	cursor := func() int64 {
 		var next int64
 		if err := db.Pool.QueryRow(ctx, `SELECT coalesce(max(next_offset), -1) FROM kfn.cursors WHERE consumer = $1`, name).Scan(&next); err != nil {

@@ -47,6 +47,26 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// startWorker starts a worker running fns and stops it when the test
+// ends (or when stop is called).
+func startWorker(t *testing.T, cfg runtime.Config, fns ...runtime.Function) (w *worker.Worker, stop func()) {
+	t.Helper()
+	w, err := worker.New(context.Background(), cfg, fns...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w, kfntest.Background(t, "worker", w.Run)
+}
+
+// operatorTestConfig is the worker the operator-command tests run: 2 s
+// leases renewed every 500 ms, so a test's takeovers are quick.
+func operatorTestConfig(k *kfntest.KafkaCluster, databaseURL, natsURL, bucket string) runtime.Config {
+	return runtime.Config{
+		KafkaBrokers: k.Brokers, DatabaseURL: databaseURL, NATSURL: natsURL, WorkerID: "worker-1",
+		LeaseTTL: 2 * time.Second, LeaseRenew: 500 * time.Millisecond, LeaseBucket: bucket,
+	}
+}
+
 func TestBadInvocationsExitWithUsageErrors(t *testing.T) {
 	cases := []struct {
 		args []string
@@ -123,14 +143,7 @@ func TestOperatorCommandsAgainstARunningWorker(t *testing.T) {
 	k.Produce(t, topic, msgs...)
 
 	ctx := context.Background()
-	w, err := worker.New(ctx, runtime.Config{
-		KafkaBrokers: k.Brokers, DatabaseURL: db.URL, NATSURL: natsURL, WorkerID: "worker-1",
-		LeaseTTL: 2 * time.Second, LeaseRenew: 500 * time.Millisecond, LeaseBucket: bucket,
-	}, fn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kfntest.Background(t, "worker", w.Run)
+	startWorker(t, operatorTestConfig(k, db.URL, natsURL, bucket), fn)
 	waitCursor := func(want int64) {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)

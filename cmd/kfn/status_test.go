@@ -21,7 +21,6 @@ import (
 	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/runtime"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
-	"github.com/kfn-dev/kfn/runtime/worker"
 )
 
 // kfn status shows both kinds of lanes side by side: the partitions of a
@@ -57,15 +56,10 @@ func TestStatusShowsKafkaAndNATSLanes(t *testing.T) {
 			return err
 		},
 	}
-	w, err := worker.New(context.Background(), runtime.Config{
-		KafkaBrokers: k.Brokers, DatabaseURL: db.URL, NATSURL: natsURL, WorkerID: "worker-1",
-		LeaseTTL: 2 * time.Second, LeaseRenew: 500 * time.Millisecond, LeaseBucket: bucket, EventStream: stream,
-		BatchWait: 5 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
-	}, srcFn, dstFn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := kfntest.Background(t, "worker", w.Run)
+	cfg := operatorTestConfig(k, db.URL, natsURL, bucket)
+	cfg.EventStream, cfg.BatchWait = stream, 5*time.Millisecond
+	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	_, stop := startWorker(t, cfg, srcFn, dstFn)
 	nc, js, err := connect.NATS(natsURL, t.Name())
 	if err != nil {
 		t.Fatal(err)
