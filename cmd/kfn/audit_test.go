@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/dlqtest"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
@@ -19,7 +20,7 @@ func TestAuditListsActionsButClaimsUnlessAsked(t *testing.T) {
 	if _, err := inbox.ClaimPartition(ctx, db.Pool, inbox.Partition{Consumer: "fa", Topic: "ta", Partition: 0}, 1, "worker-1", 0); err != nil {
 		t.Fatal(err)
 	}
-	id := seed(t, db, fourLetters...)
+	id := dlqtest.Seed(t, db.Pool, fourLetters...)
 	if code, _, stderr := kfn(t, "dlq", "discard", "--database-url", db.URL, fmt.Sprint(id[1]), "--reason", "INC-3: resent by hand", "--actor", "alice"); code != 0 {
 		t.Fatal(stderr)
 	}

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfn-dev/kfn/internal/dlqtest"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
@@ -93,7 +94,7 @@ func TestConsoleRefusesAFunctionInTwoDatabases(t *testing.T) {
 		t.Errorf("kfn console with %s given twice: exit %d, %q; want 2 and %q", b, code, stderr, want)
 	}
 	for _, db := range []*kfntest.PG{dbA, dbB} {
-		seed(t, db, seedLetter{fn: b, topic: "src", partition: 0, offset: 1, reason: "permanent", err: "bad"})
+		dlqtest.Seed(t, db.Pool, dlqtest.Letter{Function: b, Topic: "src", Partition: 0, Offset: 1, Reason: "permanent", Error: "bad"})
 	}
 	code, stdout, stderr := kfn(t, append(args, "--function-databases", b+"="+dbB.URL)...)
 	if want := fmt.Sprintf("function %q is in two databases", b); code != 1 || !strings.Contains(stderr, want) || strings.Contains(stdout, "kfn console on") {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfn-dev/kfn/internal/dlqtest"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
@@ -30,7 +31,7 @@ func TestCommandsFindEachFunctionsDatabase(t *testing.T) {
 		if _, err := s.db.Pool.Exec(ctx, `INSERT INTO kfn.cursors (consumer, topic, partition, next_offset, high_water, epoch, owner) VALUES ($1, 'src', 0, 2, 2, 1, 'w')`, s.fn); err != nil {
 			t.Fatal(err)
 		}
-		letters[s.fn] = seed(t, s.db, seedLetter{fn: s.fn, topic: "src", partition: 0, offset: 1, reason: "permanent", err: "bad " + s.fn, age: time.Minute})[0]
+		letters[s.fn] = dlqtest.Seed(t, s.db.Pool, dlqtest.Letter{Function: s.fn, Topic: "src", Partition: 0, Offset: 1, Reason: "permanent", Error: "bad " + s.fn, Age: time.Minute})[0]
 	}
 	both := []string{"--database-url", dbA.URL, "--function-databases", b + "=" + dbB.URL}
 	functionsIn := func(args ...string) map[string]int {

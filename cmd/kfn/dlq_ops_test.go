@@ -15,52 +15,9 @@ import (
 
 	"github.com/kfn-dev/kfn/functions/orders"
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/dlqtest"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
-
-// seedLetter is a dead letter written straight into the database, with its
-// inbox row, dead-lettered age ago.
-type seedLetter struct {
-	fn, topic string
-	partition int32
-	offset    int64
-	reason    string
-	err       string
-	age       time.Duration
-	key       []byte
-	value     []byte
-	headers   []inbox.Header
-	raw       bool // stored as one raw blob
-}
-
-// seed writes the letters in order (ids 1, 2, …) and returns their ids.
-func seed(t *testing.T, db *kfntest.PG, letters ...seedLetter) []int64 {
-	t.Helper()
-	ctx := context.Background()
-	var ids []int64
-	for _, l := range letters {
-		p := inbox.Partition{Consumer: l.fn, Topic: l.topic, Partition: l.partition}
-		err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-			if err := inbox.MarkDeadLettered(ctx, tx, p, 1, l.offset); err != nil {
-				return err
-			}
-			_, err := inbox.WriteDeadLetter(ctx, tx, inbox.DeadLetter{Partition: p, Offset: l.offset, Key: l.key, Value: l.value, Headers: l.headers,
-				Reason: l.reason, Error: l.err, Attempts: 5, StoredRaw: l.raw, RecordTime: time.Date(2026, 3, 1, 9, 0, 0, 0, time.UTC)})
-			if err != nil {
-				return err
-			}
-			var id int64
-			err = tx.QueryRow(ctx, `UPDATE kfn.dead_letters SET dead_at = now() - $5::interval
- WHERE consumer = $1 AND topic = $2 AND partition = $3 AND "offset" = $4 RETURNING id`, p.Consumer, p.Topic, p.Partition, l.offset, l.age).Scan(&id)
-			ids = append(ids, id)
-			return err
-		})
-		if err != nil {
-			t.Fatalf("seed %+v: %v", l, err)
-		}
-	}
-	return ids
-}
 
 // countRows counts rows of a query.
 func countRows(t *testing.T, db *kfntest.PG, sql string, args ...any) int {
@@ -89,16 +46,16 @@ func listedIDs(t *testing.T, db *kfntest.PG, args ...string) []int64 {
 	return ids
 }
 
-var fourLetters = []seedLetter{
-	{fn: "fa", topic: "ta", partition: 0, offset: 1, reason: "permanent", err: "permanent: decode JSON: bad", age: 3 * time.Hour, key: []byte("k1")},
-	{fn: "fa", topic: "ta", partition: 1, offset: 2, reason: "handler_error", err: "insert: connection reset", age: 30 * time.Minute},
-	{fn: "fa", topic: "tb", partition: 0, offset: 3, reason: "parked", err: "parked by me: INC-1", age: 10 * time.Minute},
-	{fn: "fb", topic: "ta", partition: 0, offset: 4, reason: "permanent", err: "permanent: decode JSON: worse", age: 5 * time.Minute},
+var fourLetters = []dlqtest.Letter{
+	{Function: "fa", Topic: "ta", Partition: 0, Offset: 1, Reason: "permanent", Error: "permanent: decode JSON: bad", Age: 3 * time.Hour, Key: []byte("k1")},
+	{Function: "fa", Topic: "ta", Partition: 1, Offset: 2, Reason: "handler_error", Error: "insert: connection reset", Age: 30 * time.Minute},
+	{Function: "fa", Topic: "tb", Partition: 0, Offset: 3, Reason: "parked", Error: "parked by me: INC-1", Age: 10 * time.Minute},
+	{Function: "fb", Topic: "ta", Partition: 0, Offset: 4, Reason: "permanent", Error: "permanent: decode JSON: worse", Age: 5 * time.Minute},
 }
 
 func TestDLQListFiltersNarrowTheList(t *testing.T) {
 	db := kfntest.Postgres(t)
-	id := seed(t, db, fourLetters...)
+	id := dlqtest.Seed(t, db.Pool, fourLetters...)
 	between := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
 	for _, tc := range []struct {
 		args []string
@@ -162,13 +119,13 @@ func TestDLQListFiltersNarrowTheList(t *testing.T) {
 func TestDLQShowPrintsTheWholeRecordAsTextOrHex(t *testing.T) {
 	db := kfntest.Postgres(t)
 	value := bytes.Repeat([]byte{0x00, 0xff, 0x1b}, 20) // 60 bytes: two hex lines
-	id := seed(t, db,
-		seedLetter{fn: "fa", topic: "ta", partition: 2, offset: 7, reason: "permanent", err: "permanent: decode: bad\nsecond line \x1b[2J",
-			key: []byte("order-7"), value: []byte("{\"a\": 1}\n\tnext line ✓"), headers: []inbox.Header{{Key: []byte("trace"), Value: []byte("abc")}, {Key: []byte("nul"), Value: nil}}},
-		seedLetter{fn: "fa", topic: "ta", partition: 2, offset: 8, reason: "handler_error", err: "boom",
-			key: []byte{0x00, 0xff}, value: value, headers: []inbox.Header{{Key: []byte("bin\x00"), Value: []byte("a\rb")}, {Key: []byte("empty"), Value: []byte{}}}},
-		seedLetter{fn: "fa", topic: "ta", partition: 2, offset: 9, reason: "data_error", err: "refused", raw: true,
-			key: []byte("raw-key"), value: []byte{0xc3, 0x28}, headers: []inbox.Header{{Key: []byte("h"), Value: []byte("v")}}},
+	id := dlqtest.Seed(t, db.Pool,
+		dlqtest.Letter{Function: "fa", Topic: "ta", Partition: 2, Offset: 7, Reason: "permanent", Error: "permanent: decode: bad\nsecond line \x1b[2J",
+			Key: []byte("order-7"), Value: []byte("{\"a\": 1}\n\tnext line ✓"), Headers: []inbox.Header{{Key: []byte("trace"), Value: []byte("abc")}, {Key: []byte("nul"), Value: nil}}},
+		dlqtest.Letter{Function: "fa", Topic: "ta", Partition: 2, Offset: 8, Reason: "handler_error", Error: "boom",
+			Key: []byte{0x00, 0xff}, Value: value, Headers: []inbox.Header{{Key: []byte("bin\x00"), Value: []byte("a\rb")}, {Key: []byte("empty"), Value: []byte{}}}},
+		dlqtest.Letter{Function: "fa", Topic: "ta", Partition: 2, Offset: 9, Reason: "data_error", Error: "refused", Raw: true,
+			Key: []byte("raw-key"), Value: []byte{0xc3, 0x28}, Headers: []inbox.Header{{Key: []byte("h"), Value: []byte("v")}}},
 	)
 	show := func(args ...string) string {
 		t.Helper()
@@ -259,7 +216,7 @@ func auditRows(t *testing.T, db *kfntest.PG, action string) []string {
 
 func TestDLQDiscardDeletesForGoodAudited(t *testing.T) {
 	db := kfntest.Postgres(t)
-	id := seed(t, db, fourLetters...)
+	id := dlqtest.Seed(t, db.Pool, fourLetters...)
 	base := []string{"dlq", "discard", "--database-url", db.URL}
 	unchanged := func(what string) {
 		t.Helper()
@@ -358,11 +315,11 @@ func TestDLQDiscardDeletesForGoodAudited(t *testing.T) {
 
 func TestDLQPurgeDeletesTheOlderOnesAuditedAsOneRow(t *testing.T) {
 	db := kfntest.Postgres(t)
-	id := seed(t, db,
-		seedLetter{fn: "fa", topic: "ta", offset: 1, reason: "permanent", err: "old", age: 40 * 24 * time.Hour},
-		seedLetter{fn: "fb", topic: "ta", offset: 2, reason: "permanent", err: "old too", age: 31 * 24 * time.Hour},
-		seedLetter{fn: "fa", topic: "ta", offset: 3, reason: "permanent", err: "recent", age: 10 * 24 * time.Hour},
-		seedLetter{fn: "fa", topic: "ta", offset: 4, reason: "permanent", err: "new", age: time.Minute},
+	id := dlqtest.Seed(t, db.Pool,
+		dlqtest.Letter{Function: "fa", Topic: "ta", Offset: 1, Reason: "permanent", Error: "old", Age: 40 * 24 * time.Hour},
+		dlqtest.Letter{Function: "fb", Topic: "ta", Offset: 2, Reason: "permanent", Error: "old too", Age: 31 * 24 * time.Hour},
+		dlqtest.Letter{Function: "fa", Topic: "ta", Offset: 3, Reason: "permanent", Error: "recent", Age: 10 * 24 * time.Hour},
+		dlqtest.Letter{Function: "fa", Topic: "ta", Offset: 4, Reason: "permanent", Error: "new", Age: time.Minute},
 	)
 	base := []string{"dlq", "purge", "--database-url", db.URL}
 	for _, tc := range []struct {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/dlqtest"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
 
@@ -22,10 +23,10 @@ func TestDLQParkedKeyListRetryAndDiscard(t *testing.T) {
 	db := kfntest.Postgres(t)
 	ctx := context.Background()
 	kp := inbox.ReasonKeyParked
-	ids := seed(t, db,
-		seedLetter{fn: "fa", topic: "ta", offset: 7, reason: "permanent", err: "permanent: bad amount", age: time.Hour, key: []byte("acct-1"), value: []byte("v7")},
-		seedLetter{fn: "fa", topic: "ta", offset: 9, reason: kp, err: inbox.KeyParkedError(7), age: time.Hour, key: []byte("acct-1"), value: []byte("v9")},
-		seedLetter{fn: "fa", topic: "ta", offset: 12, reason: kp, err: inbox.KeyParkedError(7), age: time.Hour, key: []byte("acct-1"), value: []byte("v12")},
+	ids := dlqtest.Seed(t, db.Pool,
+		dlqtest.Letter{Function: "fa", Topic: "ta", Offset: 7, Reason: "permanent", Error: "permanent: bad amount", Age: time.Hour, Key: []byte("acct-1"), Value: []byte("v7")},
+		dlqtest.Letter{Function: "fa", Topic: "ta", Offset: 9, Reason: kp, Error: inbox.KeyParkedError(7), Age: time.Hour, Key: []byte("acct-1"), Value: []byte("v9")},
+		dlqtest.Letter{Function: "fa", Topic: "ta", Offset: 12, Reason: kp, Error: inbox.KeyParkedError(7), Age: time.Hour, Key: []byte("acct-1"), Value: []byte("v12")},
 	)
 	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 		return inbox.ParkKey(ctx, tx, inbox.Partition{Consumer: "fa", Topic: "ta", Partition: 0}, []byte("acct-1"), 7)

@@ -19,6 +19,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/kfn-dev/kfn/internal/devstack"
+	"github.com/kfn-dev/kfn/internal/dlqtest"
 	"github.com/kfn-dev/kfn/outbox"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
@@ -285,7 +286,7 @@ func grammarSetup(t *testing.T) grammarEnv {
 			t.Fatal(err)
 		}
 	}
-	e.letter = seed(t, db, seedLetter{fn: e.fn, topic: e.topic, partition: 0, offset: 1, reason: "permanent", err: "bad", age: time.Hour, key: []byte("k"), value: []byte("v")})[0]
+	e.letter = dlqtest.Seed(t, db.Pool, dlqtest.Letter{Function: e.fn, Topic: e.topic, Partition: 0, Offset: 1, Reason: "permanent", Error: "bad", Age: time.Hour, Key: []byte("k"), Value: []byte("v")})[0]
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO kfn.audit_log (actor, action, consumer, topic, partition, details) VALUES ('grammar', 'park', $1, $2, 0, '{"offset": 1}')`, e.fn, e.topic); err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/dlqtest"
 	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
@@ -39,44 +39,6 @@ func testUsers(t *testing.T) []User {
 	return users
 }
 
-// letter is a dead letter the tests write straight into the database.
-type letter struct {
-	fn, topic       string
-	partition       int32
-	offset          int64
-	reason, errText string
-	key, value      []byte
-	headers         []inbox.Header
-}
-
-// seed writes the letters with their inbox rows and returns their ids.
-func seed(t testing.TB, db *kfntest.PG, letters ...letter) []int64 {
-	t.Helper()
-	ctx := context.Background()
-	var ids []int64
-	for _, l := range letters {
-		p := inbox.Partition{Consumer: l.fn, Topic: l.topic, Partition: l.partition}
-		err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-			if err := inbox.MarkDeadLettered(ctx, tx, p, 1, l.offset); err != nil {
-				return err
-			}
-			if _, err := inbox.WriteDeadLetter(ctx, tx, inbox.DeadLetter{Partition: p, Offset: l.offset, Key: l.key, Value: l.value,
-				Headers: l.headers, Reason: l.reason, Error: l.errText, Attempts: 5, RecordTime: time.Now()}); err != nil {
-				return err
-			}
-			var id int64
-			err := tx.QueryRow(ctx, `SELECT id FROM kfn.dead_letters WHERE consumer = $1 AND topic = $2 AND partition = $3 AND "offset" = $4`,
-				p.Consumer, p.Topic, p.Partition, l.offset).Scan(&id)
-			ids = append(ids, id)
-			return err
-		})
-		if err != nil {
-			t.Fatalf("seed %+v: %v", l, err)
-		}
-	}
-	return ids
-}
-
 // stack is a console over a fresh database with three dead letters of
 // "orders": two of one group, one of another.
 type stack struct {
@@ -89,10 +51,10 @@ type stack struct {
 func setup(t *testing.T, mutate func(*Config)) stack {
 	t.Helper()
 	db := kfntest.Postgres(t)
-	ids := seed(t, db,
-		letter{fn: "orders", topic: "orders", partition: 0, offset: 10, reason: "handler_error", errText: "order 4411 not found", key: []byte("k1"), value: []byte(`{"id":4411}`)},
-		letter{fn: "orders", topic: "orders", partition: 1, offset: 12, reason: "handler_error", errText: "order 97 not found", key: []byte("k2"), value: []byte(`{"id":97}`)},
-		letter{fn: "orders", topic: "orders", partition: 0, offset: 11, reason: "permanent", errText: "bad currency", key: []byte("k3"), value: []byte("x")},
+	ids := dlqtest.Seed(t, db.Pool,
+		dlqtest.Letter{Function: "orders", Topic: "orders", Partition: 0, Offset: 10, Reason: "handler_error", Error: "order 4411 not found", Key: []byte("k1"), Value: []byte(`{"id":4411}`)},
+		dlqtest.Letter{Function: "orders", Topic: "orders", Partition: 1, Offset: 12, Reason: "handler_error", Error: "order 97 not found", Key: []byte("k2"), Value: []byte(`{"id":97}`)},
+		dlqtest.Letter{Function: "orders", Topic: "orders", Partition: 0, Offset: 11, Reason: "permanent", Error: "bad currency", Key: []byte("k3"), Value: []byte("x")},
 	)
 	cfg := Config{Pool: db.Pool, Users: testUsers(t), AllowWrites: true}
 	if mutate != nil {
@@ -397,11 +359,11 @@ func sha256Hex(s string) string {
 
 func TestDeadLetterGroupsNormaliseNumbersAndIDs(t *testing.T) {
 	db := kfntest.Postgres(t)
-	seed(t, db,
-		letter{fn: "pay", topic: "pay", offset: 1, reason: "handler_error", errText: "charge 550e8400-e29b-41d4-a716-446655440000 failed: HTTP 502 after 3 tries (req a1b2c3d4e5)"},
-		letter{fn: "pay", topic: "pay", offset: 2, reason: "handler_error", errText: "charge 123e4567-e89b-12d3-a456-426614174000 failed: HTTP 503 after 12 tries (req 9f8e7d6c)"},
-		letter{fn: "pay", topic: "pay", offset: 3, reason: "permanent", errText: "charge 123e4567-e89b-12d3-a456-426614174000 failed: HTTP 503 after 12 tries (req 9f8e7d6c)"},
-		letter{fn: "pay", topic: "pay", offset: 4, reason: "handler_error", errText: "utf8 decoder: bad input"},
+	dlqtest.Seed(t, db.Pool,
+		dlqtest.Letter{Function: "pay", Topic: "pay", Offset: 1, Reason: "handler_error", Error: "charge 550e8400-e29b-41d4-a716-446655440000 failed: HTTP 502 after 3 tries (req a1b2c3d4e5)"},
+		dlqtest.Letter{Function: "pay", Topic: "pay", Offset: 2, Reason: "handler_error", Error: "charge 123e4567-e89b-12d3-a456-426614174000 failed: HTTP 503 after 12 tries (req 9f8e7d6c)"},
+		dlqtest.Letter{Function: "pay", Topic: "pay", Offset: 3, Reason: "permanent", Error: "charge 123e4567-e89b-12d3-a456-426614174000 failed: HTTP 503 after 12 tries (req 9f8e7d6c)"},
+		dlqtest.Letter{Function: "pay", Topic: "pay", Offset: 4, Reason: "handler_error", Error: "utf8 decoder: bad input"},
 	)
 	groups, err := operator.DeadLetterGroups(context.Background(), db.Pool, "pay", operator.Page{})
 	if err != nil {

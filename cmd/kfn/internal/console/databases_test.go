@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/kfn-dev/kfn/internal/dlqtest"
 	"github.com/kfn-dev/kfn/internal/effects"
 	"github.com/kfn-dev/kfn/operator"
 	"github.com/kfn-dev/kfn/runtime"
@@ -53,7 +54,7 @@ func TestConsoleActsInEachFunctionsDatabase(t *testing.T) {
 	k.Produce(t, topicA, kafka.Message{Key: []byte("x"), Value: []byte("ok a")})
 	k.Produce(t, topicB, kafka.Message{Key: []byte("y"), Value: []byte("ok b")}, kafka.Message{Key: []byte("z"), Value: []byte("poison b")},
 		kafka.Message{Key: []byte("y"), Value: []byte("ok b 2")})
-	aLetter := seed(t, dbA, letter{fn: a, topic: topicA, partition: 0, offset: 900, reason: "permanent", errText: "a's own letter"})[0]
+	aLetter := dlqtest.Seed(t, dbA.Pool, dlqtest.Letter{Function: a, Topic: topicA, Partition: 0, Offset: 900, Reason: "permanent", Error: "a's own letter"})[0]
 	for _, w := range []struct {
 		db *kfntest.PG
 		fn runtime.Function
@@ -164,7 +165,7 @@ func TestConsoleActsInEachFunctionsDatabase(t *testing.T) {
 	// and the console refuses to start. Until then the pages show only
 	// what each function's own database holds: a key of b parked in a's
 	// database is not counted.
-	seed(t, dbA, letter{fn: b, topic: topicB, partition: 0, offset: 1, reason: "permanent", errText: "stray"})
+	dlqtest.Seed(t, dbA.Pool, dlqtest.Letter{Function: b, Topic: topicB, Partition: 0, Offset: 1, Reason: "permanent", Error: "stray"})
 	if _, err := dbA.Pool.Exec(ctx, `INSERT INTO kfn.parked_keys (consumer, topic, partition, record_key, blocking_offset) VALUES ($1, $2, 0, 'k', 1)`, b, topicB); err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +184,7 @@ func TestConsoleActsInEachFunctionsDatabase(t *testing.T) {
 // pages about every function show b's.
 func TestConsoleWithOnlyFunctionDatabasesRefusesAnUnlistedFunction(t *testing.T) {
 	db := kfntest.Postgres(t)
-	seed(t, db, letter{fn: "b", topic: "src", offset: 1, reason: "permanent", errText: "b's letter"})
+	dlqtest.Seed(t, db.Pool, dlqtest.Letter{Function: "b", Topic: "src", Offset: 1, Reason: "permanent", Error: "b's letter"})
 	s, err := New(Config{FunctionPools: map[string]*pgxpool.Pool{"b": db.Pool}, Users: testUsers(t)})
 	if err != nil {
 		t.Fatal(err)

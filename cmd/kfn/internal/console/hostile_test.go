@@ -11,16 +11,17 @@ import (
 	"golang.org/x/net/html"
 
 	"github.com/kfn-dev/kfn/inbox"
+	"github.com/kfn-dev/kfn/internal/dlqtest"
 )
 
 // hostile is a record whose every part is an attack on the page that shows
 // it: script and HTML payloads, invalid UTF-8, NUL.
-var hostile = letter{
-	fn: "orders", topic: "orders", partition: 2, offset: 40, reason: "data_error",
-	errText: `bad record "><img src=x onerror=alert(3)> <script>alert(4)</script>`,
-	key:     []byte(`<script>alert(1)</script>`),
-	value:   []byte("\"><img src=x onerror=alert(2)>\xff\xfe\x00<script>alert(5)</script>"),
-	headers: []inbox.Header{
+var hostile = dlqtest.Letter{
+	Function: "orders", Topic: "orders", Partition: 2, Offset: 40, Reason: "data_error",
+	Error: `bad record "><img src=x onerror=alert(3)> <script>alert(4)</script>`,
+	Key:   []byte(`<script>alert(1)</script>`),
+	Value: []byte("\"><img src=x onerror=alert(2)>\xff\xfe\x00<script>alert(5)</script>"),
+	Headers: []inbox.Header{
 		{Key: []byte("<script>alert(6)</script>"), Value: []byte(`"><img src=x onerror=alert(7)>`)},
 		{Key: []byte("\"><img src=x onerror=alert(8)>"), Value: []byte("nul\x00in value")},
 		{Key: []byte("bad\xffname"), Value: nil},
@@ -30,8 +31,8 @@ var hostile = letter{
 }
 
 // oneMB is a 1 MB value made of script tags.
-var oneMB = letter{fn: "orders", topic: "orders", partition: 2, offset: 41, reason: "data_error", errText: "too big",
-	key: []byte("big"), value: bytes.Repeat([]byte("<script>alert(10)</script>"), 1<<20/26+1)[:1<<20]}
+var oneMB = dlqtest.Letter{Function: "orders", Topic: "orders", Partition: 2, Offset: 41, Reason: "data_error", Error: "too big",
+	Key: []byte("big"), Value: bytes.Repeat([]byte("<script>alert(10)</script>"), 1<<20/26+1)[:1<<20]}
 
 // inertPage parses body as HTML and fails t for every element or attribute
 // a record could have injected: a script other than the console's own,
@@ -101,9 +102,9 @@ func text(doc *html.Node, id string) string {
 
 func TestHostileRecordBytesRenderAsInertText(t *testing.T) {
 	st := setup(t, nil)
-	ids := seed(t, st.db, hostile, oneMB)
+	ids := dlqtest.Seed(t, st.db.Pool, hostile, oneMB)
 	err := pgx.BeginFunc(context.Background(), st.db.Pool, func(tx pgx.Tx) error {
-		return inbox.ParkKey(context.Background(), tx, inbox.Partition{Consumer: "orders", Topic: "orders", Partition: 2}, hostile.key, hostile.offset)
+		return inbox.ParkKey(context.Background(), tx, inbox.Partition{Consumer: "orders", Topic: "orders", Partition: 2}, hostile.Key, hostile.Offset)
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/kfn-dev/kfn/internal/dlqtest"
 )
 
 // TestListsPageThroughEveryRow walks the dead letter groups, a group's
@@ -18,12 +20,12 @@ func TestListsPageThroughEveryRow(t *testing.T) {
 	st := setup(t, func(c *Config) { c.PageSize = 2 })
 	// Three more groups of "orders" (the setup made two), and the first
 	// group grows to three letters.
-	var more []letter
+	var more []dlqtest.Letter
 	for i := range 3 {
-		more = append(more, letter{fn: "orders", topic: "orders", partition: 2, offset: int64(20 + i), reason: "handler_error", errText: fmt.Sprintf("currency %c is unknown", 'A'+i)})
+		more = append(more, dlqtest.Letter{Function: "orders", Topic: "orders", Partition: 2, Offset: int64(20 + i), Reason: "handler_error", Error: fmt.Sprintf("currency %c is unknown", 'A'+i)})
 	}
-	more = append(more, letter{fn: "orders", topic: "orders", partition: 3, offset: 30, reason: "handler_error", errText: "order 5 not found"})
-	seed(t, st.db, more...)
+	more = append(more, dlqtest.Letter{Function: "orders", Topic: "orders", Partition: 3, Offset: 30, Reason: "handler_error", Error: "order 5 not found"})
+	dlqtest.Seed(t, st.db.Pool, more...)
 	for i := range 5 {
 		if _, err := st.db.Pool.Exec(context.Background(), `INSERT INTO kfn.audit_log (actor, action, consumer, topic, partition) VALUES ($1, 'purge', 'orders', 'orders', 0)`, fmt.Sprintf("actor-%d", i)); err != nil {
 			t.Fatal(err)
