@@ -479,7 +479,7 @@ func printBench(w io.Writer, results []bench.Result, procs []bench.Process, batc
 		}
 		fmt.Fprintf(w, "%s: best of the sweep, %s (its median round's msgs/s by batch×connections: %s)\n", l.Mode, l.Setting, strings.Join(points, ", "))
 	}
-	fmt.Fprintln(w, "ratios: of the medians, and the median of each round's ratio (the modes of a round run back to back)")
+	fmt.Fprintln(w, "ratios: of the medians, the median of each round's ratio (the modes of a round run back to back), and the median of each round's ratio of CPU per record (b's CPU-s/10k over a's, all processes)")
 	fmt.Fprintf(w, "exactly-once / copy limit    = %s  (the swept ceiling, reached with %s)\n", ratios(eo, limit), limit.Setting)
 	fmt.Fprintf(w, "exactly-once / at-least-once = %s  (goal >= 0.90, with the compact inbox key)\n", ratios(eo, alo))
 	if wal, ok := byMode[bench.ModeWALLimit]; ok {
@@ -495,20 +495,38 @@ func printBench(w io.Writer, results []bench.Result, procs []bench.Process, batc
 }
 
 // ratios prints a's throughput over b's: of their medians, then the median
-// of the rounds' ratios with each round's.
+// of the rounds' ratios with each round's, then the same by CPU per record
+// (b's CPU-s per 10k records over a's, round by round): the throughput
+// ratio a machine whose cores all processes share would reach once they
+// are saturated, and less sensitive than the rates to other work on a
+// shared machine.
 func ratios(a, b bench.Result) string {
-	var each []float64
+	var each, byCPU []float64
 	for i := range min(len(a.Rounds), len(b.Rounds)) {
 		each = append(each, a.Rounds[i]/b.Rounds[i])
+	}
+	for i := range min(len(a.RoundsCPU), len(b.RoundsCPU)) {
+		if a.RoundsCPU[i] > 0 && b.RoundsCPU[i] > 0 {
+			byCPU = append(byCPU, b.RoundsCPU[i]/a.RoundsCPU[i])
+		}
 	}
 	if len(each) == 0 {
 		return fmt.Sprintf("%.2f", a.PerSecond/b.PerSecond)
 	}
-	shown := make([]string, len(each))
-	for i, r := range each {
-		shown[i] = fmt.Sprintf("%.2f", r)
+	out := fmt.Sprintf("%.2f; by round %s", a.PerSecond/b.PerSecond, medianOf(each))
+	if len(byCPU) > 0 {
+		out += "; by CPU per record " + medianOf(byCPU)
 	}
-	sorted := slices.Clone(each)
+	return out
+}
+
+// medianOf prints the median of xs, then each x in order in brackets.
+func medianOf(xs []float64) string {
+	shown := make([]string, len(xs))
+	for i, x := range xs {
+		shown[i] = fmt.Sprintf("%.2f", x)
+	}
+	sorted := slices.Clone(xs)
 	slices.Sort(sorted)
-	return fmt.Sprintf("%.2f; by round %.2f (%s)", a.PerSecond/b.PerSecond, sorted[len(sorted)/2], strings.Join(shown, " "))
+	return fmt.Sprintf("%.2f (%s)", sorted[len(sorted)/2], strings.Join(shown, " "))
 }

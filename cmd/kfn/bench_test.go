@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/kfn-dev/kfn/cmd/kfn/internal/bench"
 	"github.com/kfn-dev/kfn/internal/settings"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
 )
@@ -86,7 +87,7 @@ func TestBenchRunsEveryModeAndCountsCPUByProcess(t *testing.T) {
 		}
 	}
 	for _, want := range []string{`exactly-once / copy limit += [\d.]+.*\(the swept ceiling, reached with batch \d+ × \d+ connections\)`,
-		`exactly-once / at-least-once = [\d.]+.*\(goal >= 0\.90, with the compact inbox key\)`,
+		`exactly-once / at-least-once = [\d.]+; by round [\d.]+ \([\d. ]+\); by CPU per record [\d.]+ \([\d. ]+\)  \(goal >= 0\.90, with the compact inbox key\)`,
 		`wal limit / copy limit += [\d.]+.*reached with batch \d+ × \d+ connections\)`,
 		// Batch sizes 500 to 5,000, and 1 to twice the 2 partitions' connections.
 		`(?m)^copy limit: best of the sweep, batch \d+ × \d+ connections \(its median round's msgs/s by batch×connections: 500×1 \d+, 500×2 \d+, 500×4 \d+, 1000×1 \d+, .*, 5000×4 \d+\)$`,
@@ -376,5 +377,18 @@ func TestBenchWritesOnlyIntoADatabaseOfItsOwn(t *testing.T) {
 	}
 	if got := state(); got != before {
 		t.Errorf("after the interrupted run the database holds %s; before %s", got, before)
+	}
+}
+
+func TestRatiosGiveTheMediansByRoundAndByCPU(t *testing.T) {
+	a := bench.Result{PerSecond: 900, Rounds: []float64{900, 800, 1000}, RoundsCPU: []float64{0.50, 0.40, 0.25}}
+	b := bench.Result{PerSecond: 1000, Rounds: []float64{1000, 1000, 1000}, RoundsCPU: []float64{0.40, 0.36, 0.25}}
+	// Rounds: 0.90 0.80 1.00 (median 0.90); CPU, b's over a's: 0.80 0.90 1.00 (median 0.90).
+	if got, want := ratios(a, b), "0.90; by round 0.90 (0.90 0.80 1.00); by CPU per record 0.90 (0.80 0.90 1.00)"; got != want {
+		t.Errorf("ratios = %q, want %q", got, want)
+	}
+	b.RoundsCPU = nil
+	if got, want := ratios(a, b), "0.90; by round 0.90 (0.90 0.80 1.00)"; got != want {
+		t.Errorf("ratios without CPU = %q, want %q", got, want)
 	}
 }

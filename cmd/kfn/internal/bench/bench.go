@@ -113,6 +113,7 @@ type Result struct {
 	PerSecond float64
 	CPU       CPU       // CPU time of each process during the median round
 	Rounds    []float64 // msgs/s of every round, in order
+	RoundsCPU []float64 // CPU-s per 10k records of every round, over every process, in order
 	Commit    Latency   // commit latency of the median round
 	// PeakRSS is this process's peak resident memory during the median
 	// round (0: unknown); PostgresMemory what the Postgres server held at
@@ -206,16 +207,17 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	}
 	results := make([]Result, len(modes))
 	for i, rs := range rounds {
-		rates := make([]float64, len(rs))
+		rates, cpus := make([]float64, len(rs)), make([]float64, len(rs))
 		for j, r := range rs {
 			rates[j] = float64(r.records) / r.elapsed.Seconds()
+			cpus[j] = r.cpu.Total().Seconds() * 10000 / float64(r.records)
 		}
 		sorted := append([]round(nil), rs...)
 		sort.Slice(sorted, func(a, b int) bool {
 			return float64(sorted[a].records)/sorted[a].elapsed.Seconds() < float64(sorted[b].records)/sorted[b].elapsed.Seconds()
 		})
 		m := sorted[len(sorted)/2]
-		results[i] = Result{Mode: modes[i].name, Records: m.records, Elapsed: m.elapsed, PerSecond: float64(m.records) / m.elapsed.Seconds(), CPU: m.cpu, Rounds: rates,
+		results[i] = Result{Mode: modes[i].name, Records: m.records, Elapsed: m.elapsed, PerSecond: float64(m.records) / m.elapsed.Seconds(), CPU: m.cpu, Rounds: rates, RoundsCPU: cpus,
 			Commit: m.commit, PeakRSS: m.peakRSS, PostgresMemory: m.postgres, Setting: m.setting, Sweep: m.sweep}
 	}
 	return results, nil
