@@ -95,7 +95,7 @@ kfn migrate --nats --nats-url nats://nats:4222 --nats-creds admin.creds --nats-r
 		return err
 	}
 	defer pool.Close()
-	applied, err := schema.Migrate(ctx, pool)
+	applied, err := schema.MigrateReporting(ctx, pool, schema.PrintProgress(stdout, ""))
 	if err != nil {
 		return err
 	}
