@@ -14,10 +14,10 @@ import (
 // Migration 0012 replaces kfn.inbox, keyed by (consumer, topic,
 // partition, offset), with a table keyed by (lane, offset). Copying the
 // rows in the migration's transaction holds the old table for as long as
-// the copy takes (about 21 s per million rows on a 2-core machine), and
-// every worker stands still meanwhile. So on an installation migrated
-// before, whose workers built for schema 11 may be running, Migrate first
-// copies the inbox online:
+// the copy takes, and every worker stands still meanwhile
+// (BenchmarkMigration12). So on an installation migrated before, whose
+// workers built for schema 11 may be running, Migrate first copies the
+// inbox online:
 //
 //  1. One short transaction runs the part of 0012 above its
 //     onlinePrepareEnd line (the new tables, each made only if missing)
@@ -152,12 +152,15 @@ CREATE TRIGGER inbox_mirror_delete AFTER DELETE ON kfn.inbox
 CREATE TRIGGER inbox_mirror_truncate AFTER TRUNCATE ON kfn.inbox
     FOR EACH STATEMENT EXECUTE FUNCTION kfn.inbox_mirror();`
 
-// batchEndSQL adds the lanes of the next batch, the rows after $1..$4 up
-// to $5..$8 at the most, $9 of them, and returns the batch's last key (no
-// row when none is left). Its key range is fixed here, before the copy
+// batchRangesSQL adds the lanes of the next batch, the rows after $1..$4
+// up to $5..$8 at the most, $9 of them, and returns the batch as ranges of
+// offsets, one for each partition it has rows of, in key order (no row
+// when none is left). The batch's ranges are fixed here, before the copy
 // locks a row: a locked row that changed is read again, and a batch whose
-// end came from the rows it locked could skip keys.
-const batchEndSQL = `
+// end came from the rows it locked could skip keys. A row of schema 11 in
+// such a range that is not in this snapshot was written later, and is
+// mirrored.
+const batchRangesSQL = `
 WITH batch AS (
     SELECT consumer, topic, partition, "offset" FROM kfn.inbox
      WHERE (consumer, topic, partition, "offset") > ($1, $2, $3, $4)
@@ -171,31 +174,35 @@ WITH batch AS (
      ORDER BY 1, 2, 3
     ON CONFLICT DO NOTHING
 )
-SELECT consumer, topic, partition, "offset" FROM batch
- ORDER BY consumer DESC, topic DESC, partition DESC, "offset" DESC
- LIMIT 1`
+SELECT consumer, topic, partition, min("offset"), max("offset") FROM batch
+ GROUP BY consumer, topic, partition
+ ORDER BY consumer, topic, partition`
 
-// copyBatchSQL copies the rows after $1..$4 up to $5..$8 and records $5..$8
-// as copied, returning how many rows are copied in all. A row with no
-// lane would be a NULL lane, refused: never skipped.
-const copyBatchSQL = `
+// copyRangeSQL copies the rows of one partition ($1, $2, $3) from offset
+// $4 to $5 and counts those it inserted as copied. Its equalities bound the
+// primary key's scan; a row comparison does not as an upper bound (a
+// btree scan stops on a row comparison's first column only), which made
+// each batch read to the end of its consumer's rows. A row with no lane
+// would be a NULL lane, refused: never skipped.
+const copyRangeSQL = `
 WITH batch AS (
-    SELECT consumer, topic, partition, "offset", epoch, outcome, processed_at FROM kfn.inbox
-     WHERE (consumer, topic, partition, "offset") > ($1, $2, $3, $4)
-       AND (consumer, topic, partition, "offset") <= ($5, $6, $7, $8)
+    SELECT "offset", epoch, outcome, processed_at FROM kfn.inbox
+     WHERE consumer = $1 AND topic = $2 AND partition = $3 AND "offset" BETWEEN $4 AND $5
        FOR KEY SHARE
 ), copied AS (
     INSERT INTO kfn.inbox_compact ("offset", epoch, processed_at, lane, outcome)
-    SELECT b."offset", b.epoch, b.processed_at, l.id, b.outcome::kfn.outcome
+    SELECT b."offset", b.epoch, b.processed_at,
+           (SELECT id FROM kfn.lanes WHERE consumer = $1 AND topic = $2 AND partition = $3), b.outcome::kfn.outcome
       FROM batch b
-      LEFT JOIN kfn.lanes l ON l.consumer = b.consumer AND l.topic = b.topic AND l.partition = b.partition
-     ORDER BY b.consumer, b.topic, b.partition, b."offset"
+     ORDER BY b."offset"
     ON CONFLICT DO NOTHING
     RETURNING 1
 )
-UPDATE kfn.inbox_backfill
-   SET consumer = $5, topic = $6, partition = $7, "offset" = $8, copied = copied + (SELECT count(*) FROM copied)
-RETURNING copied`
+UPDATE kfn.inbox_backfill SET copied = copied + (SELECT count(*) FROM copied)`
+
+// copiedSQL records, in the batch's transaction, that the rows up to
+// $1..$4 are copied, and returns how many rows are copied in all.
+const copiedSQL = `UPDATE kfn.inbox_backfill SET consumer = $1, topic = $2, partition = $3, "offset" = $4 RETURNING copied`
 
 // inboxKey is a primary key of the old kfn.inbox.
 type inboxKey struct {
@@ -247,6 +254,7 @@ func backfillInbox(ctx context.Context, conn *pgx.Conn, migration string, o migr
 		o.report(p)
 		return nil
 	}
+	// Postgres' statistics; none before the table was ever analyzed.
 	if err := conn.QueryRow(ctx, `SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'kfn.inbox'::regclass`).Scan(&p.Estimate); err != nil {
 		return err
 	}
@@ -287,16 +295,33 @@ func backfillInbox(ctx context.Context, conn *pgx.Conn, migration string, o migr
 // batch's last key; more is false when no row was left. A batch that
 // deadlocked with a worker is tried again.
 func copyBatch(ctx context.Context, conn *pgx.Conn, from, upTo inboxKey, rows int, copied *int64) (end inboxKey, more bool, err error) {
+	type span struct {
+		inboxKey       // the partition, and the range's last offset
+		first    int64 // its first offset
+	}
 	for attempt := 1; ; attempt++ {
 		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			args := append(append(from.args(), upTo.args()...), rows)
-			err := tx.QueryRow(ctx, batchEndSQL, args...).Scan(&end.consumer, &end.topic, &end.partition, &end.offset)
-			if more = err == nil; errors.Is(err, pgx.ErrNoRows) {
-				return nil
-			} else if err != nil {
+			ranges, err := tx.Query(ctx, batchRangesSQL, append(append(from.args(), upTo.args()...), rows)...)
+			if err != nil {
 				return err
 			}
-			return tx.QueryRow(ctx, copyBatchSQL, append(from.args(), end.args()...)...).Scan(copied)
+			spans, err := pgx.CollectRows(ranges, func(row pgx.CollectableRow) (span, error) {
+				var s span
+				err := row.Scan(&s.consumer, &s.topic, &s.partition, &s.first, &s.offset)
+				return s, err
+			})
+			if more = len(spans) > 0; err != nil || !more {
+				return err
+			}
+			end = spans[len(spans)-1].inboxKey
+			b := &pgx.Batch{}
+			for _, s := range spans {
+				b.Queue(copyRangeSQL, s.consumer, s.topic, s.partition, s.first, s.offset)
+			}
+			b.Queue(copiedSQL, end.args()...).QueryRow(func(row pgx.Row) error {
+				return row.Scan(copied)
+			})
+			return tx.SendBatch(ctx, b).Close()
 		})
 		var pgErr *pgconn.PgError
 		if attempt < 5 && errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001") { // deadlock_detected, serialization_failure

@@ -503,6 +503,11 @@ func checkEndState(t *testing.T, old oldInbox) {
 		missing, extra := diffRows(want, got)
 		t.Errorf("the schema after the online migration differs from a new database's: lacks %q, has more %q", missing, extra)
 	}
+	// A new database gets the same 0012: what it makes is checked here.
+	var options []string
+	if err := old.db.Pool.QueryRow(context.Background(), `SELECT reloptions FROM pg_class WHERE oid = 'kfn.inbox'::regclass`).Scan(&options); err != nil || options != nil {
+		t.Errorf("kfn.inbox has the options %q (%v); want none, as any table", options, err)
+	}
 	if got := tableACL(t, old.db.Pool, "kfn.inbox"); !slices.Equal(got, old.acl) {
 		t.Errorf("grants on kfn.inbox after the migration %q; before %q", got, old.acl)
 	}
@@ -531,7 +536,7 @@ SELECT format('index %s', indexdef) FROM pg_indexes WHERE schemaname = 'kfn'
 UNION ALL
 SELECT format('policy %s.%s %s %s %s', tablename, policyname, cmd, qual, with_check) FROM pg_policies WHERE schemaname = 'kfn'
 UNION ALL
-SELECT format('table %s rls %s %s', oid::regclass, relrowsecurity, relforcerowsecurity) FROM pg_class WHERE relnamespace = 'kfn'::regnamespace AND relkind = 'r'
+SELECT format('table %s rls %s %s options %s', oid::regclass, relrowsecurity, relforcerowsecurity, reloptions) FROM pg_class WHERE relnamespace = 'kfn'::regnamespace AND relkind = 'r'
 UNION ALL
 SELECT format('function %s %s', oid::regprocedure, prosecdef) FROM pg_proc WHERE pronamespace = 'kfn'::regnamespace
 UNION ALL

@@ -14,7 +14,12 @@ func MigrateTo(ctx context.Context, pool *pgxpool.Pool, target int) ([]int, erro
 // MigrateOffline is Migrate applying migration 0012 without copying the
 // inbox online first, as on a new database.
 func MigrateOffline(ctx context.Context, pool *pgxpool.Pool) ([]int, error) {
-	return migrateTo(ctx, pool, Latest(), migrateOptions{offline: true})
+	return MigrateToOffline(ctx, pool, Latest())
+}
+
+// MigrateToOffline is MigrateOffline up to a version.
+func MigrateToOffline(ctx context.Context, pool *pgxpool.Pool, target int) ([]int, error) {
+	return migrateTo(ctx, pool, target, migrateOptions{offline: true})
 }
 
 // MigrateOnline is MigrateReporting with batches of the online copy of

@@ -51,7 +51,7 @@ func (p Progress) String() string {
 	online := "migration " + p.Migration + ", online: "
 	switch p.Step {
 	case StepMirroring:
-		return online + "kfn.inbox_compact now mirrors every write of kfn.inbox; copying the rows of kfn.inbox while workers built for the older schema keep running"
+		return online + "copying kfn.inbox into kfn.inbox_compact while workers keep running (a trigger mirrors their writes)"
 	case StepCopying:
 		of := ""
 		if p.Estimate > p.Rows {
@@ -67,7 +67,7 @@ func (p Progress) String() string {
 	case StepWaiting:
 		return fmt.Sprintf("%sanother transaction holds kfn.inbox: waiting again (attempt %d)", online, p.Attempt+1)
 	case StepSwapping:
-		return "migration " + p.Migration + ": swapping kfn.inbox for its copy; workers built for the older schema stop here"
+		return "migration " + p.Migration + ": swapping kfn.inbox for its copy: workers built for an older schema stop here"
 	case StepSwapped:
 		return fmt.Sprintf("migration %s: swapped in %s", p.Migration, p.Elapsed.Round(time.Millisecond))
 	}

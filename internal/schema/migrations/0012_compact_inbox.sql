@@ -45,7 +45,10 @@ END;
 $$;
 
 -- The columns in this order leave no alignment padding: 32 bytes of data
--- after the 24-byte row header, and a 24-byte index entry.
+-- after the 24-byte row header, and a 24-byte index entry. Autovacuum
+-- leaves it alone until the swap: the swap's lock would wait for a
+-- vacuum of the rows just copied to be cancelled (deadlock_timeout, a
+-- second), and the workers with it.
 CREATE TABLE IF NOT EXISTS kfn.inbox_compact (
     "offset"     bigint      NOT NULL,
     epoch        bigint      NOT NULL,
@@ -53,7 +56,7 @@ CREATE TABLE IF NOT EXISTS kfn.inbox_compact (
     lane         integer     NOT NULL,
     outcome      kfn.outcome NOT NULL DEFAULT 'applied',
     CONSTRAINT inbox_compact_pkey PRIMARY KEY (lane, "offset")
-);
+) WITH (autovacuum_enabled = false);
 
 -- How far the online copy got: the old primary key of the last row it
 -- copied (it starts below every key kfn writes: partitions and offsets are
@@ -134,6 +137,7 @@ DROP FUNCTION IF EXISTS kfn.inbox_mirror();
 DROP TABLE kfn.inbox_backfill;
 ALTER TABLE kfn.inbox_compact RENAME TO inbox;
 ALTER TABLE kfn.inbox RENAME CONSTRAINT inbox_compact_pkey TO inbox_pkey;
+ALTER TABLE kfn.inbox RESET (autovacuum_enabled);
 
 -- Row-level security (0011): a lane is a function's row like any other,
 -- and an inbox row belongs to its lane's function. The inbox's policy
