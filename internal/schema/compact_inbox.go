@@ -339,7 +339,7 @@ func lockingTx(ctx context.Context, conn *pgx.Conn, m Migration, o migrateOption
 	for attempt := 1; ; attempt++ {
 		start := time.Now()
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, fmt.Sprint(lockWait.Milliseconds())); err != nil {
+			if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, fmt.Sprint(o.lockTimeout().Milliseconds())); err != nil {
 				return err
 			}
 			return fn(tx)
@@ -349,7 +349,7 @@ func lockingTx(ctx context.Context, conn *pgx.Conn, m Migration, o migrateOption
 			return time.Since(start), err
 		}
 		if attempt == lockAttempts {
-			return 0, fmt.Errorf("another transaction held kfn.inbox through %d waits of %s (find it in pg_stat_activity), and then: %w", lockAttempts, lockWait, err)
+			return 0, fmt.Errorf("another transaction held kfn.inbox through %d waits of %s (find it in pg_stat_activity, and run kfn migrate again): %w", lockAttempts, o.lockTimeout(), err)
 		}
 		o.report(Progress{Migration: m.Name, Step: StepWaiting, Attempt: attempt})
 	}

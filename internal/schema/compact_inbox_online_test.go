@@ -375,9 +375,12 @@ func TestMigration12CopiesTheInboxWhileOldWorkersWrite(t *testing.T) {
 	var copyStart, copyEnd, swapStart time.Time
 	var copied, swapped schema.Progress
 	var steps []schema.Step
+	var printed strings.Builder
+	printLine := schema.PrintProgress(&printed, "> ")
 	migrateStart := time.Now()
 	applied, err := schema.MigrateOnline(ctx, old.db.Pool, 5_000, func(p schema.Progress) {
 		steps = append(steps, p.Step)
+		printLine(p)
 		switch p.Step {
 		case schema.StepMirroring:
 			copyStart = time.Now()
@@ -398,6 +401,16 @@ func TestMigration12CopiesTheInboxWhileOldWorkersWrite(t *testing.T) {
 		t.Fatalf("Migrate = %v, %v; want 12 applied", applied, err)
 	}
 	total := time.Since(migrateStart)
+	// What kfn migrate prints: the copy's rows and rate, the swap's time.
+	for _, line := range []string{
+		"> migration 0012_compact_inbox, online: copying kfn.inbox into kfn.inbox_compact while workers keep running",
+		fmt.Sprintf("> migration 0012_compact_inbox, online: copied %d rows of kfn.inbox in ", copied.Rows),
+		"> migration 0012_compact_inbox: swapping kfn.inbox for its copy: workers built for an older schema stop here\n> migration 0012_compact_inbox: swapped in ",
+	} {
+		if !strings.Contains(printed.String(), line) {
+			t.Errorf("Migrate's progress, as kfn migrate prints it, lacks %q:\n%s", line, printed.String())
+		}
+	}
 	if want := []schema.Step{schema.StepMirroring, schema.StepCopied, schema.StepSwapping, schema.StepSwapped}; !slices.Equal(slices.DeleteFunc(steps, func(s schema.Step) bool {
 		return s == schema.StepCopying || s == schema.StepWaiting
 	}), want) {
@@ -721,5 +734,56 @@ func writeWhileStopped(t *testing.T, old oldInbox, truncate bool) {
 	}
 	if err := old.worker.SendBatch(ctx, b).Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestMigration12WaitsForTheInboxLockInTurns holds a lock on the old
+// inbox that the triggers' creation waits for. Migrate gives up waiting
+// after its lock timeout (here 50 ms, so that the workers queued behind
+// it are not held longer), says so, and tries again: it migrates once the
+// lock is gone, and fails, naming the cause, when it stays through all
+// its attempts.
+func TestMigration12WaitsForTheInboxLockInTurns(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		hold    time.Duration
+		succeed bool
+	}{
+		{"released", 300 * time.Millisecond, true},
+		{"held", 3 * time.Second, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := kfntest.PostgresEmpty(t)
+			if _, err := schema.MigrateTo(ctx, db.Pool, 11); err != nil {
+				t.Fatal(err)
+			}
+			locked, held := make(chan struct{}), make(chan error, 1)
+			go func() {
+				held <- pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, `LOCK TABLE kfn.inbox IN SHARE MODE`)
+					close(locked)
+					time.Sleep(tc.hold)
+					return err
+				})
+			}()
+			<-locked
+			var waits int
+			applied, err := schema.MigrateWaiting(ctx, db.Pool, 50*time.Millisecond, func(p schema.Progress) {
+				if p.Step == schema.StepWaiting {
+					waits++
+				}
+			})
+			switch {
+			case tc.succeed && (err != nil || !slices.Contains(applied, 12) || waits == 0):
+				t.Errorf("Migrate = %v, %v after %d waits; want 12 applied after waits of 50 ms", applied, err, waits)
+			case !tc.succeed && (err == nil || !strings.Contains(err.Error(), "another transaction held kfn.inbox through 20 waits of 50ms") || waits != 19):
+				t.Errorf("Migrate = %v, %v after %d waits; want it to give up after 20 attempts, naming the cause", applied, err, waits)
+			}
+			if err := <-held; err != nil {
+				t.Error(err)
+			}
+		})
 	}
 }

@@ -2,6 +2,7 @@ package schema
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -26,6 +27,12 @@ func MigrateToOffline(ctx context.Context, pool *pgxpool.Pool, target int) ([]in
 // batchRows rows.
 func MigrateOnline(ctx context.Context, pool *pgxpool.Pool, batchRows int, progress func(Progress)) ([]int, error) {
 	return migrateTo(ctx, pool, Latest(), migrateOptions{progress: progress, backfillRows: batchRows})
+}
+
+// MigrateWaiting is Migrate with lock waits of the online copy of at
+// most wait at a time.
+func MigrateWaiting(ctx context.Context, pool *pgxpool.Pool, wait time.Duration, progress func(Progress)) ([]int, error) {
+	return migrateTo(ctx, pool, Latest(), migrateOptions{progress: progress, lockWait: wait})
 }
 
 // Compatibility reads a migration's marker.

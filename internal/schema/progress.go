@@ -59,6 +59,9 @@ func (p Progress) String() string {
 		}
 		return fmt.Sprintf("%scopied %d%s rows of kfn.inbox (%s)", online, p.Rows, of, p.rate())
 	case StepCopied:
+		if p.Resumed > 0 && p.Rows == p.Resumed {
+			return fmt.Sprintf("%sthe copy of kfn.inbox finished in an earlier run (%d rows)", online, p.Rows)
+		}
 		resumed := ""
 		if p.Resumed > 0 {
 			resumed = fmt.Sprintf(", %d of them by an earlier run", p.Resumed)

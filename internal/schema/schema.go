@@ -212,12 +212,22 @@ type migrateOptions struct {
 	// backfillRows is the rows per transaction of the online copy; 0 is
 	// the package's backfillRows.
 	backfillRows int
+	// lockWait is how long a statement of the online copy waits for a
+	// lock at a time; 0 is the package's lockWait.
+	lockWait time.Duration
 }
 
 func (o migrateOptions) report(p Progress) {
 	if o.progress != nil {
 		o.progress(p)
 	}
+}
+
+func (o migrateOptions) lockTimeout() time.Duration {
+	if o.lockWait > 0 {
+		return o.lockWait
+	}
+	return lockWait
 }
 
 func (o migrateOptions) batchRows() int {
