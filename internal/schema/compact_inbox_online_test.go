@@ -710,8 +710,8 @@ func TestMigration12OnlineCopyInterruptedIsCompletedByMigratingAgain(t *testing.
 
 // writeWhileStopped writes to every partition of old's inbox as workers
 // built for schema 11 do: 3 new rows, 20 released, one dead-lettered, one
-// retried dead letter applied. With truncate the inbox is truncated
-// first.
+// retried dead letter applied; and claims rows of a partition that has no
+// lane yet. With truncate the inbox is truncated first.
 func writeWhileStopped(t *testing.T, old oldInbox, truncate bool) {
 	t.Helper()
 	ctx := context.Background()
@@ -732,6 +732,7 @@ func writeWhileStopped(t *testing.T, old oldInbox, truncate bool) {
 			}
 		}
 	}
+	b.Queue(claimSchema11, "a new function", "t", int32(9), int64(5), "applied", []int64{0, 1, 2})
 	if err := old.worker.SendBatch(ctx, b).Close(); err != nil {
 		t.Fatal(err)
 	}
