@@ -39,6 +39,12 @@ an older one, or a newer one whose migrations break them (a migration is
 additive or says which older workers it breaks); the output names the oldest
 worker version that runs against the result.
 
+On a database at schema 11 or older it first copies kfn.inbox for
+migration 0012 while the old workers keep running, and prints how far the
+copy got; the old workers stop at the swap that ends it, and a copy that
+was interrupted goes on when it runs again
+(docs/production/upgrades.md).
+
 With --outbox wal it also sets up the WAL outbox: it checks that Postgres
 has wal_level=logical and creates the publication and the logical
 replication slot the relay reads (it needs the REPLICATION attribute, and
@@ -95,7 +101,7 @@ kfn migrate --nats --nats-url nats://nats:4222 --nats-creds admin.creds --nats-r
 		return err
 	}
 	defer pool.Close()
-	applied, err := schema.Migrate(ctx, pool)
+	applied, err := schema.MigrateReporting(ctx, pool, schema.PrintProgress(stdout, ""))
 	if err != nil {
 		return err
 	}

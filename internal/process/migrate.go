@@ -61,7 +61,7 @@ func migrateMain(fn kfn.Function, name string, args []string, stdout, stderr io.
 		return 1
 	}
 	defer pool.Close()
-	applied, err := schema.Migrate(ctx, pool)
+	applied, err := schema.MigrateReporting(ctx, pool, schema.PrintProgress(stdout, "kfn "))
 	if err != nil {
 		fmt.Fprintf(stderr, "%s %s: %v\n", name, preflight.MigrateCommand, err)
 		return 1

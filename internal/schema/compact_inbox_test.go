@@ -20,8 +20,16 @@ import (
 // the re-execution released are claimed, every old row still blocks its
 // offset. Every row keeps its epoch, outcome and time; a worker role of
 // the old installation (granted on kfn.inbox) keeps reading and claiming,
-// and a role bound to one function sees that function's rows only.
+// and a role bound to one function sees that function's rows only. It
+// migrates both ways: migration 0012 copying the rows itself, and after
+// the online copy.
 func TestMigration12KeepsTheDedupOfEveryOldInboxRow(t *testing.T) {
+	t.Run("offline", func(t *testing.T) { testMigration12KeepsDedup(t, schema.MigrateOffline) })
+	t.Run("online", func(t *testing.T) { testMigration12KeepsDedup(t, schema.Migrate) })
+}
+
+func testMigration12KeepsDedup(t *testing.T, migrate func(context.Context, *pgxpool.Pool) ([]int, error)) {
+	t.Parallel()
 	db := kfntest.PostgresEmpty(t)
 	ctx := context.Background()
 	if _, err := schema.MigrateTo(ctx, db.Pool, 11); err != nil {
@@ -59,7 +67,7 @@ func TestMigration12KeepsTheDedupOfEveryOldInboxRow(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if applied, err := schema.Migrate(ctx, db.Pool); err != nil || !slices.Contains(applied, 12) {
+	if applied, err := migrate(ctx, db.Pool); err != nil || !slices.Contains(applied, 12) {
 		t.Fatalf("Migrate = %v, %v; want 12 applied", applied, err)
 	}
 	var after []string

@@ -208,5 +208,5 @@ func BenchmarkMigration15(b *testing.B) {
 	benchMigration(b, 15, 100_000, `INSERT INTO kfn.dead_letters (consumer, topic, partition, "offset", value, reason, error, attempts)
 SELECT 'bench', 'orders', i % 64, i, convert_to('{"order":' || i || '}', 'UTF8'), (ARRAY['handler_error', 'permanent', 'data_error'])[1 + i % 3],
        (ARRAY['order ', 'decode: bad byte at ', 'timeout after '])[1 + i % 3] || i || ' in ' || md5(i::text), 5
-  FROM generate_series(1, $1) AS i`)
+  FROM generate_series(1, $1) AS i`, schema.MigrateTo)
 }

@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -188,13 +189,56 @@ const migrateLockKey = 0x6b666e /* "kfn" */
 
 // Migrate applies every embedded migration newer than the database's version,
 // each in its own transaction, and returns the versions it applied. It is
-// safe to run concurrently from several processes.
+// safe to run concurrently from several processes. On an installation at
+// schema 11 or older it copies the inbox for migration 0012 first, while
+// the workers run (compact_inbox.go).
 func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]int, error) {
-	return migrateTo(ctx, pool, Latest())
+	return migrateTo(ctx, pool, Latest(), migrateOptions{})
+}
+
+// MigrateReporting is Migrate, telling progress about the steps it takes
+// outside a migration's transaction: the online copy of the inbox for
+// migration 0012, which can take minutes, and the swap that ends it.
+func MigrateReporting(ctx context.Context, pool *pgxpool.Pool, progress func(Progress)) ([]int, error) {
+	return migrateTo(ctx, pool, Latest(), migrateOptions{progress: progress})
+}
+
+// migrateOptions are what a caller of migrateTo may change.
+type migrateOptions struct {
+	progress func(Progress)
+	// offline applies migration 0012 without copying the inbox first, as
+	// on a database with no schema yet (tests of that path).
+	offline bool
+	// backfillRows is the rows per transaction of the online copy; 0 is
+	// the package's backfillRows.
+	backfillRows int
+	// lockWait is how long a statement of the online copy waits for a
+	// lock at a time; 0 is the package's lockWait.
+	lockWait time.Duration
+}
+
+func (o migrateOptions) report(p Progress) {
+	if o.progress != nil {
+		o.progress(p)
+	}
+}
+
+func (o migrateOptions) lockTimeout() time.Duration {
+	if o.lockWait > 0 {
+		return o.lockWait
+	}
+	return lockWait
+}
+
+func (o migrateOptions) batchRows() int {
+	if o.backfillRows > 0 {
+		return o.backfillRows
+	}
+	return backfillRows
 }
 
 // migrateTo is Migrate up to version target only.
-func migrateTo(ctx context.Context, pool *pgxpool.Pool, target int) ([]int, error) {
+func migrateTo(ctx context.Context, pool *pgxpool.Pool, target int, o migrateOptions) ([]int, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("migrate: connect: %w", err)
@@ -218,7 +262,7 @@ func migrateTo(ctx context.Context, pool *pgxpool.Pool, target int) ([]int, erro
 		if m.Version <= current || m.Version > target {
 			continue
 		}
-		err := pgx.BeginFunc(ctx, conn.Conn(), func(tx pgx.Tx) error {
+		apply := func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, m.SQL); err != nil {
 				return err
 			}
@@ -234,7 +278,22 @@ func migrateTo(ctx context.Context, pool *pgxpool.Pool, target int) ([]int, erro
 			                          FROM unnest($1::integer[], $2::integer[]) AS c(version, breaks)
 			                         WHERE s.version = c.version`, versions, breaks)
 			return err
-		})
+		}
+		// An installation migrated before may have workers running: they
+		// keep running while the inbox is copied, and stand still for the
+		// swap only.
+		if m.Version == compactInboxVersion && current > 0 && !o.offline {
+			if err := prepareCompactInbox(ctx, conn.Conn(), m, o); err != nil {
+				return applied, fmt.Errorf("migrate: prepare %s online: %w", m.Name, err)
+			}
+			o.report(Progress{Migration: m.Name, Step: StepSwapping})
+			var took time.Duration
+			if took, err = lockingTx(ctx, conn.Conn(), m, o, apply); err == nil {
+				o.report(Progress{Migration: m.Name, Step: StepSwapped, Elapsed: took})
+			}
+		} else {
+			err = pgx.BeginFunc(ctx, conn.Conn(), apply)
+		}
 		if err != nil {
 			return applied, fmt.Errorf("migrate: apply %s: %w", m.Name, err)
 		}

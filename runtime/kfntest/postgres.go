@@ -155,6 +155,13 @@ func dropDatabase(srv *sharedPG, pg *PG) error {
 // databaseName is a unique, lower-case Postgres identifier of at most 63 bytes.
 func databaseName(t testing.TB) string {
 	n := strings.ToLower(strings.ReplaceAll(Name(t, ""), "-", "_"))
+	// Postgres cuts an identifier at 63 bytes: the test's name gives way,
+	// not the unique suffix (a test of a long name that makes two
+	// databases got the same name twice).
+	if room := 63 - len("kfntest_"); len(n) > room {
+		cut := strings.LastIndex(n, "_")
+		n = n[:room-(len(n)-cut)] + n[cut:]
+	}
 	return "kfntest_" + n
 }
 
