@@ -27,7 +27,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	fs := newFlags("migrate", help{
 		usage: []string{
-			"kfn migrate --database-url URL [--outbox wal] [--nats --nats-url URL --subjects S[,S…]]",
+			"kfn migrate --database-url URL [--function-databases F=URL,…] [--outbox wal] [--nats --nats-url URL --subjects S[,S…]]",
 			"kfn migrate --database-url URL --drop-wal-outbox [--wait 2m]",
 			"kfn migrate grants --function NAME --role ROLE [--tables T[,T…]] [--apply]",
 		},
@@ -44,6 +44,12 @@ migration 0012 while the old workers keep running, and prints how far the
 copy got; the old workers stop at the swap that ends it, and a copy that
 was interrupted goes on when it runs again
 (docs/production/upgrades.md).
+
+With --function-databases it migrates every database the functions keep
+their kfn tables in: --database-url's, if given, then each function's own,
+each once and in that order, naming each before its output. It connects
+to all of them before it changes any, and stops at the first that fails;
+running it again finishes the rest.
 
 With --outbox wal it also sets up the WAL outbox: it checks that Postgres
 has wal_level=logical and creates the publication and the logical
@@ -66,12 +72,13 @@ NATS user allowed to create streams; workers started with --nats-provisioned
 then need no such right.`,
 		examples: `
 kfn migrate --database-url postgres://kfn@db:5432/kfn
+kfn migrate --database-url postgres://kfn@db:5432/kfn --function-databases ledger=postgres://kfn@ledger-db:5432/kfn
 DATABASE_URL=postgres://kfn@db:5432/kfn kfn migrate
 kfn migrate --outbox wal --database-url postgres://kfn@db:5432/kfn
 kfn migrate --drop-wal-outbox --wait 5m --database-url postgres://kfn@db:5432/kfn
 kfn migrate --nats --nats-url nats://nats:4222 --nats-creds admin.creds --nats-replicas 3 --subjects 'orders.>,payments.>'`,
 	}, stderr)
-	dbURL := bind(fs, settings.DatabaseURL)
+	dbs := bindDatabases(fs)
 	withNATS := fs.Bool("nats", false, "also create the lease bucket and the event stream in NATS (see --nats-provisioned)")
 	var cfg runtime.Config
 	bindNATSState(fs.settings, &cfg)
@@ -96,36 +103,73 @@ kfn migrate --nats --nats-url nats://nats:4222 --nats-creds admin.creds --nats-r
 			return &usageError{msg: fmt.Sprintf("--nats needs --%s (%s): the subjects the functions emit on, which the event stream must capture, e.g. orders.>,payments.>", settings.RelaySubjects.Flag, settings.RelaySubjects.Env)}
 		}
 	}
-	pool, err := openDatabase(ctx, *dbURL)
+	urls, err := dbs.all()
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	applied, err := schema.MigrateReporting(ctx, pool, schema.PrintProgress(stdout, ""))
+	pools, closeAll, err := connectAll(ctx, urls)
+	defer closeAll()
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(stdout, schema.Outcome(applied))
-	if outbox.Mode(*outboxMode) == outbox.ModeWAL {
-		if err := setUpWAL(ctx, pool, stdout); err != nil {
-			return err
+	for i, pool := range pools {
+		if len(pools) > 1 {
+			fmt.Fprintf(stdout, "kfn: database %s\n", redact.Redact(urls[i]))
 		}
-	}
-	if *dropWAL {
-		if err := dropWALOutbox(ctx, pool, *drainWait, time.Second, stdout); err != nil {
+		if err := migrateDatabase(ctx, pool, outbox.Mode(*outboxMode), *dropWAL, *drainWait, stdout); err != nil {
+			if len(pools) > 1 {
+				return fmt.Errorf("database %s: %w", redact.Redact(urls[i]), err)
+			}
 			return err
 		}
 	}
 	if !*withNATS {
 		return nil
 	}
-	return provisionNATS(ctx, pool, cfg.WithDefaults(), *subjects, stdout)
+	return provisionNATS(ctx, tokenFloorOf(pools), cfg.WithDefaults(), *subjects, stdout)
+}
+
+// migrateDatabase applies the schema migrations to one database, then
+// sets up the WAL outbox (mode wal) or retires it (dropWAL).
+func migrateDatabase(ctx context.Context, pool *pgxpool.Pool, mode outbox.Mode, dropWAL bool, drainWait time.Duration, stdout io.Writer) error {
+	applied, err := schema.MigrateReporting(ctx, pool, schema.PrintProgress(stdout, ""))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, schema.Outcome(applied))
+	if mode == outbox.ModeWAL {
+		if err := setUpWAL(ctx, pool, stdout); err != nil {
+			return err
+		}
+	}
+	if dropWAL {
+		return dropWALOutbox(ctx, pool, drainWait, time.Second, stdout)
+	}
+	return nil
+}
+
+// tokenFloorOf is the largest token stored in any of pools' databases
+// (engine.TokenFloor of each): a lease bucket shared by functions on
+// several databases must start above the fences of all of them.
+func tokenFloorOf(pools []*pgxpool.Pool) func(context.Context) (uint64, error) {
+	return func(ctx context.Context) (uint64, error) {
+		var largest uint64
+		for _, pool := range pools {
+			floor, err := engine.TokenFloor(pool)(ctx)
+			if err != nil {
+				return 0, err
+			}
+			largest = max(largest, floor)
+		}
+		return largest, nil
+	}
 }
 
 // provisionNATS creates the lease bucket and the event stream that
 // workers started with --nats-provisioned expect, or checks that they
-// exist with cfg's replicas and TTL.
-func provisionNATS(ctx context.Context, pool *pgxpool.Pool, cfg runtime.Config, subjects []string, stdout io.Writer) error {
+// exist with cfg's replicas and TTL. A bucket it creates starts its tokens
+// above tokenFloor.
+func provisionNATS(ctx context.Context, tokenFloor func(context.Context) (uint64, error), cfg runtime.Config, subjects []string, stdout io.Writer) error {
 	js, closeNATS, err := connectJetStream(cfg.NATSURL, appName, &cfg.NATSSecurity)
 	if err != nil {
 		return err
@@ -135,7 +179,7 @@ func provisionNATS(ctx context.Context, pool *pgxpool.Pool, cfg runtime.Config, 
 	defer cancel()
 	_, err = lease.OpenStore(ctx, js, lease.StoreConfig{
 		Bucket: cfg.LeaseBucket, TTL: cfg.LeaseTTL, Replicas: cfg.NATSReplicas,
-		TokenFloor: engine.TokenFloor(pool), Logger: slog.New(slog.DiscardHandler),
+		TokenFloor: tokenFloor, Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		return fmt.Errorf("lease bucket in NATS at %s: %w", redact.Redact(cfg.NATSURL), engine.ReplicasSetting(err, cfg.NATSReplicas))
