@@ -5,9 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
+	"github.com/kfn-dev/kfn/internal/connect"
 	"github.com/kfn-dev/kfn/internal/redact"
 	"github.com/kfn-dev/kfn/internal/schema"
 	"github.com/kfn-dev/kfn/runtime/kfntest"
@@ -71,15 +69,11 @@ func TestMigrateCoversEveryFunctionsDatabase(t *testing.T) {
 	if n := strings.Count(out, "schema is up to date"); n != 2 {
 		t.Errorf("the second run found %d databases up to date; want 2:\n%s", n, out)
 	}
-	nc, err := nats.Connect(natsURL)
+	nc, js, err := connect.NATS(natsURL, "migrate-test")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	stream, err := js.Stream(ctx, "KV_"+bucket)
 	if err != nil {
 		t.Fatal(err)
